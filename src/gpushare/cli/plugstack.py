@@ -1,0 +1,31 @@
+"""``gpushare plugstack``: validate the plugin arguments of a plugstack.conf line."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpushare.config import ARG_SPECS, ConfigError, parse_plugin_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    keys = "\n".join(f"  {s.key}= ({s.accepts}; default {s.default or 'none'}): {s.help}"
+                     for s in ARG_SPECS)
+    parser = subparsers.add_parser(
+        "plugstack-args",
+        help="validate key=value arguments of the gpushare plugstack.conf line",
+        description="Validate the key=value arguments the SPANK plugin takes.\n\nKeys:\n" + keys,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("args", nargs="*", metavar="KEY=VALUE")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = parse_plugin_args(args.args)
+    except ConfigError as err:
+        print(f"gpushare: {err}")
+        return 1
+    for key, value in config.raw.items():
+        print(f"{key}={value}")
+    return 0

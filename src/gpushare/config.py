@@ -1,0 +1,176 @@
+"""Plugin arguments from the plugstack.conf line: one declarative table, parsed once, validated.
+
+The same table is compiled into the C glue at build time (``spank/build.py``) so that the
+glue can reject an unknown key, and find ``state_dir``/``debug_log``, without starting Python.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+__all__ = ["ARG_SPECS", "ConfigError", "PluginConfig", "parse_plugin_args"]
+
+
+class ConfigError(ValueError):
+    """A plugstack argument is unknown or has a bad value; the message says what is accepted."""
+
+
+def _abs_path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value:
+        raise ValueError("an absolute path")
+    return os.path.normpath(value)
+
+
+def _optional_abs_path(value: str) -> str:
+    return "" if value in ("", "none") else _abs_path(value)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return value
+
+    check.__doc__ = "one of " + ", ".join(choices)
+    return check
+
+
+_SIZE_RE = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value: str) -> int:
+    """Parse ``16G``/``512M``/``1048576`` into bytes."""
+    match = _SIZE_RE.match(value.strip())
+    if not match or int(match.group(1)) == 0:
+        raise ValueError("a positive size such as 512M or 16G")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+def _mem_limit(value: str) -> str:
+    if value in ("proportional", "off"):
+        return value
+    parse_size(value)
+    return value.upper()
+
+
+def _inventory(value: str) -> str:
+    if value == "nvml":
+        return value
+    if value.startswith("sim:"):
+        return "sim:" + _abs_path(value[4:])
+    raise ValueError("nvml, or sim:<absolute path of a simulated node profile>")
+
+
+def _timeout(value: str) -> str:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.1 <= seconds <= 600:
+        raise ValueError("a number of seconds between 0.1 and 600")
+    return value
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One plugstack key: its default, a validator, and what it is for."""
+
+    key: str
+    default: str
+    check: Callable[[str], str]
+    accepts: str
+    help: str
+
+
+ARG_SPECS: tuple[ArgSpec, ...] = (
+    ArgSpec("pythonpath", "", _optional_abs_path, "an absolute directory",
+            "directory holding the gpushare package and what it imports"),
+    ArgSpec("state_dir", "/run/gpushare", _abs_path, "an absolute path",
+            "root-owned node-local state: per-job records, MPS reference counts"),
+    ArgSpec("mps_control", "/usr/bin/nvidia-cuda-mps-control", _abs_path, "an absolute path",
+            "the nvidia-cuda-mps-control binary (must be root-owned, not writable by others)"),
+    ArgSpec("mem_limit", "proportional", _mem_limit, "proportional, off, or a size like 16G",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for shared jobs"),
+    ArgSpec("verify", "strict", _choice("strict", "warn", "off"), "strict, warn or off",
+            "MIG/GPU verification at job start: fail the prolog, only log, or skip"),
+    ArgSpec("inventory", "nvml", _inventory, "nvml or sim:<path>",
+            "where GPU facts come from: NVML, or a simulated node profile (tests, demo)"),
+    ArgSpec("plan", "", _optional_abs_path, "an absolute path or none",
+            "the ownership plan (who owns which GPU or MIG slice)"),
+    ArgSpec("timeout", "10", _timeout, "seconds between 0.1 and 600",
+            "limit for every external command the plugin runs"),
+    ArgSpec("debug_log", "", _optional_abs_path, "an absolute path or none",
+            "append one line per plugin decision to this root-owned file (for debugging)"),
+    ArgSpec("show", "yes", _choice("yes", "no"), "yes or no",
+            "print one gpushare: line in the job's output saying what the job got"),
+)
+
+_SPECS_BY_KEY = {spec.key: spec for spec in ARG_SPECS}
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Validated plugin configuration, one attribute per plugstack key."""
+
+    pythonpath: str = ""
+    state_dir: str = "/run/gpushare"
+    mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
+    mem_limit: str = "proportional"
+    verify: str = "strict"
+    inventory: str = "nvml"
+    plan: str = ""
+    timeout: float = 10.0
+    debug_log: str = ""
+    show: bool = True
+    raw: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def jobs_dir(self) -> str:
+        return os.path.join(self.state_dir, "jobs")
+
+    @property
+    def mps_dir(self) -> str:
+        return os.path.join(self.state_dir, "mps")
+
+
+def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
+    """Parse ``key=value`` tokens; every problem is reported at once, each naming its key."""
+    values: dict[str, str] = {spec.key: spec.default for spec in ARG_SPECS}
+    problems: list[str] = []
+    seen: set[str] = set()
+    for token in args:
+        key, sep, value = token.partition("=")
+        spec = _SPECS_BY_KEY.get(key)
+        if not sep or spec is None:
+            problems.append(
+                f"unknown plugstack argument {token!r}; accepted keys: "
+                + ", ".join(s.key + "=" for s in ARG_SPECS)
+            )
+            continue
+        if key in seen:
+            problems.append(f"plugstack argument {key}= given twice")
+            continue
+        seen.add(key)
+        try:
+            values[key] = spec.check(value)
+        except ValueError as err:
+            problems.append(f"plugstack argument {key}={value!r} is invalid: expected {err}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return PluginConfig(
+        pythonpath=values["pythonpath"],
+        state_dir=values["state_dir"],
+        mps_control=values["mps_control"],
+        mem_limit=values["mem_limit"],
+        verify=values["verify"],
+        inventory=values["inventory"],
+        plan=values["plan"],
+        timeout=float(values["timeout"]),
+        debug_log=values["debug_log"],
+        show=values["show"] == "yes",
+        raw=values,
+    )
