@@ -1,0 +1,395 @@
+/*
+ * gpushare SPANK plugin: the C glue around the embedded Python core.
+ *
+ * It does only what must be C:
+ *   - the SPANK symbols and the user option table (--gpu-share, --gpu-mps), with the
+ *     option values validated here so srun/sbatch never start Python;
+ *   - the plugstack arguments checked against the key list generated from
+ *     gpushare.config at build time (an unknown key refuses to run);
+ *   - a fast exit for jobs that do not use gpushare, decided without Python;
+ *   - starting Python isolated from the user's environment (never inside slurmd),
+ *     with libpython made RTLD_GLOBAL so extension modules load;
+ *   - turning any Python failure into a logged SPANK error.
+ *
+ * This file is #included into the cffi-generated module (spank/build.py), which
+ * defines GS_LIBPYTHON, GS_PYTHONHOME, GS_DEFAULT_STATE_DIR and GS_KNOWN_KEYS.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+#define GS_EXPORT __attribute__((visibility("default")))
+
+GS_EXPORT const char plugin_name[] = "gpushare";
+GS_EXPORT const char plugin_type[] = "spank";
+GS_EXPORT const unsigned int plugin_version = SLURM_VERSION_NUMBER;
+GS_EXPORT const unsigned int spank_plugin_version = 1;
+
+enum { GS_OPT_SHARE = 1, GS_OPT_MPS = 2 };
+
+/* Log levels understood by gs_log(); Python's logging maps onto them. */
+enum { GS_LOG_ERROR = 0, GS_LOG_INFO = 1, GS_LOG_VERBOSE = 2, GS_LOG_DEBUG = 3, GS_LOG_USER = 4 };
+
+static int gs_opt_cb(int val, const char *optarg, int remote);
+
+/* Defined by cffi from build.py's embedding_api (the Python side). */
+int gpushare_py_alive(void);
+int gpushare_py_dispatch(const char *callback, void *sp, int ac, char **av);
+
+static struct spank_option gs_options[] = {
+    {"gpu-share", "percent",
+     "[gpushare] Share of one GPU through MPS, 1-100 (% of its SMs; device memory capped "
+     "in proportion).",
+     1, GS_OPT_SHARE, gs_opt_cb},
+    {"gpu-mps", NULL,
+     "[gpushare] Run one private MPS daemon over this job's whole GPUs, so its ranks share "
+     "them.",
+     0, GS_OPT_MPS, gs_opt_cb},
+    SPANK_OPTIONS_TABLE_END};
+
+/* Per-process state: options seen by the callbacks, parsed plugstack arguments. */
+static int gs_share_percent = 0;
+static int gs_private_mps = 0;
+static int gs_args_parsed = 0;
+static int gs_args_ok = 0;
+static char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR;
+static char gs_debug_log[PATH_MAX] = "";
+static int gs_python_failed = 0;
+
+static const char *gs_ctx_name(void)
+{
+    switch (spank_context()) {
+    case S_CTX_LOCAL: return "local";
+    case S_CTX_REMOTE: return "remote";
+    case S_CTX_ALLOCATOR: return "allocator";
+    case S_CTX_SLURMD: return "slurmd";
+    case S_CTX_JOB_SCRIPT: return "job_script";
+    default: return "error";
+    }
+}
+
+/* One line per decision, appended to the admin-chosen debug_log (never a symlink). */
+static void gs_debug(const char *fmt, ...)
+{
+    char line[1024];
+    int off, fd;
+    va_list ap;
+
+    if (!gs_debug_log[0])
+        return;
+    off = snprintf(line, sizeof(line), "%ld pid=%d uid=%d ctx=%s ", (long)time(NULL),
+                   (int)getpid(), (int)getuid(), gs_ctx_name());
+    va_start(ap, fmt);
+    vsnprintf(line + off, sizeof(line) - off - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    fd = open(gs_debug_log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    if (write(fd, line, strlen(line)) < 0) {
+        /* a debug line is best effort */
+    }
+    close(fd);
+}
+
+static int gs_known_key(const char *key, size_t len)
+{
+    static const char *known[] = {GS_KNOWN_KEYS, NULL};
+    for (int i = 0; known[i]; i++)
+        if (strlen(known[i]) == len && strncmp(known[i], key, len) == 0)
+            return 1;
+    return 0;
+}
+
+static int gs_copy_path(char *dst, const char *value, const char *key)
+{
+    if (strcmp(value, "none") == 0 || value[0] == '\0') {
+        dst[0] = '\0';
+        return 0;
+    }
+    if (value[0] != '/' || strlen(value) >= PATH_MAX) {
+        slurm_error("gpushare: plugstack argument %s=%s: expected an absolute path", key, value);
+        return -1;
+    }
+    strcpy(dst, value);
+    return 0;
+}
+
+/*
+ * Parse the plugstack arguments once per process. The key list comes from
+ * gpushare.config; values other than the two paths C needs are checked by Python.
+ */
+static int gs_parse_args(int ac, char **av)
+{
+    if (gs_args_parsed)
+        return gs_args_ok ? 0 : -1;
+    gs_args_parsed = 1;
+    for (int i = 0; i < ac; i++) {
+        const char *eq = strchr(av[i], '=');
+        if (!eq || !gs_known_key(av[i], (size_t)(eq - av[i]))) {
+            slurm_error("gpushare: unknown plugstack argument '%s'; accepted keys: %s "
+                        "(fix the gpushare line in plugstack.conf)",
+                        av[i], GS_KNOWN_KEYS_TEXT);
+            return -1;
+        }
+        if (strncmp(av[i], "state_dir=", 10) == 0) {
+            if (gs_copy_path(gs_state_dir, eq + 1, "state_dir") < 0 || !gs_state_dir[0])
+                return -1;
+        } else if (strncmp(av[i], "debug_log=", 10) == 0) {
+            if (gs_copy_path(gs_debug_log, eq + 1, "debug_log") < 0)
+                return -1;
+        }
+    }
+    gs_args_ok = 1;
+    return 0;
+}
+
+/* --gpu-share must be a whole percent in 1..100; checked where the user typed it. */
+static int gs_parse_share(const char *arg)
+{
+    char *end = NULL;
+    long value;
+
+    if (!arg || !*arg)
+        return -1;
+    errno = 0;
+    value = strtol(arg, &end, 10);
+    if (errno || *end != '\0' || value < 1 || value > 100)
+        return -1;
+    return (int)value;
+}
+
+static int gs_opt_cb(int val, const char *optarg, int remote)
+{
+    if (val == GS_OPT_MPS) {
+        gs_private_mps = 1;
+        return 0;
+    }
+    gs_share_percent = gs_parse_share(optarg);
+    if (gs_share_percent < 0) {
+        slurm_error("gpushare: --gpu-share=%s is invalid: give a whole percent of one GPU "
+                    "from 1 to 100, e.g. --gpu-share=25",
+                    optarg ? optarg : "");
+        gs_share_percent = 0;
+        return -1;
+    }
+    (void)remote;
+    return 0;
+}
+
+/* ---- Python, started lazily, isolated, never in slurmd ---------------------------- */
+
+static int gs_python_start(void)
+{
+    PyStatus status;
+    PyConfig config;
+
+    if (Py_IsInitialized())
+        return 0;
+    if (gs_python_failed)
+        return -1;
+    if (spank_context() == S_CTX_SLURMD) {
+        slurm_error("gpushare: refusing to start Python inside slurmd");
+        return -1;
+    }
+    /* Slurm dlopen()s plugins RTLD_LOCAL: promote libpython so extensions resolve it. */
+    if (!dlopen(GS_LIBPYTHON, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL))
+        slurm_error("gpushare: could not make %s global: %s", GS_LIBPYTHON, dlerror());
+
+    PyConfig_InitIsolatedConfig(&config);
+    config.install_signal_handlers = 0;
+    config.write_bytecode = 0;
+    config.parse_argv = 0;
+    status = PyConfig_SetBytesString(&config, &config.home, GS_PYTHONHOME);
+    if (!PyStatus_Exception(status))
+        status = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(status)) {
+        gs_python_failed = 1;
+        slurm_error("gpushare: cannot start the embedded Python (%s): %s",
+                    GS_PYTHONHOME, status.err_msg ? status.err_msg : "unknown error");
+        return -1;
+    }
+    /* Release the GIL: cffi takes it per call. No Python thread is ever started. */
+    PyEval_SaveThread();
+    gs_debug("python=start");
+    return 0;
+}
+
+/* Run one callback in Python; any failure becomes a logged error and a -1. */
+static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
+{
+    int rc;
+
+    if (gs_python_start() < 0)
+        return -1;
+    if (gpushare_py_alive() != 42) {
+        gs_python_failed = 1;
+        slurm_error("gpushare: %s: the Python core failed to load (see the traceback above); "
+                    "check the pythonpath= argument and that python3-cffi is installed",
+                    callback);
+        return -1;
+    }
+    rc = gpushare_py_dispatch(callback, (void *)sp, ac, av);
+    gs_debug("cb=%s python rc=%d", callback, rc);
+    return rc;
+}
+
+/* ---- helpers the Python core calls (declared in build.py's cdef) ------------------ */
+
+static void gs_log(int level, const char *msg)
+{
+    switch (level) {
+    case GS_LOG_ERROR: slurm_error("%s", msg); break;
+    case GS_LOG_INFO: slurm_info("%s", msg); break;
+    case GS_LOG_VERBOSE: slurm_verbose("%s", msg); break;
+    case GS_LOG_USER: slurm_spank_log("%s", msg); break;
+    default: slurm_debug("%s", msg); break;
+    }
+}
+
+static int gs_context(void) { return (int)spank_context(); }
+
+static int gs_job_ids(spank_t sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid)
+{
+    uid_t u;
+    gid_t g;
+    if (spank_get_item(sp, S_JOB_ID, job_id) != ESPANK_SUCCESS)
+        return -1;
+    if (spank_get_item(sp, S_JOB_UID, &u) != ESPANK_SUCCESS)
+        return -1;
+    if (spank_get_item(sp, S_JOB_GID, &g) != ESPANK_SUCCESS)
+        return -1;
+    *uid = (uint32_t)u;
+    *gid = (uint32_t)g;
+    return 0;
+}
+
+static int gs_task_ids(spank_t sp, uint32_t *node_id, int *local_task_id)
+{
+    if (spank_get_item(sp, S_JOB_NODEID, node_id) != ESPANK_SUCCESS)
+        return -1;
+    return spank_get_item(sp, S_TASK_ID, local_task_id) == ESPANK_SUCCESS ? 0 : -1;
+}
+
+static int gs_setenv(spank_t sp, const char *name, const char *value)
+{
+    return spank_setenv(sp, name, value, 1) == ESPANK_SUCCESS ? 0 : -1;
+}
+
+static int gs_getenv(spank_t sp, const char *name, char *buf, int len)
+{
+    return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS ? 0 : -1;
+}
+
+/* Option value as the job carries it: "" for a flag, NULL when not used. */
+static const char *gs_getopt(spank_t sp, const char *name)
+{
+    char *value = NULL;
+    for (struct spank_option *opt = gs_options; opt->name; opt++) {
+        if (strcmp(opt->name, name) != 0)
+            continue;
+        if (spank_option_getopt(sp, opt, &value) != ESPANK_SUCCESS)
+            return NULL;
+        return value ? value : "";
+    }
+    return NULL;
+}
+
+/* ---- the fast path: does this job use gpushare at all? ---------------------------- */
+
+static int gs_job_record_exists(spank_t sp)
+{
+    char path[PATH_MAX + 32];
+    uint32_t job_id = 0;
+    struct stat st;
+
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+        return 0;
+    snprintf(path, sizeof(path), "%s/jobs/%u.json", gs_state_dir, job_id);
+    return lstat(path, &st) == 0;
+}
+
+static int gs_env_set(const char *name)
+{
+    const char *value = getenv(name);
+    return value && *value;
+}
+
+static int gs_job_options_used(spank_t sp)
+{
+    return gs_getopt(sp, "gpu-share") != NULL || gs_getopt(sp, "gpu-mps") != NULL;
+}
+
+/* ---- SPANK entry points ----------------------------------------------------------- */
+
+GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+    spank_context_t ctx = spank_context();
+
+    if (ctx == S_CTX_SLURMD) {
+        /* Report a bad line to slurmd's log, but never start Python or fail slurmd. */
+        (void)gs_parse_args(ac, av);
+        return 0;
+    }
+    if (gs_parse_args(ac, av) < 0)
+        return -1;
+    if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE) {
+        for (struct spank_option *opt = gs_options; opt->name; opt++) {
+            if (spank_option_register(sp, opt) != ESPANK_SUCCESS) {
+                slurm_error("gpushare: cannot register option --%s", opt->name);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
+{
+    if (gs_parse_args(ac, av) < 0)
+        return -1;
+    if (!gs_env_set("SLURM_JOB_GPUS") && !gs_env_set("CUDA_VISIBLE_DEVICES") &&
+        !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") && !gs_job_options_used(sp)) {
+        gs_debug("cb=job_prolog python=skip reason=no-gpu");
+        return 0;
+    }
+    return gs_call_python("job_prolog", sp, ac, av);
+}
+
+GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+    if (gs_parse_args(ac, av) < 0)
+        return -1;
+    if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
+        !gs_job_options_used(sp)) {
+        gs_debug("cb=job_epilog python=skip reason=no-share");
+        return 0;
+    }
+    return gs_call_python("job_epilog", sp, ac, av);
+}
+
+GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+    char buf[16];
+
+    if (gs_parse_args(ac, av) < 0)
+        return -1;
+    if (!gs_job_record_exists(sp) && !gs_share_percent && !gs_private_mps &&
+        gs_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", buf, sizeof(buf)) != 0) {
+        gs_debug("cb=task_init_privileged python=skip reason=no-share");
+        return 0;
+    }
+    return gs_call_python("task_init_privileged", sp, ac, av);
+}

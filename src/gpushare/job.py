@@ -1,0 +1,174 @@
+"""What gpushare does for one job on one node: prolog, task environment, epilog.
+
+The SPANK adapter calls these with plain values; nothing here knows about cffi. Errors
+are split by who must act:
+  * ``NodeError``: the node is wrong (GPUs disagree with Slurm, a daemon cannot be
+    stopped). The prolog/epilog fails and Slurm drains the node with the reason.
+  * ``UserError``: the request is wrong. The prolog records it and succeeds (a node must
+    not be drained for a user's typo); every task of the job then fails with the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from gpushare.config import PluginConfig
+from gpushare.state import JobRecord, JobStore
+
+log = logging.getLogger("gpushare.job")
+
+SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+class NodeError(RuntimeError):
+    """The node cannot run the job correctly; Slurm should drain it."""
+
+
+class UserError(ValueError):
+    """The job's request cannot be honoured; the message says what to type instead."""
+
+
+@dataclass
+class JobRequest:
+    """The facts job_prolog has about one job, all from Slurm (env and SPANK items)."""
+
+    job_id: int
+    uid: int
+    gid: int
+    node: str
+    gpu_share: Optional[str] = None  # --gpu-share value as the job carries it (user text)
+    private_mps: bool = False  # --gpu-mps
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def slurm_gpus(self) -> list[str]:
+        return _split(self.env.get("SLURM_JOB_GPUS", ""))
+
+    @property
+    def visible_devices(self) -> list[str]:
+        return _split(self.env.get("CUDA_VISIBLE_DEVICES", ""))
+
+    @property
+    def slurm_share(self) -> Optional[int]:
+        """The share Slurm's gres/mps computed for this job, if it is an mps job."""
+        value = self.env.get(SHARE_ENV, "")
+        return int(value) if value.isdigit() and 1 <= int(value) <= 100 else None
+
+
+def _split(value: str) -> list[str]:
+    return [token for token in value.split(",") if token]
+
+
+def parse_share(text: str) -> int:
+    """Validate ``--gpu-share`` again on the node: the value is user-controlled."""
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise UserError(f"--gpu-share={text} is invalid: give a whole percent of one GPU from "
+                        "1 to 100, e.g. --gpu-share=25")
+    return int(text)
+
+
+def uses_sharing(request: JobRequest) -> bool:
+    return request.gpu_share is not None or request.private_mps or request.slurm_share is not None
+
+
+def plan_job(request: JobRequest) -> JobRecord:
+    """Decide mode, share and task environment; raise UserError for an impossible request."""
+    asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
+    granted = request.slurm_share
+    gpus = request.slurm_gpus
+    if request.private_mps:
+        if granted is not None or asked is not None:
+            raise UserError("--gpu-mps runs a private MPS daemon over whole GPUs; it cannot be "
+                            "combined with a share (--gpu-share or --gres=mps). Ask for "
+                            "--gres=gpu:N --gpu-mps, or only a share")
+        if not gpus:
+            raise UserError("--gpu-mps needs whole GPUs on every node: add --gres=gpu:N")
+        mode, share = "private", 100
+    else:
+        if not gpus:
+            raise UserError(f"--gpu-share={request.gpu_share} got no GPU on this node: the "
+                            "share was not turned into an MPS request at submit time. Ask "
+                            f"--gres=mps:{asked or 100} (or enable gpushare's submit hook)")
+        if len(gpus) != 1:
+            raise UserError(f"a share runs on one GPU, but Slurm gave {len(gpus)} "
+                            f"({','.join(gpus)}); ask whole GPUs with --gres=gpu:N instead")
+        # A client's percentage can only lower its limit: honour the smaller.
+        share = min(x for x in (asked, granted) if x is not None)
+        mode = "shared"
+    record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
+                       node=request.node, mode=mode, share_percent=share,
+                       slurm_gpus=gpus, visible_devices=request.visible_devices)
+    record.env = task_environment(record)
+    return record
+
+
+def task_environment(record: JobRecord) -> dict[str, str]:
+    """The variables every task of the job gets."""
+    devices = ",".join(str(i) for i in range(len(record.slurm_gpus)))
+    env = {"CUDA_VISIBLE_DEVICES": devices}
+    if record.mode == "shared":
+        env[SHARE_ENV] = str(record.share_percent)
+    if record.mps:
+        env.update(record.mps.get("env", {}))
+    return env
+
+
+def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
+    """Run at job start on each node; returns the record written, if the job shares."""
+    if not uses_sharing(request):
+        log.debug("job %s uses no sharing", request.job_id)
+        return None
+    store = JobStore(config.state_dir)
+    try:
+        record = plan_job(request)
+    except UserError as err:
+        record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
+                           node=request.node, mode="error", share_percent=0,
+                           slurm_gpus=request.slurm_gpus, error=str(err))
+        store.write(record)
+        log.info("job %s: request refused: %s", request.job_id, err)
+        return record
+    store.write(record)
+    log.info("job %s: %s MPS, %d%% of GPU %s", record.job_id, record.mode,
+             record.share_percent, ",".join(record.slurm_gpus))
+    return record
+
+
+def task_env(config: PluginConfig, job_id: int, uid: int, expected: bool) -> dict[str, str]:
+    """The environment for one task; UserError if the job's request was refused."""
+    record = JobStore(config.state_dir).read(job_id)
+    if record is None:
+        if expected:
+            raise UserError(f"no gpushare record for job {job_id} on this node: the job "
+                            "prolog did not run (slurm.conf needs PrologFlags=Alloc)")
+        return {}
+    if record.uid != uid:
+        raise NodeError(f"record of job {job_id} names uid {record.uid}, not {uid}")
+    if record.error:
+        raise UserError(record.error)
+    return dict(record.env)
+
+
+def describe(record_env: Mapping[str, str], job_id: int) -> str:
+    """One line a user reads in the job's output."""
+    parts = [f"CUDA_VISIBLE_DEVICES={record_env.get('CUDA_VISIBLE_DEVICES', '')}"]
+    if SHARE_ENV in record_env:
+        parts.append(f"{record_env[SHARE_ENV]}% of the GPU's SMs")
+    if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in record_env:
+        parts.append(f"pinned memory {record_env['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}")
+    if "CUDA_MPS_PIPE_DIRECTORY" in record_env:
+        parts.append(f"MPS pipe {record_env['CUDA_MPS_PIPE_DIRECTORY']}")
+    return f"gpushare: job {job_id}: " + ", ".join(parts)
+
+
+def epilog(config: PluginConfig, job_id: int) -> None:
+    """Run at job end on each node; idempotent (twice, or without a prolog, is fine)."""
+    removed = JobStore(config.state_dir).remove(job_id)
+    log.debug("job %s: record %s", job_id, "removed" if removed else "absent")
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    return env.get("SLURMD_NODENAME") or os.uname().nodename

@@ -1,0 +1,130 @@
+"""Thin adapters from the SPANK callbacks (C glue) to the core in ``gpushare.job``.
+
+``bind`` is called once per process by the embedded init code with cffi's ``ffi``/``lib``;
+``dispatch`` turns the callback name into a call of the core and the outcome into a SPANK
+return code. The configuration is parsed once per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Callable, Optional
+
+from gpushare import job
+from gpushare import log as gslog
+from gpushare.config import ConfigError, PluginConfig, parse_plugin_args
+
+logger = logging.getLogger("gpushare.spank")
+
+_ffi: Any = None
+_lib: Any = None
+_config: Optional[PluginConfig] = None
+
+
+def bind(ffi: Any, lib: Any) -> None:
+    global _ffi, _lib
+    _ffi, _lib = ffi, lib
+    gslog.install(lambda level, text: lib.gs_log(level, text.encode("utf-8", "replace")))
+
+
+class Spank:
+    """The SPANK handle of one callback, with the few calls the core needs."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def ids(self) -> tuple[int, int, int]:
+        job_id, uid, gid = (_ffi.new("uint32_t *") for _ in range(3))
+        if _lib.gs_job_ids(self.handle, job_id, uid, gid) != 0:
+            raise RuntimeError("spank_get_item(S_JOB_ID/UID/GID) failed")
+        return int(job_id[0]), int(uid[0]), int(gid[0])
+
+    def task_ids(self) -> tuple[int, int]:
+        node_id, task_id = _ffi.new("uint32_t *"), _ffi.new("int *")
+        if _lib.gs_task_ids(self.handle, node_id, task_id) != 0:
+            return -1, -1
+        return int(node_id[0]), int(task_id[0])
+
+    def option(self, name: str) -> Optional[str]:
+        value = _lib.gs_getopt(self.handle, name.encode())
+        return None if value == _ffi.NULL else _ffi.string(value).decode("utf-8", "replace")
+
+    def getenv(self, name: str) -> Optional[str]:
+        buf = _ffi.new("char[]", 4096)
+        if _lib.gs_getenv(self.handle, name.encode(), buf, 4096) != 0:
+            return None
+        return _ffi.string(buf).decode("utf-8", "replace")
+
+    def setenv(self, name: str, value: str) -> None:
+        if _lib.gs_setenv(self.handle, name.encode(), value.encode()) != 0:
+            raise RuntimeError(f"spank_setenv({name}) failed")
+
+
+def configure(args: list[str]) -> PluginConfig:
+    global _config
+    if _config is None:
+        _config = parse_plugin_args(args)
+        gslog.install(lambda level, text: _lib.gs_log(level, text.encode("utf-8", "replace")),
+                      _config.debug_log)
+    return _config
+
+
+def job_prolog(spank: Spank, config: PluginConfig) -> int:
+    job_id, uid, gid = spank.ids()
+    request = job.JobRequest(job_id=job_id, uid=uid, gid=gid, node=job.node_name(os.environ),
+                             gpu_share=spank.option("gpu-share"),
+                             private_mps=spank.option("gpu-mps") is not None,
+                             env=dict(os.environ))
+    job.prolog(config, request)
+    return 0
+
+
+def job_epilog(spank: Spank, config: PluginConfig) -> int:
+    job_id, _uid, _gid = spank.ids()
+    job.epilog(config, job_id)
+    return 0
+
+
+def task_init_privileged(spank: Spank, config: PluginConfig) -> int:
+    job_id, uid, _gid = spank.ids()
+    expected = (spank.option("gpu-share") is not None or spank.option("gpu-mps") is not None
+                or spank.getenv(job.SHARE_ENV) is not None)
+    try:
+        env = job.task_env(config, job_id, uid, expected)
+    except job.UserError as err:
+        _lib.gs_log(gslog.LEVEL_USER, f"gpushare: job {job_id}: {err}".encode())
+        return -1
+    for name, value in env.items():
+        spank.setenv(name, value)
+    node_id, task_id = spank.task_ids()
+    if env and config.show and node_id == 0 and task_id == 0:
+        sys.stderr.write(job.describe(env, job_id) + "\n")
+        sys.stderr.flush()
+    return 0
+
+
+CALLBACKS: dict[str, Callable[[Spank, PluginConfig], int]] = {
+    "job_prolog": job_prolog,
+    "job_epilog": job_epilog,
+    "task_init_privileged": task_init_privileged,
+}
+
+
+def dispatch(name: str, handle: Any, args: list[str]) -> int:
+    """Run one callback; node problems and internal errors are logged and return -1."""
+    try:
+        config = configure(args)
+    except ConfigError as err:
+        logger.error("%s; fix the gpushare line in plugstack.conf", err)
+        return -1
+    callback = CALLBACKS.get(name)
+    if callback is None:
+        logger.error("no handler for SPANK callback %s", name)
+        return -1
+    try:
+        return callback(Spank(handle), config)
+    except job.NodeError as err:
+        logger.error("%s: %s", name, err)
+        return -1

@@ -1,0 +1,142 @@
+"""Per-job state records: what job_prolog decided, read by task_init, removed by job_epilog.
+
+Records live in ``<state_dir>/jobs/<job_id>.json``, root-owned, mode 0600, written
+atomically. The directories are created by root and checked on every use: an entry that is
+a symlink, not owned by root, or writable by others is refused, so a user can never steer
+where root reads or writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+RECORD_VERSION = 1
+
+
+class StateError(RuntimeError):
+    """The state directory is unsafe or a record cannot be read or written."""
+
+
+@dataclass
+class JobRecord:
+    """What the prolog found and decided for one job on this node."""
+
+    job_id: int
+    uid: int
+    gid: int
+    node: str
+    mode: str  # "shared" (a share of one GPU) or "private" (MPS over whole GPUs)
+    share_percent: int
+    slurm_gpus: list[str] = field(default_factory=list)  # SLURM_JOB_GPUS
+    visible_devices: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES (prolog)
+    devices: list[dict[str, Any]] = field(default_factory=list)  # resolved through NVML
+    mps: Optional[dict[str, Any]] = None  # the MPS lease (daemon, directories)
+    env: dict[str, str] = field(default_factory=dict)  # set in every task of the job
+    error: str = ""  # a user error found in the prolog, reported by task_init
+    created: float = field(default_factory=time.time)
+    version: int = RECORD_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobRecord:
+        if data.get("version") != RECORD_VERSION:
+            raise StateError(f"unsupported record version {data.get('version')!r}")
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def ensure_root_dir(path: str, mode: int = 0o755) -> None:
+    """Create ``path`` (and parents) as root-owned directories, or verify they are safe."""
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent and parent != path and not os.path.isdir(parent):
+        ensure_root_dir(parent, 0o755)
+    try:
+        os.mkdir(path, mode)
+        os.chmod(path, mode)  # umask may have narrowed it
+    except FileExistsError:
+        pass
+    check_root_dir(path)
+
+
+def check_root_dir(path: str) -> None:
+    """Refuse a directory that a user could have placed or can change."""
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        raise StateError(f"state directory {path}: {err.strerror}") from err
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise StateError(f"state directory {path} is not a real directory (symlink?); "
+                         "remove it and let gpushare recreate it")
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise StateError(f"state directory {path} must be owned by uid {os.geteuid()} and "
+                         f"not writable by group/others (owner {info.st_uid}, mode "
+                         f"{stat.S_IMODE(info.st_mode):o}); fix it or remove it")
+
+
+class JobStore:
+    """The ``jobs/`` directory of the state dir."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self.jobs_dir = os.path.join(state_dir, "jobs")
+
+    def path(self, job_id: int) -> str:
+        return os.path.join(self.jobs_dir, f"{int(job_id)}.json")
+
+    def write(self, record: JobRecord) -> None:
+        ensure_root_dir(self.state_dir)
+        ensure_root_dir(self.jobs_dir, 0o700)
+        final = self.path(record.job_id)
+        tmp = f"{final}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, record.to_json().encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+
+    def read(self, job_id: int) -> Optional[JobRecord]:
+        """The job's record, or None when there is none."""
+        if os.path.lexists(self.jobs_dir):
+            check_root_dir(self.jobs_dir)
+        try:
+            fd = os.open(self.path(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            if err.errno == errno.ENOENT:
+                return None
+            raise StateError(f"cannot open {self.path(job_id)}: {err.strerror}") from err
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid():
+                raise StateError(f"{self.path(job_id)} is not owned by uid {os.geteuid()}")
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                data = json.loads(handle.read().decode())
+        except (ValueError, TypeError) as err:
+            raise StateError(f"{self.path(job_id)} is not a gpushare record: {err}") from err
+        finally:
+            os.close(fd)
+        return JobRecord.from_dict(data)
+
+    def remove(self, job_id: int) -> bool:
+        """Remove the record; False when there was none (epilog twice, no prolog)."""
+        try:
+            os.unlink(self.path(job_id))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def job_ids(self) -> list[int]:
+        if not os.path.isdir(self.jobs_dir):
+            return []
+        return sorted(int(name[:-5]) for name in os.listdir(self.jobs_dir)
+                      if name.endswith(".json") and name[:-5].isdigit())
