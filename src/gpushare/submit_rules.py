@@ -1,0 +1,386 @@
+"""The submit rules: a job_desc in, the fields to rewrite or a rejection out.
+
+Pure functions over the job's fields and the cluster facts, so that the Python hook, the
+``gpushare explain`` command and the conformance vectors all run the very rules that
+``submit_hooks/job_submit.lua`` implements line for line. No I/O, no clock, nothing that
+depends on the array index: slurmctld calls job_submit once per array.
+
+Order of checks (the first problem wins, so a user fixes one thing at a time):
+GRES syntax, the gpushare options, GPU/MIG types, shares, private MPS, then ``--switches``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare.facts import Facts
+from gpushare.gres import (
+    GRES_FIELDS,
+    GresError,
+    GresItem,
+    ascii_lower,
+    format_field,
+    format_item,
+    parse_field,
+    user_form,
+    user_item,
+)
+
+__all__ = [
+    "ESLURM_INVALID_GRES",
+    "NO_VAL",
+    "NO_VAL16",
+    "Decision",
+    "Rejection",
+    "apply",
+    "format_wait",
+    "mig_profile",
+    "spank_options",
+]
+
+NO_VAL = 0xFFFFFFFE
+NO_VAL16 = 0xFFFE
+ESLURM_INVALID_GRES = 2072  # every rejection concerns the job's GPU request
+SPANK_OPTION_PREFIX = "_SLURM_SPANK_OPTION_gpushare_"
+SHARING_NAMES = ("gpu", "mps", "shard")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a job cannot run as asked: the flag, the reason, and what to type instead."""
+
+    code: int
+    flag: str
+    reason: str
+    fix: str
+
+    @property
+    def text(self) -> str:
+        return f"gpushare: {self.flag} {self.reason}; {self.fix}"
+
+
+@dataclass
+class Decision:
+    """Fields to set on the job_desc, the user's messages, or a rejection."""
+
+    changes: dict[str, Any] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    reject: Rejection | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        reject = None
+        if self.reject:
+            reject = {"code": self.reject.code, "text": self.reject.text}
+        return {"changes": dict(self.changes), "messages": list(self.messages), "reject": reject}
+
+
+class _Rejected(Exception):
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.text)
+        self.rejection = rejection
+
+
+def _reject(flag: str, reason: str, fix: str) -> _Rejected:
+    return _Rejected(Rejection(ESLURM_INVALID_GRES, flag, reason, fix))
+
+
+def _number(value: Any) -> int | None:
+    """A numeric job_desc field, or None when unset (nil, NO_VAL, NO_VAL16)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        value = int(value)
+    elif isinstance(value, str):
+        if not value.isdigit() or not value.isascii():
+            return None
+        value = int(value)
+    elif not isinstance(value, int):
+        return None
+    return None if value in (NO_VAL, NO_VAL16) else value
+
+
+def format_wait(seconds: int) -> str:
+    """Seconds in Slurm's time syntax: ``5:00``, ``1:00:00``, ``1-00:00:00``."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def spank_options(env: Any) -> dict[str, str]:
+    """gpushare's own SPANK options from ``spank_job_env`` (a list of NAME=value, or a dict)."""
+    entries: list[tuple[str, str]] = []
+    if isinstance(env, dict):
+        for key, value in env.items():
+            if isinstance(key, str):
+                entries.append((key, "" if value is None else str(value)))
+            elif isinstance(value, str) and "=" in value:
+                name, val = value.split("=", 1)
+                entries.append((name, val))
+    elif isinstance(env, (list, tuple)):
+        for entry in env:
+            if isinstance(entry, str) and "=" in entry:
+                name, val = entry.split("=", 1)
+                entries.append((name, val))
+    options: dict[str, str] = {}
+    for name, value in entries:
+        if name.startswith(SPANK_OPTION_PREFIX):
+            options[name[len(SPANK_OPTION_PREFIX):]] = value
+    return options
+
+
+def _is_profile_core(text: str) -> bool:
+    """``1g.10gb``, ``1c.3g.40gb``, ``1g.10gb+me``: a MIG profile as NVIDIA names it."""
+    core = text[:-3] if text.endswith("+me") else text
+    parts = core.split(".")
+    if len(parts) not in (2, 3) or not parts[-1].endswith("gb"):
+        return False
+    if not parts[-1][:-2].isdigit() or not parts[-1][:-2].isascii():
+        return False
+    if not parts[-2].endswith("g") or not parts[-2][:-1].isdigit() or not parts[-2].isascii():
+        return False
+    if len(parts) == 3:
+        return parts[0].endswith("c") and parts[0][:-1].isdigit() and parts[0].isascii()
+    return True
+
+
+def mig_profile(type_name: str) -> str | None:
+    """The MIG profile a type names: ``nvidia_a100_1g.10gb`` -> ``1g.10gb``; else None.
+
+    Slurm's AutoDetect=nvml names MIG slices ``<gpu name>_<profile>``; gres.conf may spell
+    them either way, so both sides are reduced to the profile before comparing.
+    """
+    lowered = ascii_lower(type_name)
+    core = lowered.rsplit("_", 1)[-1]
+    return core if _is_profile_core(core) else None
+
+
+def _listing(names: tuple[str, ...]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def _normalise_type(field_name: str, item: GresItem, facts: Facts) -> str:
+    """The facts' spelling of ``item.type``, or a rejection listing what is valid."""
+    assert item.type is not None
+    wanted = ascii_lower(item.type)
+    mig_allowed = item.name == "gpu"
+    valid = facts.gpu_types + (facts.mig_types if mig_allowed else ())
+    for name in valid:
+        if ascii_lower(name) == wanted:
+            return name
+    flag = user_item(field_name, item)
+    profile = mig_profile(item.type)
+    if mig_allowed and profile is not None:
+        owners = tuple(m for m in facts.mig_types if mig_profile(m) == profile)
+        if len(owners) == 1:
+            return owners[0]
+        if owners:
+            raise _reject(flag, f"names MIG profile {profile}, which Slurm has here as "
+                          f"several types ({_listing(owners)})",
+                          f"name one of them, e.g. --gres=gpu:{owners[0]}:1")
+        example = (f"--gres=gpu:{facts.mig_types[0]}:1" if facts.mig_types
+                   else "--gres=gpu:1")
+        raise _reject(flag, f"asks for MIG profile {profile}, which Slurm does not own here "
+                      f"(Slurm owns: {_listing(facts.mig_types)})",
+                      f"ask for one of those, e.g. {example}")
+    tokens = wanted.split("_")
+    matches = tuple(g for g in facts.gpu_types if ascii_lower(g) in tokens)
+    if len(matches) == 1:
+        return matches[0]
+    kind = "" if item.name == "gpu" else f" for {item.name}"
+    if valid:
+        fix = f"ask for one of those, e.g. {_example(field_name, item.name, valid[0])}"
+    else:
+        fix = f"ask without a type, e.g. {_example(field_name, item.name, None)}"
+    raise _reject(flag, f"asks for GPU type {item.type}, which this cluster does not have "
+                  f"(valid types{kind}: {_listing(valid)})", fix)
+
+
+def _example(field_name: str, name: str, type_: str | None) -> str:
+    count = 50 if name == "mps" else 1
+    return user_item(field_name, GresItem(name=name, type=type_, count=count))
+
+
+def _fewest_domains(nodes: int, sizes: tuple[int, ...]) -> int:
+    """Fewest NVLink domains whose nodes add up to ``nodes`` (all of them if none do)."""
+    total = 0
+    for used, size in enumerate(sizes, start=1):
+        total += size
+        if total >= nodes:
+            return used
+    return len(sizes)
+
+
+def _domains_reason(nodes: int, domains: int) -> str:
+    if domains == 1:
+        return f"{nodes} nodes fit in one NVLink domain"
+    return f"{nodes} nodes need {domains} NVLink domains"
+
+
+def _share_flag(items: list[tuple[str, GresItem]], share_text: str | None) -> str:
+    if items:
+        return user_item(items[0][0], items[0][1])
+    return f"--gpu-share={share_text}"
+
+
+def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]]:
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    units = facts.mps_units_per_gpu
+
+    # 1. Every GRES field parses.
+    fields: dict[str, list[GresItem]] = {}
+    for field_name, flag in GRES_FIELDS:
+        value = job.get(field_name)
+        if value is None or value == "":
+            continue
+        try:
+            fields[field_name] = parse_field(str(value))
+        except GresError as err:
+            shown = err.item[5:] if err.item.startswith(("gres:", "gres/")) else err.item
+            raise _reject(f'{flag} item "{shown}"', "is not a GRES request Slurm understands",
+                          "write name[:type][:count], e.g. --gres=gpu:a100:2") from None
+
+    # 2. gpushare's own options.
+    options = spank_options(job.get("spank_job_env"))
+    share_text = options.get("gpu_share")
+    share_pct: int | None = None
+    if share_text is not None:
+        if not (share_text.isdigit() and share_text.isascii()) or int(share_text) == 0:
+            raise _reject(f"--gpu-share={share_text}", "is not a share of one GPU",
+                          "give a percentage from 1 to 100, e.g. --gpu-share=25")
+        share_pct = int(share_text)
+        if share_pct > 100:
+            raise _reject(f"--gpu-share={share_text}",
+                          f"asks for {share_pct / 100:g} GPUs; a share must fit on one GPU "
+                          "(at most --gpu-share=100)",
+                          f"for more, ask for whole GPUs: --gres=gpu:{-(-share_pct // 100)}")
+    mps_text = options.get("gpu_mps")
+    private_mps = False
+    if mps_text is not None:
+        if mps_text not in ("", "yes", "no"):
+            raise _reject(f"--gpu-mps={mps_text}", "is neither yes nor no",
+                          "write --gpu-mps to run a private MPS on your whole GPUs")
+        private_mps = mps_text != "no"
+
+    # 3. GPU and MIG types, in the facts' spelling.
+    for field_name, _flag in GRES_FIELDS:
+        items = fields.get(field_name)
+        if not items:
+            continue
+        new_items = list(items)
+        for index, item in enumerate(items):
+            if item.is_gres and item.name in SHARING_NAMES and item.type is not None:
+                spelled = _normalise_type(field_name, item, facts)
+                if spelled != item.type:
+                    new_items[index] = item.with_type(spelled)
+        if new_items != items:
+            new_items = [_prefixed(it, items, facts) for it in new_items]
+            changes[field_name] = format_field(new_items)
+            notes.append(f"{user_form(field_name, items)} -> {changes[field_name]}")
+            fields[field_name] = new_items
+
+    # 4. Shares: one GPU at most, never mixed with whole GPUs or shards.
+    asked = [(f, it) for f, _ in GRES_FIELDS for it in fields.get(f, ())
+             if it.is_gres and it.name in SHARING_NAMES and it.count > 0]
+    mps_items = [(f, it) for f, it in asked if it.name == "mps"]
+    gpu_items = [(f, it) for f, it in asked if it.name == "gpu"]
+    shard_items = [(f, it) for f, it in asked if it.name == "shard"]
+    mps_total = sum(it.count for _, it in mps_items)
+    share_units = None if share_pct is None else max(1, share_pct * units // 100)
+    is_share = bool(mps_items) or share_pct is not None
+
+    if private_mps and is_share:
+        raise _reject("--gpu-mps", "runs a private MPS on whole GPUs and cannot be combined "
+                      f"with a share ({_share_flag(mps_items, share_text)})",
+                      "ask for whole GPUs with it (e.g. --gres=gpu:1 --gpu-mps), "
+                      "or for the share alone")
+    if private_mps and not gpu_items:
+        raise _reject("--gpu-mps", "needs whole GPUs and this job asks for none",
+                      "add them, e.g. --gres=gpu:1 --gpu-mps")
+    if mps_items and share_pct is not None and mps_total != share_units:
+        raise _reject(f"--gpu-share={share_text}",
+                      f"and {_share_flag(mps_items, None)} ask for different shares "
+                      f"({share_pct}% of a GPU is mps:{share_units} here)",
+                      f"give only one of them, e.g. --gpu-share={share_text}")
+    if is_share and (gpu_items or shard_items):
+        other_field, other = (gpu_items or shard_items)[0]
+        what = "whole GPUs" if other.name == "gpu" else "shards"
+        raise _reject(_share_flag(mps_items, share_text),
+                      f"is a share of one GPU and cannot be combined with {what} "
+                      f"({user_item(other_field, other)})",
+                      "ask for the share alone, or for whole GPUs alone, e.g. --gres=gpu:1")
+    if mps_total > units:
+        flag = (user_item(*mps_items[0]) if len(mps_items) == 1
+                else user_form(mps_items[0][0], [it for _, it in mps_items]))
+        raise _reject(flag, f"asks for {mps_total / units:g} GPUs of MPS; a share must fit on "
+                      f"one GPU (at most mps:{units})",
+                      f"for more, ask for whole GPUs: --gres=gpu:{-(-mps_total // units)}")
+    if share_units is not None and not mps_items:
+        items = fields.get("tres_per_node", [])
+        prefix = next((it.prefix for it in items if it.is_gres and it.prefix),
+                      facts.gres_prefix)
+        added = GresItem(name="mps", count=share_units, prefix=prefix)
+        old = changes.get("tres_per_node", job.get("tres_per_node"))
+        value = format_item(added) if not items else f"{old},{format_item(added)}"
+        changes["tres_per_node"] = value
+        notes.append(f"--gpu-share={share_text} -> {value}")
+
+    # 5. Multi-node GPU jobs stay in the fewest NVLink domains, with a bounded wait.
+    nodes = _number(job.get("min_nodes"))
+    sizes = facts.domain_sizes
+    if (asked or share_pct is not None) and nodes is not None and nodes > 1 and sizes:
+        need = _fewest_domains(nodes, sizes)
+        req = _number(job.get("req_switch"))
+        wait = _number(job.get("wait4switch"))
+        policy = facts.policy
+        if req is None:
+            changes["req_switch"] = need
+            changes["wait4switch"] = policy.switch_wait_s
+            notes.append(f"--switches={need}@{format_wait(policy.switch_wait_s)} "
+                         f"({_domains_reason(nodes, need)})")
+        else:
+            reasons = []
+            new_req, new_wait = req, wait
+            if req < need:
+                new_req = need
+                changes["req_switch"] = need
+                reasons.append(_domains_reason(nodes, need))
+            if wait is not None and wait > policy.max_switch_wait_s:
+                new_wait = policy.max_switch_wait_s
+                changes["wait4switch"] = new_wait
+                reasons.append(f"the longest switch wait here is {format_wait(new_wait)}")
+            if reasons:
+                notes.append(f"--switches={_switches(req, wait)} -> "
+                             f"--switches={_switches(new_req, new_wait)} ({', '.join(reasons)})")
+    return changes, notes
+
+
+def _switches(count: int, wait: int | None) -> str:
+    return str(count) if wait is None else f"{count}@{format_wait(wait)}"
+
+
+def _prefixed(item: GresItem, items: list[GresItem], facts: Facts) -> GresItem:
+    """Give an unprefixed item the field's (or the cluster's) prefix: slurmctld needs it."""
+    if not item.is_gres or item.prefix:
+        return item
+    prefix = next((it.prefix for it in items if it.is_gres and it.prefix), facts.gres_prefix)
+    return GresItem(name=item.name, type=item.type, count=item.count, prefix=prefix,
+                    count_sep=item.count_sep, raw=item.raw)
+
+
+def apply(job: dict[str, Any], facts: Facts) -> Decision:
+    """Run every rule on one job_desc (field names as slurmctld gives them to Lua)."""
+    try:
+        changes, notes = _check(job, facts)
+    except _Rejected as rejected:
+        return Decision(messages=[rejected.rejection.text], reject=rejected.rejection)
+    messages = ["gpushare: " + "; ".join(notes)] if notes else []
+    return Decision(changes=changes, messages=messages)
