@@ -1,0 +1,128 @@
+"""Run an external command with a hard time limit, optionally as another user.
+
+The plugin runs inside slurmd/slurmstepd: a hung or daemonising child must never hang it.
+Output goes to unlinked temporary files, not pipes, so a grandchild that keeps the
+child's stdout open (``nvidia-cuda-mps-control -d`` does) cannot make us wait for EOF.
+The child gets its own process group; on timeout the whole group is killed.
+No threads are used (the plugin forbids them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+__all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "ProcError", "Result", "run"]
+
+_OUTPUT_LIMIT = 64 * 1024
+
+
+class ProcError(RuntimeError):
+    """An external command could not be run to completion; the message says which and why."""
+
+
+class CommandNotFound(ProcError):
+    """The program does not exist or cannot be executed."""
+
+
+class CommandTimeout(ProcError):
+    """The program did not finish within its time limit and was killed."""
+
+
+class CommandFailed(ProcError):
+    """The program exited with a non-zero status (only raised by ``run(check=True)``)."""
+
+    def __init__(self, message: str, result: Result) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class Result:
+    """Exit status and (truncated) output of a finished command."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr, stripped, for log lines and error messages."""
+        return "\n".join(part for part in (self.stdout.strip(), self.stderr.strip()) if part)
+
+
+def _read_back(handle: object) -> str:
+    handle.seek(0)  # type: ignore[attr-defined]
+    data = handle.read(_OUTPUT_LIMIT)  # type: ignore[attr-defined]
+    return data.decode("utf-8", "replace")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group (created by us through start_new_session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError as err:
+        if err.errno != errno.ESRCH:
+            raise
+    with contextlib.suppress(OSError):
+        proc.kill()
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str],
+    input_text: str = "",
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
+    check: bool = False,
+) -> Result:
+    """Run ``argv`` with exactly ``env``, as ``uid``/``gid`` when given, within ``timeout`` s.
+
+    Raises CommandNotFound, CommandTimeout, or (with ``check``) CommandFailed.
+    """
+    name = argv[0]
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
+            tempfile.TemporaryFile() as stderr:
+        stdin.write(input_text.encode())
+        stdin.seek(0)
+        kwargs: dict = {}
+        if uid is not None:
+            kwargs.update(user=uid, group=gid if gid is not None else uid, extra_groups=[])
+        try:
+            proc = subprocess.Popen(
+                list(argv), stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env),
+                cwd="/", close_fds=True, start_new_session=True, **kwargs,
+            )
+        except (FileNotFoundError, NotADirectoryError) as err:
+            raise CommandNotFound(f"{name}: not found ({err.strerror})") from None
+        except PermissionError as err:
+            raise CommandNotFound(f"{name}: cannot be executed ({err.strerror})") from None
+        except OSError as err:
+            raise ProcError(f"{name}: cannot be started ({err})") from None
+        deadline = time.monotonic() + timeout
+        try:
+            returncode = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.wait()
+            raise CommandTimeout(
+                f"{' '.join(argv)}: no answer within {timeout:g} s, killed"
+            ) from None
+        # A daemonising child may leave its group behind; nothing of it is ours to wait for.
+        result = Result(tuple(argv), returncode, _read_back(stdout), _read_back(stderr))
+    if check and result.returncode != 0:
+        detail = result.output or "no output"
+        raise CommandFailed(
+            f"{' '.join(argv)}: exit status {result.returncode}: {detail}", result
+        )
+    return result
