@@ -80,16 +80,19 @@ static const char *gs_ctx_name(void)
 }
 
 /* One line per decision, appended to the admin-chosen debug_log (never a symlink). */
-static void gs_debug(const char *fmt, ...)
+static void gs_debug(spank_t sp, const char *fmt, ...)
 {
     char line[1024];
     int off, fd;
+    uint32_t job_id = 0;
     va_list ap;
 
     if (!gs_debug_log[0])
         return;
-    off = snprintf(line, sizeof(line), "%ld pid=%d uid=%d ctx=%s ", (long)time(NULL),
-                   (int)getpid(), (int)getuid(), gs_ctx_name());
+    if (sp)
+        (void)spank_get_item(sp, S_JOB_ID, &job_id);
+    off = snprintf(line, sizeof(line), "%ld pid=%d uid=%d ctx=%s job=%u ", (long)time(NULL),
+                   (int)getpid(), (int)getuid(), gs_ctx_name(), job_id);
     va_start(ap, fmt);
     vsnprintf(line + off, sizeof(line) - off - 1, fmt, ap);
     va_end(ap);
@@ -190,7 +193,7 @@ static int gs_opt_cb(int val, const char *optarg, int remote)
 
 /* ---- Python, started lazily, isolated, never in slurmd ---------------------------- */
 
-static int gs_python_start(void)
+static int gs_python_start(spank_t sp)
 {
     PyStatus status;
     PyConfig config;
@@ -223,7 +226,7 @@ static int gs_python_start(void)
     }
     /* Release the GIL: cffi takes it per call. No Python thread is ever started. */
     PyEval_SaveThread();
-    gs_debug("python=start");
+    gs_debug(sp, "python=start");
     return 0;
 }
 
@@ -232,7 +235,7 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
     int rc;
 
-    if (gs_python_start() < 0)
+    if (gs_python_start(sp) < 0)
         return -1;
     if (gpushare_py_alive() != 42) {
         gs_python_failed = 1;
@@ -242,7 +245,7 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
         return -1;
     }
     rc = gpushare_py_dispatch(callback, (void *)sp, ac, av);
-    gs_debug("cb=%s python rc=%d", callback, rc);
+    gs_debug(sp, "cb=%s python rc=%d", callback, rc);
     return rc;
 }
 
@@ -362,7 +365,7 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
         return -1;
     if (!gs_env_set("SLURM_JOB_GPUS") && !gs_env_set("CUDA_VISIBLE_DEVICES") &&
         !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") && !gs_job_options_used(sp)) {
-        gs_debug("cb=job_prolog python=skip reason=no-gpu");
+        gs_debug(sp, "cb=job_prolog python=skip reason=no-gpu");
         return 0;
     }
     return gs_call_python("job_prolog", sp, ac, av);
@@ -374,7 +377,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         return -1;
     if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
         !gs_job_options_used(sp)) {
-        gs_debug("cb=job_epilog python=skip reason=no-share");
+        gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
         return 0;
     }
     return gs_call_python("job_epilog", sp, ac, av);
@@ -388,7 +391,7 @@ GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
         return -1;
     if (!gs_job_record_exists(sp) && !gs_share_percent && !gs_private_mps &&
         gs_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", buf, sizeof(buf)) != 0) {
-        gs_debug("cb=task_init_privileged python=skip reason=no-share");
+        gs_debug(sp, "cb=task_init_privileged python=skip reason=no-share");
         return 0;
     }
     return gs_call_python("task_init_privileged", sp, ac, av);

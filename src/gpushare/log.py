@@ -54,7 +54,8 @@ class DebugFileHandler(logging.Handler):
         self.path = path
 
     def emit(self, record: logging.LogRecord) -> None:
-        line = (f"{int(time.time())} pid={os.getpid()} uid={os.getuid()} py "
+        job = getattr(record, "job_id", 0)
+        line = (f"{int(time.time())} pid={os.getpid()} uid={os.getuid()} py job={job} "
                 f"{record.levelname.lower()} {record.getMessage()}\n")
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW

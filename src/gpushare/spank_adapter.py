@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from typing import Any, Callable, Optional
 
 from gpushare import job
@@ -123,8 +124,24 @@ def dispatch(name: str, handle: Any, args: list[str]) -> int:
     if callback is None:
         logger.error("no handler for SPANK callback %s", name)
         return -1
+    spank = Spank(handle)
     try:
-        return callback(Spank(handle), config)
+        return callback(spank, config)
     except job.NodeError as err:
-        logger.error("%s: %s", name, err)
+        logger.error("%s: %s", name, err, extra={"job_id": _job_id(spank)})
         return -1
+    except Exception:
+        logger.exception("%s: internal error", name, extra={"job_id": _job_id(spank)})
+        return -1
+    finally:
+        # No Python thread may outlive a callback: a thread holding the GIL across
+        # slurmstepd's fork() hangs every task.
+        logger.debug("%s done, threads=%d", name, threading.active_count(),
+                     extra={"job_id": _job_id(spank)})
+
+
+def _job_id(spank: Spank) -> int:
+    try:
+        return spank.ids()[0]
+    except RuntimeError:
+        return 0

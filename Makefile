@@ -1,0 +1,48 @@
+# gpushare: one entry point. Every target works as root on a fresh Debian 12 machine.
+SHELL := /bin/bash
+SYSTEM_PYTHON := /usr/bin/python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYLIB_DEPS := nvidia-ml-py python-hostlist
+
+.PHONY: all deps build venv test unit slurm-test lint demo bench rpm clean
+
+all: build
+
+# Debian packages and test users the builds, tests and demo need (only what is missing).
+deps:
+	@$(SYSTEM_PYTHON) -c 'import sys' 2>/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3)
+	@python3 scripts/ensure_deps.py
+
+# The CLI and test tools in a virtual environment; `gpushare` linked onto PATH.
+venv: deps
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e '.[test]'
+	@ln -sf $(CURDIR)/$(VENV)/bin/gpushare /usr/local/bin/gpushare
+
+# The SPANK plugin (built by the system python3 it embeds) and the Python it runs.
+build: deps
+	@$(SYSTEM_PYTHON) spank/build.py --out build/spank_gpushare.so
+	@rm -rf build/pylib && mkdir -p build/pylib
+	@$(SYSTEM_PYTHON) -m pip install -q --no-compile --no-deps --break-system-packages \
+		--target build/pylib $(PYLIB_DEPS)
+	@cp -r src/gpushare build/pylib/gpushare && find build/pylib -name __pycache__ -prune -exec rm -rf {} +
+
+lint: venv
+	@$(VENV)/bin/ruff check src spank tests bench submit_hooks
+
+unit: venv
+	@$(PY) -m pytest tests/unit -q
+
+test: build venv lint
+	@$(PY) -m pytest tests -q -ra
+
+demo: build venv
+	@$(PY) demo/demo.py
+
+bench: build venv
+	@$(PY) bench/run_all.py
+
+clean:
+	rm -rf build dist rpmbuild *.egg-info src/*.egg-info

@@ -1,0 +1,250 @@
+"""The SPANK plugin inside a real Slurm: every context, isolation, errors, options, fast path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import slurmbed
+
+pytestmark = pytest.mark.slurm
+
+USER = slurmbed.TEST_USERS[0]
+
+
+def lines_for(bed, job_id: int) -> list[str]:
+    return [line for line in bed.debug_lines() if f" job={job_id} " in line]
+
+
+def wait_for_line(bed, job_id: int, pattern: str, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = lines_for(bed, job_id)
+        if any(re.search(pattern, line) for line in lines):
+            return lines
+        time.sleep(0.1)
+    raise AssertionError(f"no debug line matching {pattern!r} for job {job_id}: "
+                         f"{lines_for(bed, job_id)}")
+
+
+def last_job_id(bed) -> int:
+    result = bed.run(["squeue", "-h", "-t", "all", "-o", "%i", "--sort=-i"])
+    return int(result.stdout.split()[0])
+
+
+def test_plugin_exports_only_spank_symbols():
+    so = os.path.join(slurmbed.BUILD, "spank_gpushare.so")
+    out = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True,
+                         check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    allowed = {"plugin_name", "plugin_type", "plugin_version", "spank_plugin_version"}
+    assert names - allowed, "no SPANK callback exported"
+    assert all(n in allowed or n.startswith("slurm_spank_") for n in names), names
+
+
+def test_plugin_embeds_the_system_libpython():
+    so = os.path.join(slurmbed.BUILD, "spank_gpushare.so")
+    out = subprocess.run(["ldd", so], capture_output=True, text=True, check=True).stdout
+    libpython = [line for line in out.splitlines() if "libpython" in line]
+    assert libpython, out
+    for line in libpython:
+        target = line.split("=>")[1].split()[0]
+        assert target.startswith(("/lib/", "/usr/lib/")) and ".pyenv" not in target, line
+    dynamic = subprocess.run(["readelf", "-d", so], capture_output=True, text=True).stdout
+    assert "RUNPATH" not in dynamic and "RPATH" not in dynamic, dynamic
+
+
+def test_option_listed_in_srun_and_sbatch_help(clean_bed):
+    for command in ("srun", "sbatch"):
+        text = clean_bed.run([command, "--help"], user=USER).stdout
+        assert "--gpu-share=percent" in text, command
+        assert "--gpu-mps" in text, command
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "101", "25%", ""])
+def test_bad_share_rejected_in_the_client(clean_bed, value):
+    for command in (["srun", "true"], ["sbatch", "--wrap", "true"]):
+        result = clean_bed.run([command[0], f"--gpu-share={value}", *command[1:]], user=USER,
+                               check=False)
+        assert result.returncode != 0, (command, result.stdout)
+        assert "from 1 to 100" in result.stderr, result.stderr
+
+
+def test_job_without_gpus_never_starts_python(clean_bed):
+    result = clean_bed.run(["srun", "-N1", "bash", "-c", "echo $SLURM_JOB_ID"], user=USER)
+    job_id = int(result.stdout.strip())
+    lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python=skip")
+    assert any("cb=job_prolog python=skip" in line for line in lines), lines
+    assert any("cb=task_init_privileged python=skip" in line for line in lines), lines
+    assert not any("python=start" in line or " py " in line for line in lines), lines
+
+
+def test_plain_gpu_job_skips_python_in_the_task(clean_bed):
+    result = clean_bed.run(["srun", "--gres=gpu:1", "bash", "-c", "echo $SLURM_JOB_ID"],
+                           user=USER)
+    job_id = int(result.stdout.strip())
+    lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python=skip")
+    assert any("cb=task_init_privileged python=skip" in line for line in lines), lines
+
+
+def test_share_job_runs_each_context_and_sets_task_env(clean_bed):
+    result = clean_bed.run(
+        ["srun", "--gres=mps:50", "bash", "-c",
+         "echo JOB=$SLURM_JOB_ID; echo CVD=$CUDA_VISIBLE_DEVICES; "
+         "echo PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; echo PIPE=$CUDA_MPS_PIPE_DIRECTORY; "
+         "echo LOGD=$CUDA_MPS_LOG_DIRECTORY"], user=USER)
+    values = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    job_id = int(values["JOB"])
+    assert values["CVD"] == "0"
+    assert values["PCT"] == "50"
+    assert values["PIPE"].startswith(clean_bed.state_dir)
+    assert values["LOGD"].startswith(clean_bed.state_dir)
+    assert f"gpushare: job {job_id}:" in result.stderr
+    lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python rc=0")
+    assert any("ctx=job_script" in line and "cb=job_prolog python rc=0" in line
+               for line in lines), lines
+    assert any("ctx=remote" in line and "cb=task_init_privileged python rc=0" in line
+               for line in lines), lines
+    # No Python thread ever outlives a callback in slurmstepd.
+    threads = [int(m.group(1)) for line in lines for m in [re.search(r"threads=(\d+)", line)]
+               if m]
+    assert threads and set(threads) == {1}, lines
+
+
+def test_record_written_at_prolog_and_removed_at_epilog(clean_bed):
+    job_id = clean_bed.sbatch("sleep 3", "--gres=mps:25", user=USER)
+    clean_bed.wait_job(job_id, states={"RUNNING"})
+    path = os.path.join(clean_bed.state_dir, "jobs", f"{job_id}.json")
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    info = os.stat(path)
+    assert info.st_uid == 0 and info.st_mode & 0o077 == 0
+    with open(path) as handle:
+        record = json.load(handle)
+    assert record["job_id"] == job_id
+    assert record["uid"] == slurmbed.uid_of(USER)
+    assert record["share_percent"] == 25
+    assert record["slurm_gpus"] and record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert clean_bed.wait_job(job_id)["JobState"] == "COMPLETED"
+    wait_for_line(clean_bed, job_id, r"cb=job_epilog python rc=0")
+    assert not os.path.exists(path)
+
+
+def test_gpu_share_option_reaches_prolog_and_lowers_the_share(clean_bed):
+    result = clean_bed.run(["srun", "--gres=mps:50", "--gpu-share=20", "bash", "-c",
+                            "echo PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], user=USER)
+    assert "PCT=20" in result.stdout
+
+
+def test_user_environment_cannot_steer_the_plugin(clean_bed, tmp_path):
+    evil = clean_bed.path("out", "evil")
+    os.makedirs(os.path.join(evil, "gpushare"), exist_ok=True)
+    with open(os.path.join(evil, "gpushare", "__init__.py"), "w") as handle:
+        handle.write("raise SystemExit('imported the user\\'s gpushare')\n")
+    env = {"PYTHONHOME": "/nonexistent", "PYTHONPATH": evil, "PYTHONSTARTUP": "/nonexistent"}
+    result = clean_bed.run(["srun", "--gres=mps:30", "bash", "-c",
+                            "echo HOME=$PYTHONHOME PATHV=$PYTHONPATH "
+                            "PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], user=USER, env=env)
+    assert "HOME=/nonexistent" in result.stdout
+    assert f"PATHV={evil}" in result.stdout
+    assert "PCT=30" in result.stdout
+    job_id = clean_bed.sbatch("echo HOME=$PYTHONHOME; echo PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                              "--gres=mps:40", user=USER, env=env)
+    assert clean_bed.wait_job(job_id)["JobState"] == "COMPLETED"
+    out = clean_bed.output(job_id)
+    assert "HOME=/nonexistent" in out and "PCT=40" in out
+
+
+def test_unknown_plugstack_key_refuses_to_run(clean_bed):
+    clean_bed.write_plugstack(clean_bed.plugstack_line().rstrip() + " colour=blue\n")
+    result = clean_bed.run(["srun", "true"], user=USER, check=False)
+    assert result.returncode != 0
+    assert "unknown plugstack argument 'colour=blue'" in result.stderr
+    assert "accepted keys" in result.stderr
+
+
+def test_bad_plugstack_value_fails_gpu_job_with_a_named_key(clean_bed):
+    clean_bed.write_plugstack(clean_bed.plugstack_line().rstrip() + " verify=maybe\n")
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+    # A required plugin whose prolog fails drains the node: the config is a node problem.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = clean_bed.node_state("n4")
+        if "DRAIN" in state.get("State", ""):
+            break
+        time.sleep(0.2)
+    assert "DRAIN" in clean_bed.node_state("n4")["State"]
+    with open(clean_bed.path("log", "slurmd-n4.log")) as handle:
+        log = handle.read()
+    assert "verify='maybe' is invalid: expected one of strict, warn, off" in log
+    clean_bed.run(["scancel", str(job_id)], check=False)
+
+
+def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
+    # A state directory that is a symlink is refused by the core: a real internal error.
+    bad = clean_bed.path("state-link")
+    if not os.path.lexists(bad):
+        os.symlink("/tmp", bad)
+    line = clean_bed.plugstack_line().replace(f"state_dir={clean_bed.state_dir}",
+                                              f"state_dir={bad}")
+    clean_bed.write_plugstack(line)
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", user=USER)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "DRAIN" not in clean_bed.node_state("n3")["State"]:
+        time.sleep(0.2)
+    state = clean_bed.node_state("n3")
+    assert "DRAIN" in state["State"]
+    with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
+        log = handle.read()
+    assert f"gpushare: job {job_id}: job_prolog: internal error" in log
+    assert "Traceback" in log and "StateError" in log
+    # slurmd survived and still answers.
+    assert clean_bed.run(["scontrol", "ping"]).returncode == 0
+    clean_bed.run(["scancel", str(job_id)], check=False)
+
+
+def test_slurmd_never_loads_python(clean_bed):
+    for node in clean_bed.nodes:
+        pid = clean_bed._pids[f"slurmd-{node.name}"]
+        with open(f"/proc/{pid}/maps") as handle:
+            maps = handle.read()
+        # slurmd loads the plugin (it exports slurm_spank_init), which maps libpython, but
+        # the interpreter is never initialised: no extension module is ever loaded there.
+        assert "spank_gpushare.so" in maps
+        assert "_cffi_backend" not in maps, f"slurmd {node.name} started Python"
+    assert not any("ctx=slurmd" in line for line in clean_bed.debug_lines())
+
+
+def test_share_without_gpu_fails_the_task_not_the_node(clean_bed):
+    result = clean_bed.run(["srun", "-w", "n2", "--gpu-share=25", "true"], user=USER,
+                           check=False)
+    assert result.returncode != 0
+    assert "got no GPU on this node" in result.stderr
+    assert "DRAIN" not in clean_bed.node_state("n2")["State"]
+
+
+def test_gpu_share_reaches_the_submit_hook(bed, tmp_path):
+    lua = tmp_path / "job_submit.lua"
+    lua.write_text(
+        "function slurm_job_submit(job_desc, part_list, submit_uid)\n"
+        "  for _, entry in pairs(job_desc.spank_job_env or {}) do\n"
+        "    slurm.log_user('seen ' .. entry)\n"
+        "  end\n"
+        "  return slurm.SUCCESS\n"
+        "end\n"
+        "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)\n"
+        "  return slurm.SUCCESS\n"
+        "end\n"
+        "return slurm.SUCCESS\n")
+    port = bed.ctld_port + 50
+    small = slurmbed.default_bed(root=bed.root + "-lua", port_base=port, node_count=1,
+                                 job_submit="lua", job_submit_lua=str(lua))
+    with small:
+        result = small.run(["sbatch", "--gres=mps:25", "--gpu-share=25", "--wrap", "true"],
+                           user=USER)
+    assert "seen _SLURM_SPANK_OPTION_gpushare_gpu_share=25" in result.stderr

@@ -1,0 +1,536 @@
+"""A real local Slurm for tests, the demo and the benchmarks.
+
+Debian's slurmctld/slurmd/munge, installed if missing, run under one private root:
+configs, spool, logs, the munge socket, simulated GPUs (``mknod`` character devices, major
+195) and the gpushare plugin and its Python. Several nodes share this host (``slurmd -N``).
+Everything is stopped by pid (SIGKILL after a timeout) and removed; on a failure the
+daemon logs are shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(REPO, "build")
+
+APT_PACKAGES = (
+    "slurmctld", "slurmd", "slurm-client", "munge", "libslurm-dev", "slurm-wlm-basic-plugins",
+    "python3-cffi", "python3-dev", "python3-jinja2", "python3-yaml", "python3-pip", "lua5.1",
+)
+TEST_USERS = ("gpushare-u1", "gpushare-u2")
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                   "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+class BedError(RuntimeError):
+    """The local Slurm could not be set up or did not behave."""
+
+
+def missing_packages(packages: Iterable[str] = APT_PACKAGES) -> list[str]:
+    missing = []
+    for name in packages:
+        result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name],
+                                capture_output=True, text=True)
+        if "install ok installed" not in result.stdout:
+            missing.append(name)
+    return missing
+
+
+def ensure_packages(packages: Iterable[str] = APT_PACKAGES) -> None:
+    """Install the Debian packages the bed needs (only those missing)."""
+    missing = missing_packages(packages)
+    if not missing:
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+                   check=True, env=env)
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """A non-root test user (created once, idempotent)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+        return pwd.getpwnam(name)
+
+
+@dataclass
+class Node:
+    """One simulated node: its GPUs as gres.conf lines and the profile NVML is simulated from."""
+
+    name: str
+    port: int
+    cpus: int = 8
+    memory_mb: int = 4000
+    gres: str = ""  # slurm.conf Gres=, e.g. "gpu:h100:8,mps:800"
+    profile: str = ""  # simulated node profile (JSON path), copied to <root>/nodes/<name>.json
+
+
+@dataclass
+class SlurmBed:
+    """One private Slurm cluster on this host."""
+
+    root: str
+    nodes: list[Node]
+    gres_conf: str = ""  # gres.conf text; "@ROOT@" is replaced by the bed's root
+    topology_conf: str = ""  # topology.conf text (enables topology/tree when set)
+    plugstack: Optional[str] = None  # None: gpushare with default args; "" : no plugin
+    plugin_args: dict[str, str] = field(default_factory=dict)
+    job_submit: str = ""  # JobSubmitPlugins= value ("lua", "gpushare", ...)
+    job_submit_lua: str = ""  # path of a job_submit.lua copied next to slurm.conf
+    extra_conf: str = ""
+    cluster: str = "gsbed"
+    ctld_port: int = 16817
+    cgroup: Optional[bool] = None  # None: use cgroup v1 when this machine has it
+    keep: bool = False  # keep the root after stop (for debugging)
+    device_count: int = 8
+    mig_caps: Sequence[int] = ()
+    _pids: dict[str, int] = field(default_factory=dict, repr=False)
+
+    # ---- layout ---------------------------------------------------------------------
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    @property
+    def conf(self) -> str:
+        return self.path("etc", "slurm.conf")
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, SLURM_CONF=self.conf)
+
+    @property
+    def state_dir(self) -> str:
+        return self.path("state")
+
+    @property
+    def debug_log(self) -> str:
+        return self.path("log", "gpushare-debug.log")
+
+    @property
+    def out_dir(self) -> str:
+        return self.path("out")
+
+    def use_cgroup(self) -> bool:
+        if self.cgroup is None:
+            return os.path.isdir("/sys/fs/cgroup/devices") and os.path.isdir(
+                "/sys/fs/cgroup/freezer")
+        return self.cgroup
+
+    def default_plugin_args(self) -> dict[str, str]:
+        args = {
+            "pythonpath": self.path("lib", "python"),
+            "state_dir": self.state_dir,
+            "debug_log": self.debug_log,
+            "inventory": "sim:" + self.path("nodes", "%n.json"),
+            "mps_control": self.path("bin", "nvidia-cuda-mps-control"),
+            "timeout": "5",
+        }
+        args.update(self.plugin_args)
+        return args
+
+    def plugstack_line(self) -> str:
+        args = " ".join(f"{k}={v}" for k, v in self.default_plugin_args().items())
+        return f"required {self.path('lib', 'spank_gpushare.so')} {args}\n"
+
+    # ---- setup ----------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        ensure_packages()
+        for user in TEST_USERS:
+            ensure_user(user)
+        if os.path.exists(self.root):
+            shutil.rmtree(self.root)
+        for sub in ("etc", "log", "run", "spool/ctld", "munge", "dev/nvidia-caps", "lib",
+                    "nodes", "bin", "out"):
+            os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
+        for node in self.nodes:
+            os.makedirs(self.path("spool", node.name), exist_ok=True)
+        os.chmod(self.root, 0o755)
+        os.chmod(self.out_dir, 0o1777)
+        self._make_devices()
+        self._install_gpushare()
+        self._write_munge_key()
+        self._write_configs()
+
+    def _make_devices(self) -> None:
+        for minor in range(self.device_count):
+            os.mknod(self.path("dev", f"nvidia{minor}"), 0o666 | 0o020000, os.makedev(195, minor))
+        for minor in self.mig_caps:
+            os.mknod(self.path("dev", "nvidia-caps", f"nvidia-cap{minor}"), 0o444 | 0o020000,
+                     os.makedev(240, minor))
+
+    def _install_gpushare(self) -> None:
+        """Copy the built plugin and its Python where the job's user can read them."""
+        plugin = os.path.join(BUILD, "spank_gpushare.so")
+        pylib = os.path.join(BUILD, "pylib")
+        if self.plugstack != "" and not (os.path.exists(plugin) and os.path.isdir(pylib)):
+            raise BedError(f"{plugin} or {pylib} missing: run `make build` first")
+        if os.path.exists(plugin):
+            shutil.copy2(plugin, self.path("lib", "spank_gpushare.so"))
+        if os.path.isdir(pylib):
+            shutil.copytree(pylib, self.path("lib", "python"))
+            # Always the current core, even when pylib was built earlier.
+            shutil.rmtree(self.path("lib", "python", "gpushare"), ignore_errors=True)
+            shutil.copytree(os.path.join(REPO, "src", "gpushare"),
+                            self.path("lib", "python", "gpushare"),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        standin = os.path.join(REPO, "tests", "mps_standin", "nvidia-cuda-mps-control")
+        if os.path.exists(standin):
+            shutil.copy2(standin, self.path("bin", "nvidia-cuda-mps-control"))
+            os.chmod(self.path("bin", "nvidia-cuda-mps-control"), 0o755)
+        for node in self.nodes:
+            if node.profile:
+                self._install_profile(node)
+
+    def _install_profile(self, node: Node) -> None:
+        import json
+
+        with open(node.profile) as handle:
+            profile = json.load(handle)
+        profile["device_dir"] = self.path("dev")
+        with open(self.path("nodes", f"{node.name}.json"), "w") as handle:
+            json.dump(profile, handle, indent=1)
+
+    def _write_munge_key(self) -> None:
+        key = self.path("munge", "munge.key")
+        with open(key, "wb") as handle:
+            handle.write(os.urandom(1024))
+        munge = pwd.getpwnam("munge")
+        for entry in (self.path("munge"), key):
+            os.chown(entry, munge.pw_uid, munge.pw_gid)
+        os.chmod(self.path("munge"), 0o711)
+        os.chmod(key, 0o400)
+
+    def _write_configs(self) -> None:
+        hostname = os.uname().nodename
+        cgroup = self.use_cgroup()
+        lines = [
+            f"ClusterName={self.cluster}",
+            f"SlurmctldHost={hostname}(127.0.0.1)",
+            f"SlurmctldPort={self.ctld_port}",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.path('munge', 'munge.socket')}",
+            "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={self.path('spool', 'ctld')}",
+            f"SlurmdSpoolDir={self.path('spool', '%n')}",
+            f"SlurmctldPidFile={self.path('run', 'slurmctld.pid')}",
+            f"SlurmdPidFile={self.path('run', 'slurmd-%n.pid')}",
+            f"SlurmctldLogFile={self.path('log', 'slurmctld.log')}",
+            f"SlurmdLogFile={self.path('log', 'slurmd-%n.log')}",
+            "SlurmdDebug=debug",
+            "SlurmctldDebug=info",
+            "SlurmdParameters=config_overrides",
+            "ProctrackType=" + ("proctrack/cgroup" if cgroup else "proctrack/linuxproc"),
+            "TaskPlugin=" + ("task/cgroup,task/affinity" if cgroup else "task/none"),
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "ReturnToService=2",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "GresTypes=gpu,mps,shard",
+            "PrologFlags=Alloc",
+            "KillWait=5",
+            "InactiveLimit=0",
+            "MinJobAge=300",
+            "SchedulerParameters=max_switch_wait=3600",
+            f"PlugStackConfig={self.path('etc', 'plugstack.conf')}",
+        ]
+        if self.topology_conf:
+            lines.append("TopologyPlugin=topology/tree")
+        if self.job_submit:
+            lines.append(f"JobSubmitPlugins={self.job_submit}")
+        if self.extra_conf:
+            lines.append(self.extra_conf.replace("@ROOT@", self.root))
+        for node in self.nodes:
+            gres = f" Gres={node.gres}" if node.gres else ""
+            lines.append(f"NodeName={node.name} NodeHostname={hostname} NodeAddr=127.0.0.1 "
+                         f"Port={node.port} CPUs={node.cpus} RealMemory={node.memory_mb}{gres} "
+                         "State=UNKNOWN")
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        self._write("etc/slurm.conf", "\n".join(lines) + "\n")
+        self._write("etc/cgroup.conf", "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
+                    "ConstrainCores=yes\nConstrainRAMSpace=no\nConstrainDevices=yes\n")
+        self._write("etc/gres.conf", self.gres_conf.replace("@ROOT@", self.root) or
+                    "AutoDetect=off\n")
+        if self.topology_conf:
+            self._write("etc/topology.conf", self.topology_conf)
+        self.write_plugstack(self.plugstack_line() if self.plugstack is None else self.plugstack)
+        if self.job_submit_lua:
+            shutil.copy2(self.job_submit_lua, self.path("etc", "job_submit.lua"))
+
+    def write_plugstack(self, text: str) -> None:
+        """Replace plugstack.conf; Slurm re-reads it for every job."""
+        self._write("etc/plugstack.conf", text)
+
+    def _write(self, relative: str, text: str) -> None:
+        with open(self.path(relative), "w") as handle:
+            handle.write(text)
+
+    # ---- daemons --------------------------------------------------------------------
+
+    def start(self) -> SlurmBed:
+        self.prepare()
+        try:
+            self._start_munge()
+            self._spawn("slurmctld", ["slurmctld", "-i", "-c"], self.path("run", "slurmctld.pid"))
+            for node in self.nodes:
+                self.start_slurmd(node.name)
+            self.wait_idle()
+        except BaseException:
+            print(self.logs())
+            self.stop()
+            raise
+        return self
+
+    def _start_munge(self) -> None:
+        pid_file = self.path("munge", "munged.pid")
+        subprocess.run(
+            ["runuser", "-u", "munge", "--", "munged",
+             f"--socket={self.path('munge', 'munge.socket')}",
+             f"--key-file={self.path('munge', 'munge.key')}",
+             f"--log-file={self.path('munge', 'munged.log')}",
+             f"--pid-file={pid_file}", f"--seed-file={self.path('munge', 'munged.seed')}"],
+            check=True, timeout=30)
+        self._pids["munged"] = self._read_pid(pid_file)
+
+    def start_slurmd(self, node: str) -> None:
+        self._spawn(f"slurmd-{node}", ["slurmd", "-N", node],
+                    self.path("run", f"slurmd-{node}.pid"))
+
+    def _spawn(self, name: str, argv: list[str], pid_file: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pid_file)
+        subprocess.run(argv, check=True, env=self.env, timeout=60,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._pids[name] = self._read_pid(pid_file)
+
+    @staticmethod
+    def _read_pid(pid_file: str, timeout: float = 15.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                with open(pid_file) as handle:
+                    return int(handle.read().strip())
+            time.sleep(0.05)
+        raise BedError(f"{pid_file} did not appear")
+
+    def kill_slurmd(self, node: str) -> None:
+        """SIGKILL a slurmd (as a crash would); its jobs' slurmstepds live on."""
+        pid = self._pids.pop(f"slurmd-{node}")
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid, 10)
+
+    def wait_idle(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            result = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)
+            states = dict(line.split() for line in result.stdout.splitlines() if line.strip())
+            if len(states) == len(self.nodes) and all(s == "idle" for s in states.values()):
+                return
+            time.sleep(0.2)
+        raise BedError(f"nodes not idle after {timeout:.0f}s: {states}")
+
+    def stop(self) -> None:
+        """Stop every daemon by pid, then remove what Slurm and jobs left behind."""
+        if "slurmctld" in self._pids:
+            self.run(["scancel", "--quiet", "--full", "-u", "root"], check=False, timeout=10)
+            for user in TEST_USERS:
+                self.run(["scancel", "--quiet", "-u", user], check=False, timeout=10)
+        for name in sorted(self._pids, key=lambda n: (n == "munged", n == "slurmctld")):
+            _terminate(self._pids[name])
+        self._pids.clear()
+        self._kill_leftovers()
+        self._remove_cgroups()
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill_leftovers(self) -> None:
+        """slurmstepds and stand-in daemons that reference this root (only ours)."""
+        for pid in _pids_mentioning(self.root):
+            _terminate(pid, grace=2.0)
+
+    def _remove_cgroups(self) -> None:
+        for node in self.nodes:
+            for top in _glob_dirs("/sys/fs/cgroup", f"slurm_{node.name}"):
+                for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda e: -len(e[0])):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)
+
+    def __enter__(self) -> SlurmBed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- clients --------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], user: Optional[str] = None, check: bool = True,
+            timeout: float = 120.0, env: Optional[dict[str, str]] = None,
+            input_text: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client (optionally as a test user) against this bed."""
+        full_env = self.env
+        if env:
+            full_env.update(env)
+        if user:
+            keep = ",".join(sorted(set(env or {}) | {"SLURM_CONF"}))
+            argv = ["runuser", "-u", user, f"--whitelist-environment={keep}", "--", *argv]
+        result = subprocess.run(list(argv), env=full_env, capture_output=True, text=True,
+                                timeout=timeout, input=input_text, cwd=self.out_dir)
+        if check and result.returncode != 0:
+            raise BedError(f"{' '.join(argv)} exited {result.returncode}\nstdout: "
+                           f"{result.stdout}\nstderr: {result.stderr}")
+        return result
+
+    def sbatch(self, script: str, *args: str, user: str = TEST_USERS[0],
+               env: Optional[dict[str, str]] = None) -> int:
+        """Submit a batch script (text); returns the job id. Output goes to out/<id>.out."""
+        path = os.path.join(self.out_dir, f"script-{time.monotonic_ns()}.sh")
+        with open(path, "w") as handle:
+            handle.write("#!/bin/bash\n" + script + "\n")
+        os.chmod(path, 0o755)
+        result = self.run(["sbatch", "--parsable", f"--output={self.out_dir}/%j.out", *args,
+                           path], user=user, env=env)
+        return int(result.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (array tasks: the first record)."""
+        result = self.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        text = result.stdout.splitlines()[0] if result.stdout.strip() else ""
+        return dict(re.findall(r"(\w+(?:/\w+)?)=(\S*)", text))
+
+    def wait_job(self, job_id: int, timeout: float = 120.0,
+                 states: Iterable[str] = TERMINAL_STATES) -> dict[str, str]:
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in wanted:
+                return info
+            time.sleep(0.2)
+        raise BedError(f"job {job_id} not in {sorted(wanted)} after {timeout:.0f}s: {info}")
+
+    def output(self, job_id: int) -> str:
+        with open(os.path.join(self.out_dir, f"{job_id}.out")) as handle:
+            return handle.read()
+
+    def node_state(self, node: str) -> dict[str, str]:
+        result = self.run(["scontrol", "show", "node", "-o", node])
+        return dict(re.findall(r"(\w+)=((?:[^ ]| (?!\w+=))*)", result.stdout.strip()))
+
+    def resume(self, *nodes: str) -> None:
+        for node in nodes:
+            self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+
+    def logs(self, tail: int = 60) -> str:
+        """The last lines of each daemon log, for failure reports."""
+        chunks = []
+        for name in sorted(os.listdir(self.path("log"))) if os.path.isdir(self.path("log")) else []:
+            with open(self.path("log", name), errors="replace") as handle:
+                lines = handle.readlines()[-tail:]
+            chunks.append(f"==> {name} <==\n" + "".join(lines))
+        return "\n".join(chunks)
+
+    def debug_lines(self) -> list[str]:
+        if not os.path.exists(self.debug_log):
+            return []
+        with open(self.debug_log) as handle:
+            return handle.read().splitlines()
+
+
+def _terminate(pid: int, grace: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, grace):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 5)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().split(") ")[-1].startswith("Z"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line or environment names ``text`` (our root)."""
+    found = []
+    needle = text.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        for source in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{entry}/{source}", "rb") as handle:
+                    if needle in handle.read():
+                        found.append(int(entry))
+                        break
+            except OSError:
+                continue
+    return found
+
+
+def _glob_dirs(top: str, name: str) -> list[str]:
+    if not os.path.isdir(top):
+        return []
+    return [os.path.join(top, ctrl, name) for ctrl in os.listdir(top)
+            if os.path.isdir(os.path.join(top, ctrl, name))]
+
+
+def whole_gpu_gres(node_names: Iterable[str], gpus: int = 8, gpu_type: str = "h100",
+                   mps_per_gpu: int = 100) -> str:
+    """gres.conf text for nodes with whole GPUs shared through gres/mps (@ROOT@ devices)."""
+    names = ",".join(node_names)
+    last = gpus - 1
+    return (f"AutoDetect=off\n"
+            f"NodeName={names} Name=gpu Type={gpu_type} File=@ROOT@/dev/nvidia[0-{last}]\n"
+            f"NodeName={names} Name=mps Count={mps_per_gpu * gpus} "
+            f"File=@ROOT@/dev/nvidia[0-{last}] Flags=all_sharing\n")
+
+
+def default_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
+                node_count: int = 4, **kwargs: object) -> SlurmBed:
+    """n1..nN, each 8 simulated H100s (the 8-GPU NVSwitch profile) shared through MPS."""
+    profile = os.path.join(REPO, "src", "gpushare", "profiles", "h100-8x-nvswitch.json")
+    names = [f"n{i}" for i in range(1, node_count + 1)]
+    nodes = [Node(name=name, port=port_base + i, gres="gpu:h100:8,mps:800",
+                  profile=profile if os.path.exists(profile) else "")
+             for i, name in enumerate(names, start=1)]
+    kwargs.setdefault("gres_conf", whole_gpu_gres(names))
+    kwargs.setdefault("ctld_port", port_base)
+    return SlurmBed(root=root, nodes=nodes, **kwargs)  # type: ignore[arg-type]
+
+
+def uid_of(user: str) -> int:
+    return pwd.getpwnam(user).pw_uid
+
+
+def gid_of(group: str) -> int:
+    return grp.getgrnam(group).gr_gid
