@@ -34,6 +34,7 @@ __all__ = [
     "Decision",
     "Rejection",
     "apply",
+    "apply_modify",
     "format_wait",
     "mig_profile",
     "spank_options",
@@ -253,7 +254,8 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
     share_text = options.get("gpu_share")
     share_pct: int | None = None
     if share_text is not None:
-        if not (share_text.isdigit() and share_text.isascii()) or int(share_text) == 0:
+        if (not (share_text.isdigit() and share_text.isascii()) or len(share_text) > 6
+                or int(share_text) == 0):
             raise _reject(f"--gpu-share={share_text}", "is not a share of one GPU",
                           "give a percentage from 1 to 100, e.g. --gpu-share=25")
         share_pct = int(share_text)
@@ -384,3 +386,15 @@ def apply(job: dict[str, Any], facts: Facts) -> Decision:
         return Decision(messages=[rejected.rejection.text], reject=rejected.rejection)
     messages = ["gpushare: " + "; ".join(notes)] if notes else []
     return Decision(changes=changes, messages=messages)
+
+
+def apply_modify(job: dict[str, Any], facts: Facts) -> Decision:
+    """Rules for ``scontrol update``/job_modify: the GRES rules on the tres fields it carries.
+
+    A modification carries only the fields being changed, so it alone cannot say whether the
+    job is a multi-node GPU job: ``--switches`` is left to the user there.
+    """
+    view = {name: job[name] for name, _ in GRES_FIELDS if job.get(name) is not None}
+    if not view:
+        return Decision()
+    return apply(view, facts)
