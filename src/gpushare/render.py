@@ -89,8 +89,9 @@ def _rebase(path: str, root: str) -> str:
 
 
 def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] = None,
-                  device_root: Optional[str] = None) -> list[GresDevice]:
-    """Every Slurm-owned device of one node of ``group``, in GPU order.
+                  device_root: Optional[str] = None, owner: str = "slurm") -> list[GresDevice]:
+    """Every device ``owner`` owns on one node of ``group``, in GPU order (as gres.conf lines;
+    ``owner="kubernetes"`` lets ``gpushare check`` recognise a slice listed by mistake).
 
     With the node's inventory the files are the real ones (GPU minors, MIG capability files);
     without it the GPU minor is its index and the MIG capability minors follow the standard
@@ -111,27 +112,27 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
         minor = real[gpu.index].minor if real else gpu.index
         gpu_file = _dev(root, f"nvidia{minor}")
         if not gpu.mig:
-            if gpu.owner != "slurm":
+            if gpu.owner != owner:
                 continue
             devices.append(GresDevice("gpu", group.model.gres_type, (gpu_file,), False,
                                       gpu_index=gpu.index))
-            if gpu.mps:
+            if gpu.mps and owner == "slurm":
                 devices.append(GresDevice("mps", "", (gpu_file,), False, gpu.mps, flags,
                                           gpu.index))
-            if gpu.shard:
+            if gpu.shard and owner == "slurm":
                 devices.append(GresDevice("shard", "", (gpu_file,), False, gpu.shard, flags,
                                           gpu.index))
             continue
-        slices = _slurm_slices(group, gpu, real.get(gpu.index), minor, root)
+        slices = _owned_slices(group, gpu, real.get(gpu.index), minor, root, owner)
         devices.extend(GresDevice("gpu", profile, (gpu_file, gi_file, ci_file), True,
                                   gpu_index=gpu.index, comment=comment)
                        for profile, gi_file, ci_file, comment in slices)
     return devices
 
 
-def _slurm_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: int, root: str
-                  ) -> list[tuple[str, str, str, str]]:
-    mine = gpu.slices_of("slurm")
+def _owned_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: int, root: str,
+                  owner: str) -> list[tuple[str, str, str, str]]:
+    mine = gpu.slices_of(owner)
     if not mine:
         return []
     caps = _dev(root, "nvidia-caps/nvidia-cap")
@@ -148,12 +149,12 @@ def _slurm_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: in
     wanted: dict[str, int] = {}
     for mig_slice in mine:
         wanted[mig_slice.profile] = wanted.get(mig_slice.profile, 0) + 1
-    rows = []
+    rows: list[tuple[tuple[int, int], str, str, str, str]] = []
     for profile_name, count in wanted.items():
         found = sorted((d for d in real.mig_devices if d.profile == profile_name),
                        key=lambda d: (d.gi_id, d.ci_id))
         if len(found) != count:
-            raise RenderError(f"GPU {gpu.index}: the plan gives Slurm {count} × {profile_name} "
+            raise RenderError(f"GPU {gpu.index}: the plan gives {owner} {count} × {profile_name} "
                               f"but the GPU has {len(found)}; apply the MIG layout first, then "
                               "render again (`gpushare check` shows the difference)")
         for device in found:
@@ -162,29 +163,42 @@ def _slurm_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: in
             else:
                 gi_minor, ci_minor = caps_minors(real.minor, device.gi_id, device.ci_id)
                 gi_file, ci_file = f"{caps}{gi_minor}", f"{caps}{ci_minor}"
-            rows.append((profile_name, gi_file, ci_file,
+            rows.append(((device.gi_id, device.ci_id), profile_name, gi_file, ci_file,
                          f"GPU {gpu.index} slice {profile_name} {device.uuid}"))
-    return sorted(rows, key=lambda row: row[1])
+    return [row[1:] for row in sorted(rows)]
 
 
 def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
-    """Template rows: whole GPUs of one type become one ``File=/dev/nvidia[0-7]`` line."""
+    """Template rows in Slurm's index order: gpu devices by GPU (consecutive whole GPUs of one
+    type folded into ``File=/dev/nvidia[0-7]``), then mps, then shard lines."""
     rows: list[dict[str, Any]] = []
-    whole: dict[str, list[str]] = {}
-    for device in devices:
-        if device.name == "gpu" and not device.multiple_files:
-            whole.setdefault(device.type, []).extend(device.files)
-    for gres_type, files in whole.items():
-        rows.append({"name": "gpu", "type": gres_type, "count": 0, "multiple_files": False,
-                     "files": hostlist.collect_hostlist(files), "flags": "",
-                     "comment": f"{len(files)} whole {gres_type} GPU"
-                                + ("s" if len(files) > 1 else "")})
-    for device in devices:
-        if device.name == "gpu" and not device.multiple_files:
-            continue
-        rows.append({"name": device.name, "type": device.type, "count": device.count,
-                     "multiple_files": device.multiple_files, "files": ",".join(device.files),
-                     "flags": device.flags, "comment": device.comment})
+    run: list[str] = []
+    run_type = ""
+
+    def close_run() -> None:
+        if run:
+            rows.append({"name": "gpu", "type": run_type, "count": 0, "multiple_files": False,
+                         "files": hostlist.collect_hostlist(run), "flags": "",
+                         "comment": f"{len(run)} whole {run_type} GPU"
+                                    + ("s" if len(run) > 1 else "")})
+            run.clear()
+
+    for name in ("gpu", "mps", "shard"):
+        for device in devices:
+            if device.name != name:
+                continue
+            if name == "gpu" and not device.multiple_files:
+                if run and run_type != device.type:
+                    close_run()
+                run_type = device.type
+                run.extend(device.files)
+                continue
+            close_run()
+            rows.append({"name": device.name, "type": device.type, "count": device.count,
+                         "multiple_files": device.multiple_files,
+                         "files": ",".join(device.files), "flags": device.flags,
+                         "comment": device.comment})
+        close_run()
     return rows
 
 

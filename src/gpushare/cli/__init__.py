@@ -14,6 +14,8 @@ from gpushare import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.plugstack",
     "gpushare.cli.inventory",
+    "gpushare.cli.render",
+    "gpushare.cli.check",
 )
 
 

@@ -1,0 +1,148 @@
+"""``gpushare check``: compare the node's gres.conf, its GPUs and the ownership plan (or, with
+``--cluster``, slurmctld's view of every node); usable as slurm.conf's HealthCheckProgram."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+DEFAULT_PLAN = "/etc/gpushare/plan.yaml"
+DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
+DEFAULT_SCONTROL = "/usr/bin/scontrol"
+DEFAULT_SINFO = "/usr/bin/sinfo"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="check this node (or the cluster) against the ownership plan",
+        description="Compare the node's real gres.conf, its GPUs (NVML or a simulated profile) "
+        "and the ownership plan; print each finding with where it is and how to fix it. Exit "
+        "status: 0 all well, 1 warnings, 2 errors. As slurm.conf's HealthCheckProgram, "
+        "--drain drains the node with a readable reason when there is an error.",
+        epilog="examples:\n"
+        "  gpushare check --plan /etc/gpushare/plan.yaml\n"
+        "  gpushare check --plan plan.yaml --source sim:/path/node.json --json\n"
+        "  gpushare check --plan plan.yaml --cluster\n"
+        "  slurm.conf: HealthCheckProgram=/usr/bin/gpushare-check  (a wrapper running\n"
+        "              gpushare check --drain)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--plan", default=DEFAULT_PLAN, metavar="FILE",
+                        help=f"the ownership plan (default {DEFAULT_PLAN})")
+    parser.add_argument("--gres-conf", default=DEFAULT_GRES_CONF, metavar="FILE",
+                        help=f"the node's gres.conf (default {DEFAULT_GRES_CONF}; 'none' skips)")
+    parser.add_argument("--source", default="nvml", metavar="nvml|sim:PATH|none",
+                        help="where the node's GPU facts come from (default nvml)")
+    parser.add_argument("--node", metavar="NAME",
+                        help="Slurm node name (default $SLURMD_NODENAME, else the short host "
+                        "name)")
+    parser.add_argument("--device-root", metavar="DIR",
+                        help="directory of the device files in gres.conf (default: the plan's)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="compare slurmctld's view of every node with the plan instead")
+    parser.add_argument("--backend", default="auto",
+                        choices=("auto", "pyslurm", "sinfo", "scontrol"),
+                        help="--cluster: how to ask slurmctld (default auto)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--drain", action="store_true",
+                        help="on errors, drain this node with a reason naming the worst one")
+    parser.add_argument("--scontrol", default=DEFAULT_SCONTROL, metavar="PATH",
+                        help=f"absolute path of scontrol (default {DEFAULT_SCONTROL})")
+    parser.add_argument("--sinfo", default=DEFAULT_SINFO, metavar="PATH",
+                        help=f"absolute path of sinfo (default {DEFAULT_SINFO})")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="limit for each Slurm command (default 10)")
+    parser.set_defaults(func=_run)
+
+
+def _node_name(args: argparse.Namespace) -> str:
+    return args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _fail(message: str) -> int:
+    print(f"gpushare check: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpushare import check
+    from gpushare.gresconf import GresConfError, load_gres_conf
+    from gpushare.nvml import InventoryError
+    from gpushare.plan import PlanError, load_plan
+    from gpushare.slurm_client import SlurmClientError, open_client
+
+    for option, path in (("--scontrol", args.scontrol), ("--sinfo", args.sinfo)):
+        if not path.startswith("/"):
+            return _fail(f"{option} must be an absolute path, not {path!r}")
+    if not 0.1 <= args.timeout <= 600:
+        return _fail("--timeout must be between 0.1 and 600 seconds")
+    node = _node_name(args)
+    try:
+        plan = load_plan(args.plan)
+    except PlanError as err:
+        findings = [check.Finding(check.ERROR, p.split(": ", 1)[-1], p.split(": ", 1)[0],
+                                  "fix the plan") for p in err.problems]
+        return _report(args, node, findings, "plan")
+    if args.cluster:
+        try:
+            client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
+            findings = check.check_cluster(plan, client.nodes())
+        except SlurmClientError as err:
+            return _fail(str(err))
+        return _report(args, "cluster", findings, client.backend)
+    findings = []
+    gres = inventory = None
+    if args.gres_conf != "none":
+        try:
+            gres = load_gres_conf(args.gres_conf)
+        except GresConfError as err:
+            findings.append(check.Finding(check.ERROR, str(err), args.gres_conf,
+                                          "fix gres.conf or render it from the plan"))
+    if args.source != "none":
+        try:
+            from gpushare.inventory import open_inventory
+
+            inventory = open_inventory(args.source)
+        except InventoryError as err:
+            findings.append(check.Finding(check.ERROR, f"cannot read the GPUs: {err}",
+                                          args.source, "see the message; nvidia-smi should "
+                                          "work on the node"))
+    findings.extend(check.check_node(plan, node, gres, inventory, args.device_root))
+    return _report(args, node, findings, args.source)
+
+
+def _report(args: argparse.Namespace, node: str, findings: list[Any], source: str) -> int:
+    from gpushare import check
+
+    status = check.exit_status(findings)
+    drained = None
+    if args.drain and status == 2 and not args.cluster:
+        reason = check.drain_reason(findings)
+        failure = check.drain_node(node, reason, args.scontrol, args.timeout)
+        drained = {"reason": reason, "ok": failure is None, "error": failure or ""}
+    if args.json:
+        payload: dict[str, Any] = {"node": node, "source": source, "status": status,
+                                   "findings": [f.to_dict() for f in findings]}
+        if drained is not None:
+            payload["drain"] = drained
+        print(json.dumps(payload, indent=2))
+        return status
+    errors = sum(1 for f in findings if f.severity == check.ERROR)
+    warnings = len(findings) - errors
+    summary = "all well" if not findings else f"{errors} error(s), {warnings} warning(s)"
+    print(f"gpushare check: {node}: {summary}")
+    for finding in sorted(findings, key=lambda f: f.severity != check.ERROR):
+        print(f"{finding.severity.upper():8}{finding.where}")
+        print(f"        {finding.what}")
+        print(f"        fix: {finding.fix}")
+    if drained is not None:
+        if drained["ok"]:
+            print(f"drained {node}: {drained['reason']}")
+        else:
+            print(f"could not drain {node}: {drained['error']}", file=sys.stderr)
+    return status

@@ -1,0 +1,111 @@
+"""``gpushare render``: write gres.conf, topology.conf, the mig-parted config, the plugstack
+line or the submit hooks' facts from the ownership plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Optional
+
+from gpushare.inventory import Inventory
+
+TARGETS = ("gres", "topology", "mig-parted", "plugstack", "facts")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "render",
+        help="render gres.conf, topology.conf, mig-parted config, plugstack line or facts",
+        description="Render configuration from the ownership plan. Only what the plan gives "
+        "Slurm goes into gres.conf; the mig-parted config is the Kubernetes side's MIG layout; "
+        "topology.conf makes each NVLink domain a leaf switch; facts is the JSON the submit "
+        "hooks read.",
+        epilog="examples:\n"
+        "  gpushare render gres --plan /etc/gpushare/plan.yaml --output /etc/slurm/gres.conf\n"
+        "  gpushare render gres --plan plan.yaml --node a100-01 --source nvml\n"
+        "  gpushare render mig-parted --plan plan.yaml > mig-config.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("target", choices=TARGETS, help="what to render")
+    parser.add_argument("--plan", required=True, metavar="FILE", help="the ownership plan")
+    parser.add_argument("--node", metavar="NAME",
+                        help="gres: render only this node's lines")
+    parser.add_argument("--source", metavar="nvml|sim:PATH",
+                        help="gres/topology/facts for --node: take device files (or the fabric "
+                        "clique) from this node's inventory instead of the standard numbering")
+    parser.add_argument("--device-root", metavar="DIR",
+                        help="gres: directory of the device files (default: the plan's "
+                        "slurm.device_root, normally /dev)")
+    parser.add_argument("--output", "-o", metavar="FILE",
+                        help="write here (atomically) instead of standard output")
+    parser.set_defaults(func=_run)
+
+
+def _inventory(args: argparse.Namespace) -> Optional[dict[str, Inventory]]:
+    if not args.source:
+        return None
+    from gpushare.inventory import open_inventory
+
+    inventory = open_inventory(args.source)
+    return {args.node or inventory.hostname: inventory}
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpushare import render
+    from gpushare.nvml import InventoryError
+    from gpushare.plan import PlanError, load_plan
+    from gpushare.topology import TopologyError
+
+    if args.device_root is not None and not args.device_root.startswith("/"):
+        print(f"gpushare render: --device-root must be an absolute directory, not "
+              f"{args.device_root!r}", file=sys.stderr)
+        return 2
+    try:
+        plan = load_plan(args.plan)
+        inventories = _inventory(args)
+        if args.target == "gres":
+            text = render.render_gres_conf(plan, inventories, args.device_root, args.node)
+        elif args.target == "topology":
+            text = render.render_topology(plan, inventories)
+        elif args.target == "mig-parted":
+            text = render.render_mig_parted(plan)
+        elif args.target == "plugstack":
+            text = render.render_plugstack(plan)
+        else:
+            text = render.render_facts_json(plan, inventories)
+    except PlanError as err:
+        print("gpushare render: the plan has problems:", file=sys.stderr)
+        for problem in err.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    except (render.RenderError, TopologyError) as err:
+        print(f"gpushare render: {err}", file=sys.stderr)
+        return 2
+    except InventoryError as err:
+        print(f"gpushare render: {err}", file=sys.stderr)
+        return 2
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    return _write(args.output, text)
+
+
+def _write(path: str, text: str) -> int:
+    """Write through a temporary file and rename, so slurmd never reads half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as err:
+        print(f"gpushare render: cannot write {path}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,284 @@
+"""What slurmctld believes about its nodes, behind one small interface: ``nodes()``.
+
+pyslurm is used when a build matching the installed Slurm imports; otherwise ``sinfo --json``
+(Slurm 21.08+), and ``scontrol show -o node`` where sinfo has no JSON. Every command runs
+with a timeout and from a fixed absolute path, so a hung slurmctld or a user's PATH cannot
+hang or redirect a health check that runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+__all__ = [
+    "SlurmClient",
+    "SlurmClientError",
+    "SlurmNode",
+    "open_client",
+    "parse_node_gres",
+    "parse_scontrol_nodes",
+    "parse_sinfo_json",
+]
+
+DEFAULT_SINFO = "/usr/bin/sinfo"
+DEFAULT_SCONTROL = "/usr/bin/scontrol"
+
+
+class SlurmClientError(RuntimeError):
+    """Slurm could not be asked (command missing, slurmctld down, output unreadable)."""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    states: tuple[str, ...]  # upper case: ("IDLE", "DRAIN")
+    reason: str = ""
+    gres: str = ""  # configured, e.g. "gpu:h100:8,mps:400"
+    gres_used: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def draining(self) -> bool:
+        return any(s in ("DRAIN", "DRAINING", "DRAINED") for s in self.states)
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.states
+
+
+class SlurmClient(Protocol):
+    backend: str
+
+    def nodes(self) -> list[SlurmNode]: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing (pure, tested with captured samples)
+
+_GRES_ITEM_SPLIT = re.compile(r",(?![^(]*\))")
+_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
+_SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+
+
+def parse_node_gres(text: str) -> dict[tuple[str, str], int]:
+    """``gpu:h100:8(S:0-1),mps:400`` → {("gpu", "h100"): 8, ("mps", ""): 400}."""
+    counts: dict[tuple[str, str], int] = {}
+    text = (text or "").strip()
+    if text in ("", "(null)", "N/A"):
+        return counts
+    for item in _GRES_ITEM_SPLIT.split(text):
+        item = item.split("(", 1)[0].strip()
+        if not item:
+            continue
+        parts = item.split(":")
+        count = 1
+        match = _COUNT_RE.match(parts[-1]) if len(parts) > 1 else None
+        if match:
+            count = int(match.group(1)) * _SUFFIX[match.group(2).upper()]
+            parts = parts[:-1]
+        name = parts[0]
+        gres_type = ":".join(parts[1:])
+        key = (name, gres_type)
+        counts[key] = counts.get(key, 0) + count
+    return counts
+
+
+def _states(raw: Any, flags: Any = None) -> tuple[str, ...]:
+    states: list[str] = []
+    for value in (raw, flags):
+        if isinstance(value, str):
+            states.extend(part for part in re.split(r"[+\s]", value.upper()) if part)
+        elif isinstance(value, list):
+            states.extend(str(v).upper() for v in value if v)
+    return tuple(dict.fromkeys(states))
+
+
+def parse_sinfo_json(text: str) -> list[SlurmNode]:
+    """Nodes from ``sinfo --json`` (openapi v0.0.38 in 22.05: ``state`` is a string and
+    ``state_flags`` a list; later versions give ``state`` as a list)."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise SlurmClientError(f"sinfo --json printed no JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise SlurmClientError("sinfo --json output has no 'nodes' list")
+    errors = data.get("errors") or []
+    if errors:
+        first = errors[0]
+        message = first.get("error") or first.get("description") if isinstance(first, dict) \
+            else str(first)
+        raise SlurmClientError(f"sinfo reported an error: {message}")
+    nodes: list[SlurmNode] = []
+    seen: set[str] = set()
+    for raw in data["nodes"]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            continue
+        if raw["name"] in seen:  # sinfo lists a node once per partition
+            continue
+        seen.add(raw["name"])
+        nodes.append(SlurmNode(
+            name=raw["name"],
+            states=_states(raw.get("state"), raw.get("state_flags")),
+            reason=str(raw.get("reason") or ""),
+            gres=str(raw.get("gres") or ""),
+            gres_used=str(raw.get("gres_used") or ""),
+        ))
+    return nodes
+
+
+_KEY_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z_]*)=")
+
+
+def _scontrol_fields(line: str) -> dict[str, str]:
+    matches = list(_KEY_RE.finditer(line))
+    fields: dict[str, str] = {}
+    for pos, match in enumerate(matches):
+        end = matches[pos + 1].start() if pos + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end():end].strip()
+    return fields
+
+
+def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
+    """Nodes from ``scontrol show -o node`` (one ``Key=Value ...`` line per node)."""
+    nodes: list[SlurmNode] = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        fields = _scontrol_fields(line)
+        reason = fields.get("Reason", "")
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", reason)  # "[root@2024-...]"
+        nodes.append(SlurmNode(
+            name=fields.get("NodeName", ""),
+            states=_states(fields.get("State", "")),
+            reason="" if reason == "(null)" else reason,
+            gres="" if fields.get("Gres") == "(null)" else fields.get("Gres", ""),
+            gres_used=fields.get("GresUsed", ""),
+        ))
+    return nodes
+
+
+# --------------------------------------------------------------------------------------------
+# Backends
+
+
+def _run(argv: list[str], timeout: float) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              check=False, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmClientError(f"{argv[0]} not found; install the Slurm client commands or "
+                               "give its path") from None
+    except PermissionError:
+        raise SlurmClientError(f"{argv[0]} cannot be run (permission denied)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmClientError(f"{' '.join(argv)} did not answer within {timeout:g} s; is "
+                               "slurmctld up? (scontrol ping)") from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise SlurmClientError(f"{' '.join(argv)} failed (exit {done.returncode}): "
+                               f"{detail[-1] if detail else 'no message'}; is slurmctld up? "
+                               "(scontrol ping)")
+    return done.stdout
+
+
+class SinfoClient:
+    backend = "sinfo-json"
+
+    def __init__(self, sinfo: str = DEFAULT_SINFO, timeout: float = 10.0):
+        self.sinfo, self.timeout = sinfo, timeout
+
+    def nodes(self) -> list[SlurmNode]:
+        return parse_sinfo_json(_run([self.sinfo, "--json"], self.timeout))
+
+
+class ScontrolClient:
+    backend = "scontrol"
+
+    def __init__(self, scontrol: str = DEFAULT_SCONTROL, timeout: float = 10.0):
+        self.scontrol, self.timeout = scontrol, timeout
+
+    def nodes(self) -> list[SlurmNode]:
+        return parse_scontrol_nodes(_run([self.scontrol, "show", "-o", "node"], self.timeout))
+
+
+class PyslurmClient:
+    """pyslurm 23.x+ (``pyslurm.Nodes.load()``); only used when it imports for this Slurm."""
+
+    backend = "pyslurm"
+
+    def __init__(self, module: Any):
+        self.pyslurm = module
+
+    def nodes(self) -> list[SlurmNode]:
+        try:
+            loaded = self.pyslurm.Nodes.load()
+        except Exception as err:  # pyslurm raises its own RPCError and plain errors
+            raise SlurmClientError(f"pyslurm could not load the nodes: {err}") from None
+        values = loaded.values() if hasattr(loaded, "values") else loaded
+        nodes = []
+        for node in values:
+            gres = getattr(node, "configured_gres", {}) or {}
+            gres_text = ",".join(f"{k}:{v}" for k, v in gres.items()) if isinstance(gres, dict) \
+                else str(gres)
+            nodes.append(SlurmNode(
+                name=str(node.name),
+                states=_states(str(getattr(node, "state", "") or "")),
+                reason=str(getattr(node, "reason", "") or ""),
+                gres=gres_text,
+            ))
+        return nodes
+
+
+def _import_pyslurm() -> Optional[Any]:
+    try:
+        import pyslurm  # type: ignore[import-not-found]
+    except Exception:  # missing, or built for another Slurm (ImportError, RuntimeError, OSError)
+        return None
+    return pyslurm if hasattr(pyslurm, "Nodes") else None
+
+
+def open_client(backend: str = "auto", sinfo: str = DEFAULT_SINFO,
+                scontrol: str = DEFAULT_SCONTROL, timeout: float = 10.0) -> SlurmClient:
+    """A client for ``backend`` (auto | pyslurm | sinfo | scontrol).
+
+    ``auto`` takes pyslurm when a matching build imports, else ``sinfo --json``; when sinfo
+    has no JSON support it falls back to scontrol on first use.
+    """
+    for path in (sinfo, scontrol):
+        if not path.startswith("/"):
+            raise SlurmClientError(f"{path}: give the Slurm command as an absolute path")
+    if backend in ("auto", "pyslurm"):
+        module = _import_pyslurm()
+        if module is not None:
+            return PyslurmClient(module)
+        if backend == "pyslurm":
+            raise SlurmClientError("pyslurm is not importable for this Slurm; use --backend "
+                                   "sinfo or scontrol")
+    if backend == "sinfo":
+        return SinfoClient(sinfo, timeout)
+    if backend == "scontrol":
+        return ScontrolClient(scontrol, timeout)
+    if backend == "auto":
+        return _FallbackClient(SinfoClient(sinfo, timeout), ScontrolClient(scontrol, timeout))
+    raise SlurmClientError(f"unknown backend {backend!r}; use auto, pyslurm, sinfo or scontrol")
+
+
+class _FallbackClient:
+    """sinfo --json, and scontrol when this sinfo prints no JSON."""
+
+    def __init__(self, first: SinfoClient, second: ScontrolClient):
+        self.first, self.second = first, second
+        self.backend = first.backend
+
+    def nodes(self) -> list[SlurmNode]:
+        try:
+            return self.first.nodes()
+        except SlurmClientError as err:
+            if "printed no JSON" not in str(err) and "unrecognized option" not in str(err):
+                raise
+        self.backend = self.second.backend
+        return self.second.nodes()
