@@ -11,8 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Facts", "FactsError", "Policy", "facts_from_dict", "load_facts"]
+__all__ = [
+    "DEFAULT_FACTS_PATH",
+    "FACTS_ENV",
+    "Facts",
+    "FactsError",
+    "Policy",
+    "facts_from_dict",
+    "load_facts",
+]
 
+DEFAULT_FACTS_PATH = "/etc/slurm/gpushare-facts.json"  # the constant in job_submit.lua too
+FACTS_ENV = "GPUSHARE_FACTS"
 SUPPORTED_VERSION = 1
 GRES_SYNTAXES = ("22.05", "23.11")
 ON_ERROR = ("accept", "reject")

@@ -13,6 +13,7 @@ from gpushare import __version__
 # ``func(args) -> int`` as the parser default.
 COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.plugstack",
+    "gpushare.cli.explain",
     "gpushare.cli.inventory",
     "gpushare.cli.render",
     "gpushare.cli.check",

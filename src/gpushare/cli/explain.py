@@ -1,0 +1,173 @@
+"""``gpushare explain -- <sbatch/srun flags>``: what the submit hooks would do to a request.
+
+The flags are turned into job_desc fields the way sbatch fills them (in the cluster's GRES
+syntax), then run through the same rules the hooks run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any
+
+from gpushare.facts import DEFAULT_FACTS_PATH, FACTS_ENV, Facts, FactsError, load_facts
+from gpushare.submit_rules import NO_VAL, SPANK_OPTION_PREFIX, apply, format_wait
+
+__all__ = ["flags_to_job", "register", "time_str2secs"]
+
+
+class FlagError(ValueError):
+    """A flag value sbatch itself would refuse."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="show what the submit hooks would do to a job's sbatch/srun flags",
+        description="Turn sbatch/srun flags (--gres, --gpus, --gpus-per-node, --gpus-per-task, "
+        "--gpus-per-socket, -N, -n, --switches, --array, --gpu-share, --gpu-mps) into the "
+        "job_desc fields slurmctld would see, run the submit rules on them, and say what "
+        "would change, or why the job would be rejected. Exit status: 0 accepted, 1 rejected, "
+        "2 bad flags or facts.",
+        epilog="example: gpushare explain -- -N 3 --gres=gpu:1g.10gb:1",
+    )
+    parser.add_argument("--facts", default=None,
+                        help=f"cluster facts file (default: ${FACTS_ENV} or {DEFAULT_FACTS_PATH})")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("flags", nargs=argparse.REMAINDER, metavar="-- FLAGS",
+                        help="the job's sbatch/srun flags, after --")
+    parser.set_defaults(func=_run)
+
+
+def _flag_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sbatch flags", add_help=False, allow_abbrev=False)
+    parser.add_argument("--gres", action="append", default=[])
+    parser.add_argument("--gpus", "-G")
+    parser.add_argument("--gpus-per-node")
+    parser.add_argument("--gpus-per-task")
+    parser.add_argument("--gpus-per-socket")
+    parser.add_argument("--nodes", "-N")
+    parser.add_argument("--ntasks", "-n")
+    parser.add_argument("--switches")
+    parser.add_argument("--array", "-a")
+    parser.add_argument("--gpu-share")
+    parser.add_argument("--gpu-mps", nargs="?", const="")
+    return parser
+
+
+_TIME_FORMS = (
+    (re.compile(r"(\d+)"), (0, 0, 1, 0)),
+    (re.compile(r"(\d+):(\d+)"), (0, 0, 1, 1)),
+    (re.compile(r"(\d+):(\d+):(\d+)"), (0, 1, 1, 1)),
+    (re.compile(r"(\d+)-(\d+)"), (1, 1, 0, 0)),
+    (re.compile(r"(\d+)-(\d+):(\d+)"), (1, 1, 1, 0)),
+    (re.compile(r"(\d+)-(\d+):(\d+):(\d+)"), (1, 1, 1, 1)),
+)
+
+
+def time_str2secs(text: str) -> int:
+    """Slurm's time syntax (``mm``, ``mm:ss``, ``hh:mm:ss``, ``d-hh[:mm[:ss]]``) in seconds."""
+    for pattern, present in _TIME_FORMS:
+        match = pattern.fullmatch(text.strip())
+        if match:
+            values = iter(int(v) for v in match.groups())
+            days, hours, minutes, seconds = (next(values) if p else 0 for p in present)
+            return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    raise FlagError(f"{text!r} is not a time; use minutes, mm:ss, hh:mm:ss or d-hh:mm:ss")
+
+
+def _gpu_item(prefix: str, value: str, eq: bool) -> str:
+    if eq:  # 23.11 tres_per_task: gres/gpu:a100=1
+        type_, _, count = value.rpartition(":")
+        return f"{prefix}gpu:{type_}={count}" if type_ else f"{prefix}gpu={count}"
+    return f"{prefix}gpu:{value}"
+
+
+def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[str]]:
+    """job_desc fields as slurmctld would give them to job_submit, and the flags ignored."""
+    args, ignored = _flag_parser().parse_known_args(flags)
+    prefix = facts.gres_prefix
+    job: dict[str, Any] = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL,
+                           "req_switch": NO_VAL, "wait4switch": NO_VAL}
+    per_node = [f"{prefix}{item}" for gres in args.gres for item in gres.split(",") if item]
+    if args.gpus_per_node:
+        per_node.append(_gpu_item(prefix, args.gpus_per_node, False))
+    if per_node:
+        job["tres_per_node"] = ",".join(per_node)
+    if args.gpus:
+        job["tres_per_job"] = _gpu_item(prefix, args.gpus, False)
+    if args.gpus_per_task:
+        job["tres_per_task"] = _gpu_item(prefix, args.gpus_per_task, facts.gres_syntax != "22.05")
+    if args.gpus_per_socket:
+        job["tres_per_socket"] = _gpu_item(prefix, args.gpus_per_socket, False)
+    if args.nodes:
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", args.nodes)
+        if not match:
+            raise FlagError(f"-N {args.nodes!r}: give a node count or a range such as 2-4")
+        job["min_nodes"] = int(match.group(1))
+        job["max_nodes"] = int(match.group(2) or match.group(1))
+    if args.ntasks:
+        if not args.ntasks.isdigit():
+            raise FlagError(f"-n {args.ntasks!r}: give a task count")
+        job["num_tasks"] = int(args.ntasks)
+    if args.switches:
+        count, _, wait = args.switches.partition("@")
+        if not count.isdigit():
+            raise FlagError(f"--switches={args.switches}: use count[@max-time], e.g. 1@5:00")
+        job["req_switch"] = int(count)
+        if wait:
+            job["wait4switch"] = time_str2secs(wait)
+    if args.array:
+        job["array_inx"] = args.array
+    env = []
+    if args.gpu_share is not None:
+        env.append(f"{SPANK_OPTION_PREFIX}gpu_share={args.gpu_share}")
+    if args.gpu_mps is not None:
+        env.append(f"{SPANK_OPTION_PREFIX}gpu_mps={args.gpu_mps}")
+    if env:
+        job["spank_job_env"] = env
+    return job, ignored
+
+
+def _shown(field: str, value: Any) -> str:
+    if value is None or value == NO_VAL:
+        return "(unset)"
+    if field == "wait4switch":
+        return f"{value} ({format_wait(int(value))})"
+    return str(value)
+
+
+def _run(args: argparse.Namespace) -> int:
+    flags = list(args.flags)
+    if flags and flags[0] == "--":
+        flags = flags[1:]
+    path = args.facts or os.environ.get(FACTS_ENV) or DEFAULT_FACTS_PATH
+    try:
+        facts = load_facts(path)
+        job, ignored = flags_to_job(flags, facts)
+    except (FactsError, FlagError) as err:
+        print(f"gpushare explain: {err}")
+        return 2
+    decision = apply(job, facts)
+    if args.json:
+        print(json.dumps({"facts": path, "job": job, "ignored": ignored,
+                          "decision": decision.to_dict()}, indent=2, sort_keys=True))
+        return 1 if decision.reject else 0
+    print(f"facts: {path}")
+    print("job_desc: " + " ".join(f"{k}={v}" for k, v in job.items() if v != NO_VAL))
+    if ignored:
+        print("ignored (not looked at by the hooks): " + " ".join(ignored))
+    if decision.reject:
+        print(f"result: rejected at submit (error {decision.reject.code}, "
+              "Invalid generic resource (gres) specification)")
+    elif decision.changes:
+        print("result: accepted, with these fields rewritten:")
+        for field, value in decision.changes.items():
+            print(f"  {field}: {_shown(field, job.get(field))} -> {_shown(field, value)}")
+    else:
+        print("result: accepted unchanged")
+    for message in decision.messages:
+        print(f"the user sees: {message}")
+    return 1 if decision.reject else 0
