@@ -193,6 +193,7 @@ class MpsManager:
                 rec = self._new_record(key, mode, uid, gid, devices)
             rec["jobs"][str(job_id)] = {"share_percent": share_percent}
             rec["daemon_pid"] = None
+            rec["dirs_made"] = False
             self._write_record(mps_fd, rec)
             try:
                 self._start_daemon(mps_fd, rec)
@@ -539,6 +540,7 @@ class MpsManager:
                 LOG.info("removing leftover MPS directory %s", self._path(key))
                 safefs.remove_tree_at(mps_fd, key)
             safefs.make_owned_dir(mps_fd, key, self._path(key), 0, 0, 0o755)
+            rec["dirs_made"] = True
             key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
             try:
                 for name in ("pipe", "log"):
@@ -694,7 +696,8 @@ class MpsManager:
             rec["daemon_pid"] = None
             self._write_record(mps_fd, rec)
             return
-        safefs.remove_tree_at(mps_fd, rec["key"])
+        if rec.pop("dirs_made", False):
+            safefs.remove_tree_at(mps_fd, rec["key"])
         safefs.remove_file_at(mps_fd, rec["key"] + ".json")
         lock.remove = True
 

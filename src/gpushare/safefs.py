@@ -141,9 +141,9 @@ def make_owned_dir(parent_fd: int, name: str, path: str, uid: int, gid: int,
 def check_root_owned_file(path: str) -> str:
     """Check that a program root will run is root-owned and not writable by others.
 
-    The file and every directory above it (after resolving symlinks, all of which must be
-    root's too) must be root-owned and not writable by group or others. Returns the
-    resolved path.
+    The file (after resolving symlinks) must be root-owned and not writable by group or
+    others; so must every directory above it, except that a sticky one (like /tmp) may be
+    writable, since nobody else can replace root's entries there. Returns the resolved path.
     """
     if not os.path.isabs(path):
         raise UnsafePathError(f"{path} is not an absolute path; give the full path")
@@ -161,12 +161,10 @@ def check_root_owned_file(path: str) -> str:
         )
     directory = os.path.dirname(real)
     while True:
-        dst = os.stat(directory)
-        if dst.st_uid != 0 or dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise UnsafePathError(
-                f"{path}: directory {directory} must be owned by root and not writable by "
-                f"group or others ({_describe(dst)}); fix it or install the program elsewhere"
-            )
+        try:
+            _check_root_dir(os.stat(directory), directory)
+        except UnsafePathError as err:
+            raise UnsafePathError(f"{path}: {err}, or install the program elsewhere") from None
         if directory == "/":
             return real
         directory = os.path.dirname(directory)

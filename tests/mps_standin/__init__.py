@@ -1,0 +1,1 @@
+"""Stand-in for nvidia-cuda-mps-control and helpers to run it in tests (never shipped)."""

@@ -1,0 +1,108 @@
+"""Install the stand-in where root may run it, create test users, set faults, clean up.
+
+Shared by the unit tests, the Slurm tests and ``bench/bench_mps.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+from typing import Optional
+
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvidia-cuda-mps-control")
+TEST_USERS = ("gpushare-u1", "gpushare-u2")
+FAULTS = ("die_start", "hang_start", "die_after_start", "ignore_quit", "ignore_term",
+          "hang_client")
+
+
+def unusable_reason() -> Optional[str]:
+    """Why the stand-in cannot be run for other users here (None when it can)."""
+    if os.geteuid() != 0:
+        return "needs root (runs daemons as test users)"
+    if not os.access("/usr/bin/python3", os.X_OK):
+        return "needs /usr/bin/python3 (the stand-in's interpreter)"
+    if shutil.which("useradd") is None and any(not _user_exists(n) for n in TEST_USERS):
+        return "needs useradd to create the test users"
+    return None
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def ensure_users(names: tuple[str, ...] = TEST_USERS) -> list[pwd.struct_passwd]:
+    """Create system users without home or login shell if missing (idempotent)."""
+    for name in names:
+        if not _user_exists(name):
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--user-group",
+                 "--shell", "/usr/sbin/nologin", name],
+                check=True, capture_output=True,
+            )
+    return [pwd.getpwnam(name) for name in names]
+
+
+def traversable_tmpdir(prefix: str = "gpushare-test-") -> str:
+    """A root-owned 0755 directory under /tmp that every user can traverse."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(path, 0o755)
+    return path
+
+
+class StandinInstall:
+    """A root-owned copy of the stand-in (as the plugin requires) with its faults file."""
+
+    def __init__(self, base: str) -> None:
+        self.bindir = os.path.join(base, "bin")
+        os.mkdir(self.bindir, 0o755)
+        os.chmod(self.bindir, 0o755)
+        self.program = os.path.join(self.bindir, "nvidia-cuda-mps-control")
+        shutil.copyfile(STANDIN, self.program)
+        os.chmod(self.program, 0o755)
+        self.fault_file = os.path.join(self.bindir, "faults")
+
+    def set_faults(self, *names: str) -> None:
+        for name in names:
+            if name not in FAULTS:
+                raise ValueError(f"unknown stand-in fault {name}; known: {', '.join(FAULTS)}")
+        with open(self.fault_file, "w") as handle:
+            handle.write("\n".join(names) + "\n")
+        os.chmod(self.fault_file, 0o644)
+
+    def clear_faults(self) -> None:
+        if os.path.exists(self.fault_file):
+            os.unlink(self.fault_file)
+
+    def processes(self) -> list[int]:
+        """Pids of live processes running this copy of the stand-in."""
+        pids = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    state = handle.read().rsplit(b")", 1)[-1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != b"Z" and len(argv) > 1 and argv[1] == self.program.encode():
+                pids.append(int(name))
+        return pids
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process of this copy (test cleanup); returns their pids."""
+        pids = self.processes()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids

@@ -1,0 +1,554 @@
+"""MPS daemon lifecycle against the stand-in daemon, run for real as two test users."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import stat
+import subprocess
+import time
+
+import pytest
+
+from gpushare.config import PluginConfig
+from gpushare.mps import MpsDevice, MpsError, MpsLease, MpsManager, daemon_key, format_size
+from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
+
+REASON = unusable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+GPU0 = MpsDevice("GPU-11111111-2222-3333-4444-555555555555", 0, 80 << 30, "GPU 0")
+GPU1 = MpsDevice("GPU-66666666-7777-8888-9999-000000000000", 1, 80 << 30, "GPU 1")
+MIG = MpsDevice("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", 2, 10 << 30, "GPU 2 MIG 1g.10gb")
+
+
+class Bed:
+    """A traversable temp dir holding a root-owned stand-in and a state dir."""
+
+    def __init__(self) -> None:
+        self.base = traversable_tmpdir()
+        self.standin = StandinInstall(self.base)
+        self.state_dir = os.path.join(self.base, "state")
+
+    def config(self, **overrides) -> PluginConfig:
+        values = {"state_dir": self.state_dir, "mps_control": self.standin.program,
+                  "timeout": 2.0}
+        values.update(overrides)
+        return PluginConfig(**values)
+
+    def manager(self, **overrides) -> MpsManager:
+        return MpsManager(self.config(**overrides), lock_timeout=60)
+
+    @property
+    def mps_dir(self) -> str:
+        return os.path.join(self.state_dir, "mps")
+
+    def entries(self) -> list[str]:
+        return sorted(os.listdir(self.mps_dir)) if os.path.isdir(self.mps_dir) else []
+
+
+@pytest.fixture(scope="module")
+def users():
+    return ensure_users()
+
+
+@pytest.fixture
+def bed():
+    bed = Bed()
+    yield bed
+    leftovers = bed.standin.kill_all()
+    shutil.rmtree(bed.base)
+    assert leftovers == [], f"stand-in processes left running: {leftovers}"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def kill_and_wait(pid: int) -> None:
+    """SIGKILL a daemon behind gpushare's back and wait until the kernel has ended it."""
+    os.kill(pid, 9)
+    for _ in range(1000):
+        if not alive(pid):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} survived SIGKILL")
+
+
+def standin_state(lease: MpsLease) -> dict:
+    with open(os.path.join(lease.log_dir, "standin-state.json")) as handle:
+        return json.load(handle)
+
+
+def record(bed: Bed, key: str) -> dict:
+    with open(os.path.join(bed.mps_dir, key + ".json")) as handle:
+        return json.load(handle)
+
+
+def as_user(user, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/usr/bin/python3", "-c", code], user=user.pw_uid, group=user.pw_gid,
+                          extra_groups=[], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin"}, cwd="/")
+
+
+# --------------------------------------------------------------------------- start / env
+
+
+def test_acquire_starts_daemon_as_the_user_with_a_clean_environment(bed, users, monkeypatch):
+    u1 = users[0]
+    monkeypatch.setenv("GPUSHARE_TEST_SECRET", "must-not-leak")
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=11, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        mode="shared", share_percent=25)
+    key = daemon_key("shared", u1.pw_uid, 11, [GPU0])
+    assert lease.key == key
+    assert lease.pipe_dir == os.path.join(bed.mps_dir, key, "pipe")
+    assert lease.env == {
+        "CUDA_MPS_PIPE_DIRECTORY": lease.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": lease.log_dir,
+        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G",
+    }
+    state = standin_state(lease)
+    assert state["pid"] == lease.daemon_pid and alive(lease.daemon_pid)
+    assert (state["uid"], state["gid"], state["groups"]) == (u1.pw_uid, u1.pw_gid, [])
+    expected_env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CUDA_VISIBLE_DEVICES": GPU0.uuid,
+        "CUDA_MPS_PIPE_DIRECTORY": lease.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": lease.log_dir,
+    }
+    assert {k: state["env"].get(k) for k in expected_env} == expected_env
+    # Python's locale coercion may add LC_CTYPE; nothing of ours may leak in.
+    assert set(state["env"]) - set(expected_env) <= {"LC_CTYPE"}
+    assert state["default_active_thread_percentage"] == 25.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "20G"}
+    for name in ("pipe", "log"):
+        st = os.lstat(os.path.join(bed.mps_dir, key, name))
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (u1.pw_uid, u1.pw_gid, 0o700)
+    for path in (bed.state_dir, bed.mps_dir, os.path.join(bed.mps_dir, key)):
+        st = os.lstat(path)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+    assert MpsLease.from_record(json.loads(json.dumps(lease.to_record()))) == lease
+
+    assert mgr.release(11) == [key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
+def test_same_user_jobs_share_one_daemon_and_its_cap_follows_their_shares(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    leases = [mgr.acquire(job_id=j, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                          share_percent=share) for j, share in ((1, 25), (2, 25), (3, 30))]
+    assert len({lease.daemon_pid for lease in leases}) == 1
+    assert len({lease.pipe_dir for lease in leases}) == 1
+    assert [lease.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for lease in leases] == \
+        ["25", "25", "30"]
+    assert leases[2].env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24G"
+    rec = record(bed, leases[0].key)
+    assert sorted(rec["jobs"]) == ["1", "2", "3"]
+    state = standin_state(leases[0])
+    assert state["default_active_thread_percentage"] == 80.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "64G"}
+
+    assert mgr.release(2) == []
+    assert alive(leases[0].daemon_pid)
+    assert sorted(record(bed, leases[0].key)["jobs"]) == ["1", "3"]
+    assert standin_state(leases[0])["default_active_thread_percentage"] == 55.0
+    assert mgr.release(1) == []
+    assert mgr.release(3) == [leases[0].key]
+    assert not alive(leases[0].daemon_pid)
+    assert bed.entries() == []
+
+
+def test_cap_is_applied_to_running_servers_too(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=20)
+    started = subprocess.run([bed.standin.program], input=f"start_server -uid {u1.pw_uid}\n",
+                             env=first.env, user=u1.pw_uid, group=u1.pw_gid,
+                             capture_output=True, text=True, timeout=30, check=True)
+    server_pid = started.stdout.strip()
+    mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=30)
+    server = standin_state(first)["servers"][server_pid]
+    assert server["active_thread_percentage"] == 50.0
+    assert server["pinned"] == {"0": "40G"}
+    mgr.release(1)
+    mgr.release(2)
+    assert not alive(int(server_pid))
+    assert bed.entries() == []
+
+
+def test_two_users_on_one_gpu_get_separate_daemons_they_cannot_reach(bed, users):
+    u1, u2 = users
+    mgr = bed.manager()
+    a = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=50)
+    b = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0], share_percent=50)
+    assert a.daemon_pid != b.daemon_pid
+    assert a.pipe_dir != b.pipe_dir
+    assert standin_state(a)["uid"] == u1.pw_uid
+    assert standin_state(b)["uid"] == u2.pw_uid
+
+    listing = as_user(u1, f"import os; print(os.listdir({b.pipe_dir!r}))")
+    assert listing.returncode != 0 and "PermissionError" in listing.stderr
+    connect = as_user(u1, (
+        "import socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+        f"s.connect({os.path.join(b.pipe_dir, 'control')!r})"))
+    assert connect.returncode != 0 and "PermissionError" in connect.stderr
+    own = as_user(u2, f"import os; print(sorted(os.listdir({b.pipe_dir!r})))")
+    assert own.returncode == 0 and "control" in own.stdout
+
+    assert mgr.release(1) == [a.key]
+    assert alive(b.daemon_pid)
+    assert mgr.release(2) == [b.key]
+    assert bed.entries() == []
+
+
+def test_private_mode_one_daemon_over_the_jobs_gpus(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=77, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0, GPU1],
+                        mode="private")
+    assert lease.key == "job77"
+    assert lease.env == {
+        "CUDA_MPS_PIPE_DIRECTORY": lease.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": lease.log_dir,
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+    state = standin_state(lease)
+    assert state["env"]["CUDA_VISIBLE_DEVICES"] == f"{GPU0.uuid},{GPU1.uuid}"
+    assert state["default_device_pinned_mem_limit"] == {}
+    other = mgr.acquire(job_id=78, uid=u1.pw_uid, gid=u1.pw_gid, devices=[MIG],
+                        mode="private", share_percent=50)
+    assert other.daemon_pid != lease.daemon_pid
+    assert other.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert mgr.release(77) == ["job77"]
+    assert mgr.release(78) == ["job78"]
+    assert bed.entries() == []
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("16G", "0=10G"),        # a fixed size is capped at the slice's memory
+    ("4G", "0=4G"),
+    ("proportional", "0=2560M"),
+    ("off", None),
+])
+def test_pinned_memory_limit_setting(bed, users, setting, expected):
+    u1 = users[0]
+    mgr = bed.manager(mem_limit=setting)
+    lease = mgr.acquire(job_id=5, uid=u1.pw_uid, gid=u1.pw_gid, devices=[MIG],
+                        share_percent=25)
+    assert lease.env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == expected
+    mgr.release(5)
+
+
+def test_format_size():
+    assert format_size(20 << 30) == "20G"
+    assert format_size((20 << 30) + (512 << 20)) == "20992M"
+    assert format_size(100) == "1M"
+
+
+def test_acquire_and_release_are_idempotent(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    assert mgr.release(999) == []                       # epilog without prolog
+    first = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=40)
+    again = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=40)
+    assert again == first
+    assert list(record(bed, first.key)["jobs"]) == ["3"]
+    assert mgr.release(3) == [first.key]
+    assert mgr.release(3) == []                         # epilog twice
+    assert bed.entries() == []
+
+
+def test_bad_requests_are_refused_with_a_reason(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    cases = [
+        (dict(uid=0, gid=0, devices=[GPU0]), "root"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[]), "without any GPU"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[MpsDevice("../etc")]), "not a GPU"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=0), "1..100"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], mode="x"), "shared or private"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(MpsError, match=words):
+            mgr.acquire(job_id=1, **kwargs)
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def _acquire_job(args):
+    state_dir, program, job_id, uid, gid = args
+    mgr = MpsManager(PluginConfig(state_dir=state_dir, mps_control=program, timeout=5.0),
+                     lock_timeout=120)
+    lease = mgr.acquire(job_id=job_id, uid=uid, gid=gid, devices=[GPU0], share_percent=10)
+    return lease.daemon_pid
+
+
+def _release_job(args):
+    state_dir, program, job_id = args
+    mgr = MpsManager(PluginConfig(state_dir=state_dir, mps_control=program, timeout=5.0),
+                     lock_timeout=120)
+    return mgr.release(job_id)
+
+
+def test_concurrent_prologs_and_epilogs_keep_counts_right(bed, users):
+    u1, u2 = users
+    jobs = [(j, u1 if j % 3 else u2) for j in range(1, 19)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(8) as pool:
+        pids = pool.map(_acquire_job, [(bed.state_dir, bed.standin.program, j, u.pw_uid,
+                                        u.pw_gid) for j, u in jobs])
+        by_user = {}
+        for (_j, u), pid in zip(jobs, pids):
+            by_user.setdefault(u.pw_uid, set()).add(pid)
+        assert {uid: len(p) for uid, p in by_user.items()} == {u1.pw_uid: 1, u2.pw_uid: 1}
+        for u in (u1, u2):
+            rec = record(bed, daemon_key("shared", u.pw_uid, 0, [GPU0]))
+            assert sorted(map(int, rec["jobs"])) == [j for j, ju in jobs if ju is u]
+        assert len(bed.standin.processes()) == 2
+        stopped = pool.map(_release_job, [(bed.state_dir, bed.standin.program, j)
+                                          for j, _ in jobs])
+    assert sorted(k for keys in stopped for k in keys) == sorted(
+        daemon_key("shared", u.pw_uid, 0, [GPU0]) for u in (u1, u2))
+    assert bed.standin.processes() == []
+    assert bed.entries() == []
+
+
+def test_interleaved_acquire_and_release_from_many_processes(bed, users):
+    u1 = users[0]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(6) as pool:
+        results = []
+        for round_ in range(3):
+            ids = [round_ * 100 + j for j in range(6)]
+            results.append(pool.map_async(_acquire_job, [
+                (bed.state_dir, bed.standin.program, j, u1.pw_uid, u1.pw_gid) for j in ids]))
+            if round_:
+                prev = [(round_ - 1) * 100 + j for j in range(6)]
+                results.append(pool.map_async(_release_job, [
+                    (bed.state_dir, bed.standin.program, j) for j in prev]))
+        for result in results:
+            result.get(timeout=300)
+        rec = record(bed, daemon_key("shared", u1.pw_uid, 0, [GPU0]))
+        live = sorted(map(int, rec["jobs"]))
+        assert set(live) >= {200 + j for j in range(6)}
+        pool.map(_release_job, [(bed.state_dir, bed.standin.program, j) for j in live])
+    assert bed.standin.processes() == []
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- stale state
+
+
+def test_reap_stale_drops_vanished_jobs_and_stops_unused_daemons(bed, users):
+    u1, u2 = users
+    mgr = bed.manager()
+    a1 = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=20)
+    mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=20)
+    b = mgr.acquire(job_id=3, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0], share_percent=20)
+    # a fresh manager, as after a slurmd restart: everything comes from the state dir
+    fresh = bed.manager()
+    assert fresh.reap_stale(lambda job_id: job_id == 2) == [b.key]
+    assert not alive(b.daemon_pid) and alive(a1.daemon_pid)
+    assert list(record(bed, a1.key)["jobs"]) == ["2"]
+    assert fresh.reap_stale(lambda job_id: False) == [a1.key]
+    assert not alive(a1.daemon_pid)
+    assert bed.entries() == []
+
+
+def test_a_daemon_that_died_is_restarted_for_the_next_job_and_reaped_cleanly(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=20)
+    kill_and_wait(first.daemon_pid)
+    second = mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                         share_percent=20)
+    assert second.daemon_pid != first.daemon_pid and alive(second.daemon_pid)
+    assert sorted(record(bed, first.key)["jobs"]) == ["1", "2"]
+    kill_and_wait(second.daemon_pid)
+    assert mgr.reap_stale(lambda job_id: False) == [first.key]
+    assert bed.entries() == []
+
+
+def test_leftover_directory_without_record_is_removed_by_reap(bed, users):
+    os.makedirs(os.path.join(bed.mps_dir, "u5-GPU-x", "pipe"), 0o755)
+    open(os.path.join(bed.mps_dir, "u5-GPU-x.lock"), "w").close()
+    assert bed.manager().reap_stale(lambda job_id: True) == []
+    assert bed.entries() == []
+
+
+def test_release_never_signals_a_process_that_is_not_the_daemon(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=20)
+    # A process of the same user with the daemon's pipe directory, but another program,
+    # recorded as the daemon (a forged or reused pid): it must survive the epilog.
+    bystander = subprocess.Popen(["/bin/sleep", "60"], env=lease.env, user=u1.pw_uid,
+                                 group=u1.pw_gid)
+    try:
+        path = os.path.join(bed.mps_dir, lease.key + ".json")
+        rec = record(bed, lease.key)
+        rec["daemon_pid"] = bystander.pid
+        with open(path, "w") as handle:
+            json.dump(rec, handle)
+        assert mgr.release(1) == [lease.key]
+        assert bystander.poll() is None
+        assert not alive(lease.daemon_pid)       # found by uid, program and pipe dir
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_missing_program(bed, users):
+    u1 = users[0]
+    mgr = bed.manager(mps_control=os.path.join(bed.standin.bindir, "absent"))
+    with pytest.raises(MpsError, match=r"absent does not exist; install it or fix the path"):
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert bed.entries() == []
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("die_start", r"exited with status 1: An error occurred while starting"),
+    ("hang_start", r"no answer within 2 s"),
+    ("die_after_start", r"created no control socket .* within 2 s"),
+    ("hang_client", r"control command 'set_default_active_thread_percentage 25' failed: "
+                    r".*no answer within 2 s"),
+])
+def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, words):
+    u1 = users[0]
+    bed.standin.set_faults(fault)
+    mgr = bed.manager()
+    with pytest.raises(MpsError, match=words) as err:
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                    share_percent=25)
+    assert "GPU 0" in str(err.value) and GPU0.uuid in str(err.value)
+    assert bed.standin.processes() == []
+    assert bed.entries() == []
+
+
+@pytest.mark.parametrize("fault", ["ignore_quit", "ignore_term", "hang_client"])
+def test_a_daemon_that_will_not_quit_is_ended_with_signals(bed, users, fault, caplog):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    bed.standin.set_faults(fault)
+    with caplog.at_level(logging.WARNING, logger="gpushare.mps"):
+        assert mgr.release(1) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert f"pid {lease.daemon_pid}" in caplog.text and "signals" in caplog.text
+    expected_signal = "SIGKILL" if fault == "ignore_term" else "SIGTERM"
+    assert expected_signal in caplog.text
+    assert bed.entries() == []
+
+
+def test_a_daemon_that_cannot_be_stopped_fails_release_naming_gpu_and_daemon(
+        bed, users, monkeypatch):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    bed.standin.set_faults("ignore_quit")
+    monkeypatch.setattr(mgr, "_send_signal", lambda pid, sig: None)  # signals have no effect
+    with pytest.raises(MpsError) as err:
+        mgr.release(1)
+    message = str(err.value)
+    for part in (f"pid {lease.daemon_pid}", lease.pipe_dir, "GPU 0", GPU0.uuid, "drain"):
+        assert part in message
+    assert alive(lease.daemon_pid)
+    assert record(bed, lease.key)["jobs"] == {}
+    monkeypatch.undo()
+    assert bed.manager().reap_stale(lambda job_id: False) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- unsafe paths
+
+
+def test_group_writable_program_is_refused(bed, users):
+    u1 = users[0]
+    os.chmod(bed.standin.program, 0o775)
+    with pytest.raises(MpsError, match=r"nvidia-cuda-mps-control must be owned by root and "
+                                       r"not writable by group or others.*chmod go-w"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert bed.entries() == []
+
+
+def test_program_in_a_user_owned_directory_is_refused(bed, users):
+    u1 = users[0]
+    os.chown(bed.standin.bindir, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"bin is not owned by root"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+
+
+def test_program_owned_by_a_user_is_refused(bed, users):
+    u1 = users[0]
+    os.chown(bed.standin.program, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"must be owned by root"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+
+
+def test_symlink_planted_at_the_daemon_directory_is_refused(bed, users):
+    u1 = users[0]
+    target = os.path.join(bed.base, "elsewhere")
+    os.mkdir(target)
+    os.makedirs(bed.mps_dir)
+    key = daemon_key("shared", u1.pw_uid, 1, [GPU0])
+    os.symlink(target, os.path.join(bed.mps_dir, key))
+    with pytest.raises(MpsError, match=r"symbolic link or not a directory; remove it"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert os.listdir(target) == []
+    assert os.path.islink(os.path.join(bed.mps_dir, key))
+    assert bed.standin.processes() == []
+
+
+def test_user_owned_directory_planted_at_the_daemon_directory_is_refused(bed, users):
+    u1 = users[0]
+    key = daemon_key("shared", u1.pw_uid, 1, [GPU0])
+    planted = os.path.join(bed.mps_dir, key)
+    os.makedirs(planted)
+    os.chown(planted, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"is not owned by root .*remove it"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert os.path.isdir(planted)
+
+
+def test_state_directory_writable_by_a_user_is_refused(bed, users):
+    u1 = users[0]
+    os.makedirs(bed.mps_dir)
+    os.chown(bed.mps_dir, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"state directory refused: .*mps is not owned by root"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+
+
+def test_state_directory_reached_through_a_symlink_is_refused(bed, users):
+    u1 = users[0]
+    real = os.path.join(bed.base, "real-state")
+    os.mkdir(real, 0o755)
+    os.symlink(real, bed.state_dir)
+    with pytest.raises(MpsError, match=r"state directory refused: .*symbolic link"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert os.listdir(real) == []
