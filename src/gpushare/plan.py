@@ -204,8 +204,9 @@ def _scalar(node: yaml.Node, loader: yaml.SafeLoader, path: str) -> Any:
 
 
 def _load_yaml(text: str, path: str) -> Any:
-    loader = yaml.SafeLoader(text)
+    loader: Optional[yaml.SafeLoader] = None
     try:
+        loader = yaml.SafeLoader(text)
         root = loader.get_single_node()
         if root is None:
             raise PlanError([f"{path}:1: the plan is empty; start with 'version: 1'"])
@@ -215,12 +216,17 @@ def _load_yaml(text: str, path: str) -> Any:
         line = mark.line + 1 if mark is not None else 1
         raise PlanError([f"{path}:{line}: not valid YAML: {err.problem or err.context}"]
                         ) from None
+    except yaml.reader.ReaderError as err:
+        line = text[:max(err.position, 0)].count("\n") + 1
+        raise PlanError([f"{path}:{line}: not valid YAML text: character {err.character!r} "
+                         "is not allowed"]) from None
     except yaml.YAMLError as err:
         raise PlanError([f"{path}:1: not valid YAML: {err}"]) from None
     except RecursionError:
         raise PlanError([f"{path}:1: the plan nests too deeply"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 # --------------------------------------------------------------------------------------------
@@ -631,7 +637,7 @@ def _group(c: _Checker, raw: Any, line: int, position: int, units_default: int,
                         f"and line {key_line}); give each GPU once")
             chosen[index] = (layout[key], key_line)
     gpus: list[GpuPlan] = []
-    built: dict[int, GpuPlan] = {}  # one parse per distinct spec
+    built: dict[int, Optional[GpuPlan]] = {}  # one parse (and one report) per distinct spec
     for index in range(count):
         if index in chosen:
             raw_spec, spec_line = chosen[index]
@@ -641,13 +647,14 @@ def _group(c: _Checker, raw: Any, line: int, position: int, units_default: int,
             c.error(layout.line, f"{where} GPU {index}: not in the layout; add it or an "
                     "'all:' entry")
             continue
-        previous = built.get(id(raw_spec))
-        if previous is not None:
-            gpus.append(_reindex(previous, index))
+        if id(raw_spec) in built:
+            previous = built[id(raw_spec)]
+            if previous is not None:
+                gpus.append(_reindex(previous, index))
             continue
         gpu = _gpu_plan(c, raw_spec, spec_line, where, index, model, units_default, cache)
+        built[id(raw_spec)] = gpu
         if gpu is not None:
-            built[id(raw_spec)] = gpu
             gpus.append(gpu)
     if len(gpus) != count:
         return None
