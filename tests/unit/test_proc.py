@@ -1,0 +1,80 @@
+"""Timed external commands: exact environment, timeouts, missing programs, other users."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from gpushare import proc
+
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def test_runs_with_exactly_the_given_environment_and_input():
+    result = proc.run(["/bin/sh", "-c", "env; cat"], env={"PATH": "/bin", "A": "1"},
+                      input_text="hello\n", timeout=10)
+    lines = result.stdout.splitlines()
+    assert "A=1" in lines and "PATH=/bin" in lines and "hello" in lines
+    assert not any(line.startswith("HOME=") for line in lines)
+    assert result.returncode == 0
+
+
+def test_nonzero_exit_is_a_result_or_with_check_an_error():
+    result = proc.run(["/bin/sh", "-c", "echo oops >&2; exit 3"], env=ENV, timeout=10)
+    assert (result.returncode, result.output) == (3, "oops")
+    with pytest.raises(proc.CommandFailed, match=r"exit status 3: oops"):
+        proc.run(["/bin/sh", "-c", "echo oops >&2; exit 3"], env=ENV, timeout=10, check=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_a_hanging_command_is_killed_with_its_process_group(tmp_path):
+    pidfile = tmp_path / "pid"
+    with pytest.raises(proc.CommandTimeout, match=r"no answer within 0.5 s, killed"):
+        proc.run(["/bin/sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], env=ENV,
+                 timeout=0.5)
+    background = int(pidfile.read_text())
+    for _ in range(500):
+        if not _running(background):
+            break
+        time.sleep(0.01)
+    assert not _running(background)
+
+
+def test_a_daemonising_child_does_not_make_us_wait_for_it():
+    result = proc.run(["/bin/sh", "-c", "setsid sleep 60 & echo $!"], env=ENV, timeout=10)
+    pid = int(result.stdout.strip())
+    try:
+        assert os.path.exists(f"/proc/{pid}")       # still running: we did not wait on it
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_missing_program_is_reported():
+    with pytest.raises(proc.CommandNotFound, match=r"/nonexistent/prog: not found"):
+        proc.run(["/nonexistent/prog"], env=ENV, timeout=10)
+
+
+def test_not_executable_program_is_reported(tmp_path):
+    path = tmp_path / "prog"
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o644)
+    with pytest.raises(proc.CommandNotFound, match=r"cannot be executed"):
+        proc.run([str(path)], env=ENV, timeout=10)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to change user")
+def test_runs_as_another_user_without_extra_groups():
+    result = proc.run(["/usr/bin/id"], env=ENV, uid=65534, gid=65534, timeout=10, check=True)
+    assert result.stdout.startswith("uid=65534(")
+    assert "gid=65534(" in result.stdout
+    assert "groups=65534(" in result.stdout and "," not in result.stdout.split("groups=")[1]

@@ -1,0 +1,128 @@
+"""The nvidia-cuda-mps-control stand-in behaves like the real command line and pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from mps_standin.harness import STANDIN, StandinInstall
+
+pytestmark = pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK),
+                                reason="the stand-in runs with /usr/bin/python3")
+
+
+@pytest.fixture
+def standin(tmp_path):
+    install = StandinInstall(str(tmp_path))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
+        "CUDA_VISIBLE_DEVICES": "GPU-aaa,MIG-bbb",
+    }
+    install.env = env
+    yield install
+    assert install.kill_all() == []
+
+
+def run(standin, *args, stdin="", extra_env=None):
+    env = dict(standin.env, **(extra_env or {}))
+    return subprocess.run([standin.program, *args], input=stdin, env=env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def wait_for(path):
+    for _ in range(1000):
+        if os.path.exists(path):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+def state(standin):
+    with open(os.path.join(standin.env["CUDA_MPS_LOG_DIRECTORY"], "standin-state.json")) as f:
+        return json.load(f)
+
+
+def test_daemon_layout_commands_and_quit(standin):
+    pipe = standin.env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert run(standin, "-d").returncode == 0
+    wait_for(os.path.join(pipe, "control"))
+    assert {"control", "control_lock", "log", "nvidia-cuda-mps-control.pid"} <= set(
+        os.listdir(pipe))
+    daemon_pid = state(standin)["pid"]
+    with open(os.path.join(pipe, "nvidia-cuda-mps-control.pid")) as handle:
+        assert int(handle.read()) == daemon_pid
+
+    second = run(standin, "-d")
+    assert (second.returncode, second.stderr) == (
+        1, "An instance of this daemon is already running\n")
+
+    out = run(standin, stdin="get_server_list\n"
+                             "set_default_active_thread_percentage 25\n"
+                             "get_default_active_thread_percentage\n"
+                             "set_default_device_pinned_mem_limit 1 10G\n"
+                             "get_default_device_pinned_mem_limit 1\n"
+                             "lsdevice\n")
+    assert out.returncode == 0
+    assert out.stdout.splitlines() == ["25.0", "25.0", "10G", "0 GPU-aaa", "1 MIG-bbb"]
+
+    server = run(standin, stdin=f"start_server -uid {os.getuid()}\n").stdout.strip()
+    assert run(standin, stdin="get_server_list\n").stdout.split() == [server]
+    out = run(standin, stdin=f"get_active_thread_percentage {server}\n"
+                             f"set_active_thread_percentage {server} 10\n"
+                             f"get_device_pinned_mem_limit {server} 1\n"
+                             f"get_client_list {server}\n")
+    assert out.stdout.splitlines() == ["25.0", "10.0", "10G"]
+
+    bad = run(standin, stdin="set_default_device_pinned_mem_limit 2 10G\nfrobnicate\n")
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines() == ["Invalid arguments 2 10G", "Unknown command: frobnicate"]
+
+    assert run(standin, stdin="quit\n").returncode == 0
+    for _ in range(1000):
+        if state(standin)["stopped_at"]:
+            break
+        time.sleep(0.01)
+    final = state(standin)
+    assert final["stopped_at"] is not None
+    assert final["commands"][-1] == "quit"
+    assert final["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-aaa,MIG-bbb"
+    assert "control" not in os.listdir(pipe)
+    with open(os.path.join(standin.env["CUDA_MPS_LOG_DIRECTORY"], "control.log")) as handle:
+        log = handle.read()
+    assert "User command: quit" in log and "Starting new server" in log
+
+
+def test_client_without_daemon(standin):
+    out = run(standin, stdin="get_server_list\n")
+    assert (out.returncode, out.stdout) == (1, "Cannot find MPS control daemon process\n")
+
+
+def test_faults_from_environment_and_from_the_file_next_to_it(standin):
+    out = run(standin, "-d", extra_env={"GPUSHARE_STANDIN_FAULT": "die_start"})
+    assert out.returncode == 1 and "stand-in fault die_start" in out.stderr
+    standin.set_faults("die_start")
+    out = run(standin, "-d")
+    assert out.returncode == 1 and "stand-in fault die_start" in out.stderr
+    standin.clear_faults()
+    with pytest.raises(ValueError, match="unknown stand-in fault"):
+        standin.set_faults("explode")
+
+
+def test_hang_start_never_returns(standin):
+    standin.set_faults("hang_start")
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([standin.program, "-d"], env=standin.env, timeout=1,
+                       capture_output=True)
+    standin.kill_all()
+
+
+def test_standin_is_an_executable_script():
+    with open(STANDIN, "rb") as a:
+        assert a.read(2) == b"#!"
+    assert os.access(STANDIN, os.X_OK)
