@@ -28,6 +28,7 @@ build: deps
 	@$(SYSTEM_PYTHON) -m pip install -q --no-compile --no-deps --break-system-packages \
 		--target build/pylib $(PYLIB_DEPS)
 	@cp -r src/gpushare build/pylib/gpushare && find build/pylib -name __pycache__ -prune -exec rm -rf {} +
+	@$(SYSTEM_PYTHON) -m compileall -q build/pylib >/dev/null
 
 lint: venv
 	@$(VENV)/bin/ruff check src spank tests bench submit_hooks

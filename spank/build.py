@@ -28,9 +28,6 @@ CDEF = """
 int gs_context(void);
 void gs_log(int level, const char *msg);
 int gs_job_ids(void *sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid);
-int gs_task_ids(void *sp, uint32_t *node_id, int *local_task_id);
-int gs_setenv(void *sp, const char *name, const char *value);
-int gs_getenv(void *sp, const char *name, char *buf, int len);
 const char *gs_getopt(void *sp, const char *name);
 """
 

@@ -279,18 +279,6 @@ static int gs_job_ids(spank_t sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid
     return 0;
 }
 
-static int gs_task_ids(spank_t sp, uint32_t *node_id, int *local_task_id)
-{
-    if (spank_get_item(sp, S_JOB_NODEID, node_id) != ESPANK_SUCCESS)
-        return -1;
-    return spank_get_item(sp, S_TASK_ID, local_task_id) == ESPANK_SUCCESS ? 0 : -1;
-}
-
-static int gs_setenv(spank_t sp, const char *name, const char *value)
-{
-    return spank_setenv(sp, name, value, 1) == ESPANK_SUCCESS ? 0 : -1;
-}
-
 static int gs_getenv(spank_t sp, const char *name, char *buf, int len)
 {
     return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS ? 0 : -1;
@@ -383,16 +371,115 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     return gs_call_python("job_epilog", sp, ac, av);
 }
 
+/*
+ * The task's environment comes from <state_dir>/jobs/<id>.env, written by job_prolog:
+ * "KEY=VALUE" lines, plus "#error=<text>" (the job's request was refused) and
+ * "#show=<text>" (the line the user reads). Reading it here keeps Python out of
+ * slurmstepd entirely: no interpreter start per task, no GIL across slurmstepd's fork().
+ */
+#define GS_ENV_MAX 65536
+
+static int gs_valid_env_name(const char *name, size_t len)
+{
+    if (len == 0 || len > 128)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!((c >= 'A' && c <= 'Z') || c == '_' || (i > 0 && c >= '0' && c <= '9')))
+            return 0;
+    }
+    return 1;
+}
+
+/* Read the root-owned env file; 1 when read, 0 when absent, -1 on an unsafe file. */
+static int gs_read_env_file(spank_t sp, char *buf, size_t size)
+{
+    char path[PATH_MAX + 32];
+    uint32_t job_id = 0;
+    struct stat st;
+    ssize_t n, total = 0;
+    int fd;
+
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+        return -1;
+    snprintf(path, sizeof(path), "%s/jobs/%u.env", gs_state_dir, job_id);
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+        (st.st_mode & 0077) || st.st_size >= (off_t)size) {
+        slurm_error("gpushare: job %u: refusing %s: not a root-owned 0600 file", job_id, path);
+        close(fd);
+        return -1;
+    }
+    while ((n = read(fd, buf + total, size - 1 - total)) > 0)
+        total += n;
+    close(fd);
+    if (n < 0)
+        return -1;
+    buf[total] = '\0';
+    return 1;
+}
+
+static int gs_apply_env_file(spank_t sp, char *text)
+{
+    uint32_t node_id = 1;
+    int task_id = 1;
+    const char *show = NULL;
+    char *save = NULL;
+
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strchr(line, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        if (strcmp(line, "#error") == 0) {
+            slurm_spank_log("gpushare: %s", eq + 1);
+            return -1;
+        }
+        if (strcmp(line, "#show") == 0) {
+            show = eq + 1;
+            continue;
+        }
+        if (!gs_valid_env_name(line, strlen(line)))
+            continue;
+        if (spank_setenv(sp, line, eq + 1, 1) != ESPANK_SUCCESS) {
+            slurm_error("gpushare: cannot set %s in the task", line);
+            return -1;
+        }
+    }
+    if (show && spank_get_item(sp, S_JOB_NODEID, &node_id) == ESPANK_SUCCESS &&
+        spank_get_item(sp, S_TASK_ID, &task_id) == ESPANK_SUCCESS && node_id == 0 &&
+        task_id == 0) {
+        if (dprintf(STDERR_FILENO, "%s\n", show) < 0) {
+            /* the line is informative only */
+        }
+    }
+    return 0;
+}
+
 GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
+    static char text[GS_ENV_MAX];
     char buf[16];
+    int found;
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
-    if (!gs_job_record_exists(sp) && !gs_share_percent && !gs_private_mps &&
-        gs_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", buf, sizeof(buf)) != 0) {
-        gs_debug(sp, "cb=task_init_privileged python=skip reason=no-share");
+    found = gs_read_env_file(sp, text, sizeof(text));
+    if (found < 0)
+        return -1;
+    if (found == 0) {
+        if (gs_share_percent || gs_private_mps ||
+            gs_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", buf, sizeof(buf)) == 0) {
+            slurm_spank_log("gpushare: this job asked to share a GPU but its node has no "
+                            "gpushare record: the job prolog did not run (slurm.conf needs "
+                            "PrologFlags=Alloc) or failed; see slurmd's log");
+            return -1;
+        }
+        gs_debug(sp, "cb=task_init_privileged skip reason=no-share");
         return 0;
     }
-    return gs_call_python("task_init_privileged", sp, ac, av);
+    gs_debug(sp, "cb=task_init_privileged env-file");
+    return gs_apply_env_file(sp, text);
 }

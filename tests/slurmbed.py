@@ -189,6 +189,8 @@ class SlurmBed:
             shutil.copytree(os.path.join(REPO, "src", "gpushare"),
                             self.path("lib", "python", "gpushare"),
                             ignore=shutil.ignore_patterns("__pycache__"))
+            subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q",
+                            self.path("lib", "python")], check=True, stdout=subprocess.DEVNULL)
         standin = os.path.join(REPO, "tests", "mps_standin", "nvidia-cuda-mps-control")
         if os.path.exists(standin):
             shutil.copy2(standin, self.path("bin", "nvidia-cuda-mps-control"))
@@ -203,6 +205,7 @@ class SlurmBed:
         with open(node.profile) as handle:
             profile = json.load(handle)
         profile["device_dir"] = self.path("dev")
+        profile["hostname"] = node.name
         with open(self.path("nodes", f"{node.name}.json"), "w") as handle:
             json.dump(profile, handle, indent=1)
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Mapping, Optional, Sequence
 
 from gpushare.config import PluginConfig
+from gpushare.gresconf import GresConfError, load_gres_conf
+from gpushare.inventory import open_inventory
+from gpushare.nvml import InventoryError
 from gpushare.state import JobRecord, JobStore
+from gpushare.verify import ResolvedDevice, verify_job_devices
 
 log = logging.getLogger("gpushare.job")
 
@@ -24,7 +28,15 @@ SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
 class NodeError(RuntimeError):
-    """The node cannot run the job correctly; Slurm should drain it."""
+    """The node cannot run the job correctly; Slurm should drain it.
+
+    ``drain`` asks the caller to drain the node itself with this message as the reason, so
+    the sysadmin reads gpushare's words in ``sinfo -R`` rather than Slurm's generic one.
+    """
+
+    def __init__(self, message: str, drain: bool = False) -> None:
+        super().__init__(message)
+        self.drain = drain
 
 
 class UserError(ValueError):
@@ -74,7 +86,7 @@ def uses_sharing(request: JobRequest) -> bool:
     return request.gpu_share is not None or request.private_mps or request.slurm_share is not None
 
 
-def plan_job(request: JobRequest) -> JobRecord:
+def plan_job(request: JobRequest, devices: Sequence[ResolvedDevice] = ()) -> JobRecord:
     """Decide mode, share and task environment; raise UserError for an impossible request."""
     asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
     granted = request.slurm_share
@@ -100,7 +112,8 @@ def plan_job(request: JobRequest) -> JobRecord:
         mode = "shared"
     record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
                        node=request.node, mode=mode, share_percent=share,
-                       slurm_gpus=gpus, visible_devices=request.visible_devices)
+                       slurm_gpus=gpus, visible_devices=request.visible_devices,
+                       devices=[asdict(device) for device in devices])
     record.env = task_environment(record)
     return record
 
@@ -116,14 +129,54 @@ def task_environment(record: JobRecord) -> dict[str, str]:
     return env
 
 
+def gres_conf_path(env: Mapping[str, str]) -> str:
+    """gres.conf lives next to slurm.conf (slurmd passes SLURM_CONF to the prolog)."""
+    return os.path.join(os.path.dirname(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"),
+                        "gres.conf")
+
+
+def inventory_source(config: PluginConfig, node: str) -> str:
+    """The configured NVML source; ``%n`` in a simulated profile path is the node name."""
+    return config.inventory.replace("%n", node)
+
+
+def verify_devices(config: PluginConfig, request: JobRequest) -> list[ResolvedDevice]:
+    """Check the job's devices against NVML and the plan; NodeError when strict and wrong."""
+    if config.verify == "off" or not (request.slurm_gpus or request.visible_devices):
+        return []
+    try:
+        inventory = open_inventory(inventory_source(config, request.node))
+        gres = load_gres_conf(gres_conf_path(request.env))
+        owner = None
+        if config.plan:
+            # Imported only when a plan is configured: PyYAML is the slowest import here.
+            from gpushare.ownership import owner_lookup
+            from gpushare.plan import PlanError, load_plan
+
+            try:
+                owner = owner_lookup(load_plan(config.plan), request.node, inventory)
+            except PlanError as err:
+                raise NodeError(f"ownership plan {config.plan}: {err}") from None
+        result = verify_job_devices(request.env, request.node, gres, inventory, owner)
+    except (InventoryError, GresConfError, OSError) as err:
+        raise NodeError(f"cannot verify the job's GPUs: {err}") from None
+    for finding in result.findings:
+        log.warning("job %s: %s (%s); fix: %s", request.job_id, finding.what, finding.where,
+                    finding.fix)
+    if not result.ok and config.verify == "strict":
+        raise NodeError(result.reason(), drain=True)
+    return result.devices
+
+
 def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     """Run at job start on each node; returns the record written, if the job shares."""
+    devices = verify_devices(config, request)
     if not uses_sharing(request):
         log.debug("job %s uses no sharing", request.job_id)
         return None
     store = JobStore(config.state_dir)
     try:
-        record = plan_job(request)
+        record = plan_job(request, devices)
     except UserError as err:
         record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
                            node=request.node, mode="error", share_percent=0,
@@ -131,25 +184,10 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
         store.write(record)
         log.info("job %s: request refused: %s", request.job_id, err)
         return record
-    store.write(record)
+    store.write(record, show=describe(record.env, record.job_id) if config.show else "")
     log.info("job %s: %s MPS, %d%% of GPU %s", record.job_id, record.mode,
              record.share_percent, ",".join(record.slurm_gpus))
     return record
-
-
-def task_env(config: PluginConfig, job_id: int, uid: int, expected: bool) -> dict[str, str]:
-    """The environment for one task; UserError if the job's request was refused."""
-    record = JobStore(config.state_dir).read(job_id)
-    if record is None:
-        if expected:
-            raise UserError(f"no gpushare record for job {job_id} on this node: the job "
-                            "prolog did not run (slurm.conf needs PrologFlags=Alloc)")
-        return {}
-    if record.uid != uid:
-        raise NodeError(f"record of job {job_id} names uid {record.uid}, not {uid}")
-    if record.error:
-        raise UserError(record.error)
-    return dict(record.env)
 
 
 def describe(record_env: Mapping[str, str], job_id: int) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
+import textwrap
 import threading
 from typing import Any, Callable, Optional
 
@@ -42,25 +42,9 @@ class Spank:
             raise RuntimeError("spank_get_item(S_JOB_ID/UID/GID) failed")
         return int(job_id[0]), int(uid[0]), int(gid[0])
 
-    def task_ids(self) -> tuple[int, int]:
-        node_id, task_id = _ffi.new("uint32_t *"), _ffi.new("int *")
-        if _lib.gs_task_ids(self.handle, node_id, task_id) != 0:
-            return -1, -1
-        return int(node_id[0]), int(task_id[0])
-
     def option(self, name: str) -> Optional[str]:
         value = _lib.gs_getopt(self.handle, name.encode())
         return None if value == _ffi.NULL else _ffi.string(value).decode("utf-8", "replace")
-
-    def getenv(self, name: str) -> Optional[str]:
-        buf = _ffi.new("char[]", 4096)
-        if _lib.gs_getenv(self.handle, name.encode(), buf, 4096) != 0:
-            return None
-        return _ffi.string(buf).decode("utf-8", "replace")
-
-    def setenv(self, name: str, value: str) -> None:
-        if _lib.gs_setenv(self.handle, name.encode(), value.encode()) != 0:
-            raise RuntimeError(f"spank_setenv({name}) failed")
 
 
 def configure(args: list[str]) -> PluginConfig:
@@ -88,28 +72,9 @@ def job_epilog(spank: Spank, config: PluginConfig) -> int:
     return 0
 
 
-def task_init_privileged(spank: Spank, config: PluginConfig) -> int:
-    job_id, uid, _gid = spank.ids()
-    expected = (spank.option("gpu-share") is not None or spank.option("gpu-mps") is not None
-                or spank.getenv(job.SHARE_ENV) is not None)
-    try:
-        env = job.task_env(config, job_id, uid, expected)
-    except job.UserError as err:
-        _lib.gs_log(gslog.LEVEL_USER, f"gpushare: job {job_id}: {err}".encode())
-        return -1
-    for name, value in env.items():
-        spank.setenv(name, value)
-    node_id, task_id = spank.task_ids()
-    if env and config.show and node_id == 0 and task_id == 0:
-        sys.stderr.write(job.describe(env, job_id) + "\n")
-        sys.stderr.flush()
-    return 0
-
-
 CALLBACKS: dict[str, Callable[[Spank, PluginConfig], int]] = {
     "job_prolog": job_prolog,
     "job_epilog": job_epilog,
-    "task_init_privileged": task_init_privileged,
 }
 
 
@@ -129,6 +94,8 @@ def dispatch(name: str, handle: Any, args: list[str]) -> int:
         return callback(spank, config)
     except job.NodeError as err:
         logger.error("%s: %s", name, err, extra={"job_id": _job_id(spank)})
+        if err.drain:
+            _drain(str(err), config)
         return -1
     except Exception:
         logger.exception("%s: internal error", name, extra={"job_id": _job_id(spank)})
@@ -138,6 +105,16 @@ def dispatch(name: str, handle: Any, args: list[str]) -> int:
         # slurmstepd's fork() hangs every task.
         logger.debug("%s done, threads=%d", name, threading.active_count(),
                      extra={"job_id": _job_id(spank)})
+
+
+def _drain(reason: str, config: PluginConfig) -> None:
+    """Drain this node with gpushare's reason (Slurm's own would only say the prolog failed)."""
+    from gpushare.check import DRAIN_REASON_MAX, drain_node  # only on this rare path
+
+    text = textwrap.shorten(reason.replace('"', "'"), DRAIN_REASON_MAX, placeholder="...")
+    failure = drain_node(job.node_name(os.environ), text, timeout=config.timeout)
+    if failure:
+        logger.error("could not drain the node: %s", failure)
 
 
 def _job_id(spank: Spank) -> int:

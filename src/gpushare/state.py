@@ -8,9 +8,11 @@ where root reads or writes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,12 +47,29 @@ class JobRecord:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
+    def to_env_file(self, show: str = "") -> str:
+        """What the C glue applies in every task: ``KEY=VALUE``, ``#error=``, ``#show=``."""
+        if self.error:
+            return f"#error={_one_line(self.error)}\n"
+        lines = [f"{key}={_one_line(value)}" for key, value in sorted(self.env.items())
+                 if ENV_NAME.match(key)]
+        if show:
+            lines.append(f"#show={_one_line(show)}")
+        return "\n".join(lines) + "\n"
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
         if data.get("version") != RECORD_VERSION:
             raise StateError(f"unsupported record version {data.get('version')!r}")
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def ensure_root_dir(path: str, mode: int = 0o755) -> None:
@@ -88,18 +107,25 @@ class JobStore:
         self.state_dir = state_dir
         self.jobs_dir = os.path.join(state_dir, "jobs")
 
-    def path(self, job_id: int) -> str:
-        return os.path.join(self.jobs_dir, f"{int(job_id)}.json")
+    def path(self, job_id: int, suffix: str = ".json") -> str:
+        return os.path.join(self.jobs_dir, f"{int(job_id)}{suffix}")
 
-    def write(self, record: JobRecord) -> None:
+    def write(self, record: JobRecord, show: str = "") -> None:
+        """Write the record and the task environment file, each atomically."""
         ensure_root_dir(self.state_dir)
         ensure_root_dir(self.jobs_dir, 0o700)
-        final = self.path(record.job_id)
+        self._write_atomic(self.path(record.job_id), record.to_json())
+        self._write_atomic(self.path(record.job_id, ".env"), record.to_env_file(show))
+
+    @staticmethod
+    def _write_atomic(final: str, text: str) -> None:
         tmp = f"{final}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
         try:
-            os.write(fd, record.to_json().encode())
+            os.write(fd, text.encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -129,6 +155,8 @@ class JobStore:
 
     def remove(self, job_id: int) -> bool:
         """Remove the record; False when there was none (epilog twice, no prolog)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(job_id, ".env"))
         try:
             os.unlink(self.path(job_id))
         except FileNotFoundError:

@@ -79,7 +79,7 @@ def test_job_without_gpus_never_starts_python(clean_bed):
     job_id = int(result.stdout.strip())
     lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python=skip")
     assert any("cb=job_prolog python=skip" in line for line in lines), lines
-    assert any("cb=task_init_privileged python=skip" in line for line in lines), lines
+    assert any("cb=task_init_privileged skip" in line for line in lines), lines
     assert not any("python=start" in line or " py " in line for line in lines), lines
 
 
@@ -88,7 +88,7 @@ def test_plain_gpu_job_skips_python_in_the_task(clean_bed):
                            user=USER)
     job_id = int(result.stdout.strip())
     lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python=skip")
-    assert any("cb=task_init_privileged python=skip" in line for line in lines), lines
+    assert any("cb=task_init_privileged skip" in line for line in lines), lines
 
 
 def test_share_job_runs_each_context_and_sets_task_env(clean_bed):
@@ -107,9 +107,11 @@ def test_share_job_runs_each_context_and_sets_task_env(clean_bed):
     lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python rc=0")
     assert any("ctx=job_script" in line and "cb=job_prolog python rc=0" in line
                for line in lines), lines
-    assert any("ctx=remote" in line and "cb=task_init_privileged python rc=0" in line
+    # The task's environment is applied by the C glue: Python never runs in slurmstepd.
+    assert any("ctx=remote" in line and "cb=task_init_privileged env-file" in line
                for line in lines), lines
-    # No Python thread ever outlives a callback in slurmstepd.
+    assert not any("ctx=remote" in line and "python" in line for line in lines), lines
+    # No Python thread ever outlives a callback.
     threads = [int(m.group(1)) for line in lines for m in [re.search(r"threads=(\d+)", line)]
                if m]
     assert threads and set(threads) == {1}, lines
