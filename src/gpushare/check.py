@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+import hostlist
+
 from gpushare.gresconf import GresConf
 from gpushare.inventory import Gpu, Inventory
 from gpushare.plan import NodeGroup, Plan, PlanError, check_mig_change
@@ -24,6 +26,7 @@ __all__ = [
     "WARNING",
     "Finding",
     "check_cluster",
+    "check_gres_all_nodes",
     "check_node",
     "drain_node",
     "drain_reason",
@@ -224,6 +227,40 @@ def _check_gres(plan: Plan, group: NodeGroup, node: str, gres: GresConf,
     return findings
 
 
+def check_gres_all_nodes(plan: Plan, gres: GresConf, device_root: Optional[str] = None
+                         ) -> list[Finding]:
+    """A cluster-wide gres.conf against the plan, for every node of the plan.
+
+    Nodes of one node group to which the same gres.conf lines apply get the same devices, so
+    they share one verdict: a 10 000-node cluster costs one check per distinct pair.
+    """
+    applicable: dict[str, list[int]] = {node: [] for node in plan.nodes}
+    common: list[int] = []
+    for position, line in enumerate(gres.lines):
+        if line.nodes is None:
+            common.append(position)
+            continue
+        for node in line.nodes:
+            if node in applicable:
+                applicable[node].append(position)
+    classes: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for node, positions in applicable.items():
+        group = plan.group_of(node)
+        assert group is not None
+        classes.setdefault((group.name, tuple(positions)), []).append(node)
+    findings: list[Finding] = []
+    for (_group, positions), nodes in classes.items():
+        subset = GresConf(gres.path, [gres.lines[i] for i in sorted(common + list(positions))])
+        label = f"node {nodes[0]}" if len(nodes) == 1 else \
+            f"nodes {hostlist.collect_hostlist(nodes)}"
+        for finding in check_node(plan, nodes[0], subset, None, device_root):
+            fix = finding.fix if len(nodes) == 1 else \
+                finding.fix.replace(f"--node {nodes[0]}", "--node NAME")
+            findings.append(Finding(finding.severity, f"{label}: {finding.what}",
+                                    finding.where, fix))
+    return findings
+
+
 def _real_files(inventory: Optional[Inventory], root: str) -> Optional[set[str]]:
     if inventory is None:
         return None
@@ -249,8 +286,6 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
                          for group in plan.groups}
     missing = [name for name in plan.nodes if name not in known]
     if missing:
-        import hostlist
-
         findings.append(Finding(
             WARNING, f"{len(missing)} plan node(s) unknown to slurmctld: "
             f"{hostlist.collect_hostlist(missing)}", plan.path,

@@ -10,6 +10,7 @@ from gpushare.check import (
     WARNING,
     Finding,
     check_cluster,
+    check_gres_all_nodes,
     check_node,
     drain_node,
     drain_reason,
@@ -167,3 +168,13 @@ def test_cluster_view():
     assert by_where["slurmctld node c1"][0].severity == WARNING
     missing = check_cluster(plan, nodes[:1])
     assert any("unknown to slurmctld: a2" in f.what for f in missing)
+
+
+def test_all_nodes_shares_verdicts_and_finds_the_odd_node():
+    plan = parse_plan(PLAN.replace("a[1-2]", "a[1-6]"))
+    text = render_gres_conf(plan)
+    assert check_gres_all_nodes(plan, parse_gres_conf(text)) == []
+    text += "NodeName=a[3-4] Name=gpu Type=a100 File=/dev/nvidia1\n"
+    (finding,) = check_gres_all_nodes(plan, parse_gres_conf(text, "g.conf"))
+    assert finding.what.startswith("nodes a[3-4]: gres.conf lists gpu:a100 /dev/nvidia1")
+    assert finding.where == f"g.conf:{text.count(chr(10))}"

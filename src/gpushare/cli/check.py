@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="directory of the device files in gres.conf (default: the plan's)")
     parser.add_argument("--cluster", action="store_true",
                         help="compare slurmctld's view of every node with the plan instead")
+    parser.add_argument("--all-nodes", action="store_true",
+                        help="check a cluster-wide gres.conf against the plan for every node "
+                        "(no inventory; e.g. on the controller before distributing it)")
     parser.add_argument("--backend", default="auto",
                         choices=("auto", "pyslurm", "sinfo", "scontrol"),
                         help="--cluster: how to ask slurmctld (default auto)")
@@ -95,6 +98,13 @@ def _run(args: argparse.Namespace) -> int:
         except SlurmClientError as err:
             return _fail(str(err))
         return _report(args, "cluster", findings, client.backend)
+    if args.all_nodes:
+        try:
+            conf = load_gres_conf(args.gres_conf)
+        except GresConfError as err:
+            return _fail(str(err))
+        findings = check.check_gres_all_nodes(plan, conf, args.device_root)
+        return _report(args, "all nodes", findings, args.gres_conf)
     findings = []
     gres = inventory = None
     if args.gres_conf != "none":
@@ -121,7 +131,7 @@ def _report(args: argparse.Namespace, node: str, findings: list[Any], source: st
 
     status = check.exit_status(findings)
     drained = None
-    if args.drain and status == 2 and not args.cluster:
+    if args.drain and status == 2 and not (args.cluster or args.all_nodes):
         reason = check.drain_reason(findings)
         failure = check.drain_node(node, reason, args.scontrol, args.timeout)
         drained = {"reason": reason, "ok": failure is None, "error": failure or ""}
