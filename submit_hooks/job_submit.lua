@@ -58,6 +58,13 @@ local function fmt_int(n)
    return string.format("%d", n)
 end
 
+local function concat_lists(a, b)
+   local out = {}
+   for _, v in ipairs(a) do out[#out + 1] = v end
+   for _, v in ipairs(b) do out[#out + 1] = v end
+   return out
+end
+
 local function join(list, sep)
    return table.concat(list, sep)
 end
@@ -212,11 +219,17 @@ local function check_facts(data)
       sizes[#sizes + 1] = #string_list(nodes, "domains." .. tostring(name))
    end
    table.sort(sizes, function(a, b) return a > b end)
+   local gpu_types = string_list(data.gpu_types, "gpu_types")
+   local mig_types = string_list(data.mig_types, "mig_types")
+   local lower_gpu = {}
+   for i, g in ipairs(gpu_types) do lower_gpu[i] = string.lower(g) end
    return {
       gres_prefix = (data.gres_syntax == "22.05") and "gres:" or "gres/",
       units = data.mps_units_per_gpu,
-      gpu_types = string_list(data.gpu_types, "gpu_types"),
-      mig_types = string_list(data.mig_types, "mig_types"),
+      gpu_types = gpu_types,
+      mig_types = mig_types,
+      lower_gpu_types = lower_gpu,
+      all_types = concat_lists(gpu_types, mig_types),
       domain_sizes = sizes,
       switch_wait_s = policy.switch_wait_s,
       max_switch_wait_s = policy.max_switch_wait_s,
@@ -408,13 +421,6 @@ local function listing(names)
    return join(names, ", ")
 end
 
-local function concat_lists(a, b)
-   local out = {}
-   for _, v in ipairs(a) do out[#out + 1] = v end
-   for _, v in ipairs(b) do out[#out + 1] = v end
-   return out
-end
-
 local function example(field, name, type_)
    local count = (name == "mps") and 50 or 1
    return user_item(field, {name = name, type = type_, count = count})
@@ -424,7 +430,7 @@ local function normalise_type(field, item, facts)
    local wanted = string.lower(item.type)
    local mig_allowed = item.name == "gpu"
    local valid = facts.gpu_types
-   if mig_allowed then valid = concat_lists(facts.gpu_types, facts.mig_types) end
+   if mig_allowed then valid = facts.all_types end
    for _, name in ipairs(valid) do
       if string.lower(name) == wanted then return name end
    end
@@ -450,8 +456,8 @@ local function normalise_type(field, item, facts)
    local tokens = {}
    for _, t in ipairs(split(wanted, "_")) do tokens[t] = true end
    local matches = {}
-   for _, g in ipairs(facts.gpu_types) do
-      if tokens[string.lower(g)] then matches[#matches + 1] = g end
+   for i, g in ipairs(facts.gpu_types) do
+      if tokens[facts.lower_gpu_types[i]] then matches[#matches + 1] = g end
    end
    if #matches == 1 then return matches[1] end
    local kind = ""
@@ -505,13 +511,14 @@ local function same_items(a, b)
    return true
 end
 
+local function set_change(changes, order, field, value)
+   if changes[field] == nil then order[#order + 1] = field end
+   changes[field] = value
+end
+
 -- Returns changes (field -> value), their order, and the notes for the user's line.
 local function check(job, facts)
    local changes, order, notes = {}, {}, {}
-   local function set(field, value)
-      if changes[field] == nil then order[#order + 1] = field end
-      changes[field] = value
-   end
    local units = facts.units
 
    -- 1. Every GRES field parses.
@@ -588,7 +595,7 @@ local function check(job, facts)
                   new_items[_] = copy
                end
             end
-            set(f[1], format_field(new_items))
+            set_change(changes, order, f[1], format_field(new_items))
             notes[#notes + 1] = user_form(f[1], items) .. " -> " .. changes[f[1]]
             fields[f[1]] = new_items
          end
@@ -666,7 +673,7 @@ local function check(job, facts)
          if old == nil then old = tostring(job.tres_per_node) end
          value = old .. "," .. added
       end
-      set("tres_per_node", value)
+      set_change(changes, order, "tres_per_node", value)
       notes[#notes + 1] = "--gpu-share=" .. share_text .. " -> " .. value
    end
 
@@ -678,8 +685,10 @@ local function check(job, facts)
       local req = number(job.req_switch)
       local wait = number(job.wait4switch)
       if req == nil then
-         set("req_switch", need)
-         set("wait4switch", facts.switch_wait_s)
+         set_change(changes, order, "req_switch", need)
+         if wait ~= facts.switch_wait_s then
+            set_change(changes, order, "wait4switch", facts.switch_wait_s)
+         end
          notes[#notes + 1] = "--switches=" .. fmt_int(need) .. "@"
             .. format_wait(facts.switch_wait_s) .. " (" .. domains_reason(nodes, need) .. ")"
       else
@@ -687,12 +696,12 @@ local function check(job, facts)
          local new_req, new_wait = req, wait
          if req < need then
             new_req = need
-            set("req_switch", need)
+            set_change(changes, order, "req_switch", need)
             reasons[#reasons + 1] = domains_reason(nodes, need)
          end
          if wait ~= nil and wait > facts.max_switch_wait_s then
             new_wait = facts.max_switch_wait_s
-            set("wait4switch", new_wait)
+            set_change(changes, order, "wait4switch", new_wait)
             reasons[#reasons + 1] = "the longest switch wait here is " .. format_wait(new_wait)
          end
          if #reasons > 0 then

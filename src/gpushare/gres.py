@@ -42,10 +42,10 @@ _LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz
 MAX_COUNT = 0xFFFFFFFF - 2  # below Slurm's NO_VAL
 
 # Slurm's count suffixes (binary multiples, as in its gres.c).
-_COUNT_RE = re.compile(r"^([0-9]+)([kKmMgGtTpP]?)$")
+_COUNT_RE = re.compile(r"([0-9]+)([kKmMgGtTpP]?)")
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
-_TYPE_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
+_TYPE_RE = re.compile(r"[A-Za-z0-9_.+\-]+")
 
 
 class GresError(ValueError):
@@ -86,7 +86,7 @@ def parse_count(text: str) -> int | None:
     Counts above ``MAX_COUNT`` are refused: no cluster has that many of anything, and the
     Lua rules must represent every count exactly.
     """
-    match = _COUNT_RE.match(text)
+    match = _COUNT_RE.fullmatch(text)
     if not match:
         return None
     count = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
@@ -112,7 +112,7 @@ def _parse_item(text: str) -> GresItem:
             raise GresError(raw, "the count after '=' must be a number")
     parts = text.split(":")
     name = parts[0]
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise GresError(raw, "a GRES name such as gpu, mps or shard must come first")
     type_: str | None = None
     if count_sep == "=":
@@ -120,7 +120,7 @@ def _parse_item(text: str) -> GresItem:
             raise GresError(raw, "too many ':' parts (name[:type]=count)")
         type_ = parts[1] if len(parts) == 2 else None
     elif len(parts) == 2:
-        if _COUNT_RE.match(parts[1]):
+        if _COUNT_RE.fullmatch(parts[1]):
             count = parse_count(parts[1])
             if count is None:
                 raise GresError(raw, "the count is too large")
@@ -133,7 +133,7 @@ def _parse_item(text: str) -> GresItem:
             raise GresError(raw, "the last part must be a count such as 2")
     elif len(parts) > 3:
         raise GresError(raw, "too many ':' parts (name[:type][:count])")
-    if type_ is not None and not _TYPE_RE.match(type_):
+    if type_ is not None and not _TYPE_RE.fullmatch(type_):
         raise GresError(raw, "the type part is empty or has odd characters")
     return GresItem(name=name, type=type_, count=int(count), prefix=prefix,
                     count_sep=count_sep, raw=raw)

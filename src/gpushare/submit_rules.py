@@ -345,7 +345,8 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
         policy = facts.policy
         if req is None:
             changes["req_switch"] = need
-            changes["wait4switch"] = policy.switch_wait_s
+            if wait != policy.switch_wait_s:
+                changes["wait4switch"] = policy.switch_wait_s
             notes.append(f"--switches={need}@{format_wait(policy.switch_wait_s)} "
                          f"({_domains_reason(nodes, need)})")
         else:
