@@ -6,7 +6,8 @@ embed), never a venv or pyenv one:
     /usr/bin/python3 spank/build.py --out build/spank_gpushare.so
 
 The plugstack keys and default state directory are taken from gpushare.config, so the C
-glue and the Python core agree on them.
+glue and the Python core agree on them. ``compile_embedded`` is shared with the
+job_submit plugin's build (submit_hooks/build.py).
 """
 from __future__ import annotations
 
@@ -41,46 +42,55 @@ def c_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def build(out: str) -> str:
+def python_defines() -> dict[str, str]:
+    """Which libpython to promote and where its home is: this (system) interpreter's."""
     if sys.prefix != sys.base_prefix:
-        raise SystemExit("build.py: run it with the system python3, not a virtual environment")
+        raise SystemExit("build: run it with the system python3, not a virtual environment")
     libpython = sysconfig.get_config_var("INSTSONAME")
     if not libpython or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        raise SystemExit(f"build.py: {sys.executable} has no shared libpython to embed")
-    keys = [spec.key for spec in ARG_SPECS]
-    defines = {
-        "GS_LIBPYTHON": c_string(libpython),
-        "GS_PYTHONHOME": c_string(sys.base_prefix),
-        "GS_DEFAULT_STATE_DIR": c_string(PluginConfig().state_dir),
-        "GS_KNOWN_KEYS": ", ".join(c_string(k) for k in keys),
-        "GS_KNOWN_KEYS_TEXT": c_string(", ".join(k + "=" for k in keys)),
-    }
-    preamble = "\n".join(f"#define {k} {v}" for k, v in defines.items())
-    with open(os.path.join(HERE, "gpushare_spank.c")) as src:
-        glue = src.read()
-    with open(os.path.join(HERE, "_embedded.py")) as src:
-        init_code = src.read()
+        raise SystemExit(f"build: {sys.executable} has no shared libpython to embed")
+    return {"GS_LIBPYTHON": c_string(libpython), "GS_PYTHONHOME": c_string(sys.base_prefix)}
 
+
+def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path: str,
+                     defines: dict[str, str], exports: str, out: str) -> str:
+    """Compile one cffi embedding module whose C glue is ``glue_path``; copy it to ``out``."""
+    preamble = "\n".join(f"#define {k} {v}" for k, v in defines.items())
+    with open(glue_path) as src:
+        glue = src.read()
     ffi = cffi.FFI()
-    ffi.embedding_api(EMBEDDING_API)
-    ffi.cdef(CDEF)
+    ffi.embedding_api(api)
+    ffi.cdef(cdef)
     ffi.embedding_init_code(init_code)
     ffi.set_source(
-        "_gpushare_spank",
+        module,
         preamble + "\n" + glue,
+        include_dirs=[HERE, os.path.dirname(glue_path)],
         extra_compile_args=["-Wall", "-Werror=implicit-function-declaration",
                             "-fvisibility=hidden"],
-        extra_link_args=[
-            "-Wl,-z,nodelete",
-            "-Wl,--version-script=" + os.path.join(HERE, "exports.map"),
-        ],
+        extra_link_args=["-Wl,-z,nodelete", "-Wl,--version-script=" + exports],
     )
     with tempfile.TemporaryDirectory() as tmp:
-        built = ffi.compile(tmpdir=tmp, target="_gpushare_spank.*", verbose=False)
+        built = ffi.compile(tmpdir=tmp, target=f"{module}.*", verbose=False)
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         shutil.copyfile(built, out)
     os.chmod(out, 0o755)
     return out
+
+
+def build(out: str) -> str:
+    keys = [spec.key for spec in ARG_SPECS]
+    defines = python_defines()
+    defines.update({
+        "GS_DEFAULT_STATE_DIR": c_string(PluginConfig().state_dir),
+        "GS_KNOWN_KEYS": ", ".join(c_string(k) for k in keys),
+        "GS_KNOWN_KEYS_TEXT": c_string(", ".join(k + "=" for k in keys)),
+    })
+    with open(os.path.join(HERE, "_embedded.py")) as src:
+        init_code = src.read()
+    return compile_embedded("_gpushare_spank", EMBEDDING_API, CDEF, init_code,
+                            os.path.join(HERE, "gpushare_spank.c"), defines,
+                            os.path.join(HERE, "exports.map"), out)
 
 
 def main() -> None:

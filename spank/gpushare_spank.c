@@ -14,7 +14,6 @@
  * This file is #included into the cffi-generated module (spank/build.py), which
  * defines GS_LIBPYTHON, GS_PYTHONHOME, GS_DEFAULT_STATE_DIR and GS_KNOWN_KEYS.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -28,6 +27,8 @@
 #include <unistd.h>
 
 #include <slurm/spank.h>
+
+#include "gs_embed.h"
 
 #define GS_EXPORT __attribute__((visibility("default")))
 
@@ -65,7 +66,6 @@ static int gs_args_parsed = 0;
 static int gs_args_ok = 0;
 static char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR;
 static char gs_debug_log[PATH_MAX] = "";
-static int gs_python_failed = 0;
 
 static const char *gs_ctx_name(void)
 {
@@ -193,40 +193,18 @@ static int gs_opt_cb(int val, const char *optarg, int remote)
 
 /* ---- Python, started lazily, isolated, never in slurmd ---------------------------- */
 
-static int gs_python_start(spank_t sp)
+static int gs_python_start_here(spank_t sp)
 {
-    PyStatus status;
-    PyConfig config;
+    int was_running = Py_IsInitialized();
 
-    if (Py_IsInitialized())
-        return 0;
-    if (gs_python_failed)
-        return -1;
     if (spank_context() == S_CTX_SLURMD) {
         slurm_error("gpushare: refusing to start Python inside slurmd");
         return -1;
     }
-    /* Slurm dlopen()s plugins RTLD_LOCAL: promote libpython so extensions resolve it. */
-    if (!dlopen(GS_LIBPYTHON, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL))
-        slurm_error("gpushare: could not make %s global: %s", GS_LIBPYTHON, dlerror());
-
-    PyConfig_InitIsolatedConfig(&config);
-    config.install_signal_handlers = 0;
-    config.write_bytecode = 0;
-    config.parse_argv = 0;
-    status = PyConfig_SetBytesString(&config, &config.home, GS_PYTHONHOME);
-    if (!PyStatus_Exception(status))
-        status = Py_InitializeFromConfig(&config);
-    PyConfig_Clear(&config);
-    if (PyStatus_Exception(status)) {
-        gs_python_failed = 1;
-        slurm_error("gpushare: cannot start the embedded Python (%s): %s",
-                    GS_PYTHONHOME, status.err_msg ? status.err_msg : "unknown error");
+    if (gs_python_start("gpushare") < 0)
         return -1;
-    }
-    /* Release the GIL: cffi takes it per call. No Python thread is ever started. */
-    PyEval_SaveThread();
-    gs_debug(sp, "python=start");
+    if (!was_running)
+        gs_debug(sp, "python=start");
     return 0;
 }
 
@@ -235,7 +213,7 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
     int rc;
 
-    if (gs_python_start(sp) < 0)
+    if (gs_python_start_here(sp) < 0)
         return -1;
     if (gpushare_py_alive() != 42) {
         gs_python_failed = 1;

@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence
 from gpushare.config import PluginConfig
 from gpushare.gresconf import GresConfError, load_gres_conf
 from gpushare.inventory import open_inventory
+from gpushare.mps import MpsDevice, MpsError, MpsManager
 from gpushare.nvml import InventoryError
 from gpushare.state import JobRecord, JobStore
 from gpushare.verify import ResolvedDevice, verify_job_devices
@@ -119,7 +120,11 @@ def plan_job(request: JobRequest, devices: Sequence[ResolvedDevice] = ()) -> Job
 
 
 def task_environment(record: JobRecord) -> dict[str, str]:
-    """The variables every task of the job gets."""
+    """The variables every task of the job gets; the MPS lease's take precedence.
+
+    The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuids>`` and numbers its devices
+    from 0, so the task sees 0..n-1.
+    """
     devices = ",".join(str(i) for i in range(len(record.slurm_gpus)))
     env = {"CUDA_VISIBLE_DEVICES": devices}
     if record.mode == "shared":
@@ -141,8 +146,13 @@ def inventory_source(config: PluginConfig, node: str) -> str:
 
 
 def verify_devices(config: PluginConfig, request: JobRequest) -> list[ResolvedDevice]:
-    """Check the job's devices against NVML and the plan; NodeError when strict and wrong."""
-    if config.verify == "off" or not (request.slurm_gpus or request.visible_devices):
+    """Resolve the job's devices through NVML and check them against Slurm and the plan.
+
+    Sharing needs the devices' UUIDs and memory, so they are resolved even with
+    ``verify=off``; only the findings are then ignored. NodeError when strict and wrong.
+    """
+    wanted = config.verify != "off" or uses_sharing(request)
+    if not wanted or not (request.slurm_gpus or request.visible_devices):
         return []
     try:
         inventory = open_inventory(inventory_source(config, request.node))
@@ -160,6 +170,8 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> list[ResolvedDe
         result = verify_job_devices(request.env, request.node, gres, inventory, owner)
     except (InventoryError, GresConfError, OSError) as err:
         raise NodeError(f"cannot verify the job's GPUs: {err}") from None
+    if config.verify == "off":
+        return result.devices
     for finding in result.findings:
         log.warning("job %s: %s (%s); fix: %s", request.job_id, finding.what, finding.where,
                     finding.fix)
@@ -184,10 +196,33 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
         store.write(record)
         log.info("job %s: request refused: %s", request.job_id, err)
         return record
+    # The record goes down first, so an epilog always finds what a prolog may have started.
+    store.write(record)
+    manager = MpsManager(config)
+    manager.reap_stale(lambda job_id: store.read(job_id) is not None)
+    try:
+        lease = manager.acquire(record.job_id, record.uid, record.gid,
+                                mps_devices(record, devices), mode=record.mode,
+                                share_percent=record.share_percent)
+    except MpsError as err:
+        raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True) from None
+    record.mps = lease.to_record()
+    record.env = task_environment(record)
     store.write(record, show=describe(record.env, record.job_id) if config.show else "")
-    log.info("job %s: %s MPS, %d%% of GPU %s", record.job_id, record.mode,
-             record.share_percent, ",".join(record.slurm_gpus))
+    log.info("job %s: %s MPS, %d%% of GPU %s, daemon %s", record.job_id, record.mode,
+             record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record
+
+
+def mps_devices(record: JobRecord, devices: Sequence[ResolvedDevice]) -> list[MpsDevice]:
+    """The job's GPUs or MIG slices as the MPS daemon addresses them (by UUID)."""
+    if not devices:
+        raise NodeError(f"job {record.job_id}: Slurm gave GPU {','.join(record.slurm_gpus)} "
+                        "but NVML resolved none of them; check gres.conf against "
+                        "`gpushare inventory`", drain=True)
+    return [MpsDevice(uuid=d.uuid, index=d.gpu_index, memory_total=d.memory_total,
+                      label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index} ({d.uuid})")
+            for d in devices]
 
 
 def describe(record_env: Mapping[str, str], job_id: int) -> str:
@@ -203,9 +238,20 @@ def describe(record_env: Mapping[str, str], job_id: int) -> str:
 
 
 def epilog(config: PluginConfig, job_id: int) -> None:
-    """Run at job end on each node; idempotent (twice, or without a prolog, is fine)."""
-    removed = JobStore(config.state_dir).remove(job_id)
-    log.debug("job %s: record %s", job_id, "removed" if removed else "absent")
+    """Run at job end on each node; idempotent (twice, or without a prolog, is fine).
+
+    A daemon that cannot be stopped is a NodeError naming the GPU and daemon: Slurm then
+    drains the node. The job's record goes either way; the MPS record keeps the failure.
+    """
+    store = JobStore(config.state_dir)
+    try:
+        stopped = MpsManager(config).release(job_id)
+    except MpsError as err:
+        store.remove(job_id)
+        raise NodeError(str(err), drain=True) from None
+    removed = store.remove(job_id)
+    log.debug("job %s: record %s, daemons stopped: %s", job_id,
+              "removed" if removed else "absent", ", ".join(stopped) or "none")
 
 
 def node_name(env: Mapping[str, str]) -> str:

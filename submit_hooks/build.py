@@ -1,0 +1,67 @@
+"""Build job_submit_gpushare.so: slurmctld's job_submit plugin running the Python rules.
+
+    /usr/bin/python3 submit_hooks/build.py --pythonpath /usr/lib64/gpushare/python \
+        --out build/job_submit_gpushare.so
+
+``--pythonpath`` is where the gpushare package is installed; it is compiled in because a
+job_submit plugin takes no arguments. The facts file is ``$GPUSHARE_FACTS`` or
+``/etc/slurm/gpushare-facts.json``, the same as job_submit.lua's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "spank"))
+
+from build import c_string, compile_embedded, python_defines  # noqa: E402
+
+CDEF = """
+void gs_log(int level, const char *msg);
+void gs_replace_str(char **field, const char *value);
+void gs_set_err_msg(char **err_msg, const char *value);
+typedef struct job_descriptor {
+    char *array_inx;
+    uint32_t num_tasks;
+    char **spank_job_env;
+    uint32_t spank_job_env_size;
+    char *tres_per_job;
+    char *tres_per_node;
+    char *tres_per_socket;
+    char *tres_per_task;
+    uint32_t min_nodes;
+    uint32_t max_nodes;
+    uint32_t req_switch;
+    uint32_t wait4switch;
+    ...;
+} job_desc_msg_t;
+"""
+
+EMBEDDING_API = """
+int gpushare_submit_alive(void);
+int gpushare_submit_call(int what, void *job_desc, uint32_t uid, char **err_msg);
+"""
+
+
+def build(out: str, pythonpath: str) -> str:
+    with open(os.path.join(HERE, "_embedded.py")) as src:
+        init_code = f"PYTHONPATH = [{pythonpath!r}]\n" + src.read()
+    defines = python_defines()
+    defines["GS_PYTHONPATH"] = c_string(pythonpath)
+    return compile_embedded("_gpushare_job_submit", EMBEDDING_API, CDEF, init_code,
+                            os.path.join(HERE, "job_submit_gpushare.c"), defines,
+                            os.path.join(HERE, "exports.map"), out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="build/job_submit_gpushare.so")
+    parser.add_argument("--pythonpath", default="/usr/lib64/gpushare/python")
+    opts = parser.parse_args()
+    print(build(opts.out, opts.pythonpath))
+
+
+if __name__ == "__main__":
+    main()
