@@ -39,8 +39,8 @@ JOB_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket
 class LuaHook:
     """One loaded job_submit.lua with its facts file, as slurmctld would hold it."""
 
-    def __init__(self, facts_path: str, hook_path: str = HOOK) -> None:
-        self.lua = lupa_runtime.LuaRuntime(unpack_returned_tuples=True)
+    def __init__(self, facts_path: str, hook_path: str = HOOK, runtime: Any = None) -> None:
+        self.lua = (runtime or lupa_runtime).LuaRuntime(unpack_returned_tuples=True)
         self.lua.execute(_FAKE_SLURM)
         old = os.environ.get("GPUSHARE_FACTS")
         os.environ["GPUSHARE_FACTS"] = facts_path

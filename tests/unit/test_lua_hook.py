@@ -101,3 +101,16 @@ def test_lua_and_python_agree_on_generated_jobs(job):
         result = hook_for(name).submit(job)
         result.pop("rc")
         assert result == expected
+
+
+@pytest.mark.parametrize("version", ["lua52", "lua53", "lua54"])
+def test_vectors_on_newer_lua(version):
+    """The script stays valid and gives the same results through Lua 5.4."""
+    runtime = pytest.importorskip(f"lupa.{version}")
+    hooks: dict[str, LuaHook] = {}
+    for vector in VECTORS:
+        name = vector["facts"]
+        hook = hooks.setdefault(name, LuaHook(facts_path(name), runtime=runtime))
+        result = hook.submit(vector["job"], modify=vector["entry"] == "modify")
+        result.pop("rc")
+        assert result == vector["expected"], vector["id"]
