@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import pwd
 import re
@@ -98,6 +99,9 @@ class SlurmBed:
     keep: bool = False  # keep the root after stop (for debugging)
     device_count: int = 8
     mig_caps: Sequence[int] = ()
+    device_files: Sequence[str] = ()  # exact device files to create (from a rendered gres.conf)
+    facts_json: str = ""  # the submit hooks' facts, written to etc/gpushare-facts.json
+    plan_source: str = ""  # an ownership plan copied to etc/plan.yaml
     _pids: dict[str, int] = field(default_factory=dict, repr=False)
 
     # ---- layout ---------------------------------------------------------------------
@@ -111,7 +115,7 @@ class SlurmBed:
 
     @property
     def env(self) -> dict[str, str]:
-        return dict(os.environ, SLURM_CONF=self.conf)
+        return dict(os.environ, SLURM_CONF=self.conf, GPUSHARE_FACTS=self.facts_path)
 
     @property
     def state_dir(self) -> str:
@@ -126,6 +130,8 @@ class SlurmBed:
         return self.path("out")
 
     def use_cgroup(self) -> bool:
+        if os.environ.get("GPUSHARE_BED_CGROUP") == "no":
+            return False
         if self.cgroup is None:
             return os.path.isdir("/sys/fs/cgroup/devices") and os.path.isdir(
                 "/sys/fs/cgroup/freezer")
@@ -167,7 +173,19 @@ class SlurmBed:
         self._write_munge_key()
         self._write_configs()
 
+    @property
+    def facts_path(self) -> str:
+        return self.path("etc", "gpushare-facts.json")
+
     def _make_devices(self) -> None:
+        if self.device_files:
+            for path in self.device_files:
+                name = os.path.basename(path)
+                major = 240 if name.startswith("nvidia-cap") else 195
+                minor = int(name.rsplit("p" if major == 240 else "a", 1)[1])
+                os.mknod(path, (0o444 if major == 240 else 0o666) | 0o020000,
+                         os.makedev(major, minor))
+            return
         for minor in range(self.device_count):
             os.mknod(self.path("dev", f"nvidia{minor}"), 0o666 | 0o020000, os.makedev(195, minor))
         for minor in self.mig_caps:
@@ -200,8 +218,6 @@ class SlurmBed:
                 self._install_profile(node)
 
     def _install_profile(self, node: Node) -> None:
-        import json
-
         with open(node.profile) as handle:
             profile = json.load(handle)
         profile["device_dir"] = self.path("dev")
@@ -279,6 +295,10 @@ class SlurmBed:
         self.write_plugstack(self.plugstack_line() if self.plugstack is None else self.plugstack)
         if self.job_submit_lua:
             shutil.copy2(self.job_submit_lua, self.path("etc", "job_submit.lua"))
+        if self.facts_json:
+            self._write("etc/gpushare-facts.json", self.facts_json)
+        if self.plan_source:
+            shutil.copy2(self.plan_source, self.path("etc", "plan.yaml"))
 
     def write_plugstack(self, text: str) -> None:
         """Replace plugstack.conf; Slurm re-reads it for every job."""
@@ -330,9 +350,8 @@ class SlurmBed:
     def _read_pid(pid_file: str, timeout: float = 15.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                with open(pid_file) as handle:
-                    return int(handle.read().strip())
+            with contextlib.suppress(FileNotFoundError, ValueError), open(pid_file) as handle:
+                return int(handle.read().strip())
             time.sleep(0.05)
         raise BedError(f"{pid_file} did not appear")
 
@@ -529,6 +548,47 @@ def default_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     kwargs.setdefault("gres_conf", whole_gpu_gres(names))
     kwargs.setdefault("ctld_port", port_base)
     return SlurmBed(root=root, nodes=nodes, **kwargs)  # type: ignore[arg-type]
+
+
+BED_PLAN = os.path.join(REPO, "tests", "plans", "bed.yaml")
+PROFILES = {  # the simulated NVML profile of each node group of the bed plan
+    "train": os.path.join(REPO, "src", "gpushare", "profiles", "h100-8x-nvswitch.json"),
+    "mig": os.path.join(REPO, "src", "gpushare", "profiles", "a100-mig-mixed.json"),
+}
+
+
+def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
+             plan_path: str = BED_PLAN, profiles: Optional[dict[str, str]] = None,
+             **kwargs: object) -> SlurmBed:
+    """A bed whose gres.conf, node GRES, topology.conf and submit facts are rendered by
+    gpushare from an ownership plan, with each node's NVML simulated from a profile."""
+    from gpushare.gresconf import parse_gres_conf
+    from gpushare.inventory import collect
+    from gpushare.nvml import load_nvml
+    from gpushare.plan import load_plan
+    from gpushare.render import render_facts, render_gres_conf, render_topology, slurm_node_gres
+
+    plan = load_plan(plan_path)
+    profiles = profiles or PROFILES
+    # Imported here: the bed's own setup needs no gpushare, the plan bed renders with it.
+    nodes, inventories = [], {}
+    for group in plan.groups:
+        for name in group.nodes:
+            nvml = load_nvml("sim:" + profiles[group.name])
+            inventories[name] = collect(nvml, "sim", nvml.mig_minors_text, nvml.device_dir, name)
+            nodes.append(Node(name=name, port=port_base + len(nodes) + 1,
+                              gres=slurm_node_gres(group), profile=profiles[group.name]))
+    gres = render_gres_conf(plan, inventories, device_root=os.path.join(root, "dev"))
+    files = {f for name in plan.nodes for device in parse_gres_conf(gres).devices(name)
+             for f in device.files}
+    kwargs.setdefault("ctld_port", port_base)
+    kwargs.setdefault("topology_conf", render_topology(plan))
+    bed = SlurmBed(root=root, nodes=nodes, gres_conf=gres,  # type: ignore[arg-type]
+                   device_files=sorted(files), facts_json=json.dumps(render_facts(plan)),
+                   **kwargs)
+    bed.plugin_args.setdefault("plan", os.path.join(root, "etc", "plan.yaml"))
+    bed.plan_source = plan_path
+    return bed
 
 
 def uid_of(user: str) -> int:

@@ -109,7 +109,7 @@ class SlurmOptions:
     gres_syntax: str = "22.05"  # "22.05" before 23.11, else "23.11"
     device_root: str = "/dev"
     mps_units_per_gpu: int = 100
-    sharing_flag: str = ""  # "", one_sharing, all_sharing (23.11+)
+    sharing_flag: str = ""  # "", one_sharing, all_sharing (gres.conf Flags=)
     plugin: str = "/usr/lib64/slurm/spank_gpushare.so"
     plugin_args: tuple[tuple[str, str], ...] = ()
 
@@ -372,12 +372,9 @@ def _slurm_options(c: _Checker, raw: Any, line: int) -> SlurmOptions:
     if "sharing_flag" in section:
         flag = c.choice(section["sharing_flag"], _line_of(section, "sharing_flag"),
                         "slurm.sharing_flag", ("none", "one_sharing", "all_sharing")) or ""
+        # Slurm 22.05.8 accepts the flag too: with all_sharing, mps jobs use every GPU
+        # of a node, not only the first one (one_sharing, the default).
         flag = "" if flag == "none" else flag
-        if flag and syntax == "22.05":
-            c.error(_line_of(section, "sharing_flag"),
-                    f"slurm.sharing_flag {flag} needs Slurm 23.11 or later (slurm.version is "
-                    f"{version}); remove it")
-            flag = ""
     plugin = opts.plugin
     if "plugin" in section:
         text = c.string(section["plugin"], _line_of(section, "plugin"), "slurm.plugin")

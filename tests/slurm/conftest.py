@@ -1,4 +1,5 @@
-"""One real local Slurm for the whole session (slurmctld, 4 slurmd, munge), stopped at the end.
+"""One real local Slurm for the whole session, stopped at the end: munge, slurmctld and five
+slurmd whose GPUs, gres.conf and topology come from tests/plans/bed.yaml.
 
 ``GPUSHARE_BED_ROOT`` and ``GPUSHARE_BED_PORT`` move it, so that two beds can run at once.
 """
@@ -9,6 +10,7 @@ import os
 import subprocess
 
 import pytest
+
 import slurmbed
 
 ROOT = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed")
@@ -25,7 +27,7 @@ def bed():
     if os.geteuid() != 0:
         pytest.skip("the local Slurm needs root")
     _ensure_built()
-    cluster = slurmbed.default_bed(root=ROOT, port_base=PORT)
+    cluster = slurmbed.plan_bed(root=ROOT, port_base=PORT)
     cluster.start()
     try:
         yield cluster

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+
 import slurmbed
 
 pytestmark = pytest.mark.slurm

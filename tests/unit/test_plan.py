@@ -155,10 +155,15 @@ def test_sharing_rules():
     assert plan.groups[0].gpus[0].mps == 100
 
 
-def test_sharing_flag_needs_slurm_23_11():
+def test_sharing_flag_accepted_on_22_05_and_checked():
+    # Measured on Slurm 22.05.8: Flags=all_sharing on the mps lines lets mps jobs use every
+    # GPU of a node instead of only the first.
+    plan = parse_plan(plan_text("all: {owner: slurm, mps: 100}",
+                                extra="slurm: {version: '22.05', sharing_flag: all_sharing}\n"))
+    assert plan.slurm.gres_syntax == "22.05" and plan.slurm.sharing_flag == "all_sharing"
     found = problems(plan_text("all: {owner: slurm}",
-                               extra="slurm: {version: '22.05', sharing_flag: all_sharing}\n"))
-    assert any("needs Slurm 23.11" in p for p in found)
+                               extra="slurm: {version: '22.05', sharing_flag: every_sharing}\n"))
+    assert any("slurm.sharing_flag" in p for p in found)
     plan = parse_plan(plan_text("all: {owner: slurm}",
                                 extra="slurm: {version: 23.11, sharing_flag: all_sharing}\n"))
     assert plan.slurm.gres_syntax == "23.11" and plan.slurm.sharing_flag == "all_sharing"
