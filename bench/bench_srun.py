@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import slurmbed  # noqa: E402
+import slurmbed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 USER = slurmbed.TEST_USERS[0]
@@ -57,7 +57,7 @@ def main() -> int:
             ("gpushare, mps job", gpushare, ["--gres=mps:25"]),
         ]
         samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-        for name, plugstack, args in variants:  # warm-up
+        for _name, plugstack, args in variants:  # warm-up
             bed.write_plugstack(plugstack)
             time_sruns(bed, args, 2)
         for _ in range(opts.rounds):

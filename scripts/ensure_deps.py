@@ -7,14 +7,14 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import slurmbed  # noqa: E402
+import slurmbed
 
 
 def main() -> int:
     if os.geteuid() != 0:
         print("gpushare: run as root (it installs Debian packages and creates test users)")
         return 1
-    slurmbed.ensure_packages(slurmbed.APT_PACKAGES + ("python3-venv", "rpm"))
+    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, "python3-venv", "rpm"))
     for user in slurmbed.TEST_USERS:
         slurmbed.ensure_user(user)
     return 0
