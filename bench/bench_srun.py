@@ -32,7 +32,7 @@ def time_sruns(bed: slurmbed.SlurmBed, args: list[str], count: int) -> list[floa
     samples = []
     for _ in range(count):
         start = time.perf_counter()
-        bed.run(["srun", "-N1", "-w", "n1", *args, "true"], user=USER)
+        bed.run(["srun", "-N1", "-w", bed.nodes[0].name, *args, "true"], user=USER)
         samples.append(time.perf_counter() - start)
     return samples
 
@@ -45,7 +45,7 @@ def main() -> int:
     opts = parser.parse_args()
 
     bed = slurmbed.default_bed(root="/tmp/gpushare-bench-srun", port_base=opts.port,
-                               node_count=1)
+                               node_count=1, prefix="bench")
     with bed:
         noop = build_noop(bed.path("lib"))
         gpushare = bed.plugstack_line()

@@ -538,10 +538,14 @@ def whole_gpu_gres(node_names: Iterable[str], gpus: int = 8, gpu_type: str = "h1
 
 
 def default_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
-                node_count: int = 4, **kwargs: object) -> SlurmBed:
-    """n1..nN, each 8 simulated H100s (the 8-GPU NVSwitch profile) shared through MPS."""
+                node_count: int = 4, prefix: str = "n", **kwargs: object) -> SlurmBed:
+    """<prefix>1..N, each 8 simulated H100s (the 8-GPU NVSwitch profile) shared through MPS.
+
+    A second bed running beside another one needs its own ``prefix``: Slurm names its
+    cgroups after the node (``slurm_<node>``).
+    """
     profile = os.path.join(REPO, "src", "gpushare", "profiles", "h100-8x-nvswitch.json")
-    names = [f"n{i}" for i in range(1, node_count + 1)]
+    names = [f"{prefix}{i}" for i in range(1, node_count + 1)]
     nodes = [Node(name=name, port=port_base + i, gres="gpu:h100:8,mps:800",
                   profile=profile if os.path.exists(profile) else "")
              for i, name in enumerate(names, start=1)]

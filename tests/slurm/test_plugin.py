@@ -246,7 +246,7 @@ def test_gpu_share_reaches_the_submit_hook(bed, tmp_path):
         "return slurm.SUCCESS\n")
     port = bed.ctld_port + 50
     small = slurmbed.default_bed(root=bed.root + "-lua", port_base=port, node_count=1,
-                                 job_submit="lua", job_submit_lua=str(lua))
+                                 prefix="lua", job_submit="lua", job_submit_lua=str(lua))
     with small:
         result = small.run(["sbatch", "--gres=mps:25", "--gpu-share=25", "--wrap", "true"],
                            user=USER)
