@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.inventory",
     "gpushare.cli.render",
     "gpushare.cli.check",
+    "gpushare.cli.job",
 )
 
 

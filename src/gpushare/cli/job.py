@@ -1,0 +1,194 @@
+"""``gpushare job``: inside a job, what gpushare set up for it and whether its MPS daemon answers.
+
+Runs as the job's user, so it reads only what the user can read: the task environment the
+plugin applied (the root-owned job record is not readable) and the job's own MPS pipe
+directory, through which it asks the daemon ``get_server_list`` with a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Mapping, Optional
+
+from gpushare import proc
+
+__all__ = ["DaemonProbe", "JobView", "format_view", "job_view", "probe_daemon", "register"]
+
+DEFAULT_MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+PROBE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+NOT_IN_JOB = ("not inside a Slurm job (SLURM_JOB_ID is unset); run it in the job, e.g. "
+              "srun --gres=mps:25 gpushare job")
+
+
+@dataclass
+class JobView:
+    """What the job's tasks were given, read from the task environment."""
+
+    job_id: Optional[int]
+    node: str
+    node_gpus: list[str]  # the node's GPU indices Slurm allocated (SLURM_STEP/JOB_GPUS)
+    visible_devices: str  # CUDA_VISIBLE_DEVICES as the task sees it
+    mps: str  # shared, private or none
+    share_percent: Optional[int]
+    pinned_mem_limit: dict[str, str] = field(default_factory=dict)  # device -> size
+    pipe_dir: str = ""
+    log_dir: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DaemonProbe:
+    """The answer of the job's MPS control daemon to ``get_server_list``."""
+
+    status: str  # answers, no-answer, timeout, no-program, not-asked
+    servers: list[int] = field(default_factory=list)
+    detail: str = ""
+
+
+def _ints(text: str) -> Optional[int]:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def _parse_pinned(text: str, problems: list[str]) -> dict[str, str]:
+    limits: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        device, sep, size = item.partition("=")
+        if not sep or not device.strip() or not size.strip():
+            problems.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item {item!r} is not "
+                            "<device>=<size>")
+            continue
+        limits[device.strip()] = size.strip()
+    return limits
+
+
+def job_view(env: Mapping[str, str]) -> JobView:
+    """Interpret the task environment; inconsistencies go to ``problems``, never raise."""
+    problems: list[str] = []
+    job_id = _ints(env.get("SLURM_JOB_ID", ""))
+    gpus_text = (env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
+                 or env.get("GPU_DEVICE_ORDINAL") or "")
+    share_text = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
+    share = _ints(share_text)
+    if share_text and (share is None or not 1 <= share <= 100):
+        problems.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share_text} is not a percent "
+                        "from 1 to 100")
+        share = None
+    pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
+    if not pipe_dir:
+        mps = "none"
+    elif os.path.basename(os.path.dirname(pipe_dir.rstrip("/"))).startswith("job"):
+        mps = "private"  # private daemons are keyed job<id> (gpushare.mps.daemon_key)
+    else:
+        mps = "shared"
+    if share is not None and mps == "none":
+        problems.append("a share is set but no MPS pipe directory: Slurm's gres/mps ran "
+                        "without gpushare's daemon, so the share is not enforced by MPS")
+    return JobView(
+        job_id=job_id, node=env.get("SLURMD_NODENAME", ""),
+        node_gpus=[g for g in gpus_text.split(",") if g],
+        visible_devices=env.get("CUDA_VISIBLE_DEVICES", ""), mps=mps, share_percent=share,
+        pinned_mem_limit=_parse_pinned(env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""),
+                                       problems),
+        pipe_dir=pipe_dir, log_dir=env.get("CUDA_MPS_LOG_DIRECTORY", ""), problems=problems)
+
+
+def probe_daemon(view: JobView, program: str, timeout: float) -> DaemonProbe:
+    """Ask the job's daemon for its server list through the job's pipe directory."""
+    if not view.pipe_dir:
+        return DaemonProbe("not-asked", detail="this job has no MPS daemon")
+    env = {"PATH": PROBE_PATH, "CUDA_MPS_PIPE_DIRECTORY": view.pipe_dir}
+    if view.log_dir:
+        env["CUDA_MPS_LOG_DIRECTORY"] = view.log_dir
+    try:
+        result = proc.run([program], input_text="get_server_list\n", env=env,
+                          timeout=timeout)
+    except proc.CommandNotFound as err:
+        return DaemonProbe("no-program", detail=f"{err}; give the control program with "
+                           "--mps-control PATH")
+    except proc.CommandTimeout:
+        return DaemonProbe("timeout", detail=f"no answer within {timeout:g} s")
+    except proc.ProcError as err:
+        return DaemonProbe("no-answer", detail=str(err))
+    if result.returncode != 0:
+        return DaemonProbe("no-answer", detail=f"exit {result.returncode}: "
+                           f"{result.output or 'no output'}")
+    servers = [int(word) for word in result.stdout.split() if word.isdigit()]
+    return DaemonProbe("answers", servers=servers)
+
+
+def _probe_line(probe: DaemonProbe) -> str:
+    if probe.status == "answers":
+        running = ", ".join(map(str, probe.servers)) or "none yet (one starts with the first "
+        "CUDA client)"
+        return f"answers; MPS servers: {running}"
+    if probe.status == "not-asked":
+        return probe.detail
+    return f"does not answer ({probe.status}): {probe.detail}"
+
+
+def format_view(view: JobView, probe: DaemonProbe) -> str:
+    """A few lines a user reads to see what the job got."""
+    if view.mps == "none" and view.share_percent is None:
+        sharing = "none (whole GPUs, no MPS)" if view.node_gpus else "no GPU"
+    elif view.mps == "private":
+        sharing = "private MPS daemon over the job's GPUs (its ranks share them)"
+    else:
+        sharing = f"MPS share of one GPU, {view.share_percent}% of its SMs" \
+            if view.share_percent is not None else "MPS share of one GPU"
+    pinned = ", ".join(f"device {dev}: {size}" for dev, size in
+                       sorted(view.pinned_mem_limit.items())) or "none"
+    rows = [
+        ("job", f"{view.job_id}" + (f" on {view.node}" if view.node else "")),
+        ("node GPU(s)", ",".join(view.node_gpus) or "none"),
+        ("CUDA_VISIBLE_DEVICES", view.visible_devices or "unset"),
+        ("sharing", sharing),
+        ("pinned memory limit", pinned),
+        ("MPS pipe directory", view.pipe_dir or "none"),
+        ("MPS log directory", view.log_dir or "none"),
+        ("MPS daemon", _probe_line(probe)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+    lines += [f"warning: {problem}" for problem in view.problems]
+    return "\n".join(lines)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "job",
+        help="inside a job: show the GPUs, share, memory limit and MPS daemon gpushare set up",
+        description="Run inside a job (as its user): print what gpushare set up for it from "
+        "the task environment (the node's GPUs, CUDA_VISIBLE_DEVICES, the share of the GPU's "
+        "SMs, the pinned device memory limit, the MPS pipe and log directories) and whether "
+        "the job's MPS control daemon answers. Exit status: 0 fine, 1 not in a job or the "
+        "daemon does not answer.",
+        epilog="example: srun --gres=mps:25 gpushare job",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--mps-control", default=DEFAULT_MPS_CONTROL, metavar="PATH",
+                        help=f"the nvidia-cuda-mps-control program (default "
+                        f"{DEFAULT_MPS_CONTROL})")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="how long to wait for the daemon's answer (default 5)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not 0.1 <= args.timeout <= 600:
+        print("gpushare: --timeout must be between 0.1 and 600 seconds", file=sys.stderr)
+        return 2
+    view = job_view(os.environ)
+    if view.job_id is None:
+        print(f"gpushare: {NOT_IN_JOB}", file=sys.stderr)
+        return 1
+    probe = probe_daemon(view, args.mps_control, args.timeout)
+    if args.json:
+        print(json.dumps({"job": asdict(view), "daemon": asdict(probe)}, indent=2))
+    else:
+        print(format_view(view, probe))
+    return 1 if probe.status not in ("answers", "not-asked") else 0

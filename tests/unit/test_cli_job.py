@@ -1,0 +1,168 @@
+"""``gpushare job``: the task environment read back, and the daemon probe against the stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from gpushare.cli import main
+from gpushare.cli.job import DaemonProbe, format_view, job_view, probe_daemon
+from mps_standin.harness import STANDIN
+
+SHARED_ENV = {
+    "SLURM_JOB_ID": "42",
+    "SLURMD_NODENAME": "n1",
+    "SLURM_STEP_GPUS": "3",
+    "CUDA_VISIBLE_DEVICES": "0",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20389M",
+    "CUDA_MPS_PIPE_DIRECTORY": "/run/gpushare/mps/u1001-GPU-abc/pipe",
+    "CUDA_MPS_LOG_DIRECTORY": "/run/gpushare/mps/u1001-GPU-abc/log",
+}
+
+
+def test_shared_job_is_read_from_the_task_environment():
+    view = job_view(SHARED_ENV)
+    assert view.job_id == 42
+    assert view.node == "n1"
+    assert view.node_gpus == ["3"]
+    assert view.visible_devices == "0"
+    assert view.mps == "shared"
+    assert view.share_percent == 25
+    assert view.pinned_mem_limit == {"0": "20389M"}
+    assert view.pipe_dir.endswith("/pipe") and view.log_dir.endswith("/log")
+    assert view.problems == []
+
+
+def test_private_job_is_recognised_by_its_daemon_key():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1",
+           "CUDA_MPS_PIPE_DIRECTORY": "/run/gpushare/mps/job7/pipe",
+           "CUDA_MPS_LOG_DIRECTORY": "/run/gpushare/mps/job7/log"}
+    view = job_view(env)
+    assert view.mps == "private"
+    assert view.share_percent is None
+    assert view.node_gpus == ["0", "1"]
+    text = format_view(view, DaemonProbe("answers", [99]))
+    assert "private MPS daemon" in text
+    assert "MPS servers: 99" in text
+
+
+def test_plain_gpu_job_has_no_mps():
+    view = job_view({"SLURM_JOB_ID": "8", "GPU_DEVICE_ORDINAL": "2",
+                     "CUDA_VISIBLE_DEVICES": "2"})
+    assert view.mps == "none"
+    probe = probe_daemon(view, "/nonexistent/mps-control", 1.0)
+    assert probe.status == "not-asked"
+    assert "whole GPUs, no MPS" in format_view(view, probe)
+
+
+def test_share_without_daemon_and_bad_values_are_reported():
+    view = job_view({"SLURM_JOB_ID": "9", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1G,garbage"})
+    assert view.share_percent == 30
+    assert view.pinned_mem_limit == {"0": "1G"}
+    assert any("not enforced by MPS" in p for p in view.problems)
+    assert any("'garbage'" in p for p in view.problems)
+    bad = job_view({"SLURM_JOB_ID": "9", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "250"})
+    assert bad.share_percent is None
+    assert any("250" in p for p in bad.problems)
+
+
+def test_outside_a_job_says_how_to_run_it(capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["job"]) == 1
+    err = capsys.readouterr().err
+    assert "not inside a Slurm job" in err and "srun" in err
+
+
+def test_bad_timeout_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    assert main(["job", "--timeout", "0"]) == 2
+    assert "--timeout" in capsys.readouterr().err
+
+
+def _script(path, body: str) -> str:
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\n" + body + "\n")
+    os.chmod(path, 0o755)
+    return str(path)
+
+
+def test_missing_program_is_named(tmp_path):
+    probe = probe_daemon(job_view(SHARED_ENV), str(tmp_path / "missing"), 1.0)
+    assert probe.status == "no-program"
+    assert "--mps-control" in probe.detail
+
+
+def test_hanging_program_times_out(tmp_path):
+    program = _script(tmp_path / "hang", "exec sleep 30")
+    started = time.monotonic()
+    probe = probe_daemon(job_view(SHARED_ENV), program, 0.5)
+    assert probe.status == "timeout"
+    assert time.monotonic() - started < 10
+
+
+def test_daemon_not_running_is_no_answer(tmp_path):
+    env = dict(SHARED_ENV, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
+               CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"))
+    probe = probe_daemon(job_view(env), STANDIN, 10.0)
+    assert probe.status == "no-answer"
+    assert "Cannot find MPS control daemon" in probe.detail
+
+
+@pytest.fixture
+def standin_daemon(tmp_path):
+    """A stand-in control daemon (as this user) on a private pipe directory."""
+    pipe, log = tmp_path / "u1-GPU-x" / "pipe", tmp_path / "u1-GPU-x" / "log"
+    pipe.mkdir(parents=True)
+    log.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+           "CUDA_MPS_LOG_DIRECTORY": str(log), "CUDA_VISIBLE_DEVICES": "GPU-standin-0"}
+    subprocess.run([STANDIN, "-d"], env=env, check=True, timeout=20)
+    deadline = time.monotonic() + 10
+    while not (pipe / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield env
+    finally:
+        subprocess.run([STANDIN], input="quit\n", env=env, text=True, timeout=20,
+                       capture_output=True)
+
+
+def test_running_daemon_answers_with_its_servers(standin_daemon, tmp_path):
+    env = dict(SHARED_ENV, **{k: standin_daemon[k] for k in
+                              ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")})
+    view = job_view(env)
+    assert probe_daemon(view, STANDIN, 10.0) == DaemonProbe("answers", [], "")
+    started = subprocess.run([STANDIN], input=f"start_server -uid {os.getuid()}\n",
+                             env=standin_daemon, text=True, capture_output=True, timeout=20)
+    server = int(started.stdout.split()[0])
+    assert probe_daemon(view, STANDIN, 10.0).servers == [server]
+
+
+def test_cli_json_and_text(standin_daemon, monkeypatch, capsys):
+    for key, value in SHARED_ENV.items():
+        monkeypatch.setenv(key, value)
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.setenv(key, standin_daemon[key])
+    monkeypatch.delenv("SLURM_JOB_GPUS", raising=False)
+    assert main(["job", "--json", "--mps-control", STANDIN]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["job"]["job_id"] == 42
+    assert data["job"]["share_percent"] == 25
+    assert data["job"]["pinned_mem_limit"] == {"0": "20389M"}
+    assert data["daemon"]["status"] == "answers"
+    assert main(["job", "--mps-control", STANDIN]) == 0
+    text = capsys.readouterr().out
+    assert "25% of its SMs" in text
+    assert "device 0: 20389M" in text
+    assert "MPS daemon            answers" in text
+    # The daemon gone: the command says so and fails.
+    subprocess.run([STANDIN], input="quit\n", env=standin_daemon, text=True, timeout=20,
+                   capture_output=True)
+    assert main(["job", "--mps-control", STANDIN]) == 1
+    assert "does not answer (no-answer)" in capsys.readouterr().out
