@@ -54,7 +54,7 @@ def test_gres_conf_of_example_plan():
             "/dev/nvidia-caps/nvidia-cap291,/dev/nvidia-caps/nvidia-cap292") in body
     assert sum("Type=1g.5gb" in ln for ln in body) == 7
     assert not any("2g.10gb" in ln for ln in body)  # Kubernetes' slices stay out
-    assert "NodeName=l40s-[01-16] Name=mps Count=100 File=/dev/nvidia3" in body
+    assert "NodeName=l40s-[01-16] Name=mps Count=100 File=/dev/nvidia3 Flags=all_sharing" in body
 
 
 def test_rendered_gres_conf_reads_back_as_the_plan_devices():

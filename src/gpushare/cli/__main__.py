@@ -1,0 +1,7 @@
+"""``python3 -m gpushare.cli``: the same as the ``gpushare`` command."""
+
+import sys
+
+from gpushare.cli import main
+
+sys.exit(main())
