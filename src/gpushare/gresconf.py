@@ -64,9 +64,17 @@ class GresLine:
     cores: str = ""
     links: str = ""
     autodetect: str = ""
+    # ``nodes`` as a set, built on first use (nodes is not changed after parsing): a
+    # cluster-wide gres.conf names thousands of nodes per line.
+    _node_set: Optional[frozenset[str]] = field(default=None, init=False, repr=False,
+                                                compare=False)
 
     def applies_to(self, node: str) -> bool:
-        return self.nodes is None or node in self.nodes
+        if self.nodes is None:
+            return True
+        if self._node_set is None:
+            self._node_set = frozenset(self.nodes)
+        return node in self._node_set
 
 
 @dataclass
@@ -94,7 +102,7 @@ class GresConf:
             if line.autodetect and line.nodes is None:
                 mode = line.autodetect
         for line in self.lines:
-            if line.autodetect and line.nodes is not None and node in line.nodes:
+            if line.autodetect and line.nodes is not None and line.applies_to(node):
                 mode = line.autodetect
         return mode
 
