@@ -45,5 +45,9 @@ demo: build venv
 bench: build venv
 	@$(PY) bench/run_all.py
 
+# The RPM (build/rpmbuild/RPMS): both plugins built against the installed Slurm.
+rpm: deps
+	@scripts/build_rpm.sh
+
 clean:
 	rm -rf build dist rpmbuild *.egg-info src/*.egg-info
