@@ -4,8 +4,10 @@ SYSTEM_PYTHON := /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYLIB_DEPS := nvidia-ml-py python-hostlist
+# The oldest Python the core supports (RHEL 9's python3), when this machine has one.
+PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
-.PHONY: all deps build venv test unit slurm-test lint demo bench rpm clean
+.PHONY: all deps build venv test unit unit39 lint demo bench rpm clean
 
 all: build
 
@@ -36,7 +38,15 @@ lint: venv
 unit: venv
 	@$(PY) -m pytest tests/unit -q
 
-test: build venv lint
+# The unit tests again under Python 3.9, where one is installed.
+unit39:
+	@if [ -n "$(PY39)" ]; then \
+		test -x .venv39/bin/python || $(PY39) -m venv .venv39; \
+		.venv39/bin/python -m pip install -q -e '.[test]' && \
+		.venv39/bin/python -m pytest tests/unit -q -p no:cacheprovider; \
+	else echo "no Python 3.9 on this machine: unit tests under 3.9 skipped"; fi
+
+test: build venv lint unit39
 	@$(PY) -m pytest tests -q -ra
 
 demo: build venv
