@@ -251,3 +251,27 @@ def test_gpu_share_reaches_the_submit_hook(bed, tmp_path):
         result = small.run(["sbatch", "--gres=mps:25", "--gpu-share=25", "--wrap", "true"],
                            user=USER)
     assert "seen _SLURM_SPANK_OPTION_gpushare_gpu_share=25" in result.stderr
+
+
+def test_bed_stops_without_leftovers(bed):
+    """The harness itself: after stop, no process, cgroup or file of the bed remains."""
+    small = slurmbed.default_bed(root=bed.root + "-stop", port_base=bed.ctld_port + 60,
+                                 node_count=2, prefix="stop")
+    with small:
+        job_id = small.sbatch("sleep 30", "--gres=mps:10", user=USER)
+        small.wait_job(job_id, states={"RUNNING"})
+        pids = dict(small._pids)
+    for name, pid in pids.items():
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), name
+    assert not slurmbed._pids_mentioning(small.root)
+    for node in small.nodes:
+        assert not slurmbed._glob_dirs("/sys/fs/cgroup", f"slurm_{node.name}")
+    assert not os.path.exists(small.root)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[-1].startswith("Z")
+    except FileNotFoundError:
+        return True
