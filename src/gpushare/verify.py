@@ -39,10 +39,12 @@ class Finding:
     what: str
     where: str
     fix: str
+    brief: str = ""  # ``what`` with the disagreement first and no file list, when they differ
 
     def reason(self) -> str:
-        """One line, fit for a Slurm drain reason or a prolog failure message."""
-        return "gpushare: " + " ".join(self.what.split())
+        """One line, fit for a Slurm drain reason (cut at ~100 characters) or a prolog
+        failure message: what disagrees comes first, identifiers last."""
+        return "gpushare: " + " ".join((self.brief or self.what).split())
 
 
 @dataclass
@@ -91,6 +93,11 @@ def _label(dev: GresDevice) -> str:
     return f"GRES {kind} index {dev.index} ({','.join(dev.files) or 'no device file'})"
 
 
+def _short_label(dev: GresDevice) -> str:
+    kind = f"{dev.name}:{dev.type}" if dev.type else dev.name
+    return f"GRES {kind} index {dev.index}"
+
+
 def _where(node: str, conf: GresConf, dev: Optional[GresDevice]) -> str:
     if dev is None:
         return f"node {node}, job environment"
@@ -121,8 +128,9 @@ class _Verifier:
         self.gres_name = gres_name
         self.result = VerifyResult()
 
-    def error(self, what: str, where: str, fix: str, severity: str = "error") -> None:
-        self.result.findings.append(Finding(severity, what, where, fix))
+    def error(self, what: str, where: str, fix: str, severity: str = "error",
+              brief: str = "") -> None:
+        self.result.findings.append(Finding(severity, what, where, fix, brief))
 
     def resolve_files(self, dev: GresDevice) -> Optional[tuple[Gpu, Optional[MigDevice]]]:
         """Map a GRES device's files to the GPU (and MIG slice) NVML knows by those minors."""
@@ -167,6 +175,7 @@ class _Verifier:
                      mig: Optional[MigDevice]) -> None:
         where = _where(self.node, self.conf, dev)
         label = _label(dev) if dev is not None else "CUDA_VISIBLE_DEVICES device"
+        short = _short_label(dev) if dev is not None else label
         gres_type = dev.type if dev is not None else ""
         wanted = profile_of_gres_type(gres_type)
         if mig is not None:
@@ -174,7 +183,9 @@ class _Verifier:
                 self.error(f"{label} is MIG {mig.profile} on GPU {gpu.index} ({mig.uuid}) "
                            f"per NVML, not {wanted}", where,
                            f"make gres.conf's Type= for this slice {mig.profile} (or recreate "
-                           f"the slice as {wanted}) so Slurm and the GPU agree")
+                           f"the slice as {wanted}) so Slurm and the GPU agree",
+                           brief=f"{short} is MIG {mig.profile} per NVML, not {wanted} (GPU "
+                           f"{gpu.index}, {mig.uuid})")
         else:
             if wanted:
                 self.error(f"{label} is a whole GPU {gpu.index} ({gpu.uuid}) per NVML, not "
@@ -199,7 +210,9 @@ class _Verifier:
                     self.error(f"{label} ({candidate}) belongs to {owner} in the ownership "
                                "plan, not to slurm", where,
                                "remove it from Slurm's gres.conf (gpushare render gres) or "
-                               "give it to slurm in the plan")
+                               "give it to slurm in the plan",
+                               brief=f"{short} belongs to {owner} in the ownership plan, not "
+                               f"to slurm ({candidate})")
                     break
         if self.gres_name not in _SHARED:  # sharing GRES expect other jobs on the device
             procs = mig.processes if mig is not None else gpu.processes
@@ -210,7 +223,9 @@ class _Verifier:
                 self.error(f"{label} ({uuid}) is in use by process(es) "
                            f"{','.join(map(str, foreign))} outside this job per NVML", where,
                            "find them with nvidia-smi and stop them (or give the device to "
-                           "whoever runs them in the plan); drain the node meanwhile")
+                           "whoever runs them in the plan); drain the node meanwhile",
+                           brief=f"{short} is in use by process(es) "
+                           f"{','.join(map(str, foreign))} outside this job per NVML ({uuid})")
 
     def uuid_target(self, token: str) -> Optional[tuple[Gpu, Optional[MigDevice]]]:
         if token.startswith("MIG-"):

@@ -94,8 +94,9 @@ def test_profile_mismatch_reason(inv):
     assert finding.severity == "error" and not result.ok
     assert finding.where == "node n1, /etc/slurm/gres.conf:9"
     assert result.reason() == (
-        f"gpushare: GRES gpu:1g.10gb index 8 ({files}) is MIG 2g.20gb on GPU 1 "
-        f"({slice_2g.uuid}) per NVML, not 1g.10gb")
+        f"gpushare: GRES gpu:1g.10gb index 8 is MIG 2g.20gb per NVML, not 1g.10gb "
+        f"(GPU 1, {slice_2g.uuid})")
+    assert files in finding.what
     assert "\n" not in result.reason()
     assert "2g.20gb" in finding.fix
 
@@ -171,8 +172,8 @@ def test_owner_other_than_slurm(inv):
     result = verify_job_devices({"SLURM_JOB_GPUS": "0,1"}, "n1", conf_for(inv), inv,
                                 owner=owners.get)
     assert len(result.errors) == 1
-    assert result.reason().endswith(f"({mig.uuid}) belongs to kubernetes in the ownership "
-                                    "plan, not to slurm")
+    assert result.reason().endswith(f"belongs to kubernetes in the ownership plan, not to "
+                                    f"slurm ({mig.uuid})")
     whole_parent = {inv.gpus[0].uuid: "kubernetes"}
     result = verify_job_devices({"SLURM_JOB_GPUS": "1"}, "n1", conf_for(inv), inv,
                                 owner=whole_parent.get)
