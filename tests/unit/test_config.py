@@ -1,0 +1,63 @@
+"""Plugin arguments: every key validated, every problem named."""
+
+import pytest
+
+from gpushare.config import ARG_SPECS, ConfigError, PluginConfig, parse_plugin_args, parse_size
+
+
+def test_defaults_match_the_dataclass():
+    parsed = parse_plugin_args([])
+    assert parsed == PluginConfig()
+    assert parsed.timeout == 10.0 and parsed.show is True
+
+
+def test_every_key_is_accepted_with_a_good_value():
+    good = {"pythonpath": "/opt/gs", "state_dir": "/run/x", "mps_control": "/usr/bin/m",
+            "mem_limit": "16G", "verify": "warn", "inventory": "sim:/p/%n.json",
+            "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
+            "show": "no"}
+    assert set(good) == {spec.key for spec in ARG_SPECS}
+    config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
+    assert config.mem_limit == "16G" and config.verify == "warn"
+    assert config.inventory == "sim:/p/%n.json" and config.timeout == 2.5
+    assert config.debug_log == "" and config.show is False
+    assert config.jobs_dir == "/run/x/jobs" and config.mps_dir == "/run/x/mps"
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ("colour=blue", "unknown plugstack argument 'colour=blue'; accepted keys: pythonpath="),
+    ("verify", "unknown plugstack argument 'verify'"),
+    ("verify=maybe", "verify='maybe' is invalid: expected one of strict, warn, off"),
+    ("state_dir=relative", "state_dir='relative' is invalid: expected an absolute path"),
+    ("mem_limit=lots", "mem_limit='lots' is invalid: expected a positive size"),
+    ("mem_limit=0G", "mem_limit='0G' is invalid"),
+    ("inventory=fake", "inventory='fake' is invalid: expected nvml, or sim:"),
+    ("inventory=sim:rel.json", "inventory='sim:rel.json' is invalid"),
+    ("timeout=0", "timeout='0' is invalid: expected a number of seconds between 0.1 and 600"),
+    ("timeout=abc", "timeout='abc' is invalid"),
+    ("show=maybe", "show='maybe' is invalid: expected one of yes, no"),
+])
+def test_bad_arguments_name_the_key_and_what_is_accepted(arg, expected):
+    with pytest.raises(ConfigError) as err:
+        parse_plugin_args([arg])
+    assert expected in str(err.value)
+
+
+def test_all_problems_reported_at_once_and_duplicates_refused():
+    with pytest.raises(ConfigError) as err:
+        parse_plugin_args(["verify=x", "timeout=-1", "verify=off", "verify=warn"])
+    text = str(err.value)
+    assert "verify='x'" in text and "timeout='-1'" in text
+
+
+def test_duplicate_key_is_an_error():
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_plugin_args(["verify=off", "verify=warn"])
+
+
+def test_sizes():
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("16g") == 16 << 30
+    assert parse_size("1024") == 1024
+    with pytest.raises(ValueError):
+        parse_size("-1G")

@@ -1,0 +1,92 @@
+"""The job-level decisions of job_prolog: mode, share, refusals, the task's environment."""
+
+import pytest
+
+from gpushare import job
+from gpushare.state import JobRecord
+
+
+def request(**extra):
+    values = dict(job_id=7, uid=1001, gid=1001, node="n1", env={})
+    values.update(extra)
+    return job.JobRequest(**values)
+
+
+def test_mps_job_gets_slurms_share_on_device_zero():
+    rec = job.plan_job(request(env={"SLURM_JOB_GPUS": "3",
+                                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}))
+    assert rec.mode == "shared" and rec.share_percent == 50 and rec.slurm_gpus == ["3"]
+    assert rec.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+
+
+def test_gpu_share_can_only_lower_slurms_share():
+    env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    assert job.plan_job(request(gpu_share="20", env=env)).share_percent == 20
+    assert job.plan_job(request(gpu_share="80", env=env)).share_percent == 50
+
+
+@pytest.mark.parametrize("value", ["0", "101", "abc", "", "-5", "2.5"])
+def test_bad_share_on_the_node_is_a_user_error(value):
+    with pytest.raises(job.UserError, match="from 1 to 100"):
+        job.plan_job(request(gpu_share=value, env={"SLURM_JOB_GPUS": "0"}))
+
+
+def test_share_without_a_gpu_says_what_to_type():
+    with pytest.raises(job.UserError, match=r"Ask --gres=mps:25"):
+        job.plan_job(request(gpu_share="25"))
+
+
+def test_share_over_two_gpus_is_refused():
+    with pytest.raises(job.UserError, match="a share runs on one GPU"):
+        job.plan_job(request(env={"SLURM_JOB_GPUS": "0,1",
+                                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}))
+
+
+def test_private_mps_needs_whole_gpus_and_no_share():
+    rec = job.plan_job(request(private_mps=True, env={"SLURM_JOB_GPUS": "2,3"}))
+    assert rec.mode == "private" and rec.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    with pytest.raises(job.UserError, match="cannot be combined with a share"):
+        job.plan_job(request(private_mps=True, gpu_share="50", env={"SLURM_JOB_GPUS": "0"}))
+    with pytest.raises(job.UserError, match="add --gres=gpu:N"):
+        job.plan_job(request(private_mps=True))
+
+
+def test_lease_environment_wins():
+    rec = JobRecord(job_id=1, uid=1, gid=1, node="n", mode="shared", share_percent=25,
+                    slurm_gpus=["0"], mps={"env": {"CUDA_MPS_PIPE_DIRECTORY": "/p",
+                                                   "CUDA_VISIBLE_DEVICES": "0"}})
+    env = job.task_environment(rec)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/p"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+def test_jobs_without_sharing_write_nothing(tmp_path):
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    assert job.prolog(config, request(env={"SLURM_JOB_GPUS": "0"})) is None
+    assert not (tmp_path / "s").exists()
+
+
+def test_user_error_is_recorded_not_raised(tmp_path):
+    from gpushare.config import parse_plugin_args
+    from gpushare.state import JobStore
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    rec = job.prolog(config, request(gpu_share="25"))
+    assert rec is not None and "got no GPU" in rec.error
+    assert JobStore(config.state_dir).read(7).error == rec.error
+    job.epilog(config, 7)
+    assert JobStore(config.state_dir).read(7) is None
+
+
+def test_gres_conf_is_found_next_to_slurm_conf():
+    assert job.gres_conf_path({"SLURM_CONF": "/x/etc/slurm.conf"}) == "/x/etc/gres.conf"
+    assert job.gres_conf_path({}) == "/etc/slurm/gres.conf"
+
+
+def test_describe_is_one_line():
+    line = job.describe({"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+                         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G"}, 9)
+    assert line == ("gpushare: job 9: CUDA_VISIBLE_DEVICES=0, 25% of the GPU's SMs, "
+                    "pinned memory 0=20G")
