@@ -59,8 +59,8 @@ def test_plugin_embeds_the_system_libpython():
     assert "RUNPATH" not in dynamic and "RPATH" not in dynamic, dynamic
 
 
-def test_option_listed_in_srun_and_sbatch_help(clean_bed):
-    for command in ("srun", "sbatch"):
+def test_option_listed_in_srun_sbatch_and_salloc_help(clean_bed):
+    for command in ("srun", "sbatch", "salloc"):
         text = clean_bed.run([command, "--help"], user=USER).stdout
         assert "--gpu-share=percent" in text, command
         assert "--gpu-mps" in text, command
@@ -68,7 +68,7 @@ def test_option_listed_in_srun_and_sbatch_help(clean_bed):
 
 @pytest.mark.parametrize("value", ["abc", "0", "101", "25%", ""])
 def test_bad_share_rejected_in_the_client(clean_bed, value):
-    for command in (["srun", "true"], ["sbatch", "--wrap", "true"]):
+    for command in (["srun", "true"], ["sbatch", "--wrap", "true"], ["salloc", "true"]):
         result = clean_bed.run([command[0], f"--gpu-share={value}", *command[1:]], user=USER,
                                check=False)
         assert result.returncode != 0, (command, result.stdout)
