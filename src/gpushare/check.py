@@ -282,7 +282,7 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
     """What slurmctld believes (GRES, state, drain reason) against the plan."""
     findings: list[Finding] = []
     known = {node.name: node for node in nodes}
-    expected_by_group = {group.name: parse_node_gres(slurm_node_gres(group))
+    expected_by_group = {group.name: _comparable(parse_node_gres(slurm_node_gres(group)))
                          for group in plan.groups}
     missing = [name for name in plan.nodes if name not in known]
     if missing:
@@ -292,8 +292,8 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
             "add them to slurm.conf (NodeName=... Gres=...) or remove them from the plan"))
     for node in nodes:
         group = plan.group_of(node.name)
-        actual = {k: v for k, v in parse_node_gres(node.gres).items()
-                  if k[0] in ("gpu", "mps", "shard")}
+        actual = _comparable({k: v for k, v in parse_node_gres(node.gres).items()
+                              if k[0] in ("gpu", "mps", "shard")})
         where = f"slurmctld node {node.name}"
         if group is None:
             if actual:
@@ -317,6 +317,16 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
                 ("run `gpushare check` on the node, fix what it reports, then " if by_us else "")
                 + f"scontrol update NodeName={node.name} State=RESUME"))
     return findings
+
+
+def _comparable(counts: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """slurmctld names a node's mps/shard after the GPU type they run on (``mps:h100:800``
+    for slurm.conf's ``mps:800``): compare shared GRES by their total count only."""
+    merged: dict[tuple[str, str], int] = {}
+    for (name, gres_type), count in counts.items():
+        key = (name, "") if name in ("mps", "shard") else (name, gres_type)
+        merged[key] = merged.get(key, 0) + count
+    return merged
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""``gpushare check`` on a node of the real local Slurm and against its slurmctld."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import slurmbed
+
+pytestmark = pytest.mark.slurm
+
+NODE = "n5"
+SCONTROL = shutil.which("scontrol") or "/usr/bin/scontrol"
+SINFO = shutil.which("sinfo") or "/usr/bin/sinfo"
+
+
+def check(bed, *args: str, profile: str = "") -> subprocess.CompletedProcess[str]:
+    env = dict(bed.env, PYTHONPATH=os.path.join(slurmbed.REPO, "src"))
+    argv = [sys.executable, "-m", "gpushare.cli", "check", "--plan", slurmbed.BED_PLAN,
+            "--scontrol", SCONTROL, "--sinfo", SINFO, *args]
+    if "--cluster" not in args:
+        argv += ["--node", NODE, "--gres-conf", bed.path("etc", "gres.conf"),
+                 "--device-root", bed.path("dev"),
+                 "--source", "sim:" + (profile or bed.path("nodes", f"{NODE}.json"))]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.fixture
+def wrong_profile(clean_bed, tmp_path):
+    """n5's profile with GPU 1's 3g.40gb slice recreated as 4g.40gb."""
+    with open(clean_bed.path("nodes", f"{NODE}.json")) as handle:
+        profile = json.load(handle)
+    mig = next(m for m in profile["gpus"][1]["mig_devices"] if m["profile"] == "3g.40gb")
+    mig["profile"] = "4g.40gb"
+    path = tmp_path / "n5-wrong.json"
+    path.write_text(json.dumps(profile))
+    yield str(path)
+    clean_bed.resume(NODE)
+    clean_bed.wait_idle()
+
+
+def test_bed_node_warns_of_its_pending_mig_change(bed):
+    """The A100 profile has MIG enable pending on GPU 3 (Kubernetes'): a warning, exit 1."""
+    result = check(bed, "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and report["status"] == 1, result.stdout
+    (finding,) = report["findings"]
+    assert finding["severity"] == "warning" and "GPU 3" in finding["what"], finding
+
+
+def test_healthy_node_is_clean(bed, tmp_path):
+    with open(bed.path("nodes", f"{NODE}.json")) as handle:
+        profile = json.load(handle)
+    for gpu in profile["gpus"]:
+        gpu["mig"]["pending"] = gpu["mig"]["current"]
+    path = tmp_path / "n5-settled.json"
+    path.write_text(json.dumps(profile))
+    result = check(bed, profile=str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all well" in result.stdout
+    as_json = json.loads(check(bed, "--json", profile=str(path)).stdout)
+    assert as_json["status"] == 0 and as_json["findings"] == []
+
+
+def test_disagreeing_inventory_is_reported(bed, wrong_profile):
+    result = check(bed, "--json", profile=wrong_profile)
+    assert result.returncode == 2, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == 2 and report["node"] == NODE
+    whats = [f["what"] for f in report["findings"] if f["severity"] == "error"]
+    assert any("4g.40gb" in w and "3g.40gb" in w for w in whats), whats
+    assert all(f["where"] and f["fix"] for f in report["findings"])
+    text = check(bed, profile=wrong_profile)
+    assert text.returncode == 2 and "ERROR" in text.stdout and "fix:" in text.stdout
+
+
+def test_drain_names_the_problem_in_slurm(bed, wrong_profile):
+    result = check(bed, "--drain", profile=wrong_profile)
+    assert result.returncode == 2, result.stdout + result.stderr
+    state = bed.node_state(NODE)
+    assert "DRAIN" in state["State"], state
+    assert state["Reason"].startswith("gpushare: "), state
+    assert "4g.40gb" in state["Reason"] or "3g.40gb" in state["Reason"], state
+    # slurmctld's view now shows the node drained by gpushare.
+    cluster = check(bed, "--cluster", "--backend", "sinfo", "--json")
+    report = json.loads(cluster.stdout)
+    drained = [f for f in report["findings"] if f["where"] == f"slurmctld node {NODE}"]
+    assert drained and "gpushare:" in drained[0]["what"], report
+    assert cluster.returncode == 1, cluster.stdout  # a drained node is a warning
+
+
+def test_cluster_view_is_clean_when_healthy(clean_bed):
+    clean_bed.wait_idle()
+    result = check(clean_bed, "--cluster", "--backend", "sinfo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all well" in result.stdout
+    auto = json.loads(check(clean_bed, "--cluster", "--json").stdout)
+    assert auto["status"] == 0 and auto["findings"] == [], auto
