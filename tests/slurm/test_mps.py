@@ -1,0 +1,467 @@
+"""MPS sharing inside the real local Slurm: daemons shared per user and GPU, isolated between
+users, stopped at the last job's end, cleaned up after cancel and slurmd crashes, and every
+fault of the control program ending in a defined outcome."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import time
+from typing import Callable
+
+import pytest
+
+import slurmbed
+
+pytestmark = pytest.mark.slurm
+
+U1, U2 = slurmbed.TEST_USERS
+NODE = "n1"
+FAULT_NODE = "n2"
+
+ENV_SCRIPT = (
+    "echo START=$(date +%s.%N)\n"
+    "for v in SLURM_JOB_ID SLURM_ARRAY_TASK_ID CUDA_VISIBLE_DEVICES "
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT "
+    "CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY SLURM_JOB_GPUS; do\n"
+    "  echo \"$v=${!v}\"\n"
+    "done\n"
+    "sleep {sleep}\n"
+    "echo END=$(date +%s.%N)\n"
+)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not true after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def mps_dir(bed) -> str:
+    return os.path.join(bed.state_dir, "mps")
+
+
+def mps_entries(bed) -> list[str]:
+    path = mps_dir(bed)
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def mps_records(bed) -> list[dict]:
+    records = []
+    for path in sorted(glob.glob(os.path.join(mps_dir(bed), "*.json"))):
+        try:
+            with open(path) as handle:
+                records.append(json.load(handle))
+        except (FileNotFoundError, ValueError):
+            continue  # replaced or removed under us; the next poll sees it
+    return records
+
+
+def started_records(bed) -> list[dict]:
+    """Records of daemons that have started (the record goes down before the start)."""
+    return [r for r in mps_records(bed) if r.get("daemon_pid")]
+
+
+def standin_program(bed) -> str:
+    return bed.path("bin", "nvidia-cuda-mps-control")
+
+
+def standin_pids(bed) -> list[int]:
+    """Live processes running the bed's stand-in (daemons and servers)."""
+    program = standin_program(bed).encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and program in argv[:2]:
+            pids.append(int(name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def standin_state(record: dict) -> dict:
+    with open(os.path.join(record["log_dir"], "standin-state.json")) as handle:
+        return json.load(handle)
+
+
+def job_records(bed) -> list[str]:
+    path = os.path.join(bed.state_dir, "jobs")
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def assert_nothing_left(bed, timeout: float = 60.0) -> None:
+    """No daemon, no MPS directory, record or lock, no job record: everything cleaned."""
+    def clean() -> bool:
+        return not mps_entries(bed) and not standin_pids(bed) and not job_records(bed)
+
+    try:
+        wait_until("MPS state cleaned up", clean, timeout)
+    except AssertionError:
+        raise AssertionError(f"left behind: mps={mps_entries(bed)} pids={standin_pids(bed)} "
+                             f"jobs={job_records(bed)}\n{bed.logs(30)}") from None
+
+
+def job_values(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def array_tasks(bed, array_id: int) -> list[dict[str, str]]:
+    result = bed.run(["scontrol", "show", "job", "-o", str(array_id)], check=False)
+    return [dict(re.findall(r"(\w+(?:/\w+)?)=(\S*)", line))
+            for line in result.stdout.splitlines() if line.strip()]
+
+
+def wait_array(bed, array_id: int, count: int, timeout: float = 180.0) -> list[dict[str, str]]:
+    def done():
+        tasks = array_tasks(bed, array_id)
+        finished = [t for t in tasks if t.get("JobState") in slurmbed.TERMINAL_STATES]
+        return tasks if len(finished) == count else None
+
+    return wait_until(f"array {array_id} finished", done, timeout)  # type: ignore[return-value]
+
+
+def wait_running(bed, job_id: int) -> None:
+    bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
+
+
+def wait_drained(bed, node: str, timeout: float = 90.0) -> str:
+    wait_until(f"{node} drained", lambda: "DRAIN" in bed.node_state(node)["State"], timeout)
+    return bed.node_state(node).get("Reason", "")
+
+
+def slurmd_log(bed, node: str) -> str:
+    with open(bed.path("log", f"slurmd-{node}.log"), errors="replace") as handle:
+        return handle.read()
+
+
+def node_mem_mib(bed, node: str) -> int:
+    with open(bed.path("nodes", f"{node}.json")) as handle:
+        profile = json.load(handle)
+    return int(profile["gpus"][0]["memory_mib"])
+
+
+@pytest.fixture
+def mps_bed(clean_bed):
+    """The bed with no fault set and no MPS state, checked clean again after the test."""
+    faults = clean_bed.path("bin", "faults")
+    if os.path.exists(faults):
+        os.unlink(faults)
+    assert_nothing_left(clean_bed)
+    yield clean_bed
+    if os.path.exists(faults):
+        os.unlink(faults)
+    for user in slurmbed.TEST_USERS:
+        clean_bed.run(["scancel", "-u", user], check=False)
+
+
+def set_fault(bed, *names: str) -> None:
+    path = bed.path("bin", "faults")
+    with open(path, "w") as handle:
+        handle.write("\n".join(names) + "\n")
+    os.chmod(path, 0o644)
+
+
+# ---------------------------------------------------------------------------- sharing
+
+
+def test_array_of_one_user_shares_one_daemon_per_gpu_and_runs_at_once(mps_bed):
+    bed = mps_bed
+    uid = slurmbed.uid_of(U1)
+    array_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "6"), "--array=1-6", "--gres=mps:25",
+                          "-w", NODE, "-c1", f"--output={bed.out_dir}/a%A_%a.out", user=U1)
+
+    def all_referenced():
+        recs = started_records(bed)
+        return recs if sum(len(r["jobs"]) for r in recs) == 6 else None
+
+    records = wait_until("6 jobs referencing MPS daemons", all_referenced, 120)
+    # One daemon per GPU the array landed on, never one per job.
+    gpus = [tuple(d["uuid"] for d in r["devices"]) for r in records]
+    assert len(set(gpus)) == len(records) < 6, records
+    for record in records:
+        assert record["uid"] == uid and record["mode"] == "shared"
+        assert alive(record["daemon_pid"])
+        state = standin_state(record)
+        assert state["pid"] == record["daemon_pid"]
+        assert state["uid"] == uid  # never root
+        assert state["devices"] == [d["uuid"] for d in record["devices"]]
+        assert state["env"]["CUDA_MPS_PIPE_DIRECTORY"] == record["pipe_dir"]
+        # The daemon's cap is what the user was granted on that GPU (applied just after
+        # the record names the new job).
+        shares = sum(j["share_percent"] for j in record["jobs"].values())
+        wait_until("daemon cap = sum of the user's shares", lambda r=record, s=shares:
+                   standin_state(r)["default_active_thread_percentage"] == min(100, s), 30)
+    daemons = {r["daemon_pid"]: r for r in records}
+
+    tasks = wait_array(bed, array_id, 6)
+    assert {t["JobState"] for t in tasks} == {"COMPLETED"}, tasks
+    outputs = [job_values(bed.output(f"a{array_id}_{i}")) for i in range(1, 7)]
+    # Jobs on one GPU see the same pipe directory, that of their GPU's daemon.
+    by_pipe: dict[str, list[dict]] = {}
+    for values in outputs:
+        assert values["CUDA_VISIBLE_DEVICES"] == "0"
+        assert values["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        by_pipe.setdefault(values["CUDA_MPS_PIPE_DIRECTORY"], []).append(values)
+    assert set(by_pipe) == {r["pipe_dir"] for r in records}
+    for record in records:
+        jobs = {v["SLURM_JOB_ID"] for v in by_pipe[record["pipe_dir"]]}
+        assert jobs == set(record["jobs"]), (jobs, record["jobs"])
+        group = by_pipe[record["pipe_dir"]]
+        if len(group) > 1:  # jobs sharing a daemon ran at the same time
+            assert max(float(v["START"]) for v in group) < min(float(v["END"]) for v in group)
+    # The last job gone: each daemon stopped, its directories and state removed.
+    assert_nothing_left(bed)
+    assert not any(alive(pid) for pid in daemons)
+    for record in records:
+        assert not os.path.exists(os.path.dirname(record["pipe_dir"]))
+
+
+def test_pinned_memory_limit_is_proportional_to_the_share(mps_bed):
+    result = mps_bed.run(["srun", "-w", NODE, "--gres=mps:25", "bash", "-c",
+                          "echo LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], user=U1)
+    expected = node_mem_mib(mps_bed, NODE) * 25 // 100
+    assert f"LIMIT=0={expected}M" in result.stdout, result.stdout
+    assert f"pinned memory 0={expected}M" in result.stderr  # the line the user reads
+    assert_nothing_left(mps_bed)
+
+
+def test_second_user_gets_its_own_daemon_and_neither_blocks(mps_bed):
+    bed = mps_bed
+    first = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "20"), "--gres=mps:25", "-w", NODE,
+                       "-c1", user=U1)
+    wait_running(bed, first)
+    wait_until("first daemon", lambda: len(started_records(bed)) == 1, 60)
+    second = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "1"), "--gres=mps:25", "-w", NODE,
+                        "-c1", user=U2)
+    # The second user's job finishes while the first user's still runs: no waiting.
+    assert bed.wait_job(second, timeout=60)["JobState"] == "COMPLETED"
+    assert bed.job(first)["JobState"] == "RUNNING"
+    out1 = job_values(bed.output(second))
+    records = mps_records(bed)
+    assert len(records) == 1 and records[0]["uid"] == slurmbed.uid_of(U1)
+    assert out1["CUDA_MPS_PIPE_DIRECTORY"] != records[0]["pipe_dir"]
+    # The second user's daemon ran as that user and is already gone.
+    assert not os.path.exists(os.path.dirname(out1["CUDA_MPS_PIPE_DIRECTORY"]))
+    lines = [line for line in bed.debug_lines() if f" job={second} " in line]
+    assert any("cb=job_epilog python rc=0" in line for line in lines), lines
+    bed.run(["scancel", str(first)])
+    bed.wait_job(first)
+    assert_nothing_left(bed)
+
+
+def test_two_users_on_one_gpu_have_separate_daemons_at_once(mps_bed):
+    bed = mps_bed
+    jobs = [bed.sbatch(ENV_SCRIPT.replace("{sleep}", "15"), "--gres=mps:25", "-w", NODE,
+                       "-c1", user=user) for user in (U1, U2)]
+    for job_id in jobs:
+        wait_running(bed, job_id)
+    records = wait_until("two daemons", lambda: (r := started_records(bed)) and len(r) == 2 and r,
+                         60)
+    assert {r["uid"] for r in records} == {slurmbed.uid_of(U1), slurmbed.uid_of(U2)}
+    assert len({r["pipe_dir"] for r in records}) == 2
+    assert len({r["daemon_pid"] for r in records}) == 2
+    for record in records:
+        assert standin_state(record)["uid"] == record["uid"]
+        st = os.stat(record["pipe_dir"])
+        assert st.st_uid == record["uid"] and st.st_mode & 0o777 == 0o700
+    for job_id in jobs:
+        bed.run(["scancel", str(job_id)])
+        bed.wait_job(job_id)
+    assert_nothing_left(bed)
+
+
+def test_another_users_pipe_directory_is_refused(mps_bed):
+    bed = mps_bed
+    owner = bed.sbatch("sleep 30", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+    wait_running(bed, owner)
+    record = wait_until("daemon", lambda: started_records(bed), 60)[0]  # type: ignore[index]
+    pipe = record["pipe_dir"]
+    probe = (
+        f"ls {pipe} >/dev/null 2>&1 && echo LS=ok || echo LS=refused\n"
+        f"/usr/bin/python3 -c \"import socket; s = socket.socket(socket.AF_UNIX, "
+        f"socket.SOCK_SEQPACKET); s.connect('{pipe}/control')\" 2>/dev/null "
+        f"&& echo CONNECT=ok || echo CONNECT=refused\n"
+        f"echo get_server_list | CUDA_MPS_PIPE_DIRECTORY={pipe} {standin_program(bed)} "
+        f"&& echo CONTROL=ok || echo CONTROL=refused\n"
+    )
+    other = bed.run(["srun", "-w", NODE, "--gres=mps:10", "bash", "-c", probe], user=U2)
+    assert "LS=refused" in other.stdout, other.stdout
+    assert "CONNECT=refused" in other.stdout, other.stdout
+    assert "CONTROL=refused" in other.stdout, other.stdout
+    # The same probe as the owner, from a job of the owner, gets in: the refusal is real.
+    same = bed.run(["srun", "-w", NODE, "--gres=mps:10", "bash", "-c", probe], user=U1)
+    assert "LS=ok" in same.stdout and "CONNECT=ok" in same.stdout, same.stdout
+    bed.run(["scancel", str(owner)])
+    bed.wait_job(owner)
+    assert_nothing_left(bed)
+
+
+def test_gpushare_job_shows_what_the_job_got(mps_bed):
+    bed = mps_bed
+    command = (f"PYTHONPATH={bed.path('lib', 'python')} /usr/bin/python3 -m gpushare.cli job "
+               f"--json --mps-control {standin_program(bed)}")
+    result = bed.run(["srun", "-w", NODE, "--gres=mps:40", "bash", "-c", command], user=U1)
+    data = json.loads(result.stdout)
+    assert data["job"]["mps"] == "shared"
+    assert data["job"]["share_percent"] == 40
+    assert data["job"]["visible_devices"] == "0"
+    expected = node_mem_mib(bed, NODE) * 40 // 100
+    assert data["job"]["pinned_mem_limit"] == {"0": f"{expected}M"}
+    assert data["job"]["pipe_dir"].startswith(bed.state_dir)
+    assert data["daemon"]["status"] == "answers", data
+    assert_nothing_left(bed)
+
+
+def test_private_mps_over_whole_gpus(mps_bed):
+    bed = mps_bed
+    job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "4"), "--gres=gpu:2", "--gpu-mps",
+                        "-w", NODE, "-c1", user=U1)
+    record = wait_until("private daemon", lambda: started_records(bed), 60)[0]  # type: ignore
+    assert record["key"] == f"job{job_id}" and record["mode"] == "private"
+    assert len(record["devices"]) == 2
+    state = standin_state(record)
+    assert state["uid"] == slurmbed.uid_of(U1)
+    assert state["devices"] == [d["uuid"] for d in record["devices"]]
+    assert bed.wait_job(job_id)["JobState"] == "COMPLETED"
+    values = job_values(bed.output(job_id))
+    assert values["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert values["CUDA_MPS_PIPE_DIRECTORY"] == record["pipe_dir"]
+    assert_nothing_left(bed)
+    assert not alive(record["daemon_pid"])
+
+
+# ---------------------------------------------------------------------------- cleanup
+
+
+def test_scancel_mid_job_stops_the_daemon(mps_bed):
+    bed = mps_bed
+    job_id = bed.sbatch("sleep 300", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+    wait_running(bed, job_id)
+    record = wait_until("daemon", lambda: started_records(bed), 60)[0]  # type: ignore[index]
+    assert alive(record["daemon_pid"])
+    bed.run(["scancel", str(job_id)])
+    assert bed.wait_job(job_id)["JobState"] == "CANCELLED"
+    assert_nothing_left(bed)
+    assert not alive(record["daemon_pid"])
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+
+
+def test_slurmd_killed_and_restarted_while_jobs_run_leaks_nothing(mps_bed):
+    bed = mps_bed
+    jobs = [bed.sbatch("sleep 12", "--gres=mps:25", "-w", NODE, "-c1", user=user)
+            for user in (U1, U1, U2)]
+    for job_id in jobs:
+        wait_running(bed, job_id)
+    records = wait_until("daemons of 3 jobs",
+                         lambda: (r := started_records(bed)) and
+                         sum(len(x["jobs"]) for x in r) == 3 and r, 60)
+    pids = [r["daemon_pid"] for r in records]  # type: ignore[union-attr]
+    bed.kill_slurmd(NODE)
+    time.sleep(2)
+    assert all(alive(pid) for pid in pids)  # the jobs' daemons outlive slurmd
+    bed.start_slurmd(NODE)
+    for job_id in jobs:
+        assert bed.wait_job(job_id, timeout=180)["JobState"] == "COMPLETED"
+    assert_nothing_left(bed, timeout=120)
+    assert not any(alive(pid) for pid in pids)
+    wait_until(f"{NODE} back", lambda: bed.node_state(NODE)["State"] in ("IDLE", "MIXED"), 90)
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def fault_job(bed) -> int:
+    return bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
+
+
+def prolog_failure(bed, job_id: int) -> tuple[str, list[str]]:
+    """The drain reason and the slurmd log lines about the job, after its prolog failed."""
+    reason = wait_drained(bed, FAULT_NODE)
+    # The job never ran: Slurm requeues (and holds) a job whose prolog failed.
+    info = bed.job(job_id)
+    assert info.get("JobState") != "COMPLETED", info
+    lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
+             if f"gpushare: job {job_id}:" in line and "error" in line.lower()]
+    bed.run(["scancel", str(job_id)], check=False)
+    return reason, lines
+
+
+def test_missing_control_program_drains_with_its_path(mps_bed):
+    bed = mps_bed
+    missing = "/usr/lib/gpushare-missing/nvidia-cuda-mps-control"
+    line = bed.plugstack_line().replace(f"mps_control={standin_program(bed)}",
+                                        f"mps_control={missing}")
+    assert missing in line
+    bed.write_plugstack(line)
+    job_id = fault_job(bed)
+    reason, lines = prolog_failure(bed, job_id)
+    assert missing in reason, reason
+    assert len(lines) == 1 and missing in lines[0] and "does not exist" in lines[0], lines
+    assert_nothing_left(bed)
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("die_start", "exited with status 1"),
+    ("hang_start", "no answer within 5 s"),
+    ("die_after_start", "created no control socket"),
+])
+def test_daemon_failing_at_start_drains_the_node_naming_the_gpu(mps_bed, fault, words):
+    bed = mps_bed
+    set_fault(bed, fault)
+    started = time.monotonic()
+    job_id = fault_job(bed)
+    reason, lines = prolog_failure(bed, job_id)
+    elapsed = time.monotonic() - started
+    # The reason (shortened to fit) names the GPU; the log line says what happened.
+    assert f"MPS for job {job_id}: cannot start MPS on GPU 0 (GPU-" in reason, reason
+    assert len(lines) == 1 and words in lines[0], lines
+    # Bounded by timeout=5 (start + control socket), never a hung prolog.
+    assert elapsed < 60, elapsed
+    assert_nothing_left(bed)
+
+
+@pytest.mark.parametrize("fault", ["ignore_quit", "ignore_term"])
+def test_daemon_ignoring_quit_is_stopped_by_signal_at_epilog(mps_bed, fault):
+    bed = mps_bed
+    job_id = bed.sbatch("sleep 2", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
+    record = wait_until("daemon", lambda: started_records(bed), 60)[0]  # type: ignore[index]
+    set_fault(bed, fault)  # the running daemon re-reads it at quit and SIGTERM
+    assert bed.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert_nothing_left(bed)
+    assert not alive(record["daemon_pid"])
+    pid = record["daemon_pid"]
+    lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
+             if f"(pid {pid}, pipe dir {record['pipe_dir']})" in line]
+    ignored = [line for line in lines if "ignored quit for 5 s; ending it with signals" in line]
+    assert len(ignored) == 1, lines
+    signals = ["SIGTERM", "SIGKILL"] if fault == "ignore_term" else ["SIGTERM"]
+    sent = [m.group(1) for line in lines for m in [re.search(r"sending (SIG\w+) to pid (\d+)",
+                                                            line)] if m and m.group(2) == str(pid)]
+    assert sent == signals, lines
+    assert any(line.endswith(")") and "gpushare: stopped MPS control daemon" in line
+               for line in lines), lines
+    assert "DRAIN" not in bed.node_state(FAULT_NODE)["State"]
