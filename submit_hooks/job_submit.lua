@@ -561,7 +561,8 @@ local function check(job, facts)
    local mps_text = options.gpu_mps
    local private_mps = false
    if mps_text ~= nil then
-      if mps_text ~= "" and mps_text ~= "yes" and mps_text ~= "no" then
+      -- A flag without a value reaches slurmctld 22.05 as "(null)".
+      if mps_text ~= "" and mps_text ~= "(null)" and mps_text ~= "yes" and mps_text ~= "no" then
          reject("--gpu-mps=" .. mps_text, "is neither yes nor no",
                 "write --gpu-mps to run a private MPS on your whole GPUs")
       end

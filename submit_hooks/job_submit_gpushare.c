@@ -70,7 +70,8 @@ static int gs_start(void)
     if (!gs_ready) {
         if (gs_python_start("job_submit/gpushare") < 0 || gpushare_submit_alive() != 42) {
             slurm_error("job_submit/gpushare: the Python core did not load; jobs pass "
-                        "unchanged (check GPUSHARE_PYTHONPATH / python3-cffi)");
+                        "unchanged (is gpushare installed in " GS_PYTHONPATH
+                        " and python3-cffi installed?)");
             rc = -1;
         } else {
             gs_ready = 1;

@@ -267,7 +267,8 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
     mps_text = options.get("gpu_mps")
     private_mps = False
     if mps_text is not None:
-        if mps_text not in ("", "yes", "no"):
+        # A flag without a value reaches slurmctld 22.05 as "(null)".
+        if mps_text not in ("", "(null)", "yes", "no"):
             raise _reject(f"--gpu-mps={mps_text}", "is neither yes nor no",
                           "write --gpu-mps to run a private MPS on your whole GPUs")
         private_mps = mps_text != "no"
