@@ -1,0 +1,146 @@
+"""Wall time gpushare adds to the prolog and epilog of an MPS job (stand-in daemon).
+
+One local Slurm node; ``srun --gres=mps:25 printenv SLURM_JOB_ID`` is run, interleaved, with
+  no plugin        plugstack.conf empty (Slurm's gres/mps alone)
+  gpushare         the plugin starts the job's MPS daemon at prolog, stops it at epilog
+  gpushare, joins  the same user already has a job (and so a daemon) on the GPU: the prolog
+                   only takes a reference, the epilog only drops it
+For each job, slurmd's log (millisecond timestamps) gives
+  prolog   from "calling slurmstepd spank prolog" to the step's "launch task" request
+  epilog   from "calling slurmstepd spank epilog" to "completed epilog"
+and the client gives the end-to-end srun time. Prints medians and what gpushare adds.
+
+    python3 bench/bench_prolog.py [--rounds 5] [--per-round 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import slurmbed
+
+USER = slurmbed.TEST_USERS[0]
+_TS = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\]")
+
+
+def _stamp(line: str) -> float | None:
+    match = _TS.match(line)
+    if not match:
+        return None
+    return datetime.datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+
+
+def spans_from_log(path: str) -> dict[int, dict[str, float]]:
+    """Per job: prolog and epilog seconds, from slurmd's log."""
+    spans: dict[int, dict[str, float]] = {}
+    starts: dict[int, dict[str, float]] = {}
+    pending: dict[str, float] = {}
+    with open(path, errors="replace") as handle:
+        for line in handle:
+            ts = _stamp(line)
+            if ts is None:
+                continue
+            for phase in ("prolog", "epilog"):
+                if f"calling /usr/sbin/slurmstepd spank {phase}" in line:
+                    pending[phase] = ts
+                match = re.search(rf"Running spank/{phase} for jobid \[(\d+)\]", line)
+                if match and phase in pending:
+                    starts.setdefault(int(match.group(1)), {})[phase] = pending.pop(phase)
+            match = re.search(r"launch task StepId=(\d+)\.0 ", line)
+            if match and "prolog" in starts.get(int(match.group(1)), {}):
+                job = int(match.group(1))
+                spans.setdefault(job, {})["prolog"] = ts - starts[job]["prolog"]
+            match = re.search(r"completed epilog for jobid (\d+)", line)
+            if match and "epilog" in starts.get(int(match.group(1)), {}):
+                job = int(match.group(1))
+                spans.setdefault(job, {})["epilog"] = ts - starts[job]["epilog"]
+    return spans
+
+
+def run_jobs(bed: slurmbed.SlurmBed, node: str, count: int) -> list[tuple[int, float]]:
+    jobs = []
+    for _ in range(count):
+        start = time.perf_counter()
+        result = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "printenv",
+                          "SLURM_JOB_ID"], user=USER)
+        jobs.append((int(result.stdout.strip()), time.perf_counter() - start))
+    return jobs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=6)
+    parser.add_argument("--port", type=int, default=17680)
+    parser.add_argument("--root", default="/tmp/gpushare-bench-prolog")
+    opts = parser.parse_args()
+
+    bed = slurmbed.default_bed(root=opts.root, port_base=opts.port, node_count=1,
+                               prefix="bprolog")
+    node = bed.nodes[0].name
+    names = ("no plugin", "gpushare", "gpushare, joins")
+    jobs: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+    with bed:
+        gpushare = bed.plugstack_line()
+        for name in names:  # warm-up (page cache, first Python start)
+            bed.write_plugstack("" if name == "no plugin" else gpushare)
+            run_jobs(bed, node, 1)
+        for _ in range(opts.rounds):
+            for name in names:
+                bed.write_plugstack("" if name == "no plugin" else gpushare)
+                holder = None
+                if name == "gpushare, joins":
+                    holder = bed.sbatch("sleep 600", "-w", node, "--gres=mps:25", "-c1",
+                                        user=USER)
+                    bed.wait_job(holder, states={"RUNNING"})
+                    _wait_daemon(bed)
+                jobs[name].extend(run_jobs(bed, node, opts.per_round))
+                if holder is not None:
+                    bed.run(["scancel", str(holder)])
+                    bed.wait_job(holder)
+        time.sleep(2)  # the last epilogs
+        spans = spans_from_log(bed.path("log", f"slurmd-{node}.log"))
+
+    rows = []
+    for name in names:
+        ids = [job for job, _ in jobs[name]]
+        prolog = [spans[j]["prolog"] for j in ids if "prolog" in spans.get(j, {})]
+        epilog = [spans[j]["epilog"] for j in ids if "epilog" in spans.get(j, {})]
+        srun = [seconds for _, seconds in jobs[name]]
+        rows.append((name, len(ids), _ms(prolog), _ms(epilog), _ms(srun)))
+    base = rows[0]
+    print(f"srun --gres=mps:25, {opts.rounds} rounds x {opts.per_round} jobs per variant, "
+          "medians in ms (slurmd log timestamps have 1 ms resolution)")
+    print(f"{'variant':<18} {'jobs':>5} {'prolog':>8} {'epilog':>8} {'pro+epi':>8} "
+          f"{'added':>7} {'srun':>8} {'added':>7}")
+    for name, count, prolog, epilog, srun in rows:
+        both = prolog + epilog
+        print(f"{name:<18} {count:>5} {prolog:>8.1f} {epilog:>8.1f} {both:>8.1f} "
+              f"{both - base[2] - base[3]:>+7.1f} {srun:>8.1f} {srun - base[4]:>+7.1f}")
+    return 0
+
+
+def _ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000 if values else float("nan")
+
+
+def _wait_daemon(bed: slurmbed.SlurmBed, limit: float = 30.0) -> None:
+    mps = os.path.join(bed.state_dir, "mps")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if os.path.isdir(mps) and any(n.endswith(".json") for n in os.listdir(mps)):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the holder job's MPS daemon did not start")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
