@@ -1,0 +1,114 @@
+"""Packing: 64 short jobs asking 25 % of a GPU vs 64 asking a whole GPU, on one 8-GPU node.
+
+A real slurmctld schedules both batches (a job array each, ``sleep`` of a fixed time, one
+CPU per job on a node configured with enough CPUs that CPU is never the limit) on the same
+simulated 8×H100 node with gpushare's plugin: shares get their MPS daemons, whole GPUs
+take the plugin's fast path. Makespan is the wall time from submission until the last job
+has ended; jobs per GPU-hour = jobs / (GPUs × makespan). Also printed: the peak number of
+jobs running at once (from each job's start and end stamps) and the ratio of the two
+batches' throughput (goal ≥ 3.5×; 4× is the ideal for 25 % shares).
+
+    python3 bench/bench_packing.py [--jobs 64] [--sleep 2] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import slurmbed
+
+USER = slurmbed.TEST_USERS[0]
+GPUS = 8
+SCRIPT = "echo START=$(date +%s.%N)\nsleep {sleep}\necho END=$(date +%s.%N)\n"
+
+
+def run_batch(bed: slurmbed.SlurmBed, gres: str, jobs: int, sleep: float) -> dict[str, float]:
+    """Submit one array, wait for every task to end; makespan, peak concurrency, failures."""
+    tag = f"pk{time.monotonic_ns()}"
+    started = time.time()
+    array_id = bed.sbatch(SCRIPT.replace("{sleep}", f"{sleep:g}"), f"--array=1-{jobs}",
+                          f"--gres={gres}", "-c1", f"--output={bed.out_dir}/{tag}_%a.out",
+                          user=USER)
+    while True:
+        states = bed.run(["squeue", "-h", "-r", "-t", "all", "-j", str(array_id), "-o",
+                          "%T"]).stdout.split()
+        done = [s for s in states if s in slurmbed.TERMINAL_STATES]
+        if len(done) == jobs:
+            break
+        time.sleep(0.1)
+    finished = time.time()
+    intervals = []
+    for index in range(1, jobs + 1):
+        with open(os.path.join(bed.out_dir, f"{tag}_{index}.out")) as handle:
+            values = dict(line.split("=", 1) for line in handle.read().split() if "=" in line)
+        intervals.append((float(values["START"]), float(values["END"])))
+    return {
+        "makespan": finished - started,
+        "first_start": min(s for s, _ in intervals) - started,
+        "peak": float(_peak(intervals)),
+        "failed": float(sum(s != "COMPLETED" for s in done)),
+    }
+
+
+def _peak(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=64)
+    parser.add_argument("--sleep", type=float, default=2.0, help="seconds each job runs")
+    parser.add_argument("--repeat", type=int, default=1, help="batches of each kind")
+    parser.add_argument("--port", type=int, default=17690)
+    parser.add_argument("--root", default="/tmp/gpushare-bench-packing")
+    opts = parser.parse_args()
+
+    bed = slurmbed.default_bed(root=opts.root, port_base=opts.port, node_count=1,
+                               prefix="bpack")
+    bed.nodes[0].cpus = 2 * opts.jobs  # CPU never limits how many jobs run at once
+    # The share batch also runs without the plugin: what Slurm alone would pack, so the
+    # cost of starting MPS daemons at that density shows separately.
+    kinds = (("25 % share", "mps:25", True), ("25 % share, no plugin", "mps:25", False),
+             ("whole GPU", "gpu:1", True))
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in kinds}
+    with bed:
+        gpushare = bed.plugstack_line()
+        run_batch(bed, "mps:25", 4, 0.1)  # warm-up: first Python start, page cache
+        for _ in range(opts.repeat):
+            for name, gres, plugin in kinds:
+                bed.write_plugstack(gpushare if plugin else "")
+                results[name].append(run_batch(bed, gres, opts.jobs, opts.sleep))
+
+    print(f"{opts.jobs} jobs of {opts.sleep:g} s each on one node with {GPUS} GPUs, "
+          f"{opts.repeat} batch(es) per kind, medians")
+    print(f"{'request':<22} {'makespan s':>10} {'1st start s':>11} {'peak jobs':>9} "
+          f"{'failed':>6} {'jobs/GPU-hour':>13}")
+    rate = {}
+    for name, _, _ in kinds:
+        runs = results[name]
+        makespan = statistics.median(r["makespan"] for r in runs)
+        rate[name] = opts.jobs / (GPUS * makespan / 3600)
+        print(f"{name:<22} {makespan:>10.2f} "
+              f"{statistics.median(r['first_start'] for r in runs):>11.2f} "
+              f"{max(r['peak'] for r in runs):>9.0f} {sum(r['failed'] for r in runs):>6.0f} "
+              f"{rate[name]:>13.0f}")
+    ratio = rate["25 % share"] / rate["whole GPU"]
+    print(f"ratio 25 % share / whole GPU: {ratio:.2f}x (goal >= 3.5x, ideal 4x)")
+    print(f"without the plugin (Slurm alone): "
+          f"{rate['25 % share, no plugin'] / rate['whole GPU']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
