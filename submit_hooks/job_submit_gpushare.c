@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
@@ -21,6 +22,7 @@ extern void slurm_info(const char *fmt, ...);
 extern void slurm_debug(const char *fmt, ...);
 extern char *slurm_xstrdup(const char *str);
 extern void slurm_xfree(void **ptr);
+extern slurm_conf_t slurm_conf; /* slurmctld's configuration (libslurmfull) */
 
 #include "gs_embed.h"
 
@@ -34,8 +36,11 @@ GS_EXPORT const uint32_t plugin_version = SLURM_VERSION_NUMBER;
 int gpushare_submit_alive(void);
 int gpushare_submit_call(int what, void *job_desc, uint32_t uid, char **err_msg);
 
+enum { GS_INIT = 0, GS_SUBMIT = 1, GS_MODIFY = 2, GS_RELOAD = 3 };
+
 static pthread_mutex_t gs_start_lock = PTHREAD_MUTEX_INITIALIZER;
 static int gs_ready = 0;
+static time_t gs_conf_seen = 0; /* slurm_conf.last_update when the facts were last read */
 
 static void gs_log(int level, const char *msg)
 {
@@ -81,11 +86,31 @@ static int gs_start(void)
     return rc;
 }
 
+/*
+ * slurmctld (22.05) re-inits job_submit plugins on `scontrol reconfigure` only when the
+ * plugin list changed, so the facts are read again when slurm.conf was: re-reading it
+ * stamps slurm_conf.last_update. One comparison per request, no I/O.
+ */
+static void gs_reload_if_reconfigured(void)
+{
+    time_t stamp = slurm_conf.last_update;
+
+    if (stamp == gs_conf_seen)
+        return;
+    pthread_mutex_lock(&gs_start_lock);
+    if (stamp != gs_conf_seen) {
+        gs_conf_seen = stamp;
+        (void)gpushare_submit_call(GS_RELOAD, NULL, 0, NULL);
+    }
+    pthread_mutex_unlock(&gs_start_lock);
+}
+
 GS_EXPORT int init(void)
 {
     if (gs_start() < 0)
         return SLURM_SUCCESS; /* never keep slurmctld from starting */
-    (void)gpushare_submit_call(0, NULL, 0, NULL); /* problems are logged; jobs pass */
+    gs_conf_seen = slurm_conf.last_update;
+    (void)gpushare_submit_call(GS_INIT, NULL, 0, NULL); /* problems are logged; jobs pass */
     return SLURM_SUCCESS;
 }
 
@@ -98,7 +123,8 @@ GS_EXPORT int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **e
 {
     if (!gs_ready && gs_start() < 0)
         return SLURM_SUCCESS;
-    return gpushare_submit_call(1, job_desc, submit_uid, err_msg);
+    gs_reload_if_reconfigured();
+    return gpushare_submit_call(GS_SUBMIT, job_desc, submit_uid, err_msg);
 }
 
 GS_EXPORT int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t modify_uid,
@@ -107,5 +133,6 @@ GS_EXPORT int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t modif
     (void)job_ptr;
     if (!gs_ready && gs_start() < 0)
         return SLURM_SUCCESS;
-    return gpushare_submit_call(2, job_desc, modify_uid, err_msg);
+    gs_reload_if_reconfigured();
+    return gpushare_submit_call(GS_MODIFY, job_desc, modify_uid, err_msg);
 }

@@ -21,7 +21,7 @@ WRITABLE = set(STRING_FIELDS[:4]) | {"req_switch", "wait4switch"}
 _ffi: Any = None
 _lib: Any = None
 
-INIT, SUBMIT, MODIFY = 0, 1, 2
+INIT, SUBMIT, MODIFY, RELOAD = 0, 1, 2, 3
 
 
 def bind(ffi: Any, lib: Any) -> None:
@@ -62,9 +62,12 @@ def write_fields(job_desc: Any, changes: dict[str, Any]) -> None:
 
 
 def call(what: int, job_desc_ptr: Any, uid: int, err_msg: Any) -> int:
-    """One plugin call: init (load facts), job_submit or job_modify."""
+    """One plugin call: init (load facts), reload (slurm.conf re-read), job_submit or
+    job_modify."""
     if what == INIT:
         return submit_hook.init(facts_path())
+    if what == RELOAD:
+        return submit_hook.reload()
     job_desc = _ffi.cast("job_desc_msg_t *", job_desc_ptr)
     fields = read_fields(job_desc)
     rules = submit_hook.job_submit if what == SUBMIT else submit_hook.job_modify

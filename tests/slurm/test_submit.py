@@ -1,0 +1,311 @@
+"""The submit hooks inside the real slurmctld: job_submit.lua and the job_submit/gpushare
+plugin (the Python rules), each in its own bed rendered from tests/plans/bed.yaml.
+
+Each hook gets a module-scoped bed on ``GPUSHARE_BED_PORT`` + 100 (Lua) or + 130 (Python),
+rooted at ``<GPUSHARE_BED_ROOT>-lua`` / ``-py``. pytest groups the tests by hook and stops
+one bed before it starts the next. These beds use the plan's node names (n1..n5), like the
+session ``bed``; Slurm names cgroups after nodes, so jobs must never run in two of them at
+once. That holds: the tests here do not use the session bed, which is idle between tests,
+and only one of the two hook beds is up at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import slurmbed
+
+ROOT = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed")
+PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
+LUA = os.path.join(slurmbed.REPO, "submit_hooks", "job_submit.lua")
+BUILD_PLUGIN = os.path.join(slurmbed.REPO, "submit_hooks", "build.py")
+VECTORS = os.path.join(slurmbed.REPO, "tests", "vectors")
+NO_VAL = 4294967294
+HOOKS = ("lua", "py")
+SCRIPT = 'echo "CVD=$CUDA_VISIBLE_DEVICES PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"'
+
+
+def hook_bed(hook: str) -> slurmbed.SlurmBed:
+    """A plan bed whose slurmctld runs one of the two hooks."""
+    root = f"{ROOT}-{hook}"
+    if hook == "lua":
+        return slurmbed.plan_bed(root=root, port_base=PORT + 100, job_submit="lua",
+                                 job_submit_lua=LUA)
+    plugin_dir = os.path.join(root, "jobsubmit")
+    bed = slurmbed.plan_bed(root=root, port_base=PORT + 130, job_submit="gpushare",
+                            extra_conf=f"PluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:"
+                                       f"{plugin_dir}")
+    prepare = bed.prepare
+
+    def prepare_with_plugin() -> None:
+        # The plugin compiles in where the core lives: the bed's own copy of it.
+        prepare()
+        os.makedirs(plugin_dir)
+        subprocess.run(["/usr/bin/python3", BUILD_PLUGIN, "--pythonpath",
+                        bed.path("lib", "python"), "--out",
+                        os.path.join(plugin_dir, "job_submit_gpushare.so")],
+                       check=True, capture_output=True, text=True)
+
+    bed.prepare = prepare_with_plugin  # type: ignore[method-assign]
+    return bed
+
+
+@pytest.fixture(scope="module", params=HOOKS)
+def hooked(request):
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm needs root")
+    if not os.path.exists(os.path.join(slurmbed.BUILD, "spank_gpushare.so")):
+        subprocess.run(["make", "-C", slurmbed.REPO, "build"], check=True)
+    bed = hook_bed(request.param)
+    bed.start()
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+def submit(bed: slurmbed.SlurmBed, *args: str, script: str = SCRIPT,
+           user: str = slurmbed.TEST_USERS[0]) -> subprocess.CompletedProcess[str]:
+    return bed.run(["sbatch", "--parsable", f"--output={bed.out_dir}/%A_%a.out"
+                    if "--array" in " ".join(args) else f"--output={bed.out_dir}/%j.out",
+                    *args, "--wrap", script], user=user, check=False)
+
+
+def accepted(result: subprocess.CompletedProcess[str]) -> int:
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.strip().split(";")[0])
+
+
+def gpushare_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "gpushare:" in line]
+
+
+def ctld_log(bed: slurmbed.SlurmBed) -> str:
+    with open(bed.path("log", "slurmctld.log"), errors="replace") as handle:
+        return handle.read()
+
+
+def hms(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def prolog_rc(bed: slurmbed.SlurmBed, job_id: int) -> list[str]:
+    return [line for line in bed.debug_lines()
+            if f"job={job_id} cb=job_prolog" in line and " rc=" in line]
+
+
+# ---- placement ----------------------------------------------------------------------------
+
+def test_two_node_gpu_job_lands_in_one_domain(hooked):
+    result = submit(hooked, "-N2", "--gres=gpu:1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        "sbatch: gpushare: --switches=1@1:00 (2 nodes fit in one NVLink domain)"]
+    info = hooked.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", info
+    assert info["Switches"] == "1@00:01:00"
+    assert info["NodeList"] in ("n[1-2]", "n[3-4]")
+
+
+def test_three_node_gpu_job_gets_two_switches_and_runs(hooked):
+    result = submit(hooked, "-N3", "--gres=gpu:1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        "sbatch: gpushare: --switches=2@1:00 (3 nodes need 2 NVLink domains)"]
+    info = hooked.wait_job(job_id)
+    assert info["Switches"] == "2@00:01:00"
+    assert info["JobState"] == "COMPLETED", info
+
+
+# ---- rejections ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gres=mps:150"], "--gres=mps:150"),
+    (["--gres=gpu:7g.80gb:1"], "--gres=gpu:7g.80gb:1"),
+    (["--gpu-share=30", "--gres=gpu:1"], "--gpu-share=30"),
+])
+def test_bad_request_fails_at_sbatch_with_the_hooks_message(hooked, args, flag):
+    result = submit(hooked, *args)
+    assert result.returncode != 0
+    assert result.stdout.strip() == ""
+    lines = gpushare_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"sbatch: error: gpushare: {flag} ")
+    assert "Invalid generic resource (gres) specification" in result.stderr
+
+
+# ---- rewrites that run --------------------------------------------------------------------
+
+def test_mig_request_by_autodetect_name_is_normalised_and_runs_on_its_slice(hooked):
+    result = submit(hooked, "--gres=gpu:nvidia_a100_1g.10gb:1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        "sbatch: gpushare: --gres=gpu:nvidia_a100_1g.10gb:1 -> gres:gpu:1g.10gb:1"]
+    info = hooked.wait_job(job_id)
+    assert info["TresPerNode"] == "gres:gpu:1g.10gb:1"
+    assert info["JobState"] == "COMPLETED", info
+    assert info["NodeList"] == "n5"
+    assert re.search(r"^CVD=\d+ ", hooked.output(job_id), re.M), hooked.output(job_id)
+    # The prolog verified the slice Slurm handed out against the node's (simulated) NVML.
+    prologs = prolog_rc(hooked, job_id)
+    assert prologs and all(line.endswith(" rc=0") for line in prologs), prologs
+
+
+def test_gpu_share_without_gres_becomes_mps_and_runs_capped(hooked):
+    result = submit(hooked, "--gpu-share=25")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == ["sbatch: gpushare: --gpu-share=25 -> gres:mps:25"]
+    info = hooked.wait_job(job_id)
+    assert info["TresPerNode"] == "gres:mps:25"
+    assert info["JobState"] == "COMPLETED", info
+    assert re.search(r"^CVD=\d+ PCT=25$", hooked.output(job_id), re.M), hooked.output(job_id)
+
+
+# ---- untouched ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, tres", [
+    (["--gres=gpu:1"], "gres:gpu:1"),
+    (["-N2"], None),
+    (["-N2", "-n2"], None),
+])
+def test_single_node_and_cpu_only_jobs_untouched(hooked, args, tres):
+    result = submit(hooked, *args)
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == []
+    info = hooked.wait_job(job_id)
+    assert info.get("TresPerNode") == tres
+    assert "Switches" not in info
+    assert info["JobState"] == "COMPLETED", info
+
+
+def test_job_array_is_handled_once_and_every_task_runs(hooked):
+    result = submit(hooked, "--array=1-4", "-N2", "--gres=gpu:1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        "sbatch: gpushare: --switches=1@1:00 (2 nodes fit in one NVLink domain)"]
+    deadline = time.monotonic() + 120
+    records: list[dict[str, str]] = []
+    while time.monotonic() < deadline:
+        out = hooked.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
+        records = [dict(re.findall(r"(\w+(?:/\w+)?)=(\S*)", line))
+                   for line in out.splitlines() if line.strip()]
+        if len(records) == 4 and all(r["JobState"] == "COMPLETED" for r in records):
+            break
+        time.sleep(0.3)
+    assert sorted(r["ArrayTaskId"] for r in records) == ["1", "2", "3", "4"], records
+    for record in records:
+        assert record["JobState"] == "COMPLETED", record
+        assert record["Switches"] == "1@00:01:00"
+        assert record["NodeList"] in ("n[1-2]", "n[3-4]")
+
+
+# ---- the conformance vectors written for the bed -----------------------------------------
+
+def _bed_vectors() -> list[dict]:
+    with open(os.path.join(VECTORS, "bed.json")) as handle:
+        return json.load(handle)["vectors"]
+
+
+class TestVectorsThroughSlurmctld:
+    """tests/vectors/bed.json (each vector with the sbatch flags that give its job fields)
+    through slurmctld, with the vectors' facts file loaded into the running hook."""
+
+    @pytest.fixture(scope="class")
+    def vector_bed(self, hooked):
+        with open(hooked.facts_path) as handle:
+            rendered = handle.read()
+        with open(os.path.join(VECTORS, "bed.json")) as handle:
+            facts_name = json.load(handle)["facts"]
+        shutil.copyfile(os.path.join(VECTORS, "facts", f"{facts_name}.json"), hooked.facts_path)
+        _reload(hooked)
+        try:
+            yield hooked
+        finally:
+            with open(hooked.facts_path, "w") as handle:
+                handle.write(rendered)
+            _reload(hooked)
+
+    @pytest.mark.parametrize("vector", _bed_vectors(), ids=[v["name"] for v in _bed_vectors()])
+    def test_vector(self, vector_bed, vector):
+        """sbatch --hold: slurmctld's stored job (or its rejection) is what the vector says."""
+        result = submit(vector_bed, "--hold", *vector["sbatch"])
+        expect = vector["expect"]
+        if "reject" in expect:
+            assert result.returncode != 0
+            assert gpushare_lines(result.stderr) == [f"sbatch: error: {expect['reject']}"]
+            return
+        job_id = accepted(result)
+        try:
+            message = expect["message"]
+            assert gpushare_lines(result.stderr) == ([f"sbatch: {message}"] if message else [])
+            final = dict(vector["job"], **expect["changes"])
+            info = vector_bed.job(job_id)
+            for field, shown in (("tres_per_node", "TresPerNode"), ("tres_per_job", "TresPerJob"),
+                                 ("tres_per_task", "TresPerTask"),
+                                 ("tres_per_socket", "TresPerSocket")):
+                assert info.get(shown) == final.get(field), (shown, info)
+            switches = final.get("req_switch", NO_VAL)
+            if switches == NO_VAL:
+                assert "Switches" not in info, info
+            else:
+                count, _, wait = info["Switches"].partition("@")
+                assert int(count) == switches
+                if final.get("wait4switch", NO_VAL) != NO_VAL:
+                    assert wait == hms(final["wait4switch"])
+        finally:
+            vector_bed.run(["scancel", str(job_id)], check=False)
+
+
+# ---- internal errors ----------------------------------------------------------------------
+
+def _reload(bed: slurmbed.SlurmBed) -> None:
+    """Make slurmctld load the hook again: Lua re-reads a script whose mtime changed; the
+    Python plugin reloads its facts on ``scontrol reconfigure``."""
+    if bed.job_submit == "lua":
+        script = bed.path("etc", "job_submit.lua")
+        later = os.stat(script).st_mtime + 2
+        os.utime(script, (later, later))
+    else:
+        # The plugin compares slurm.conf's load time, kept in whole seconds.
+        time.sleep(1.1)
+        bed.run(["scontrol", "reconfigure"])
+
+
+def test_unreadable_facts_never_break_slurmctld(hooked):
+    with open(hooked.facts_path) as handle:
+        good = handle.read()
+    log_before = len(ctld_log(hooked))
+    try:
+        with open(hooked.facts_path, "w") as handle:
+            handle.write("{not json")
+        _reload(hooked)
+        result = submit(hooked, "--hold", "--gres=mps:150")
+        new_log = ctld_log(hooked)[log_before:]
+        assert re.search(r"error: .*gpushare.*facts", new_log), new_log
+        assert hooked.run(["squeue", "-h"]).returncode == 0  # slurmctld still answers
+        if hooked.job_submit == "lua":
+            # The script loads without facts and passes every job unchanged.
+            job_id = accepted(result)
+            assert gpushare_lines(result.stderr) == []
+            assert hooked.job(job_id)["TresPerNode"] == "gres:mps:150"
+            hooked.run(["scancel", str(job_id)], check=False)
+        else:
+            # The plugin keeps the facts it had and says so.
+            assert "keeping the facts loaded before" in new_log
+            assert result.returncode != 0
+            assert gpushare_lines(result.stderr)[0].startswith(
+                "sbatch: error: gpushare: --gres=mps:150 ")
+    finally:
+        with open(hooked.facts_path, "w") as handle:
+            handle.write(good)
+        _reload(hooked)
+    result = submit(hooked, "--hold", "--gres=mps:150")
+    assert result.returncode != 0
+    assert gpushare_lines(result.stderr)[0].startswith("sbatch: error: gpushare: --gres=mps:150 ")
