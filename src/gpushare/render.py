@@ -169,8 +169,8 @@ def _owned_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: in
 
 
 def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
-    """Template rows in Slurm's index order: gpu devices by GPU (consecutive whole GPUs of one
-    type folded into ``File=/dev/nvidia[0-7]``), then mps, then shard lines."""
+    """Template rows in Slurm's index order: whole GPUs by GPU (consecutive ones of one type
+    folded into ``File=/dev/nvidia[0-7]``), then MIG slices, then mps, then shard lines."""
     rows: list[dict[str, Any]] = []
     run: list[str] = []
     run_type = ""
@@ -183,8 +183,12 @@ def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
                                     + ("s" if len(run) > 1 else "")})
             run.clear()
 
+    # Whole GPUs before MIG slices: slurmd 22.05 without AutoDetect splits every
+    # MultipleFiles line into one GPU per file, so Slurm's indices stay right only when the
+    # slices come last (and are of one type; see check_autodetect_off).
+    ordered = sorted(devices, key=lambda d: (d.name != "gpu" or d.multiple_files))
     for name in ("gpu", "mps", "shard"):
-        for device in devices:
+        for device in ordered:
             if device.name != name:
                 continue
             if name == "gpu" and not device.multiple_files:
@@ -200,6 +204,24 @@ def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
                          "comment": device.comment})
         close_run()
     return rows
+
+
+def check_autodetect_off(plan: Plan, group: NodeGroup) -> None:
+    """Refuse a MIG layout that Slurm 22.05 cannot index from an AutoDetect=off gres.conf.
+
+    Measured on 22.05.8: slurmd splits each ``MultipleFiles`` line into one GPU per file, so
+    a second MIG type on a node is allocated under the first one's indices and every step
+    fails with "Invalid generic resource (gres) specification".
+    """
+    if not plan.slurm.version.startswith(("21.", "22.")):
+        return
+    profiles = sorted({s.profile for gpu in group.gpus for s in gpu.slices_of("slurm")})
+    if len(profiles) > 1:
+        raise RenderError(
+            f"{plan.path}:{group.line}: node group {group.name} gives Slurm MIG slices of "
+            f"{len(profiles)} profiles ({', '.join(profiles)}); Slurm "
+            f"{plan.slurm.version} with AutoDetect=off indexes only one MIG profile per node "
+            "correctly: give Slurm one profile per node group, or upgrade Slurm")
 
 
 def render_gres_conf(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None,
@@ -218,6 +240,7 @@ def render_gres_conf(plan: Plan, inventory_by_node: Optional[Mapping[str, Invent
             raise RenderError(f"{plan.path}: node {node} is in no node group")
         groups = (group,)
     for group in groups:
+        check_autodetect_off(plan, group)
         members = [node] if node is not None else [n for n in group.nodes if n in inventories]
         for member in members:
             lines = _fold(expected_gres(plan, group, inventories.get(member), device_root))
@@ -254,8 +277,11 @@ def slurm_node_gres(group: NodeGroup) -> str:
         for mig_slice in gpu.slices_of("slurm"):
             key = ("gpu", mig_slice.profile)
             counts[key] = counts.get(key, 0) + 1
-    return ",".join(f"{name}:{gres_type}:{count}" if gres_type else f"{name}:{count}"
-                    for (name, gres_type), count in counts.items())
+    # Whole GPUs first, in the same order as the gres.conf lines (see _fold).
+    whole = {group.model.gres_type}
+    order = sorted(counts, key=lambda key: (key[0] != "gpu", key[1] not in whole))
+    return ",".join(f"{name}:{gres_type}:{counts[(name, gres_type)]}" if gres_type
+                    else f"{name}:{counts[(name, gres_type)]}" for name, gres_type in order)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from gpushare.slurm_client import SlurmNode
 
 PLAN = """\
 version: 1
+slurm: {version: "23.11"}   # several MIG profiles per node: beyond 22.05 with AutoDetect=off
 node_groups:
   - name: a100
     nodes: a[1-2]

@@ -34,7 +34,7 @@ def test_example_plan_parses_with_expected_groups():
     infer = plan.group_of("a100-02")
     gpu2 = infer.gpus[2]
     assert gpu2.owner == "mixed"
-    assert [s.profile for s in gpu2.slices_of("slurm")] == ["3g.20gb"]
+    assert [s.profile for s in gpu2.slices_of("slurm")] == ["1g.5gb", "1g.5gb"]
     assert plan.group_of("l40s-16").gpus[3].mps == 100
     assert [d.name for d in plan.domains] == ["nvl0", "nvl1"]
     assert plan.group_of("nope") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import yaml
 
 from gpushare.facts import facts_from_dict
@@ -11,6 +12,7 @@ from gpushare.gresconf import parse_gres_conf
 from gpushare.inventory import Gpu, Inventory, MigDevice
 from gpushare.plan import load_plan, parse_plan
 from gpushare.render import (
+    RenderError,
     expected_gres,
     mig_parted_config,
     render_facts,
@@ -25,7 +27,7 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "plan.examp
 
 MIXED = """\
 version: 1
-slurm: {device_root: /tmp/x/dev, plugin_args: {verify: warn}}
+slurm: {version: "23.11", device_root: /tmp/x/dev, plugin_args: {verify: warn}}
 node_groups:
   - name: a100
     nodes: a[1-2]
@@ -50,9 +52,11 @@ def test_gres_conf_of_example_plan():
     body = lines(text)
     assert body[0] == "AutoDetect=off"
     assert "NodeName=h100-[01-08] Name=gpu Type=h100 File=/dev/nvidia[0-7]" in body
-    assert ("NodeName=a100-[01-04] Name=gpu Type=3g.20gb MultipleFiles=/dev/nvidia2,"
-            "/dev/nvidia-caps/nvidia-cap291,/dev/nvidia-caps/nvidia-cap292") in body
-    assert sum("Type=1g.5gb" in ln for ln in body) == 7
+    assert ("NodeName=a100-[01-04] Name=gpu Type=1g.5gb MultipleFiles=/dev/nvidia2,"
+            "/dev/nvidia-caps/nvidia-cap354,/dev/nvidia-caps/nvidia-cap355") in body
+    assert sum("Type=1g.5gb" in ln for ln in body) == 9
+    assert not any("3g.20gb" in ln for ln in body)  # GPU 2's 3g.20gb is Kubernetes'
+
     assert not any("2g.10gb" in ln for ln in body)  # Kubernetes' slices stay out
     assert "NodeName=l40s-[01-16] Name=mps Count=100 File=/dev/nvidia3 Flags=all_sharing" in body
 
@@ -67,7 +71,7 @@ def test_rendered_gres_conf_reads_back_as_the_plan_devices():
     assert all(f.startswith("/tmp/x/dev/") for files in got for f in files)
     shards = conf.devices("a1", "shard")
     assert [(d.files, d.count) for d in shards] == [(["/tmp/x/dev/nvidia2"], 8)]
-    assert slurm_node_gres(group) == "gpu:1g.10gb:2,gpu:3g.40gb:2,gpu:a100:1,shard:8"
+    assert slurm_node_gres(group) == "gpu:a100:1,gpu:1g.10gb:2,gpu:3g.40gb:2,shard:8"
 
 
 def _inventory() -> Inventory:
@@ -90,7 +94,9 @@ def test_gres_conf_from_inventory_uses_real_minors_and_caps():
     plan = parse_plan(MIXED)
     text = render_gres_conf(plan, {"a1": _inventory()}, device_root="/dev", node="a1")
     body = lines(text)
-    assert body[1] == ("NodeName=a1 Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia4,"
+    # Whole GPUs first, then the slices (Slurm's index order; see render._fold).
+    assert body[1] == "NodeName=a1 Name=gpu Type=a100 File=/dev/nvidia6"
+    assert body[2] == ("NodeName=a1 Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia4,"
                        "/dev/nvidia-caps/nvidia-cap550,/dev/nvidia-caps/nvidia-cap551")
     assert "nvidia-cap710" not in text  # the Kubernetes 2g.20gb slice
     assert "NodeName=a1 Name=gpu Type=a100 File=/dev/nvidia6" in body
@@ -130,6 +136,14 @@ def test_facts_follow_the_documented_format():
     parsed = facts_from_dict(facts)
     assert parsed.gres_syntax == "22.05"
     assert facts["gpu_types"] == ["h100", "l40s"]
-    assert facts["mig_types"] == ["1g.5gb", "3g.20gb"]
+    assert facts["mig_types"] == ["1g.5gb"]
     assert facts["gpus_per_node"]["h100-05"] == 8 and facts["gpus_per_node"]["a100-01"] == 0
     assert facts["domains"]["nvl1"] == ["h100-05", "h100-06", "h100-07", "h100-08"]
+
+
+def test_slurm_2205_gets_at_most_one_mig_profile_per_node():
+    # Measured on 22.05.8 with AutoDetect=off: slurmd splits MultipleFiles lines into one
+    # GPU per file, so a second MIG profile is allocated under the first one's indices.
+    plan = parse_plan(MIXED.replace('version: "23.11", ', 'version: "22.05", '))
+    with pytest.raises(RenderError, match="indexes only one MIG profile per node"):
+        render_gres_conf(plan)
