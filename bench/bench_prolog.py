@@ -6,7 +6,9 @@ One local Slurm node; ``srun --gres=mps:25 printenv SLURM_JOB_ID`` is run, inter
   gpushare, joins  the same user already has a job (and so a daemon) on the GPU: the prolog
                    only takes a reference, the epilog only drops it
 For each job, slurmd's log (millisecond timestamps) gives
-  prolog   from "calling slurmstepd spank prolog" to the step's "launch task" request
+  prolog   from "calling slurmstepd spank prolog" until the step may launch ("Finished
+           wait for job's prolog"; when srun asks later than the prolog ends, that wait
+           is part of it, the same for every variant)
   epilog   from "calling slurmstepd spank epilog" to "completed epilog"
 and the client gives the end-to-end srun time. Prints medians and what gpushare adds.
 
@@ -54,10 +56,10 @@ def spans_from_log(path: str) -> dict[int, dict[str, float]]:
                 match = re.search(rf"Running spank/{phase} for jobid \[(\d+)\]", line)
                 if match and phase in pending:
                     starts.setdefault(int(match.group(1)), {})[phase] = pending.pop(phase)
-            match = re.search(r"launch task StepId=(\d+)\.0 ", line)
+            match = re.search(r"Finished wait for job (\d+)'s prolog to complete", line)
             if match and "prolog" in starts.get(int(match.group(1)), {}):
                 job = int(match.group(1))
-                spans.setdefault(job, {})["prolog"] = ts - starts[job]["prolog"]
+                spans.setdefault(job, {}).setdefault("prolog", ts - starts[job]["prolog"])
             match = re.search(r"completed epilog for jobid (\d+)", line)
             if match and "epilog" in starts.get(int(match.group(1)), {}):
                 job = int(match.group(1))
