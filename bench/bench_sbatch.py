@@ -144,6 +144,8 @@ def main() -> int:
     finally:
         for bed in started:
             bed.stop()
+        for hook in beds:
+            os.unlink(f"{opts.root}-{hook}.plan.yaml")
 
     base = jobs["none"] / seconds["none"]
     base_median = statistics.median(rates["none"])
