@@ -32,11 +32,12 @@ def check(bed, *args: str, profile: str = "") -> subprocess.CompletedProcess[str
 
 @pytest.fixture
 def wrong_profile(clean_bed, tmp_path):
-    """n5's profile with GPU 1's 3g.40gb slice recreated as 4g.40gb."""
+    """n5's profile with one of GPU 0's 1g.10gb slices (Slurm's) recreated as 2g.20gb."""
     with open(clean_bed.path("nodes", f"{NODE}.json")) as handle:
         profile = json.load(handle)
-    mig = next(m for m in profile["gpus"][1]["mig_devices"] if m["profile"] == "3g.40gb")
-    mig["profile"] = "4g.40gb"
+    mig = profile["gpus"][0]["mig_devices"][0]
+    mig["profile"], mig["memory_mib"] = "2g.20gb", 19968
+    mig.pop("name", None)
     path = tmp_path / "n5-wrong.json"
     path.write_text(json.dumps(profile))
     yield str(path)
@@ -73,7 +74,7 @@ def test_disagreeing_inventory_is_reported(bed, wrong_profile):
     report = json.loads(result.stdout)
     assert report["status"] == 2 and report["node"] == NODE
     whats = [f["what"] for f in report["findings"] if f["severity"] == "error"]
-    assert any("4g.40gb" in w and "3g.40gb" in w for w in whats), whats
+    assert any("2g.20gb" in w and "1g.10gb" in w for w in whats), whats
     assert all(f["where"] and f["fix"] for f in report["findings"])
     text = check(bed, profile=wrong_profile)
     assert text.returncode == 2 and "ERROR" in text.stdout and "fix:" in text.stdout
@@ -85,7 +86,7 @@ def test_drain_names_the_problem_in_slurm(bed, wrong_profile):
     state = bed.node_state(NODE)
     assert "DRAIN" in state["State"], state
     assert state["Reason"].startswith("gpushare: "), state
-    assert "4g.40gb" in state["Reason"] or "3g.40gb" in state["Reason"], state
+    assert "2g.20gb" in state["Reason"] or "1g.10gb" in state["Reason"], state
     # slurmctld's view now shows the node drained by gpushare.
     cluster = check(bed, "--cluster", "--backend", "sinfo", "--json")
     report = json.loads(cluster.stdout)

@@ -126,8 +126,10 @@ def test_rendered_gres_conf_is_what_slurmd_runs_with(bed):
         state = node["state"]
         assert (state if isinstance(state, str) else "+".join(state)).lower() == "idle", node
     show = bed.node_state(MIG_NODE)
-    for gres_type in ("1g.10gb", "3g.40gb", "a100"):
+    for gres_type in ("1g.10gb", "a100"):
         assert f"gpu:{gres_type}:" in show["Gres"], show
+    assert "3g.40gb" not in show["Gres"], show  # GPU 1 and its slices are Kubernetes'
+    assert show["Gres"].startswith("gpu:a100:1,"), show  # whole GPUs come first
     # The CLI renders for n5 from its simulated NVML what the bed's slurmd was started with.
     rendered = gpushare("render", "gres", "--plan", slurmbed.BED_PLAN, "--node", MIG_NODE,
                         "--source", "sim:" + bed.path("nodes", f"{MIG_NODE}.json"),
@@ -164,34 +166,34 @@ def test_mig_slice_job_runs_with_its_device(mig_bed):
     info = mig_bed.wait_job(job_id)
     assert info["JobState"] == "COMPLETED", info
     assert os.path.exists(marker)
-    assert CVD_LINE.search(mig_bed.output(job_id)).group(1) == "0"
+    # Under ConstrainDevices the task counts its devices from 0; without, Slurm's indices
+    # (the whole a100 is index 0 on n5, the slices follow).
+    expected = "0" if mig_bed.use_cgroup() else "1"
+    assert CVD_LINE.search(mig_bed.output(job_id)).group(1) == expected
 
 
 def test_two_mig_slices_run(mig_bed):
     job_id = mig_bed.sbatch("echo CVD=$CUDA_VISIBLE_DEVICES", "-w", MIG_NODE,
                             "--gres=gpu:1g.10gb:2")
     assert mig_bed.wait_job(job_id)["JobState"] == "COMPLETED"
-    assert CVD_LINE.search(mig_bed.output(job_id)).group(1) == "0,1"
+    expected = "0,1" if mig_bed.use_cgroup() else "1,2"
+    assert CVD_LINE.search(mig_bed.output(job_id)).group(1) == expected
 
 
-SLURM_2205_MULTIPLEFILES = (
-    "Slurm 22.05's gres/gpu splits every MultipleFiles record into one device per file when "
-    "AutoDetect is off: slurmctld then has 9 bits for 25 device records, and the types after "
-    "the first slices (3g.40gb, the whole a100) get no device bit, so the job runs with none")
-
-
-@pytest.mark.xfail(strict=True, reason=SLURM_2205_MULTIPLEFILES)
-@pytest.mark.parametrize("gres", ["gpu:3g.40gb:1", "gpu:a100:1"])
-def test_other_types_on_the_mig_node_get_their_device(mig_bed, gres):
-    job_id = mig_bed.sbatch("echo CVD=$CUDA_VISIBLE_DEVICES", "-w", MIG_NODE, f"--gres={gres}")
+def test_whole_gpu_on_the_mig_node_gets_its_device(mig_bed):
+    # Slurm 22.05 without AutoDetect splits each MultipleFiles line into one GPU per file;
+    # with the whole GPU first and one MIG profile per node, every type keeps its device.
+    job_id = mig_bed.sbatch("echo CVD=$CUDA_VISIBLE_DEVICES", "-w", MIG_NODE,
+                            "--gres=gpu:a100:1")
     assert mig_bed.wait_job(job_id)["JobState"] == "COMPLETED"
     assert CVD_LINE.search(mig_bed.output(job_id)).group(1) == "0", mig_bed.output(job_id)
 
 
-@pytest.mark.parametrize("gres", ["gpu:3g.40gb:1", "gpu:a100:1"])
-def test_other_types_on_the_mig_node_complete(mig_bed, gres):
-    job_id = mig_bed.sbatch("echo CVD=$CUDA_VISIBLE_DEVICES", "-w", MIG_NODE, f"--gres={gres}")
-    assert mig_bed.wait_job(job_id)["JobState"] == "COMPLETED"
+def test_kubernetes_slice_cannot_be_asked_from_slurm(mig_bed):
+    result = mig_bed.run(["sbatch", "-w", MIG_NODE, "--gres=gpu:3g.40gb:1", "--wrap", "true"],
+                         user=slurmbed.TEST_USERS[0], check=False)
+    assert result.returncode != 0, result.stdout
+    assert "Requested node configuration is not available" in result.stderr, result.stderr
 
 
 def test_whole_gpu_job_runs(mig_bed):
