@@ -387,9 +387,15 @@ class SlurmBed:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _kill_leftovers(self) -> None:
-        """slurmstepds and stand-in daemons that reference this root (only ours)."""
-        for pid in _pids_mentioning(self.root):
-            _terminate(pid, grace=2.0)
+        """slurmstepds and stand-in daemons that use a path inside this root (only ours).
+
+        The test runner and its ancestors are spared even when their environment names the
+        root (a ``GPUSHARE_BED_ROOT`` setting, a wrapper such as ``timeout``).
+        """
+        spared = _ancestors(os.getpid())
+        for pid in _pids_mentioning(self.root.rstrip("/") + "/"):
+            if pid not in spared:
+                _terminate(pid, grace=2.0)
 
     def _remove_cgroups(self) -> None:
         for node in self.nodes:
@@ -499,6 +505,19 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _ancestors(pid: int) -> set[int]:
+    """``pid`` and every process above it."""
+    found = set()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                pid = int(handle.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
 
 
 def _pids_mentioning(text: str) -> list[int]:

@@ -173,8 +173,7 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> list[ResolvedDe
     if config.verify == "off":
         return result.devices
     for finding in result.findings:
-        log.warning("job %s: %s (%s); fix: %s", request.job_id, finding.what, finding.where,
-                    finding.fix)
+        log.warning("%s (%s); fix: %s", finding.what, finding.where, finding.fix)
     if not result.ok and config.verify == "strict":
         raise NodeError(result.reason(), drain=True)
     return result.devices
@@ -184,7 +183,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     """Run at job start on each node; returns the record written, if the job shares."""
     devices = verify_devices(config, request)
     if not uses_sharing(request):
-        log.debug("job %s uses no sharing", request.job_id)
+        log.debug("no sharing asked")
         return None
     store = JobStore(config.state_dir)
     try:
@@ -194,7 +193,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
                            node=request.node, mode="error", share_percent=0,
                            slurm_gpus=request.slurm_gpus, error=str(err))
         store.write(record)
-        log.info("job %s: request refused: %s", request.job_id, err)
+        log.info("request refused: %s", err)
         return record
     # The record goes down first, so an epilog always finds what a prolog may have started.
     store.write(record)
@@ -209,7 +208,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     record.mps = lease.to_record()
     record.env = task_environment(record)
     store.write(record, show=describe(record.env, record.job_id) if config.show else "")
-    log.info("job %s: %s MPS, %d%% of GPU %s, daemon %s", record.job_id, record.mode,
+    log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record
 
@@ -221,7 +220,7 @@ def mps_devices(record: JobRecord, devices: Sequence[ResolvedDevice]) -> list[Mp
                         "but NVML resolved none of them; check gres.conf against "
                         "`gpushare inventory`", drain=True)
     return [MpsDevice(uuid=d.uuid, index=d.gpu_index, memory_total=d.memory_total,
-                      label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index} ({d.uuid})")
+                      label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index}")
             for d in devices]
 
 
@@ -250,7 +249,7 @@ def epilog(config: PluginConfig, job_id: int) -> None:
         store.remove(job_id)
         raise NodeError(str(err), drain=True) from None
     removed = store.remove(job_id)
-    log.debug("job %s: record %s, daemons stopped: %s", job_id,
+    log.debug("record %s, daemons stopped: %s",
               "removed" if removed else "absent", ", ".join(stopped) or "none")
 
 

@@ -21,6 +21,19 @@ _SLURM_LEVELS = (
 )
 
 
+_current_job = 0
+
+
+def set_job(job_id: int) -> None:
+    """Name this job in every line logged until the next call (one callback at a time)."""
+    global _current_job
+    _current_job = job_id
+
+
+def _job_of(record: logging.LogRecord) -> int:
+    return getattr(record, "job_id", None) or _current_job
+
+
 class SlurmHandler(logging.Handler):
     """Send each record to a ``(level, text)`` sink, the plugin's ``gs_log``."""
 
@@ -32,7 +45,7 @@ class SlurmHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             level = next(lvl for threshold, lvl in _SLURM_LEVELS if record.levelno >= threshold)
-            job = getattr(record, "job_id", None)
+            job = _job_of(record)
             head = f"{self.prefix}: job {job}: " if job else f"{self.prefix}: "
             text = head + record.getMessage()
             if record.exc_info:
@@ -54,7 +67,7 @@ class DebugFileHandler(logging.Handler):
         self.path = path
 
     def emit(self, record: logging.LogRecord) -> None:
-        job = getattr(record, "job_id", 0)
+        job = _job_of(record)
         line = (f"{int(time.time())} pid={os.getpid()} uid={os.getuid()} py job={job} "
                 f"{record.levelname.lower()} {record.getMessage()}\n")
         try:

@@ -90,21 +90,21 @@ def dispatch(name: str, handle: Any, args: list[str]) -> int:
         logger.error("no handler for SPANK callback %s", name)
         return -1
     spank = Spank(handle)
+    gslog.set_job(_job_id(spank))
     try:
         return callback(spank, config)
     except job.NodeError as err:
-        logger.error("%s: %s", name, err, extra={"job_id": _job_id(spank)})
+        logger.error("%s: %s", name, err)
         if err.drain:
             _drain(str(err), config)
         return -1
     except Exception:
-        logger.exception("%s: internal error", name, extra={"job_id": _job_id(spank)})
+        logger.exception("%s: internal error", name)
         return -1
     finally:
         # No Python thread may outlive a callback: a thread holding the GIL across
         # slurmstepd's fork() hangs every task.
-        logger.debug("%s done, threads=%d", name, threading.active_count(),
-                     extra={"job_id": _job_id(spank)})
+        logger.debug("%s done, threads=%d", name, threading.active_count())
 
 
 def _drain(reason: str, config: PluginConfig) -> None:

@@ -462,6 +462,8 @@ def test_daemon_ignoring_quit_is_stopped_by_signal_at_epilog(mps_bed, fault):
     sent = [m.group(1) for line in lines for m in [re.search(r"sending (SIG\w+) to pid (\d+)",
                                                             line)] if m and m.group(2) == str(pid)]
     assert sent == signals, lines
-    assert any(line.endswith(")") and "gpushare: stopped MPS control daemon" in line
-               for line in lines), lines
+    # Every line names the job whose epilog stopped the daemon.
+    assert any(line.endswith(")") and f"gpushare: job {job_id}: stopped MPS control daemon"
+               in line for line in lines), lines
+    assert all(f"gpushare: job {job_id}: " in line for line in ignored), ignored
     assert "DRAIN" not in bed.node_state(FAULT_NODE)["State"]
