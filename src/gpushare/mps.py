@@ -632,9 +632,15 @@ class MpsManager:
             os.kill(pid, sig)
 
     def _wait_gone(self, pids: Sequence[int], rec: dict[str, Any], seconds: float) -> bool:
+        """Wait until none of ``pids`` (each ours when chosen) exists any more.
+
+        A process that is exiting stops looking like ours (its environ is gone) before it
+        is gone, so existence is what is waited for; signals are still sent only after
+        ``_is_ours`` (a pid reused meanwhile costs a wait, never a wrong kill).
+        """
         deadline = time.monotonic() + seconds
         while True:
-            if not any(self._is_ours(pid, rec) for pid in pids):
+            if not any(self._alive(pid) for pid in pids):
                 return True
             if time.monotonic() > deadline:
                 return False
