@@ -213,24 +213,25 @@ def _bed_vectors() -> list[dict]:
         return json.load(handle)["vectors"]
 
 
+@pytest.fixture(scope="class")
+def vector_bed(hooked):
+    with open(hooked.facts_path) as handle:
+        rendered = handle.read()
+    with open(os.path.join(VECTORS, "bed.json")) as handle:
+        facts_name = json.load(handle)["facts"]
+    shutil.copyfile(os.path.join(VECTORS, "facts", f"{facts_name}.json"), hooked.facts_path)
+    _reload(hooked)
+    try:
+        yield hooked
+    finally:
+        with open(hooked.facts_path, "w") as handle:
+            handle.write(rendered)
+        _reload(hooked)
+
+
 class TestVectorsThroughSlurmctld:
     """tests/vectors/bed.json (each vector with the sbatch flags that give its job fields)
     through slurmctld, with the vectors' facts file loaded into the running hook."""
-
-    @pytest.fixture(scope="class")
-    def vector_bed(self, hooked):
-        with open(hooked.facts_path) as handle:
-            rendered = handle.read()
-        with open(os.path.join(VECTORS, "bed.json")) as handle:
-            facts_name = json.load(handle)["facts"]
-        shutil.copyfile(os.path.join(VECTORS, "facts", f"{facts_name}.json"), hooked.facts_path)
-        _reload(hooked)
-        try:
-            yield hooked
-        finally:
-            with open(hooked.facts_path, "w") as handle:
-                handle.write(rendered)
-            _reload(hooked)
 
     @pytest.mark.parametrize("vector", _bed_vectors(), ids=[v["name"] for v in _bed_vectors()])
     def test_vector(self, vector_bed, vector):
