@@ -1,7 +1,8 @@
-"""Python side of the SPANK plugin, run once per process when C first calls into Python.
+"""Python side of the SPANK plugin's core, run once per process on the first callback.
 
 It only puts the gpushare package on sys.path (from ``pythonpath=``) and hands every
-callback to ``gpushare.spank_adapter``; anything that goes wrong is logged, never raised.
+callback, with the host calls the plugin lends, to ``gpushare.spank_adapter``; anything
+that goes wrong is logged through the plugin, never raised.
 """
 import sys
 import traceback
@@ -32,14 +33,15 @@ def gpushare_py_alive():
 
 
 @ffi.def_extern(error=-1)
-def gpushare_py_dispatch(callback, sp, ac, av):
+def gpushare_py_dispatch(callback, host_ptr, ac, av):
+    host = ffi.cast("struct gs_host *", host_ptr)
     name = "?"
     try:
         name = ffi.string(callback).decode()
         args = [ffi.string(av[i]).decode("utf-8", "replace") for i in range(ac)]
-        return int(_load_adapter(args).dispatch(name, sp, args))
+        return int(_load_adapter(args).dispatch(name, host, args))
     except BaseException:
         text = f"gpushare: {name}: internal error:\n{traceback.format_exc()}"
         for line in text.rstrip().splitlines():
-            lib.gs_log(0, line.encode("utf-8", "replace"))
+            host.log(0, line.encode("utf-8", "replace"))
         return -1

@@ -1,7 +1,8 @@
-"""Build spank_gpushare.so: the SPANK plugin, cffi embedding mode.
+"""Build the SPANK plugin: spank_gpushare.so and, next to it, spank_gpushare_core.so.
 
-Run it with the distribution's python3 and python3-cffi (the interpreter the plugin will
-embed), never a venv or pyenv one:
+The plugin is plain C and does not link libpython; the core is a cffi embedding module
+that it loads only for jobs that use gpushare. Run this with the distribution's python3 and
+python3-cffi (the interpreter the core will embed), never a venv or pyenv one:
 
     /usr/bin/python3 spank/build.py --out build/spank_gpushare.so
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -25,16 +27,20 @@ import cffi  # noqa: E402
 
 from gpushare.config import ARG_SPECS, PluginConfig  # noqa: E402
 
+CORE_NAME = "spank_gpushare_core.so"
+
 CDEF = """
-int gs_context(void);
-void gs_log(int level, const char *msg);
-int gs_job_ids(void *sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid);
-const char *gs_getopt(void *sp, const char *name);
+struct gs_host {
+    void *sp;
+    void (*log)(int level, const char *msg);
+    int (*job_ids)(void *sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid);
+    const char *(*getopt)(void *sp, const char *name);
+};
 """
 
 EMBEDDING_API = """
 int gpushare_py_alive(void);
-int gpushare_py_dispatch(const char *callback, void *sp, int ac, char **av);
+int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
 """
 
 
@@ -78,25 +84,45 @@ def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path
     return out
 
 
-def build(out: str) -> str:
+def build_plugin(out: str) -> str:
+    """The plain C plugin, compiled against the installed Slurm headers."""
     keys = [spec.key for spec in ARG_SPECS]
-    defines = python_defines()
-    defines.update({
+    defines = {
+        "GS_CORE_NAME": c_string(CORE_NAME),
         "GS_DEFAULT_STATE_DIR": c_string(PluginConfig().state_dir),
         "GS_KNOWN_KEYS": ", ".join(c_string(k) for k in keys),
         "GS_KNOWN_KEYS_TEXT": c_string(", ".join(k + "=" for k in keys)),
-    })
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".h") as header:
+        header.write("".join(f"#define {k} {v}\n" for k, v in defines.items()))
+        header.flush()
+        subprocess.run(
+            [sysconfig.get_config_var("CC").split()[0] or "cc", "-shared", "-fPIC", "-O2",
+             "-Wall", "-Werror=implicit-function-declaration", "-fvisibility=hidden",
+             "-include", header.name, "-I", HERE, "-o", out,
+             os.path.join(HERE, "gpushare_spank.c"), "-ldl", "-Wl,-z,nodelete",
+             "-Wl,--version-script=" + os.path.join(HERE, "exports.map")],
+            check=True)
+    os.chmod(out, 0o755)
+    return out
+
+
+def build(out: str) -> list[str]:
+    """Both halves: the plugin at ``out`` and the core next to it."""
     with open(os.path.join(HERE, "_embedded.py")) as src:
         init_code = src.read()
-    return compile_embedded("_gpushare_spank", EMBEDDING_API, CDEF, init_code,
-                            os.path.join(HERE, "gpushare_spank.c"), defines,
-                            os.path.join(HERE, "exports.map"), out)
+    core = os.path.join(os.path.dirname(os.path.abspath(out)), CORE_NAME)
+    compile_embedded("_gpushare_spank", EMBEDDING_API, CDEF, init_code,
+                     os.path.join(HERE, "gpushare_core.c"), python_defines(),
+                     os.path.join(HERE, "core_exports.map"), core)
+    return [build_plugin(out), core]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="build/spank_gpushare.so")
-    print(build(parser.parse_args().out))
+    print("\n".join(build(parser.parse_args().out)))
 
 
 if __name__ == "__main__":

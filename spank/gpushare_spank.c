@@ -1,19 +1,23 @@
 /*
- * gpushare SPANK plugin: the C glue around the embedded Python core.
+ * gpushare SPANK plugin: the C glue in front of the Python core.
  *
  * It does only what must be C:
  *   - the SPANK symbols and the user option table (--gpu-share, --gpu-mps), with the
  *     option values validated here so srun/sbatch never start Python;
  *   - the plugstack arguments checked against the key list generated from
  *     gpushare.config at build time (an unknown key refuses to run);
- *   - a fast exit for jobs that do not use gpushare, decided without Python;
- *   - starting Python isolated from the user's environment (never inside slurmd),
- *     with libpython made RTLD_GLOBAL so extension modules load;
- *   - turning any Python failure into a logged SPANK error.
+ *   - a fast exit for jobs that do not use gpushare, decided without Python: this file
+ *     does not link libpython, and loads the core (spank_gpushare_core.so, next to it)
+ *     only when a job needs it, never inside slurmd;
+ *   - each task's environment, applied from the root-owned file job_prolog wrote, so no
+ *     interpreter ever runs in slurmstepd;
+ *   - turning any failure of the core into a logged SPANK error.
  *
- * This file is #included into the cffi-generated module (spank/build.py), which
- * defines GS_LIBPYTHON, GS_PYTHONHOME, GS_DEFAULT_STATE_DIR and GS_KNOWN_KEYS.
+ * Built by spank/build.py, which defines GS_CORE_NAME, GS_DEFAULT_STATE_DIR, GS_KNOWN_KEYS
+ * and GS_KNOWN_KEYS_TEXT.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -28,7 +32,7 @@
 
 #include <slurm/spank.h>
 
-#include "gs_embed.h"
+#include "gs_host.h"
 
 #define GS_EXPORT __attribute__((visibility("default")))
 
@@ -39,14 +43,7 @@ GS_EXPORT const unsigned int spank_plugin_version = 1;
 
 enum { GS_OPT_SHARE = 1, GS_OPT_MPS = 2 };
 
-/* Log levels understood by gs_log(); Python's logging maps onto them. */
-enum { GS_LOG_ERROR = 0, GS_LOG_INFO = 1, GS_LOG_VERBOSE = 2, GS_LOG_DEBUG = 3, GS_LOG_USER = 4 };
-
 static int gs_opt_cb(int val, const char *optarg, int remote);
-
-/* Defined by cffi from build.py's embedding_api (the Python side). */
-int gpushare_py_alive(void);
-int gpushare_py_dispatch(const char *callback, void *sp, int ac, char **av);
 
 static struct spank_option gs_options[] = {
     {"gpu-share", "percent",
@@ -191,43 +188,69 @@ static int gs_opt_cb(int val, const char *optarg, int remote)
     return 0;
 }
 
-/* ---- Python, started lazily, isolated, never in slurmd ---------------------------- */
+/* ---- the Python core, loaded lazily, never in slurmd ---------------------------- */
 
-static int gs_python_start_here(spank_t sp)
+static gs_core_dispatch_f gs_core_dispatch = NULL;
+static int gs_core_failed = 0;
+
+/* The core lives next to this plugin: <dir of spank_gpushare.so>/GS_CORE_NAME. */
+static int gs_core_path(char *path, size_t size)
 {
-    int was_running = Py_IsInitialized();
+    Dl_info info;
+    const char *slash;
 
+    if (!dladdr((void *)&gs_core_path, &info) || !info.dli_fname)
+        return -1;
+    slash = strrchr(info.dli_fname, '/');
+    if (!slash)
+        return snprintf(path, size, "%s", GS_CORE_NAME) < (int)size ? 0 : -1;
+    return snprintf(path, size, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
+                    GS_CORE_NAME) < (int)size ? 0 : -1;
+}
+
+static int gs_load_core(spank_t sp)
+{
+    char path[PATH_MAX];
+    gs_core_start_f start;
+    void *handle;
+
+    if (gs_core_dispatch)
+        return 0;
+    if (gs_core_failed)
+        return -1;
     if (spank_context() == S_CTX_SLURMD) {
         slurm_error("gpushare: refusing to start Python inside slurmd");
         return -1;
     }
-    if (gs_python_start("gpushare") < 0)
+    gs_core_failed = 1; /* until it has loaded */
+    if (gs_core_path(path, sizeof(path)) < 0) {
+        slurm_error("gpushare: cannot find the directory of spank_gpushare.so");
         return -1;
-    if (!was_running)
-        gs_debug(sp, "python=start");
+    }
+    /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
+    handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+        slurm_error("gpushare: cannot load the Python core %s: %s (install it next to "
+                    "spank_gpushare.so)", path, dlerror());
+        return -1;
+    }
+    start = (gs_core_start_f)dlsym(handle, "gpushare_core_start");
+    gs_core_dispatch = (gs_core_dispatch_f)dlsym(handle, "gpushare_core_dispatch");
+    if (!start || !gs_core_dispatch) {
+        slurm_error("gpushare: %s is not gpushare's core (missing symbols)", path);
+        gs_core_dispatch = NULL;
+        return -1;
+    }
+    if (start() != 0) {
+        gs_core_dispatch = NULL;
+        return -1;
+    }
+    gs_core_failed = 0;
+    gs_debug(sp, "python=start");
     return 0;
 }
 
-/* Run one callback in Python; any failure becomes a logged error and a -1. */
-static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
-{
-    int rc;
-
-    if (gs_python_start_here(sp) < 0)
-        return -1;
-    if (gpushare_py_alive() != 42) {
-        gs_python_failed = 1;
-        slurm_error("gpushare: %s: the Python core failed to load (see the traceback above); "
-                    "check the pythonpath= argument and that python3-cffi is installed",
-                    callback);
-        return -1;
-    }
-    rc = gpushare_py_dispatch(callback, (void *)sp, ac, av);
-    gs_debug(sp, "cb=%s python rc=%d", callback, rc);
-    return rc;
-}
-
-/* ---- helpers the Python core calls (declared in build.py's cdef) ------------------ */
+/* ---- the SPANK calls the core makes, lent through struct gs_host ------------------ */
 
 static void gs_log(int level, const char *msg)
 {
@@ -240,12 +263,12 @@ static void gs_log(int level, const char *msg)
     }
 }
 
-static int gs_context(void) { return (int)spank_context(); }
-
-static int gs_job_ids(spank_t sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid)
+static int gs_job_ids(void *handle, uint32_t *job_id, uint32_t *uid, uint32_t *gid)
 {
+    spank_t sp = (spank_t)handle;
     uid_t u;
     gid_t g;
+
     if (spank_get_item(sp, S_JOB_ID, job_id) != ESPANK_SUCCESS)
         return -1;
     if (spank_get_item(sp, S_JOB_UID, &u) != ESPANK_SUCCESS)
@@ -257,14 +280,10 @@ static int gs_job_ids(spank_t sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid
     return 0;
 }
 
-static int gs_getenv(spank_t sp, const char *name, char *buf, int len)
-{
-    return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS ? 0 : -1;
-}
-
 /* Option value as the job carries it: "" for a flag, NULL when not used. */
-static const char *gs_getopt(spank_t sp, const char *name)
+static const char *gs_getopt(void *handle, const char *name)
 {
+    spank_t sp = (spank_t)handle;
     char *value = NULL;
     for (struct spank_option *opt = gs_options; opt->name; opt++) {
         if (strcmp(opt->name, name) != 0)
@@ -274,6 +293,19 @@ static const char *gs_getopt(spank_t sp, const char *name)
         return value ? value : "";
     }
     return NULL;
+}
+
+/* Run one callback in the core; any failure becomes a logged error and a -1. */
+static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
+{
+    struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt};
+    int rc;
+
+    if (gs_load_core(sp) < 0)
+        return -1;
+    rc = gs_core_dispatch(callback, &host, ac, av);
+    gs_debug(sp, "cb=%s python rc=%d", callback, rc);
+    return rc;
 }
 
 /* ---- the fast path: does this job use gpushare at all? ---------------------------- */
@@ -288,6 +320,11 @@ static int gs_job_record_exists(spank_t sp)
         return 0;
     snprintf(path, sizeof(path), "%s/jobs/%u.json", gs_state_dir, job_id);
     return lstat(path, &st) == 0;
+}
+
+static int gs_getenv(spank_t sp, const char *name, char *buf, int len)
+{
+    return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS ? 0 : -1;
 }
 
 static int gs_env_set(const char *name)

@@ -198,8 +198,9 @@ class SlurmBed:
         pylib = os.path.join(BUILD, "pylib")
         if self.plugstack != "" and not (os.path.exists(plugin) and os.path.isdir(pylib)):
             raise BedError(f"{plugin} or {pylib} missing: run `make build` first")
-        if os.path.exists(plugin):
-            shutil.copy2(plugin, self.path("lib", "spank_gpushare.so"))
+        for name in ("spank_gpushare.so", "spank_gpushare_core.so"):
+            if os.path.exists(os.path.join(BUILD, name)):
+                shutil.copy2(os.path.join(BUILD, name), self.path("lib", name))
         if os.path.isdir(pylib):
             shutil.copytree(pylib, self.path("lib", "python"))
             # Always the current core, even when pylib was built earlier.

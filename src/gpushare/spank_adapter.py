@@ -1,8 +1,9 @@
 """Thin adapters from the SPANK callbacks (C glue) to the core in ``gpushare.job``.
 
 ``bind`` is called once per process by the embedded init code with cffi's ``ffi``/``lib``;
-``dispatch`` turns the callback name into a call of the core and the outcome into a SPANK
-return code. The configuration is parsed once per process.
+``dispatch`` gets the callback's name and the host calls the plugin lends (struct
+gs_host), runs the core and turns the outcome into a SPANK return code. The configuration
+is parsed once per process.
 """
 
 from __future__ import annotations
@@ -20,30 +21,37 @@ from gpushare.config import ConfigError, PluginConfig, parse_plugin_args
 logger = logging.getLogger("gpushare.spank")
 
 _ffi: Any = None
-_lib: Any = None
+_host: Any = None  # the plugin's struct gs_host of the callback running now
 _config: Optional[PluginConfig] = None
 
 
 def bind(ffi: Any, lib: Any) -> None:
-    global _ffi, _lib
-    _ffi, _lib = ffi, lib
-    gslog.install(lambda level, text: lib.gs_log(level, text.encode("utf-8", "replace")))
+    """Called once per process by the embedded init code."""
+    global _ffi
+    _ffi = ffi
+    gslog.install(_to_slurm)
+
+
+def _to_slurm(level: int, text: str) -> None:
+    """Log through the plugin (slurm_error & co.), while a callback runs."""
+    if _host is not None:
+        _host.log(level, text.encode("utf-8", "replace"))
 
 
 class Spank:
     """The SPANK handle of one callback, with the few calls the core needs."""
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    def __init__(self, host: Any) -> None:
+        self.host = host
 
     def ids(self) -> tuple[int, int, int]:
         job_id, uid, gid = (_ffi.new("uint32_t *") for _ in range(3))
-        if _lib.gs_job_ids(self.handle, job_id, uid, gid) != 0:
+        if self.host.job_ids(self.host.sp, job_id, uid, gid) != 0:
             raise RuntimeError("spank_get_item(S_JOB_ID/UID/GID) failed")
         return int(job_id[0]), int(uid[0]), int(gid[0])
 
     def option(self, name: str) -> Optional[str]:
-        value = _lib.gs_getopt(self.handle, name.encode())
+        value = self.host.getopt(self.host.sp, name.encode())
         return None if value == _ffi.NULL else _ffi.string(value).decode("utf-8", "replace")
 
 
@@ -51,8 +59,7 @@ def configure(args: list[str]) -> PluginConfig:
     global _config
     if _config is None:
         _config = parse_plugin_args(args)
-        gslog.install(lambda level, text: _lib.gs_log(level, text.encode("utf-8", "replace")),
-                      _config.debug_log)
+        gslog.install(_to_slurm, _config.debug_log)
     return _config
 
 
@@ -78,8 +85,17 @@ CALLBACKS: dict[str, Callable[[Spank, PluginConfig], int]] = {
 }
 
 
-def dispatch(name: str, handle: Any, args: list[str]) -> int:
+def dispatch(name: str, host: Any, args: list[str]) -> int:
     """Run one callback; node problems and internal errors are logged and return -1."""
+    global _host
+    _host = host
+    try:
+        return _dispatch(name, Spank(host), args)
+    finally:
+        _host = None
+
+
+def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
     try:
         config = configure(args)
     except ConfigError as err:
@@ -89,7 +105,6 @@ def dispatch(name: str, handle: Any, args: list[str]) -> int:
     if callback is None:
         logger.error("no handler for SPANK callback %s", name)
         return -1
-    spank = Spank(handle)
     gslog.set_job(_job_id(spank))
     try:
         return callback(spank, config)

@@ -37,25 +37,33 @@ def last_job_id(bed) -> int:
     return int(result.stdout.split()[0])
 
 
-def test_plugin_exports_only_spank_symbols():
-    so = os.path.join(slurmbed.BUILD, "spank_gpushare.so")
-    out = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True,
+def defined_symbols(path: str) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True,
                          check=True).stdout
-    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_plugin_exports_only_spank_symbols():
+    names = defined_symbols(os.path.join(slurmbed.BUILD, "spank_gpushare.so"))
     allowed = {"plugin_name", "plugin_type", "plugin_version", "spank_plugin_version"}
     assert names - allowed, "no SPANK callback exported"
     assert all(n in allowed or n.startswith("slurm_spank_") for n in names), names
+    core = defined_symbols(os.path.join(slurmbed.BUILD, "spank_gpushare_core.so"))
+    assert core == {"gpushare_core_start", "gpushare_core_dispatch"}, core
 
 
-def test_plugin_embeds_the_system_libpython():
-    so = os.path.join(slurmbed.BUILD, "spank_gpushare.so")
-    out = subprocess.run(["ldd", so], capture_output=True, text=True, check=True).stdout
+def test_plugin_links_no_python_and_its_core_the_system_libpython():
+    plugin = subprocess.run(["ldd", os.path.join(slurmbed.BUILD, "spank_gpushare.so")],
+                            capture_output=True, text=True, check=True).stdout
+    assert "libpython" not in plugin, plugin
+    core = os.path.join(slurmbed.BUILD, "spank_gpushare_core.so")
+    out = subprocess.run(["ldd", core], capture_output=True, text=True, check=True).stdout
     libpython = [line for line in out.splitlines() if "libpython" in line]
     assert libpython, out
     for line in libpython:
         target = line.split("=>")[1].split()[0]
         assert target.startswith(("/lib/", "/usr/lib/")) and ".pyenv" not in target, line
-    dynamic = subprocess.run(["readelf", "-d", so], capture_output=True, text=True).stdout
+    dynamic = subprocess.run(["readelf", "-d", core], capture_output=True, text=True).stdout
     assert "RUNPATH" not in dynamic and "RPATH" not in dynamic, dynamic
 
 
@@ -216,10 +224,11 @@ def test_slurmd_never_loads_python(clean_bed):
         pid = clean_bed._pids[f"slurmd-{node.name}"]
         with open(f"/proc/{pid}/maps") as handle:
             maps = handle.read()
-        # slurmd loads the plugin (it exports slurm_spank_init), which maps libpython, but
-        # the interpreter is never initialised: no extension module is ever loaded there.
+        # slurmd loads the plugin (it exports slurm_spank_init), which links no Python;
+        # the core, libpython and every extension module stay out of slurmd.
         assert "spank_gpushare.so" in maps
-        assert "_cffi_backend" not in maps, f"slurmd {node.name} started Python"
+        for loaded in ("spank_gpushare_core.so", "libpython", "_cffi_backend"):
+            assert loaded not in maps, f"slurmd {node.name} mapped {loaded}"
     assert not any("ctx=slurmd" in line for line in clean_bed.debug_lines())
 
 

@@ -69,7 +69,8 @@ def test_rpmlint_reports_nothing_unexplained(built):
 
 def test_package_holds_the_product_and_no_test_parts(built):
     files = rpm_query(built[0], "-l")
-    for wanted in ("/usr/lib64/slurm/spank_gpushare.so", "/usr/lib64/slurm/job_submit_gpushare.so",
+    for wanted in ("/usr/lib64/slurm/spank_gpushare.so", "/usr/lib64/slurm/spank_gpushare_core.so",
+                   "/usr/lib64/slurm/job_submit_gpushare.so",
                    "/usr/bin/gpushare", "/usr/bin/gpushare-check",
                    "/usr/lib64/gpushare/python/gpushare/job.py",
                    "/usr/lib64/gpushare/python/gpushare/templates/gres.conf.j2",
