@@ -98,7 +98,7 @@ def build_plugin(out: str) -> str:
         header.write("".join(f"#define {k} {v}\n" for k, v in defines.items()))
         header.flush()
         subprocess.run(
-            [sysconfig.get_config_var("CC").split()[0] or "cc", "-shared", "-fPIC", "-O2",
+            [(sysconfig.get_config_var("CC") or "cc").split()[0], "-shared", "-fPIC", "-O2",
              "-Wall", "-Werror=implicit-function-declaration", "-fvisibility=hidden",
              "-include", header.name, "-I", HERE, "-o", out,
              os.path.join(HERE, "gpushare_spank.c"), "-ldl", "-Wl,-z,nodelete",
