@@ -6,8 +6,9 @@ vectors in tests/vectors/. Lua 5.1 syntax, valid through 5.4: no goto, no intege
 numbers always written with %d.
 
 Cluster facts (GPU types, MIG profiles Slurm owns, MPS units per GPU, NVLink domains,
-policy) are read once when slurmctld loads this script (start-up and `scontrol
-reconfigure`), from the JSON file rendered by `gpushare render facts`. Nothing is read per
+policy) are read once when slurmctld loads this script (start-up, and whenever it re-reads
+the script because its mtime changed: touch it after rendering new facts), from the JSON
+file rendered by `gpushare render facts`. Nothing is read per
 job. Slurm's Lua has no JSON library, so a small decoder for the subset JSON that file
 uses lives below: one file is the single source of truth for both hooks.
 
