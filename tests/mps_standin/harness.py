@@ -84,20 +84,7 @@ class StandinInstall:
 
     def processes(self) -> list[int]:
         """Pids of live processes running this copy of the stand-in."""
-        pids = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as handle:
-                    argv = handle.read().split(b"\0")
-                with open(f"/proc/{name}/stat", "rb") as handle:
-                    state = handle.read().rsplit(b")", 1)[-1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state != b"Z" and len(argv) > 1 and argv[1] == self.program.encode():
-                pids.append(int(name))
-        return pids
+        return standin_processes(self.program)
 
     def kill_all(self) -> list[int]:
         """SIGKILL every process of this copy (test cleanup); returns their pids."""
@@ -106,3 +93,22 @@ class StandinInstall:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return pids
+
+
+def standin_processes(program: str) -> list[int]:
+    """Pids of live (not zombie) processes running ``program``: daemons, servers, clients."""
+    wanted = program.encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and wanted in argv[:2]:
+            pids.append(int(name))
+    return pids

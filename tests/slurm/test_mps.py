@@ -14,6 +14,7 @@ from typing import Callable
 import pytest
 
 import slurmbed
+from mps_standin.harness import standin_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -78,21 +79,7 @@ def standin_program(bed) -> str:
 
 def standin_pids(bed) -> list[int]:
     """Live processes running the bed's stand-in (daemons and servers)."""
-    program = standin_program(bed).encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != b"Z" and program in argv[:2]:
-            pids.append(int(name))
-    return pids
+    return standin_processes(standin_program(bed))
 
 
 def alive(pid: int) -> bool:
