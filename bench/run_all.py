@@ -12,7 +12,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = (
-    ("plugin cost per srun (issue: SPANK plugin)", "bench_srun.py", []),
+    ("plugin cost per srun", "bench_srun.py", []),
     ("prolog + epilog cost of an MPS job", "bench_prolog.py", []),
     ("MPS daemon lifecycle", "bench_mps.py", []),
     ("packing: 25 % shares vs whole GPUs", "bench_packing.py", []),
