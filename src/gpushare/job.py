@@ -198,8 +198,9 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     # The record goes down first, so an epilog always finds what a prolog may have started.
     store.write(record)
     manager = MpsManager(config)
-    manager.reap_stale(lambda job_id: store.read(job_id) is not None)
     try:
+        # References of jobs whose epilog never ran (their record is gone) go first.
+        manager.reap_stale(lambda job_id: store.read(job_id) is not None)
         lease = manager.acquire(record.job_id, record.uid, record.gid,
                                 mps_devices(record, devices), mode=record.mode,
                                 share_percent=record.share_percent)
