@@ -29,7 +29,8 @@ def build_plan_text(nodes: int = 10000) -> str:
     """Training H100 nodes in NVLink domains of 32, A100 MIG nodes, L40S MPS nodes."""
     train, mig = nodes * 6 // 10, nodes * 3 // 10
     shared = nodes - train - mig
-    lines = ["version: 1", "domains:"]
+    # Slurm 23.11: the MIG nodes give Slurm two profiles each (22.05 indexes only one).
+    lines = ["version: 1", "slurm: {version: '23.11'}", "domains:"]
     for domain in range(train // 32):
         first = domain * 32 + 1
         lines.append(f"  nvl{domain}: 'h[{first:05d}-{first + 31:05d}]'")
