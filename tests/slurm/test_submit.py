@@ -168,6 +168,19 @@ def test_gpu_share_without_gres_becomes_mps_and_runs_capped(hooked):
     assert re.search(r"^CVD=\d+ PCT=25$", hooked.output(job_id), re.M), hooked.output(job_id)
 
 
+
+def test_private_mps_flag_passes_the_hook_and_gets_its_daemon(hooked):
+    # slurmctld 22.05 hands a flag option to the hooks as "(null)"; it must read as set.
+    result = submit(hooked, "--gres=gpu:2", "--gpu-mps", "-w", "n2",
+                    script="echo CVD=$CUDA_VISIBLE_DEVICES PIPE=$CUDA_MPS_PIPE_DIRECTORY")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == []
+    info = hooked.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", info
+    out = hooked.output(job_id)
+    assert re.search(rf"^CVD=0,1 PIPE={re.escape(hooked.state_dir)}/mps/job{job_id}/pipe$",
+                     out, re.M), out
+
 # ---- untouched ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, tres", [
