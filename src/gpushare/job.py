@@ -123,10 +123,15 @@ def task_environment(record: JobRecord) -> dict[str, str]:
     """The variables every task of the job gets; the MPS lease's take precedence.
 
     The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuids>`` and numbers its devices
-    from 0, so the task sees 0..n-1.
+    from 0, so the task sees 0..n-1; ``GPUSHARE_GPUS`` (Slurm's indices on the node) and
+    ``GPUSHARE_GPU_UUIDS`` say which devices those are.
     """
     devices = ",".join(str(i) for i in range(len(record.slurm_gpus)))
-    env = {"CUDA_VISIBLE_DEVICES": devices}
+    # Which of the node's GPUs these are: Slurm tells an mps job's tasks nothing of it.
+    env = {"CUDA_VISIBLE_DEVICES": devices, "GPUSHARE_GPUS": ",".join(record.slurm_gpus)}
+    uuids = [str(d.get("uuid")) for d in record.devices if d.get("uuid")]
+    if uuids:
+        env["GPUSHARE_GPU_UUIDS"] = ",".join(uuids)
     if record.mode == "shared":
         env[SHARE_ENV] = str(record.share_percent)
     if record.mps:

@@ -166,3 +166,10 @@ def test_cli_json_and_text(standin_daemon, monkeypatch, capsys):
                    capture_output=True)
     assert main(["job", "--mps-control", STANDIN]) == 1
     assert "does not answer (no-answer)" in capsys.readouterr().out
+
+
+def test_mps_job_learns_its_gpu_from_gpushare():
+    # Slurm gives an mps job's tasks no SLURM_*_GPUS; the prolog's GPUSHARE_GPUS names it.
+    env = {k: v for k, v in SHARED_ENV.items() if k != "SLURM_STEP_GPUS"}
+    assert job_view(env).node_gpus == []
+    assert job_view(dict(env, GPUSHARE_GPUS="3")).node_gpus == ["3"]

@@ -16,7 +16,8 @@ def test_mps_job_gets_slurms_share_on_device_zero():
     rec = job.plan_job(request(env={"SLURM_JOB_GPUS": "3",
                                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}))
     assert rec.mode == "shared" and rec.share_percent == 50 and rec.slurm_gpus == ["3"]
-    assert rec.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    assert rec.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+                       "GPUSHARE_GPUS": "3"}
 
 
 def test_gpu_share_can_only_lower_slurms_share():
@@ -44,11 +45,21 @@ def test_share_over_two_gpus_is_refused():
 
 def test_private_mps_needs_whole_gpus_and_no_share():
     rec = job.plan_job(request(private_mps=True, env={"SLURM_JOB_GPUS": "2,3"}))
-    assert rec.mode == "private" and rec.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert rec.mode == "private"
+    assert rec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "GPUSHARE_GPUS": "2,3"}
     with pytest.raises(job.UserError, match="cannot be combined with a share"):
         job.plan_job(request(private_mps=True, gpu_share="50", env={"SLURM_JOB_GPUS": "0"}))
     with pytest.raises(job.UserError, match="add --gres=gpu:N"):
         job.plan_job(request(private_mps=True))
+
+
+def test_task_learns_which_gpus_it_shares():
+    rec = job.plan_job(request(env={"SLURM_JOB_GPUS": "5",
+                                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}))
+    rec.devices = [{"uuid": "GPU-abc"}]
+    env = job.task_environment(rec)
+    assert env["GPUSHARE_GPUS"] == "5" and env["GPUSHARE_GPU_UUIDS"] == "GPU-abc"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"
 
 
 def test_lease_environment_wins():

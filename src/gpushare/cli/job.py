@@ -70,8 +70,9 @@ def job_view(env: Mapping[str, str]) -> JobView:
     """Interpret the task environment; inconsistencies go to ``problems``, never raise."""
     problems: list[str] = []
     job_id = _ints(env.get("SLURM_JOB_ID", ""))
+    # Slurm gives an mps job's tasks no GPU index; gpushare's prolog does (GPUSHARE_GPUS).
     gpus_text = (env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
-                 or env.get("GPU_DEVICE_ORDINAL") or "")
+                 or env.get("GPUSHARE_GPUS") or env.get("GPU_DEVICE_ORDINAL") or "")
     share_text = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
     share = _ints(share_text)
     if share_text and (share is None or not 1 <= share <= 100):
