@@ -359,10 +359,17 @@ def test_scancel_mid_job_stops_the_daemon(mps_bed):
 
 def test_slurmd_killed_and_restarted_while_jobs_run_leaks_nothing(mps_bed):
     bed = mps_bed
-    jobs = [bed.sbatch("sleep 12", "--gres=mps:25", "-w", NODE, "-c1", user=user)
-            for user in (U1, U1, U2)]
+    jobs = [bed.sbatch("echo script-started; sleep 12", "--gres=mps:25", "-w", NODE, "-c1",
+                       user=user) for user in (U1, U1, U2)]
     for job_id in jobs:
         wait_running(bed, job_id)
+    # slurmd is killed only once every prolog has reported back and every script runs: a
+    # prolog that ends while no slurmd listens leaves the job in "Prolog" (Slurm's own
+    # behaviour, not gpushare's).
+    for job_id in jobs:
+        wait_until(f"job {job_id} script started",
+                   lambda job_id=job_id: os.path.exists(bed.path("out", f"{job_id}.out"))
+                   and "script-started" in bed.output(job_id), 60)
     records = wait_until("daemons of 3 jobs",
                          lambda: (r := started_records(bed)) and
                          sum(len(x["jobs"]) for x in r) == 3 and r, 60)
