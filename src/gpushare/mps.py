@@ -217,18 +217,9 @@ class MpsManager:
                     rec = self._read_record(mps_fd, key)
                     if rec is None or str(job_id) not in rec["jobs"]:
                         continue
-                    previous_caps = self._caps(rec)
-                    del rec["jobs"][str(job_id)]
-                    if rec["jobs"]:
-                        self._write_record(mps_fd, rec)
-                        try:
-                            self._apply_caps(rec, previous_caps)
-                        except MpsError as err:
-                            LOG.warning("%s", err)
-                        continue
                     try:
-                        self._retire(mps_fd, rec, lock)
-                        stopped.append(key)
+                        if self._drop_jobs(mps_fd, rec, lock, [str(job_id)]):
+                            stopped.append(key)
                     except MpsError as err:
                         errors.append(str(err))
         if errors:
@@ -255,19 +246,33 @@ class MpsManager:
                     for jid in dead:
                         LOG.info("dropping MPS reference of vanished job %s on %s", jid,
                                  self._describe(rec))
-                        del rec["jobs"][jid]
-                    if rec["jobs"]:
-                        if dead:
-                            self._write_record(mps_fd, rec)
+                    if rec["jobs"] and not dead:
                         continue
                     try:
-                        self._retire(mps_fd, rec, lock)
-                        stopped.append(key)
+                        if self._drop_jobs(mps_fd, rec, lock, dead):
+                            stopped.append(key)
                     except MpsError as err:
                         errors.append(str(err))
         if errors:
             raise MpsError("; ".join(errors))
         return stopped
+
+    def _drop_jobs(self, mps_fd: int, rec: dict[str, Any], lock: _Lock,
+                   job_ids: Sequence[str]) -> bool:
+        """Remove jobs from a daemon (lock held): lower its caps to the jobs left, or stop
+        it when none are left. True when it was stopped; MpsError when it cannot be."""
+        previous_caps = self._caps(rec)
+        for jid in job_ids:
+            del rec["jobs"][jid]
+        if not rec["jobs"]:
+            self._retire(mps_fd, rec, lock)
+            return True
+        self._write_record(mps_fd, rec)
+        try:
+            self._apply_caps(rec, previous_caps)
+        except MpsError as err:
+            LOG.warning("%s", err)
+        return False
 
     def records(self) -> list[dict[str, Any]]:
         """All daemon records on this node (for inspection commands)."""
