@@ -88,6 +88,11 @@ def test_daemon_layout_commands_and_quit(standin):
         if state(standin)["stopped_at"]:
             break
         time.sleep(0.01)
+    # The daemon records its stop, then exits: it must be gone soon after (bounded wait).
+    deadline = time.monotonic() + 10
+    while standin.processes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert standin.processes() == []
     final = state(standin)
     assert final["stopped_at"] is not None
     assert final["commands"][-1] == "quit"
