@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
+from mps_standin.harness import install_standin
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(REPO, "build")
 
@@ -210,10 +212,7 @@ class SlurmBed:
                             ignore=shutil.ignore_patterns("__pycache__"))
             subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q",
                             self.path("lib", "python")], check=True, stdout=subprocess.DEVNULL)
-        standin = os.path.join(REPO, "tests", "mps_standin", "nvidia-cuda-mps-control")
-        if os.path.exists(standin):
-            shutil.copy2(standin, self.path("bin", "nvidia-cuda-mps-control"))
-            os.chmod(self.path("bin", "nvidia-cuda-mps-control"), 0o755)
+        install_standin(self.path("bin"))
         for node in self.nodes:
             if node.profile:
                 self._install_profile(node)

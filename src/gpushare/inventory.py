@@ -20,8 +20,6 @@ import contextlib
 import math
 import os
 import re
-import socket
-import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -211,10 +209,12 @@ _NOT_IN_MIG = 0xFFFFFFFF
 class _Collector:
     """Reads one node through an NVML implementation; each failure names what it was doing."""
 
-    def __init__(self, nvml: Any, minors: dict[str, int], device_dir: str) -> None:
+    def __init__(self, nvml: Any, minors: dict[str, int], device_dir: str,
+                 topology: bool = True) -> None:
         self.nvml = nvml
         self.minors = minors
         self.device_dir = device_dir
+        self.topology = topology
 
     def call(self, what: str, fn_name: str, *args: Any) -> Any:
         return nvml_call(self.nvml, what, getattr(self.nvml, fn_name), *args)
@@ -270,8 +270,9 @@ class _Collector:
             gpu.mig_pending = int(mig[1]) == nv.NVML_DEVICE_MIG_ENABLE
         if gpu.mig_current:
             gpu.mig_devices = self.mig_devices(gpu, handle, where)
-        gpu.nvlinks = self.nvlinks(gpu, handle, where)
-        gpu.fabric = self.fabric(gpu, handle, where)
+        if self.topology:
+            gpu.nvlinks = self.nvlinks(gpu, handle, where)
+            gpu.fabric = self.fabric(gpu, handle, where)
         gpu.processes = self.processes(gpu.unsupported, handle, where)
         return gpu
 
@@ -343,6 +344,7 @@ class _Collector:
     def fabric(self, gpu: Gpu, handle: Any, where: str) -> Optional[FabricInfo]:
         """Fabric (multi-node NVLink domain) state; the versioned call first, then the old one."""
         import ctypes
+        import uuid as uuidlib
 
         nv = self.nvml
         for fn_name, struct_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
@@ -402,17 +404,21 @@ def _error_text(nvml: Any, value: int) -> str:
 
 
 def collect(nvml: Any, source: str, mig_minors_text: Optional[str] = None,
-            device_dir: str = "/dev", hostname: Optional[str] = None) -> Inventory:
+            device_dir: str = "/dev", hostname: Optional[str] = None,
+            topology: bool = True) -> Inventory:
     """Read every GPU, MIG slice, NVLink, fabric state and process through ``nvml``.
 
     ``nvml`` is what ``gpushare.nvml.load_nvml`` returned; ``mig_minors_text`` is the content of
-    /proc/driver/nvidia-caps/mig-minors (None: MIG slices get no caps files).
+    /proc/driver/nvidia-caps/mig-minors (None: MIG slices get no caps files). Without
+    ``topology`` the NVLinks and fabric state are not read (18 links per GPU are most of the
+    NVML calls, and a job's prolog verifies devices, not links).
     """
     nvml_call(nvml, "initialise NVML", nvml.nvmlInit)
     try:
-        collector = _Collector(nvml, parse_mig_minors(mig_minors_text or ""), device_dir)
+        collector = _Collector(nvml, parse_mig_minors(mig_minors_text or ""), device_dir,
+                               topology)
         inventory = Inventory(
-            hostname=hostname or socket.gethostname(),
+            hostname=hostname or os.uname().nodename,
             driver_version=text(nvml_call(nvml, "read the driver version",
                                           nvml.nvmlSystemGetDriverVersion)),
             cuda_driver_version=_cuda_version(nvml_call(
@@ -433,11 +439,13 @@ def _cuda_version(value: Any) -> str:
     return f"{number // 1000}.{number % 1000 // 10}"
 
 
-def open_inventory(source: str, mig_minors_path: str = MIG_MINORS_PATH) -> Inventory:
+def open_inventory(source: str, mig_minors_path: str = MIG_MINORS_PATH,
+                   topology: bool = True) -> Inventory:
     """Load the configured NVML (``nvml`` or ``sim:<profile>``) and collect the node's GPUs."""
     nvml = load_nvml(source)
     if source.startswith(SIM_PREFIX):
-        return collect(nvml, source, nvml.mig_minors_text, nvml.device_dir, nvml.hostname)
+        return collect(nvml, source, nvml.mig_minors_text, nvml.device_dir, nvml.hostname,
+                       topology)
     minors_text: Optional[str] = None
     try:
         with open(mig_minors_path, encoding="ascii", errors="replace") as f:
@@ -446,4 +454,4 @@ def open_inventory(source: str, mig_minors_path: str = MIG_MINORS_PATH) -> Inven
         minors_text = None  # no MIG-capable driver: slices (if any) get no caps files
     except OSError as err:
         raise InventoryError(f"cannot read {mig_minors_path}: {err.strerror}") from None
-    return collect(nvml, source, minors_text)
+    return collect(nvml, source, minors_text, topology=topology)

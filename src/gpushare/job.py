@@ -13,15 +13,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from gpushare.config import PluginConfig
-from gpushare.gresconf import GresConfError, load_gres_conf
-from gpushare.inventory import open_inventory
 from gpushare.mps import MpsDevice, MpsError, MpsManager
-from gpushare.nvml import InventoryError
 from gpushare.state import JobRecord, JobStore
-from gpushare.verify import ResolvedDevice, verify_job_devices
+
+if TYPE_CHECKING:
+    from gpushare.verify import ResolvedDevice
 
 log = logging.getLogger("gpushare.job")
 
@@ -159,8 +158,15 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> list[ResolvedDe
     wanted = config.verify != "off" or uses_sharing(request)
     if not wanted or not (request.slurm_gpus or request.visible_devices):
         return []
+    # Imported here, not at the top: the epilog (and a job that needs no check) never uses
+    # them, and every prolog and epilog starts a fresh interpreter.
+    from gpushare.gresconf import GresConfError, load_gres_conf
+    from gpushare.inventory import open_inventory
+    from gpushare.nvml import InventoryError
+    from gpushare.verify import verify_job_devices
+
     try:
-        inventory = open_inventory(inventory_source(config, request.node))
+        inventory = open_inventory(inventory_source(config, request.node), topology=False)
         gres = load_gres_conf(gres_conf_path(request.env))
         owner = None
         if config.plan:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -142,6 +141,8 @@ def daemon_key(mode: str, uid: int, job_id: int, devices: Sequence[MpsDevice]) -
     uuids = sorted(d.uuid for d in devices)
     if len(uuids) == 1:
         return f"u{uid}-{_sanitize(uuids[0])}"
+    import hashlib  # only for multi-GPU daemons; its OpenSSL load is the slowest import here
+
     digest = hashlib.sha256("\n".join(uuids).encode()).hexdigest()[:16]
     return f"u{uid}-multi-{digest}"
 

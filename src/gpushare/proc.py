@@ -1,9 +1,11 @@
 """Run an external command with a hard time limit, optionally as another user.
 
 The plugin runs inside slurmd/slurmstepd: a hung or daemonising child must never hang it.
-Output goes to unlinked temporary files, not pipes, so a grandchild that keeps the
+Output goes to anonymous memory files, not pipes, so a grandchild that keeps the
 child's stdout open (``nvidia-cuda-mps-control -d`` does) cannot make us wait for EOF.
-The child gets its own process group; on timeout the whole group is killed.
+The child gets its own process group; on timeout the whole group is killed. The wait is a
+poll on a pidfd where the kernel has them (5.3+), so the caller resumes the moment the
+child exits; older kernels fall back to subprocess's sleeping wait.
 No threads are used (the plugin forbids them).
 """
 
@@ -12,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
@@ -59,10 +61,48 @@ class Result:
         return "\n".join(part for part in (self.stdout.strip(), self.stderr.strip()) if part)
 
 
-def _read_back(handle: object) -> str:
-    handle.seek(0)  # type: ignore[attr-defined]
-    data = handle.read(_OUTPUT_LIMIT)  # type: ignore[attr-defined]
-    return data.decode("utf-8", "replace")
+def _scratch_file(name: str, data: bytes = b"") -> int:
+    """An anonymous file (no path anyone could open or replace) holding ``data``, at offset 0."""
+    fd = os.memfd_create(f"gpushare-{name}", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_back(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks, left = [], _OUTPUT_LIMIT
+    while left > 0:
+        chunk = os.read(fd, left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> int:
+    """The child's exit status; subprocess.TimeoutExpired after ``timeout`` seconds."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # Python < 3.9 or kernel < 5.3: sleep-and-poll
+        return proc.wait(timeout=timeout)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while not poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+    finally:
+        os.close(pidfd)
+    return proc.wait()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -91,10 +131,10 @@ def run(
     Raises CommandNotFound, CommandTimeout, or (with ``check``) CommandFailed.
     """
     name = argv[0]
-    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
-            tempfile.TemporaryFile() as stderr:
-        stdin.write(input_text.encode())
-        stdin.seek(0)
+    fds = [_scratch_file("stdin", input_text.encode()), _scratch_file("stdout"),
+           _scratch_file("stderr")]
+    try:
+        stdin, stdout, stderr = fds
         kwargs: dict = {}
         if uid is not None:
             kwargs.update(user=uid, group=gid if gid is not None else uid, extra_groups=[])
@@ -109,9 +149,8 @@ def run(
             raise CommandNotFound(f"{name}: cannot be executed ({err.strerror})") from None
         except OSError as err:
             raise ProcError(f"{name}: cannot be started ({err})") from None
-        deadline = time.monotonic() + timeout
         try:
-            returncode = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            returncode = _wait(proc, max(0.0, timeout))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             proc.wait()
@@ -120,6 +159,9 @@ def run(
             ) from None
         # A daemonising child may leave its group behind; nothing of it is ours to wait for.
         result = Result(tuple(argv), returncode, _read_back(stdout), _read_back(stderr))
+    finally:
+        for fd in fds:
+            os.close(fd)
     if check and result.returncode != 0:
         detail = result.output or "no output"
         raise CommandFailed(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import textwrap
 import threading
 from typing import Any, Callable, Optional
 
@@ -124,6 +123,8 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
 
 def _drain(reason: str, config: PluginConfig) -> None:
     """Drain this node with gpushare's reason (Slurm's own would only say the prolog failed)."""
+    import textwrap
+
     from gpushare.check import DRAIN_REASON_MAX, drain_node  # only on this rare path
 
     text = textwrap.shorten(reason.replace('"', "'"), DRAIN_REASON_MAX, placeholder="...")

@@ -14,10 +14,30 @@ import subprocess
 import tempfile
 from typing import Optional
 
-STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvidia-cuda-mps-control")
+HERE = os.path.dirname(os.path.abspath(__file__))
+FRONT_SOURCE = os.path.join(HERE, "front.c")
+DAEMON_SOURCE = os.path.join(HERE, "standin.py")
+PROGRAM_NAME = "nvidia-cuda-mps-control"
 TEST_USERS = ("gpushare-u1", "gpushare-u2")
 FAULTS = ("die_start", "hang_start", "die_after_start", "ignore_quit", "ignore_term",
           "hang_client")
+
+
+def install_standin(bindir: str) -> str:
+    """Build the front end into ``bindir`` as nvidia-cuda-mps-control, standin.py beside it.
+
+    Returns the program's path. Both are 0755/0644 and owned by whoever runs this (root
+    for the plugin, which refuses a program others could replace).
+    """
+    program = os.path.join(bindir, PROGRAM_NAME)
+    built = subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", program, FRONT_SOURCE],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(f"cannot build the MPS stand-in's front end: {built.stderr}")
+    os.chmod(program, 0o755)
+    shutil.copyfile(DAEMON_SOURCE, os.path.join(bindir, "standin.py"))
+    os.chmod(os.path.join(bindir, "standin.py"), 0o644)
+    return program
 
 
 def unusable_reason() -> Optional[str]:
@@ -26,6 +46,8 @@ def unusable_reason() -> Optional[str]:
         return "needs root (runs daemons as test users)"
     if not os.access("/usr/bin/python3", os.X_OK):
         return "needs /usr/bin/python3 (the stand-in's interpreter)"
+    if shutil.which("cc") is None:
+        return "needs a C compiler (cc) for the stand-in's front end"
     if shutil.which("useradd") is None and any(not _user_exists(n) for n in TEST_USERS):
         return "needs useradd to create the test users"
     return None
@@ -65,9 +87,7 @@ class StandinInstall:
         self.bindir = os.path.join(base, "bin")
         os.mkdir(self.bindir, 0o755)
         os.chmod(self.bindir, 0o755)
-        self.program = os.path.join(self.bindir, "nvidia-cuda-mps-control")
-        shutil.copyfile(STANDIN, self.program)
-        os.chmod(self.program, 0o755)
+        self.program = install_standin(self.bindir)
         self.fault_file = os.path.join(self.bindir, "faults")
 
     def set_faults(self, *names: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gpushare.cli import main
 from gpushare.cli.job import DaemonProbe, format_view, job_view, probe_daemon
-from mps_standin.harness import STANDIN
+from mps_standin.harness import install_standin
 
 SHARED_ENV = {
     "SLURM_JOB_ID": "42",
@@ -106,65 +106,71 @@ def test_hanging_program_times_out(tmp_path):
     assert time.monotonic() - started < 10
 
 
-def test_daemon_not_running_is_no_answer(tmp_path):
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    """The stand-in program (front end and daemon script), built once for this module."""
+    return install_standin(str(tmp_path_factory.mktemp("standin")))
+
+
+def test_daemon_not_running_is_no_answer(tmp_path, standin):
     env = dict(SHARED_ENV, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
                CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"))
-    probe = probe_daemon(job_view(env), STANDIN, 10.0)
+    probe = probe_daemon(job_view(env), standin, 10.0)
     assert probe.status == "no-answer"
     assert "Cannot find MPS control daemon" in probe.detail
 
 
 @pytest.fixture
-def standin_daemon(tmp_path):
+def standin_daemon(tmp_path, standin):
     """A stand-in control daemon (as this user) on a private pipe directory."""
     pipe, log = tmp_path / "u1-GPU-x" / "pipe", tmp_path / "u1-GPU-x" / "log"
     pipe.mkdir(parents=True)
     log.mkdir()
     env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
            "CUDA_MPS_LOG_DIRECTORY": str(log), "CUDA_VISIBLE_DEVICES": "GPU-standin-0"}
-    subprocess.run([STANDIN, "-d"], env=env, check=True, timeout=20)
+    subprocess.run([standin, "-d"], env=env, check=True, timeout=20)
     deadline = time.monotonic() + 10
     while not (pipe / "control").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
         yield env
     finally:
-        subprocess.run([STANDIN], input="quit\n", env=env, text=True, timeout=20,
+        subprocess.run([standin], input="quit\n", env=env, text=True, timeout=20,
                        capture_output=True)
 
 
-def test_running_daemon_answers_with_its_servers(standin_daemon, tmp_path):
+def test_running_daemon_answers_with_its_servers(standin_daemon, tmp_path, standin):
     env = dict(SHARED_ENV, **{k: standin_daemon[k] for k in
                               ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")})
     view = job_view(env)
-    assert probe_daemon(view, STANDIN, 10.0) == DaemonProbe("answers", [], "")
-    started = subprocess.run([STANDIN], input=f"start_server -uid {os.getuid()}\n",
+    assert probe_daemon(view, standin, 10.0) == DaemonProbe("answers", [], "")
+    started = subprocess.run([standin], input=f"start_server -uid {os.getuid()}\n",
                              env=standin_daemon, text=True, capture_output=True, timeout=20)
     server = int(started.stdout.split()[0])
-    assert probe_daemon(view, STANDIN, 10.0).servers == [server]
+    assert probe_daemon(view, standin, 10.0).servers == [server]
 
 
-def test_cli_json_and_text(standin_daemon, monkeypatch, capsys):
+def test_cli_json_and_text(standin_daemon, monkeypatch, capsys, standin):
     for key, value in SHARED_ENV.items():
         monkeypatch.setenv(key, value)
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         monkeypatch.setenv(key, standin_daemon[key])
     monkeypatch.delenv("SLURM_JOB_GPUS", raising=False)
-    assert main(["job", "--json", "--mps-control", STANDIN]) == 0
+    assert main(["job", "--json", "--mps-control", standin]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["job"]["job_id"] == 42
     assert data["job"]["share_percent"] == 25
     assert data["job"]["pinned_mem_limit"] == {"0": "20389M"}
     assert data["daemon"]["status"] == "answers"
-    assert main(["job", "--mps-control", STANDIN]) == 0
+    assert main(["job", "--mps-control", standin]) == 0
     text = capsys.readouterr().out
     assert "25% of its SMs" in text
     assert "device 0: 20389M" in text
     assert "MPS daemon            answers" in text
     # The daemon gone: the command says so and fails.
-    subprocess.run([STANDIN], input="quit\n", env=standin_daemon, text=True, timeout=20,
+    subprocess.run([standin], input="quit\n", env=standin_daemon, text=True, timeout=20,
                    capture_output=True)
-    assert main(["job", "--mps-control", STANDIN]) == 1
+    assert main(["job", "--mps-control", standin]) == 1
     assert "does not answer (no-answer)" in capsys.readouterr().out
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mps_standin.harness import STANDIN, StandinInstall
+from mps_standin.harness import StandinInstall
 
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK),
                                 reason="the stand-in runs with /usr/bin/python3")
@@ -127,7 +127,9 @@ def test_hang_start_never_returns(standin):
     standin.kill_all()
 
 
-def test_standin_is_an_executable_script():
-    with open(STANDIN, "rb") as a:
-        assert a.read(2) == b"#!"
-    assert os.access(STANDIN, os.X_OK)
+def test_client_mode_is_the_compiled_front_end(standin):
+    """The plugin pays for a C client per control command, as with NVIDIA's program."""
+    with open(standin.program, "rb") as handle:
+        assert handle.read(4) == b"\x7fELF"
+    assert os.access(standin.program, os.X_OK)
+    assert os.path.exists(os.path.join(standin.bindir, "standin.py"))

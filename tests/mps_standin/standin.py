@@ -1,9 +1,10 @@
-#!/usr/bin/python3
 """Stand-in for nvidia-cuda-mps-control on machines without a GPU (tests and demo only).
 
-Command line as the real program: ``-d`` daemonise, ``-f`` run in the foreground, no flag:
-client mode, one control command per stdin line, sent to the daemon over
-``$CUDA_MPS_PIPE_DIRECTORY/control`` (a SOCK_SEQPACKET socket, as the real one).
+Installed beside its C front end (``front.c``, built as ``nvidia-cuda-mps-control``), which
+answers client mode itself (no arguments: one control command per stdin line, sent to
+the daemon over ``$CUDA_MPS_PIPE_DIRECTORY/control``, a SOCK_SEQPACKET socket as the real
+one) and runs this file for the rest of the command line: ``-d`` daemonise, ``-f`` run in
+the foreground, ``-v``, and the servers the daemon starts (``--server``).
 Honours CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) and CUDA_MPS_LOG_DIRECTORY
 (default /var/log/nvidia-mps); writes ``nvidia-cuda-mps-control.pid``, ``control_lock``
 and a ``log`` FIFO in the pipe directory and ``control.log`` in the log directory.
@@ -19,7 +20,7 @@ with a clean environment; a running daemon reads it again on each quit and SIGTE
   die_after_start  -d returns 0 but the daemon exits at once
   ignore_quit      the daemon answers quit but keeps running
   ignore_term      the daemon ignores quit and SIGTERM (SIGKILL still works)
-  hang_client      client mode never returns
+  hang_client      client mode never returns (read by the front end)
 """
 
 import fcntl
@@ -32,13 +33,13 @@ import sys
 import time
 
 SCRIPT = os.path.realpath(__file__)
+FRONT = os.path.join(os.path.dirname(SCRIPT), "nvidia-cuda-mps-control")
 PIPE_DIR = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
 LOG_DIR = os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps"
 CONTROL = os.path.join(PIPE_DIR, "control")
 PID_FILE = os.path.join(PIPE_DIR, "nvidia-cuda-mps-control.pid")
 LOCK_FILE = os.path.join(PIPE_DIR, "control_lock")
 STATE_FILE = os.path.join(LOG_DIR, "standin-state.json")
-NOT_RUNNING = "Cannot find MPS control daemon process"
 
 
 def faults():
@@ -64,7 +65,7 @@ def devices():
 
 
 class Daemon:
-    """The control daemon: one command per connection, replies as JSON {out, rc}."""
+    """The control daemon: one command per connection, replies ``<rc>\n<output>``."""
 
     def __init__(self):
         self.faults = faults()
@@ -96,7 +97,7 @@ class Daemon:
         self.state["servers"] = {str(pid): info for pid, info in self.servers.items()}
         tmp = STATE_FILE + ".tmp"
         with open(tmp, "w") as handle:
-            json.dump(self.state, handle, indent=1)
+            json.dump(self.state, handle)
         os.replace(tmp, STATE_FILE)
 
     def setup(self):
@@ -182,7 +183,7 @@ class Daemon:
                 out, rc, then_quit = self.handle(line.split())
                 self.save()
                 try:
-                    conn.send(json.dumps({"out": out, "rc": rc}).encode())
+                    conn.send(f"{rc}\n{out}".encode())
                 except OSError:
                     pass
             if then_quit:
@@ -212,7 +213,7 @@ class Daemon:
                 if info["uid"] == uid:
                     return str(pid), 0, False
             proc = subprocess.Popen(
-                [sys.executable, SCRIPT, "--server"], stdin=subprocess.DEVNULL,
+                [FRONT, "--server"], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
             )
             self.servers[proc.pid] = {
@@ -349,32 +350,6 @@ def start(background):
     return 0
 
 
-def client():
-    if "hang_client" in faults():
-        sleep_forever()
-    status = 0
-    for line in sys.stdin.read().splitlines():
-        if not line.strip():
-            continue
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.settimeout(30)
-        try:
-            sock.connect(CONTROL)
-        except OSError:
-            print(NOT_RUNNING)
-            return 1
-        with sock:
-            sock.send(line.strip().encode())
-            data = sock.recv(65536)
-        if not data:
-            return 1
-        reply = json.loads(data.decode())
-        if reply["out"]:
-            print(reply["out"])
-        status = status or reply["rc"]
-    return status
-
-
 def server():
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     sleep_forever()
@@ -390,11 +365,9 @@ def main(argv):
         return start(background=True)
     if "-f" in argv:
         return start(background=False)
-    unknown = [arg for arg in argv if arg.startswith("-")]
-    if unknown:
-        sys.stderr.write(f"Unknown option {unknown[0]}\n")
-        return 1
-    return client()
+    sys.stderr.write(f"Unknown option {argv[0] if argv else '(none)'}; client mode is "
+                     "the front end's (no arguments)\n")
+    return 1
 
 
 if __name__ == "__main__":
