@@ -23,6 +23,7 @@ with a clean environment; a running daemon reads it again on each quit and SIGTE
   hang_client      client mode never returns (read by the front end)
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -115,10 +116,8 @@ class Daemon:
         self.sock.bind(CONTROL)
         self.sock.listen(16)
         self.sock.settimeout(0.2)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkfifo(os.path.join(PIPE_DIR, "log"), 0o600)
-        except FileExistsError:
-            pass
         with open(PID_FILE, "w") as handle:
             handle.write(f"{os.getpid()}\n")
         signal.signal(signal.SIGTERM, self.on_sigterm)
@@ -133,21 +132,15 @@ class Daemon:
 
     def stop(self, why):
         for pid in list(self.servers):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for pid in list(self.servers):
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
         self.servers.clear()
         for path in (CONTROL, PID_FILE, os.path.join(PIPE_DIR, "log")):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
         self.log(f"Control daemon stopping ({why})")
         self.state["stopped_at"] = time.time()
         self.save()
@@ -182,10 +175,8 @@ class Daemon:
                 self.log(f"User command: {line}")
                 out, rc, then_quit = self.handle(line.split())
                 self.save()
-                try:
+                with contextlib.suppress(OSError):
                     conn.send(f"{rc}\n{out}".encode())
-                except OSError:
-                    pass
             if then_quit:
                 self.stop("quit")
 
@@ -196,7 +187,7 @@ class Daemon:
             return None
         return pid if pid in self.servers else None
 
-    def handle(self, words):  # noqa: C901 - one branch per control command, like the real shell
+    def handle(self, words):
         cmd, args = words[0], words[1:]
         if cmd == "quit":
             if {"ignore_quit", "ignore_term"} & faults():
