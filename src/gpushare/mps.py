@@ -522,12 +522,14 @@ class MpsManager:
         rec["started_at"] = time.time()
         with self._pipe_fd(mps_fd, key) as pipe_fd:
             deadline = time.monotonic() + self.timeout
+            pause = 0.002  # a daemon is usually listening within milliseconds
             while not _exists_at(pipe_fd, "control"):
                 if time.monotonic() > deadline:
                     raise MpsError(f"cannot start MPS on {what}: the daemon created no control "
                                    f"socket in {rec['pipe_dir']} within {self.timeout:g} s; "
                                    f"see {rec['log_dir']}/control.log")
-                time.sleep(0.02)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
             rec["daemon_pid"] = self._find_daemon_pid(pipe_fd, rec)
         caps = self._caps(rec)
         self._control(rec, [*self._cap_commands(caps), "get_server_list"])
@@ -646,11 +648,15 @@ class MpsManager:
         """
         deadline = time.monotonic() + seconds
         while True:
-            if not any(self._alive(pid) for pid in pids):
+            alive = [pid for pid in pids if self._alive(pid)]
+            if not alive:
                 return True
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return False
-            time.sleep(0.02)
+            # Woken by the exit itself where pidfds exist; re-checked at least every 0.1 s.
+            if proc.wait_for_exit(alive[0], min(left, 0.1)) is None:
+                time.sleep(min(left, 0.02))
 
     def _stop_daemon(self, rec: dict[str, Any]) -> None:
         """quit through the pipe, then SIGTERM/SIGKILL what is left, verified pid by pid."""

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "ProcError", "Result", "run"]
+__all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "ProcError", "Result", "run",
+           "wait_for_exit"]
 
 _OUTPUT_LIMIT = 64 * 1024
 
@@ -87,21 +88,34 @@ def _read_back(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> int:
-    """The child's exit status; subprocess.TimeoutExpired after ``timeout`` seconds."""
+def wait_for_exit(pid: int, timeout: float) -> Optional[bool]:
+    """Sleep until process ``pid`` exits (True) or ``timeout`` s pass (False), through a
+    pidfd; None where the kernel has no pidfds (the caller then polls)."""
     try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # Python < 3.9 or kernel < 5.3: sleep-and-poll
-        return proc.wait(timeout=timeout)
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):  # Python < 3.9 or kernel < 5.3
+        return None
     try:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
         deadline = time.monotonic() + timeout
         while not poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(proc.args, timeout)
+                return False
+        return True
     finally:
         os.close(pidfd)
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> int:
+    """The child's exit status; subprocess.TimeoutExpired after ``timeout`` seconds."""
+    exited = wait_for_exit(proc.pid, timeout)
+    if exited is None:
+        return proc.wait(timeout=timeout)  # sleeps and polls
+    if not exited:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
     return proc.wait()
 
 

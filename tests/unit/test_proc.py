@@ -78,3 +78,24 @@ def test_runs_as_another_user_without_extra_groups():
     assert result.stdout.startswith("uid=65534(")
     assert "gid=65534(" in result.stdout
     assert "groups=65534(" in result.stdout and "," not in result.stdout.split("groups=")[1]
+
+
+def test_wait_for_exit_wakes_on_the_exit_of_a_process_that_is_not_our_child():
+    # A grandchild: started by a shell that exits at once, so only a pidfd can watch it.
+    shell = proc.run(["/bin/sh", "-c", "sleep 0.3 >/dev/null 2>&1 & echo $!"], timeout=10,
+                     env={"PATH": "/usr/bin:/bin"})
+    pid = int(shell.stdout.strip())
+    assert proc.wait_for_exit(pid, 0.05) in (False, None)  # still sleeping
+    exited = proc.wait_for_exit(pid, 10)
+    if exited is None:
+        pytest.skip("this kernel has no pidfds")
+    assert exited is True
+    assert proc.wait_for_exit(pid, 1) is True  # gone (or a zombie nobody waits for)
+
+
+def test_output_is_kept_apart_from_the_files_of_the_node():
+    """stdout/stderr go to anonymous memory files: no path in /tmp that a user could read."""
+    result = proc.run(["/bin/sh", "-c", "ls -l /proc/self/fd/1; echo err >&2"], timeout=10,
+                      env={"PATH": "/usr/bin:/bin"})
+    assert "memfd:gpushare-stdout" in result.stdout
+    assert result.stderr == "err\n"
