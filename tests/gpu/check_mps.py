@@ -371,12 +371,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("results", help="where to write the results JSON")
     parser.add_argument("--mps-control", default=shutil.which("nvidia-cuda-mps-control")
                         or "/usr/bin/nvidia-cuda-mps-control")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter with PyTorch the client runs under (default: this)")
+    parser.add_argument("--python", default=None,
+                        help="interpreter with PyTorch the client runs under, as the test "
+                        "users (default: this one; /usr/bin/python3 with --dry-run)")
     parser.add_argument("--gpu", type=int, default=None, help="GPU index (default: the last)")
     parser.add_argument("--dry-run", action="store_true",
                         help="stand-in daemon and emulated client: check the script, no GPU")
     opts = parser.parse_args(argv)
+    opts.python = opts.python or ("/usr/bin/python3" if opts.dry_run else sys.executable)
     if os.geteuid() != 0:
         print("check_mps: run as root (daemons are started as two test users)", file=sys.stderr)
         return 2

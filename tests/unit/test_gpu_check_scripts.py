@@ -1,0 +1,35 @@
+"""The real-GPU MPS check runs end to end in its dry-run mode (stand-in daemon, emulated
+client), so the script that answers the hardware questions is known to work before a
+machine with a GPU is lent to run it for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mps_standin.harness import unusable_reason
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.skipif(unusable_reason() is not None, reason=str(unusable_reason()))
+def test_check_mps_dry_run_answers_every_question(tmp_path):
+    results = tmp_path / "mps.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
+    run = subprocess.run([sys.executable, os.path.join(REPO, "tests", "gpu", "check_mps.py"),
+                          str(results), "--dry-run"], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(results.read_text())
+    assert report["machine"]["dry_run"] is True
+    verdicts = {r["check"]: r["ok"] for r in report["results"]}
+    assert verdicts, report
+    assert all(ok is not False for ok in verdicts.values()), verdicts
+    assert any("side by side" in name for name in verdicts), verdicts
+    assert any("pinned" in name for name in verdicts), verdicts
+    assert any("index" in name for name in verdicts), verdicts
+    assert "RESULT" in run.stdout  # the table a person reads
