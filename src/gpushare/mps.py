@@ -745,7 +745,9 @@ class _Lock:
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.timeout
-        delay = 0.005
+        # Short, capped pauses: jobs starting together on one GPU queue here behind a
+        # daemon start, and a long backoff would leave the lock free while they sleep.
+        delay = 0.001
         while True:
             fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600, dir_fd=self.dir_fd)
@@ -762,7 +764,7 @@ class _Lock:
                                        f"{self.timeout:g} s; another prolog or epilog is "
                                        "stuck — find it with: fuser " + self.path)
                     time.sleep(delay)
-                    delay = min(delay * 2, 0.1)
+                    delay = min(delay * 2, 0.01)
                 try:
                     current = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
                 except FileNotFoundError:
