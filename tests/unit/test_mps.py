@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import multiprocessing
@@ -445,6 +446,25 @@ def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, wo
                     share_percent=25)
     assert "GPU 0" in str(err.value) and GPU0.uuid in str(err.value)
     assert bed.standin.processes() == []
+    assert bed.entries() == []
+
+
+def test_without_pidfds_daemons_are_still_waited_for_and_stopped(bed, users, monkeypatch):
+    """Kernels before 5.3 (RHEL 8's 4.18) have no pidfd_open: every wait polls instead."""
+    def no_pidfds(pid):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    assert mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                       share_percent=25).key == lease.key
+    assert mgr.release(2) == []
+    bed.standin.set_faults("ignore_quit")  # the wait for quit runs out, then SIGTERM
+    assert mgr.release(1) == [lease.key]
+    assert not alive(lease.daemon_pid)
     assert bed.entries() == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -99,3 +100,18 @@ def test_output_is_kept_apart_from_the_files_of_the_node():
                       env={"PATH": "/usr/bin:/bin"})
     assert "memfd:gpushare-stdout" in result.stdout
     assert result.stderr == "err\n"
+
+
+def test_without_pidfds_commands_still_finish_and_time_out(monkeypatch):
+    """Kernels before 5.3 (RHEL 8's 4.18) have no pidfd_open: the wait polls instead."""
+    def no_pidfds(pid):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    assert proc.wait_for_exit(os.getpid(), 0.01) is None
+    env = {"PATH": "/usr/bin:/bin"}
+    assert proc.run(["/bin/echo", "hi"], timeout=10, env=env).stdout == "hi\n"
+    started = time.monotonic()
+    with pytest.raises(proc.CommandTimeout):
+        proc.run(["/bin/sleep", "30"], timeout=0.3, env=env)
+    assert time.monotonic() - started < 10
