@@ -145,8 +145,14 @@ def run(
     Raises CommandNotFound, CommandTimeout, or (with ``check``) CommandFailed.
     """
     name = argv[0]
-    fds = [_scratch_file("stdin", input_text.encode()), _scratch_file("stdout"),
-           _scratch_file("stderr")]
+    fds: list[int] = []
+    try:
+        for stream, data in (("stdin", input_text.encode()), ("stdout", b""), ("stderr", b"")):
+            fds.append(_scratch_file(stream, data))
+    except OSError as err:
+        for fd in fds:
+            os.close(fd)
+        raise ProcError(f"{name}: cannot set up its input and output ({err})") from None
     try:
         stdin, stdout, stderr = fds
         kwargs: dict = {}
