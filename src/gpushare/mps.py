@@ -237,6 +237,15 @@ class MpsManager:
         errors: list[str] = []
         with self._mps_dir_fd() as mps_fd:
             for key in self._all_keys(mps_fd):
+                # Records are replaced atomically, so a look without the lock is safe. A
+                # daemon whose jobs are all alive is skipped: taking every GPU's lock would
+                # queue each prolog behind every other GPU's daemon start.
+                try:
+                    seen = self._read_record(mps_fd, key)
+                except MpsError:
+                    seen = None
+                if seen and seen["jobs"] and all(job_alive(int(j)) for j in seen["jobs"]):
+                    continue
                 with self._locked(mps_fd, key) as lock:
                     rec = self._read_record(mps_fd, key)
                     if rec is None:
