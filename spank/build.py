@@ -13,6 +13,7 @@ job_submit plugin's build (submit_hooks/build.py).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -48,14 +49,39 @@ def c_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def c_wide_string(value: str) -> str:
+    """A C wide string literal (L"..."): escapes for quote and backslash, octal for control
+    characters, universal character names for the rest outside ASCII."""
+    out = []
+    for ch in value:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\{ord(ch):03o}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return 'L"' + "".join(out) + '"'
+
+
+def isolated_module_paths() -> list[str]:
+    """sys.path of this interpreter started isolated, as ``site`` would leave it."""
+    out = subprocess.run([sys.executable, "-I", "-c", "import json, sys; print(json.dumps("
+                          "[p for p in sys.path if p]))"], capture_output=True, text=True,
+                         check=True).stdout
+    return [str(path) for path in json.loads(out)]
+
+
 def python_defines() -> dict[str, str]:
-    """Which libpython to promote and where its home is: this (system) interpreter's."""
+    """Which libpython to promote, its home and module path: this (system) interpreter's."""
     if sys.prefix != sys.base_prefix:
         raise SystemExit("build: run it with the system python3, not a virtual environment")
     libpython = sysconfig.get_config_var("INSTSONAME")
     if not libpython or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
         raise SystemExit(f"build: {sys.executable} has no shared libpython to embed")
-    return {"GS_LIBPYTHON": c_string(libpython), "GS_PYTHONHOME": c_string(sys.base_prefix)}
+    return {"GS_LIBPYTHON": c_string(libpython), "GS_PYTHONHOME": c_string(sys.base_prefix),
+            "GS_MODULE_PATHS": ", ".join(c_wide_string(p) for p in isolated_module_paths())}
 
 
 def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path: str,

@@ -5,17 +5,23 @@
  * extension modules such as _cffi_backend cannot resolve it). The interpreter is isolated
  * from the process environment (PYTHONHOME, PYTHONPATH, user site), installs no signal
  * handlers (srun/slurmstepd/slurmctld own theirs), writes no bytecode, and gives the GIL
- * back at once: cffi takes it per call. Python is never finalised: a daemon's plugin may
- * be unloaded, but its interpreter stays until the process ends.
+ * back at once: cffi takes it per call. Its module path is fixed at build time to the one
+ * the isolated interpreter computes, and `site` is not run: no .pth file or sitecustomize
+ * executes inside slurmstepd or slurmctld (and each start is shorter). Python is never
+ * finalised: a daemon's plugin may be unloaded, but its interpreter stays until the
+ * process ends.
  *
- * The including file defines GS_LIBPYTHON and GS_PYTHONHOME (from build.py).
+ * The including file defines GS_LIBPYTHON, GS_PYTHONHOME and GS_MODULE_PATHS (wide string
+ * literals, comma separated) from build.py.
  */
 #ifndef GS_EMBED_H
 #define GS_EMBED_H
 
 #include <dlfcn.h>
+#include <wchar.h>
 
 static int gs_python_failed = 0;
+static const wchar_t *const gs_module_paths[] = {GS_MODULE_PATHS, NULL};
 
 /* 0 when Python is ready (started now or before), -1 with an error logged otherwise. */
 static int gs_python_start(const char *who)
@@ -34,7 +40,11 @@ static int gs_python_start(const char *who)
     config.install_signal_handlers = 0;
     config.write_bytecode = 0;
     config.parse_argv = 0;
+    config.site_import = 0;
+    config.module_search_paths_set = 1;
     status = PyConfig_SetBytesString(&config, &config.home, GS_PYTHONHOME);
+    for (int i = 0; gs_module_paths[i] && !PyStatus_Exception(status); i++)
+        status = PyWideStringList_Append(&config.module_search_paths, gs_module_paths[i]);
     if (!PyStatus_Exception(status))
         status = Py_InitializeFromConfig(&config);
     PyConfig_Clear(&config);
