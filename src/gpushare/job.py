@@ -256,7 +256,14 @@ def epilog(config: PluginConfig, job_id: int) -> None:
     """
     store = JobStore(config.state_dir)
     try:
-        stopped = MpsManager(config).release(job_id)
+        # The lease names the job's daemon: only its record is read (a node may have dozens).
+        record = store.read(job_id)
+        hint = str(record.mps.get("key", "")) if record and record.mps else None
+    except Exception as err:  # only a shortcut: any doubt means looking everywhere
+        log.warning("job record unreadable (%s); looking for the job in every MPS record", err)
+        hint = None
+    try:
+        stopped = MpsManager(config).release(job_id, hint=hint)
     except MpsError as err:
         store.remove(job_id)
         raise NodeError(str(err), drain=True) from None

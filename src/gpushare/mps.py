@@ -54,6 +54,7 @@ DAEMON_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _MIB = 1 << 20
 _GIB = 1 << 30
 _UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # what daemon_key() makes
 _RECORD_VERSION = 1
 
 
@@ -204,16 +205,22 @@ class MpsManager:
             self._write_record(mps_fd, rec)
             return self._lease(rec, job_id)
 
-    def release(self, job_id: int) -> list[str]:
+    def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
         """Drop the job's references; stop daemons nobody uses. Idempotent.
 
-        Returns the keys of the daemons stopped. Raises MpsError (after doing everything
-        else) when a daemon cannot be stopped.
+        ``hint`` is the daemon key the job's lease names: when that record holds the job,
+        only it is read, not every daemon record of the node. Returns the keys of the
+        daemons stopped. Raises MpsError (after doing everything else) when a daemon cannot
+        be stopped.
         """
         stopped: list[str] = []
         errors: list[str] = []
         with self._mps_dir_fd() as mps_fd:
-            for key in self._keys_of_job(mps_fd, job_id):
+            if hint and self._holds(mps_fd, hint, job_id):
+                keys = [hint]
+            else:
+                keys = self._keys_of_job(mps_fd, job_id)
+            for key in keys:
                 with self._locked(mps_fd, key) as lock:
                     rec = self._read_record(mps_fd, key)
                     if rec is None or str(job_id) not in rec["jobs"]:
@@ -374,6 +381,16 @@ class MpsManager:
             base = name[:-5] if name.endswith((".json", ".lock")) else name
             keys.add(base)
         return sorted(keys)
+
+    def _holds(self, mps_fd: int, key: str, job_id: int) -> bool:
+        """Whether daemon ``key``'s record lists the job (a look without the lock)."""
+        if not _KEY_RE.match(key):
+            return False
+        try:
+            rec = self._read_record(mps_fd, key)
+        except MpsError:
+            return False
+        return rec is not None and str(job_id) in rec["jobs"]
 
     def _keys_of_job(self, mps_fd: int, job_id: int) -> list[str]:
         keys = []

@@ -101,3 +101,25 @@ def test_describe_is_one_line():
                          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G"}, 9)
     assert line == ("gpushare: job 9: CUDA_VISIBLE_DEVICES=0, 25% of the GPU's SMs, "
                     "pinned memory 0=20G")
+
+
+def test_epilog_hands_the_leases_daemon_to_release_and_survives_a_bad_record(tmp_path,
+                                                                            monkeypatch):
+    from gpushare.config import parse_plugin_args
+    from gpushare.mps import MpsManager
+    from gpushare.state import JobStore
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    hints = []
+    monkeypatch.setattr(MpsManager, "release",
+                        lambda self, job_id, hint=None: hints.append((job_id, hint)) or [])
+    store = JobStore(config.state_dir)
+    store.write(JobRecord(job_id=7, uid=1001, gid=1001, node="n1", mode="shared",
+                          share_percent=25, mps={"key": "u1001-GPU-x"}))
+    job.epilog(config, 7)
+    assert hints == [(7, "u1001-GPU-x")] and store.read(7) is None
+
+    with open(store.path(8), "w") as handle:
+        handle.write("[not a record")
+    job.epilog(config, 8)  # the shortcut is lost, the release is not
+    assert hints[-1] == (8, None) and store.read(8) is None

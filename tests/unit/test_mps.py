@@ -274,6 +274,25 @@ def test_acquire_and_release_are_idempotent(bed, users):
     assert bed.entries() == []
 
 
+def test_release_reads_only_the_daemon_the_lease_names(bed, users, monkeypatch):
+    u1, u2 = users
+    mgr = bed.manager()
+    mine = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    other = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    scans = []
+    real_scan = MpsManager._keys_of_job
+    monkeypatch.setattr(MpsManager, "_keys_of_job",
+                        lambda self, fd, job: scans.append(job) or real_scan(self, fd, job))
+    assert mgr.release(1, hint=mine.key) == [mine.key]
+    assert scans == []                                   # the hint was enough
+    # A hint that does not hold the job (stale, or made up) falls back to the scan.
+    for hint in (mine.key, "../etc", "u0-GPU-nothing"):
+        assert mgr.release(2, hint=hint) in ([other.key], [])
+    assert scans == [2, 2, 2]
+    assert bed.entries() == []
+
+
 def test_bad_requests_are_refused_with_a_reason(bed, users):
     u1 = users[0]
     mgr = bed.manager()
