@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Callable, Iterable
 
 __all__ = ["ARG_SPECS", "ConfigError", "PluginConfig", "parse_plugin_args"]
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from gpushare.config import PluginConfig
 from gpushare.mps import MpsDevice, MpsError, MpsManager
 from gpushare.state import JobRecord, JobStore
 
+TYPE_CHECKING = False  # not typing's: see the package docstring
 if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
+
     from gpushare.verify import ResolvedDevice
 
 log = logging.getLogger("gpushare.job")

@@ -9,7 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Callable
 
 LEVEL_ERROR, LEVEL_INFO, LEVEL_VERBOSE, LEVEL_DEBUG, LEVEL_USER = range(5)
 

@@ -38,10 +38,13 @@ import signal
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
 
 from gpushare import proc, safefs
 from gpushare.config import PluginConfig, parse_size
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterator, Optional, Sequence
 
 __all__ = ["MpsDevice", "MpsError", "MpsLease", "MpsManager"]
 

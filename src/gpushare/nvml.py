@@ -10,7 +10,11 @@ Both answer the same pynvml function names, constants and ``NVMLError`` classes,
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Any, Callable, TypeVar
+
+    T = TypeVar("T")
 
 __all__ = [
     "SIM_PREFIX",
@@ -24,7 +28,6 @@ __all__ = [
 
 SIM_PREFIX = "sim:"
 
-T = TypeVar("T")
 
 
 class InventoryError(RuntimeError):

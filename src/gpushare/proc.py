@@ -19,7 +19,10 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
 
 __all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "ProcError", "Result", "run",
            "wait_for_exit"]

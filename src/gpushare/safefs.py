@@ -13,7 +13,10 @@ import contextlib
 import errno
 import os
 import stat
-from typing import Optional
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Optional
 
 __all__ = [
     "UnsafePathError",

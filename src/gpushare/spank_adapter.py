@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Optional
 
 from gpushare import job
 from gpushare import log as gslog
 from gpushare.config import ConfigError, PluginConfig, parse_plugin_args
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 logger = logging.getLogger("gpushare.spank")
 

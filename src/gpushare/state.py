@@ -16,7 +16,10 @@ import re
 import stat
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 RECORD_VERSION = 1
 

@@ -17,10 +17,13 @@ import os
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from gpushare.gresconf import GresConf, GresDevice
 from gpushare.inventory import Gpu, Inventory, MigDevice
+
+TYPE_CHECKING = False  # not typing's: see the package docstring
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 __all__ = ["Finding", "ResolvedDevice", "VerifyResult", "profile_of_gres_type",
            "verify_job_devices"]
