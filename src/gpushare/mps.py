@@ -247,13 +247,9 @@ class MpsManager:
         errors: list[str] = []
         with self._mps_dir_fd() as mps_fd:
             for key in self._all_keys(mps_fd):
-                # Records are replaced atomically, so a look without the lock is safe. A
-                # daemon whose jobs are all alive is skipped: taking every GPU's lock would
-                # queue each prolog behind every other GPU's daemon start.
-                try:
-                    seen = self._read_record(mps_fd, key)
-                except MpsError:
-                    seen = None
+                # A daemon whose jobs are all alive is skipped: taking every GPU's lock
+                # would queue each prolog behind every other GPU's daemon start.
+                seen = self._peek(mps_fd, key)
                 if seen and seen["jobs"] and all(job_alive(int(j)) for j in seen["jobs"]):
                     continue
                 with self._locked(mps_fd, key) as lock:
@@ -385,14 +381,19 @@ class MpsManager:
             keys.add(base)
         return sorted(keys)
 
+    def _peek(self, mps_fd: int, key: str) -> Optional[dict[str, Any]]:
+        """A daemon's record read without its lock (records are replaced atomically); None
+        when it is absent or unreadable, which the locked read then deals with."""
+        try:
+            return self._read_record(mps_fd, key)
+        except MpsError:
+            return None
+
     def _holds(self, mps_fd: int, key: str, job_id: int) -> bool:
         """Whether daemon ``key``'s record lists the job (a look without the lock)."""
         if not _KEY_RE.match(key):
             return False
-        try:
-            rec = self._read_record(mps_fd, key)
-        except MpsError:
-            return False
+        rec = self._peek(mps_fd, key)
         return rec is not None and str(job_id) in rec["jobs"]
 
     def _keys_of_job(self, mps_fd: int, job_id: int) -> list[str]:
