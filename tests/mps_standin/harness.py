@@ -6,6 +6,7 @@ Shared by the unit tests, the Slurm tests and ``bench/bench_mps.py``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pwd
 import shutil
@@ -23,17 +24,25 @@ FAULTS = ("die_start", "hang_start", "die_after_start", "ignore_quit", "ignore_t
           "hang_client")
 
 
+@functools.cache
+def _built_front() -> str:
+    """The front end compiled once per process (every install copies it)."""
+    out = os.path.join(tempfile.mkdtemp(prefix="gpushare-standin-build-"), PROGRAM_NAME)
+    built = subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", out, FRONT_SOURCE],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(f"cannot build the MPS stand-in's front end: {built.stderr}")
+    return out
+
+
 def install_standin(bindir: str) -> str:
-    """Build the front end into ``bindir`` as nvidia-cuda-mps-control, standin.py beside it.
+    """Put the front end into ``bindir`` as nvidia-cuda-mps-control, standin.py beside it.
 
     Returns the program's path. Both are 0755/0644 and owned by whoever runs this (root
     for the plugin, which refuses a program others could replace).
     """
     program = os.path.join(bindir, PROGRAM_NAME)
-    built = subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", program, FRONT_SOURCE],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        raise RuntimeError(f"cannot build the MPS stand-in's front end: {built.stderr}")
+    shutil.copyfile(_built_front(), program)
     os.chmod(program, 0o755)
     shutil.copyfile(DAEMON_SOURCE, os.path.join(bindir, "standin.py"))
     os.chmod(os.path.join(bindir, "standin.py"), 0o644)

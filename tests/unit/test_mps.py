@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import multiprocessing
@@ -468,12 +467,8 @@ def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, wo
     assert bed.entries() == []
 
 
-def test_without_pidfds_daemons_are_still_waited_for_and_stopped(bed, users, monkeypatch):
+def test_without_pidfds_daemons_are_still_waited_for_and_stopped(bed, users, no_pidfds):
     """Kernels before 5.3 (RHEL 8's 4.18) have no pidfd_open: every wait polls instead."""
-    def no_pidfds(pid):
-        raise OSError(errno.ENOSYS, "Function not implemented")
-
-    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
     u1 = users[0]
     mgr = bed.manager()
     lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
