@@ -5,7 +5,6 @@ callback, with the host calls the plugin lends, to ``gpushare.spank_adapter``; a
 that goes wrong is logged through the plugin, never raised.
 """
 import sys
-import traceback
 
 from _gpushare_spank import ffi, lib
 
@@ -41,6 +40,8 @@ def gpushare_py_dispatch(callback, host_ptr, ac, av):
         args = [ffi.string(av[i]).decode("utf-8", "replace") for i in range(ac)]
         return int(_load_adapter(args).dispatch(name, host, args))
     except BaseException:
+        import traceback  # only here: every prolog and epilog starts a fresh interpreter
+
         text = f"gpushare: {name}: internal error:\n{traceback.format_exc()}"
         for line in text.rstrip().splitlines():
             host.log(0, line.encode("utf-8", "replace"))

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from typing import Callable, Iterable, NamedTuple
 
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Callable, Iterable
-
-__all__ = ["ARG_SPECS", "ConfigError", "PluginConfig", "parse_plugin_args"]
+__all__ = ["ARG_SPECS", "ConfigError", "PluginConfig", "parse_plugin_args",
+           "plugin_arg_values"]
 
 
 class ConfigError(ValueError):
@@ -78,8 +75,7 @@ def _timeout(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class ArgSpec:
+class ArgSpec(NamedTuple):
     """One plugstack key: its default, a validator, and what it is for."""
 
     key: str
@@ -115,9 +111,12 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
 _SPECS_BY_KEY = {spec.key: spec for spec in ARG_SPECS}
 
 
-@dataclass(frozen=True)
-class PluginConfig:
-    """Validated plugin configuration, one attribute per plugstack key."""
+class PluginConfig(NamedTuple):
+    """Validated plugin configuration, one attribute per plugstack key.
+
+    A NamedTuple, as the other records read by every prolog and epilog: importing
+    ``dataclasses`` (and ``inspect`` with it) would cost each of them about 5 ms of CPU.
+    """
 
     pythonpath: str = ""
     state_dir: str = "/run/gpushare"
@@ -129,7 +128,6 @@ class PluginConfig:
     timeout: float = 10.0
     debug_log: str = ""
     show: bool = True
-    raw: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def jobs_dir(self) -> str:
@@ -140,8 +138,11 @@ class PluginConfig:
         return os.path.join(self.state_dir, "mps")
 
 
-def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
-    """Parse ``key=value`` tokens; every problem is reported at once, each naming its key."""
+def plugin_arg_values(args: Iterable[str]) -> dict[str, str]:
+    """Every key's validated value as plugstack.conf text (defaults filled in).
+
+    Raises ConfigError reporting every problem at once, each naming its key.
+    """
     values: dict[str, str] = {spec.key: spec.default for spec in ARG_SPECS}
     problems: list[str] = []
     seen: set[str] = set()
@@ -164,6 +165,12 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
             problems.append(f"plugstack argument {key}={value!r} is invalid: expected {err}")
     if problems:
         raise ConfigError("; ".join(problems))
+    return values
+
+
+def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
+    """Parse ``key=value`` tokens into the configuration (ConfigError as above)."""
+    values = plugin_arg_values(args)
     return PluginConfig(
         pythonpath=values["pythonpath"],
         state_dir=values["state_dir"],
@@ -175,5 +182,4 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         timeout=float(values["timeout"]),
         debug_log=values["debug_log"],
         show=values["show"] == "yes",
-        raw=values,
     )

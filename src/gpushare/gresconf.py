@@ -16,14 +16,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import hostlist
 
 from gpushare.inventory import Inventory
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 __all__ = [
     "AUTODETECT_VALUES",

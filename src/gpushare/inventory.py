@@ -21,6 +21,7 @@ import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
 
 from gpushare.nvml import (
     SIM_PREFIX,
@@ -31,10 +32,6 @@ from gpushare.nvml import (
     nvml_call,
     text,
 )
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 __all__ = [
     "MIG_MINORS_PATH",

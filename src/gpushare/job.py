@@ -10,21 +10,19 @@ are split by who must act:
 
 from __future__ import annotations
 
-import logging
 import os
-from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from gpushare.config import PluginConfig
+from gpushare.log import get_logger
 from gpushare.mps import MpsDevice, MpsError, MpsManager
 from gpushare.state import JobRecord, JobStore
 
-TYPE_CHECKING = False  # not typing's: see the package docstring
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence
-
     from gpushare.verify import ResolvedDevice
 
-log = logging.getLogger("gpushare.job")
+log = get_logger("gpushare.job")
 
 SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
@@ -45,8 +43,7 @@ class UserError(ValueError):
     """The job's request cannot be honoured; the message says what to type instead."""
 
 
-@dataclass
-class JobRequest:
+class JobRequest(NamedTuple):
     """The facts job_prolog has about one job, all from Slurm (env and SPANK items)."""
 
     job_id: int
@@ -55,7 +52,7 @@ class JobRequest:
     node: str
     gpu_share: Optional[str] = None  # --gpu-share value as the job carries it (user text)
     private_mps: bool = False  # --gpu-mps
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = MappingProxyType({})
 
     @property
     def slurm_gpus(self) -> list[str]:
@@ -115,7 +112,7 @@ def plan_job(request: JobRequest, devices: Sequence[ResolvedDevice] = ()) -> Job
     record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
                        node=request.node, mode=mode, share_percent=share,
                        slurm_gpus=gpus, visible_devices=request.visible_devices,
-                       devices=[asdict(device) for device in devices])
+                       devices=[device.to_dict() for device in devices])
     record.env = task_environment(record)
     return record
 

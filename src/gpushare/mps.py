@@ -31,24 +31,20 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import logging
 import os
 import re
 import signal
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 from gpushare import proc, safefs
 from gpushare.config import PluginConfig, parse_size
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, Callable, Iterator, Optional, Sequence
+from gpushare.log import get_logger
 
 __all__ = ["MpsDevice", "MpsError", "MpsLease", "MpsManager"]
 
-LOG = logging.getLogger("gpushare.mps")
+LOG = get_logger("gpushare.mps")
 
 MODES = ("shared", "private")
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -65,8 +61,7 @@ class MpsError(RuntimeError):
     """MPS could not be set up or torn down; the message says which device, why, what to do."""
 
 
-@dataclass(frozen=True)
-class MpsDevice:
+class MpsDevice(NamedTuple):
     """One GPU or MIG slice given to a job; ``index`` and ``label`` are for messages."""
 
     uuid: str
@@ -88,8 +83,7 @@ class MpsDevice:
                    label=str(data.get("label", "")))
 
 
-@dataclass(frozen=True)
-class MpsLease:
+class MpsLease(NamedTuple):
     """What one job holds: a reference on one daemon and the environment its tasks get."""
 
     job_id: int
@@ -102,7 +96,7 @@ class MpsLease:
     devices: tuple[MpsDevice, ...]
     share_percent: int
     daemon_pid: Optional[int]
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str]
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -637,9 +631,14 @@ class MpsManager:
 
     def _is_ours(self, pid: int, rec: dict[str, Any], daemon_only: bool = False) -> bool:
         """True when ``pid`` is a live MPS daemon/server of this record's user and pipe dir."""
-        if pid <= 1 or not self._alive(pid):
+        if pid <= 1:
             return False
+        # One read answers both "alive" and "whose": this runs for every process on the
+        # node when a daemon stops.
         status = self._read_proc(pid, "status") or b""
+        state = re.search(rb"^State:\s+([A-Z])", status, re.MULTILINE)
+        if not state or state.group(1) in (b"Z", b"X"):
+            return False
         uid_line = re.search(rb"^Uid:\s+(\d+)", status, re.MULTILINE)
         if not uid_line or int(uid_line.group(1)) != rec["uid"]:
             return False

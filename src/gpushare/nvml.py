@@ -10,11 +10,9 @@ Both answer the same pynvml function names, constants and ``NVMLError`` classes,
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-    T = TypeVar("T")
+T = TypeVar("T")
 
 __all__ = [
     "SIM_PREFIX",

@@ -58,12 +58,9 @@ import os
 import re
 import string
 from types import SimpleNamespace
+from typing import Any, ClassVar, Optional
 
 from gpushare.nvml import InventoryError
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, ClassVar, Optional
 
 __all__ = ["PROFILE_FORMAT", "ProfileError", "SimNvml", "load_profile", "standard_mig_minors"]
 

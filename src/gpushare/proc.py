@@ -5,7 +5,9 @@ Output goes to anonymous memory files, not pipes, so a grandchild that keeps the
 child's stdout open (``nvidia-cuda-mps-control -d`` does) cannot make us wait for EOF.
 The child gets its own process group; on timeout the whole group is killed. The wait is a
 poll on a pidfd where the kernel has them (5.3+), so the caller resumes the moment the
-child exits; older kernels fall back to subprocess's sleeping wait.
+child exits; older kernels fall back to subprocess's sleeping wait. ``subprocess`` is
+imported on the first command, not with this module: most prologs and epilogs (a job
+joining a running daemon, or leaving one that others still use) run none.
 No threads are used (the plugin forbids them).
 """
 
@@ -16,13 +18,11 @@ import errno
 import os
 import select
 import signal
-import subprocess
 import time
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
-TYPE_CHECKING = False  # not typing's: see the package docstring
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence
+    import subprocess
 
 __all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "ProcError", "Result", "run",
            "wait_for_exit"]
@@ -50,8 +50,7 @@ class CommandFailed(ProcError):
         self.result = result
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     """Exit status and (truncated) output of a finished command."""
 
     argv: tuple[str, ...]
@@ -114,6 +113,8 @@ def wait_for_exit(pid: int, timeout: float) -> Optional[bool]:
 
 def _wait(proc: subprocess.Popen, timeout: float) -> int:
     """The child's exit status; subprocess.TimeoutExpired after ``timeout`` seconds."""
+    import subprocess
+
     exited = wait_for_exit(proc.pid, timeout)
     if exited is None:
         return proc.wait(timeout=timeout)  # sleeps and polls
@@ -147,6 +148,8 @@ def run(
 
     Raises CommandNotFound, CommandTimeout, or (with ``check``) CommandFailed.
     """
+    import subprocess
+
     name = argv[0]
     fds: list[int] = []
     try:

@@ -13,10 +13,7 @@ import contextlib
 import errno
 import os
 import stat
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Optional
+from typing import Optional
 
 __all__ = [
     "UnsafePathError",

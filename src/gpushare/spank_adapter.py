@@ -8,19 +8,15 @@ is parsed once per process.
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
+import sys
+from typing import Any, Callable, Optional
 
 from gpushare import job
 from gpushare import log as gslog
 from gpushare.config import ConfigError, PluginConfig, parse_plugin_args
 
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
-
-logger = logging.getLogger("gpushare.spank")
+logger = gslog.get_logger("gpushare.spank")
 
 _ffi: Any = None
 _host: Any = None  # the plugin's struct gs_host of the callback running now
@@ -120,8 +116,10 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         return -1
     finally:
         # No Python thread may outlive a callback: a thread holding the GIL across
-        # slurmstepd's fork() hangs every task.
-        logger.debug("%s done, threads=%d", name, threading.active_count())
+        # slurmstepd's fork() hangs every task. Threads start through `threading`; when
+        # nothing imported it, there is only this one.
+        threading = sys.modules.get("threading")
+        logger.debug("%s done, threads=%d", name, threading.active_count() if threading else 1)
 
 
 def _drain(reason: str, config: PluginConfig) -> None:

@@ -15,11 +15,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import asdict, dataclass, field
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Any, Optional
+from typing import Any, Optional
 
 RECORD_VERSION = 1
 
@@ -28,27 +24,63 @@ class StateError(RuntimeError):
     """The state directory is unsafe or a record cannot be read or written."""
 
 
-@dataclass
 class JobRecord:
-    """What the prolog found and decided for one job on this node."""
+    """What the prolog found and decided for one job on this node.
 
+    A plain class, not a dataclass: importing ``dataclasses`` (and ``inspect`` with it)
+    would cost every prolog and epilog about 5 ms of CPU. Mutable: the prolog adds the MPS
+    lease and the final task environment once the daemon is up.
+    """
+
+    FIELDS = ("job_id", "uid", "gid", "node", "mode", "share_percent", "slurm_gpus",
+              "visible_devices", "devices", "mps", "env", "error", "created", "version")
+    __slots__ = FIELDS
     job_id: int
     uid: int
     gid: int
     node: str
     mode: str  # "shared" (a share of one GPU) or "private" (MPS over whole GPUs)
     share_percent: int
-    slurm_gpus: list[str] = field(default_factory=list)  # SLURM_JOB_GPUS
-    visible_devices: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES (prolog)
-    devices: list[dict[str, Any]] = field(default_factory=list)  # resolved through NVML
-    mps: Optional[dict[str, Any]] = None  # the MPS lease (daemon, directories)
-    env: dict[str, str] = field(default_factory=dict)  # set in every task of the job
-    error: str = ""  # a user error found in the prolog, reported by task_init
-    created: float = field(default_factory=time.time)
-    version: int = RECORD_VERSION
+    slurm_gpus: list[str]  # SLURM_JOB_GPUS
+    visible_devices: list[str]  # CUDA_VISIBLE_DEVICES (prolog)
+    devices: list[dict[str, Any]]  # resolved through NVML
+    mps: Optional[dict[str, Any]]  # the MPS lease (daemon, directories)
+    env: dict[str, str]  # set in every task of the job
+    error: str  # a user error found in the prolog, reported by task_init
+    created: float
+    version: int
+
+    def __init__(self, job_id: int, uid: int, gid: int, node: str, mode: str,
+                 share_percent: int, slurm_gpus: Optional[list[str]] = None,
+                 visible_devices: Optional[list[str]] = None,
+                 devices: Optional[list[dict[str, Any]]] = None,
+                 mps: Optional[dict[str, Any]] = None, env: Optional[dict[str, str]] = None,
+                 error: str = "", created: Optional[float] = None,
+                 version: int = RECORD_VERSION) -> None:
+        self.job_id, self.uid, self.gid, self.node = job_id, uid, gid, node
+        self.mode, self.share_percent = mode, share_percent
+        self.slurm_gpus = list(slurm_gpus or ())
+        self.visible_devices = list(visible_devices or ())
+        self.devices = list(devices or ())
+        self.mps = mps
+        self.env = dict(env or {})
+        self.error = error
+        self.created = time.time() if created is None else created
+        self.version = version
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobRecord) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"JobRecord({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, indent=1)
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1)
 
     def to_env_file(self, show: str = "") -> str:
         """What the C glue applies in every task: ``KEY=VALUE``, ``#error=``, ``#show=``."""
@@ -64,8 +96,7 @@ class JobRecord:
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
         if data.get("version") != RECORD_VERSION:
             raise StateError(f"unsupported record version {data.get('version')!r}")
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{k: v for k, v in data.items() if k in cls.FIELDS})
 
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")

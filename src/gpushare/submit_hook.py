@@ -13,11 +13,11 @@ job is handled by the facts' ``policy.on_error``: accepted unchanged, or rejecte
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from typing import Any
 
 from gpushare.facts import Facts, FactsError, load_facts
+from gpushare.log import get_logger
 from gpushare.submit_rules import apply, apply_modify
 
 __all__ = ["SLURM_ERROR", "SLURM_SUCCESS", "init", "job_modify", "job_submit", "reload"]
@@ -27,7 +27,7 @@ SLURM_ERROR = -1
 INTERNAL_ERROR_MESSAGE = ("gpushare: the GPU submit check failed; ask your administrator "
                           "(slurmctld log has the details)")
 
-log = logging.getLogger("gpushare.submit")
+log = get_logger("gpushare.submit")
 
 # slurmctld may call job_submit plugins from several RPC threads (23.02+): the facts are
 # swapped whole under a lock and only read afterwards.

@@ -16,14 +16,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
 
 from gpushare.gresconf import GresConf, GresDevice
 from gpushare.inventory import Gpu, Inventory, MigDevice
-
-TYPE_CHECKING = False  # not typing's: see the package docstring
-if TYPE_CHECKING:
-    from typing import Callable, Optional
 
 __all__ = ["Finding", "ResolvedDevice", "VerifyResult", "profile_of_gres_type",
            "verify_job_devices"]
@@ -65,6 +62,10 @@ class ResolvedDevice:
     memory_total: int  # bytes
     profile: str  # MIG profile, "" for a whole GPU
     device_files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as the job's record keeps them."""
+        return asdict(self)
 
 
 @dataclass

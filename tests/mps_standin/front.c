@@ -5,10 +5,11 @@
  * mode for every job that joins or leaves a daemon. This front end answers client mode
  * itself (no arguments: one control command per stdin line, each sent to the daemon over
  * $CUDA_MPS_PIPE_DIRECTORY/control, replies "<rc>\n<output>"), so a benchmark pays what the
- * real client costs, not a Python start. Every other command line (-d, -f, -v, the
- * servers) is handed to standin.py beside it, exec'd with this program as argv[0]: the
- * daemon and its servers then show this program's path in their command line, as the
- * real ones do, which is how the plugin recognises them.
+ * real client costs, not a Python start. It is also the servers the daemon starts
+ * (--server: a process that waits for SIGTERM, as nvidia-cuda-mps-server holds no state a
+ * test reads). Every other command line (-d, -f, -v) is handed to standin.py beside it,
+ * exec'd with this program as argv[0]: the daemon then shows this program's path in its
+ * command line, as the real one does, which is how the plugin recognises it.
  *
  * Faults read here: hang_client (from GPUSHARE_STANDIN_FAULT or the "faults" file beside
  * this program, as standin.py reads them).
@@ -16,6 +17,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +140,20 @@ static int client(void)
     return status;
 }
 
+static void server_stop(int sig)
+{
+    (void)sig;
+    _exit(0);
+}
+
+/* A server: nothing to do but exist until the daemon stops it. */
+static __attribute__((noreturn)) void server(void)
+{
+    signal(SIGTERM, server_stop);
+    for (;;)
+        pause();
+}
+
 int main(int argc, char **argv)
 {
     char self[PATH_MAX], script[PATH_MAX + 16];
@@ -151,6 +167,8 @@ int main(int argc, char **argv)
     *strrchr(self_dir, '/') = '\0';
     if (argc == 1)
         return client();
+    if (argc == 2 && strcmp(argv[1], "--server") == 0)
+        server();
 
     snprintf(script, sizeof(script), "%s/standin.py", self_dir);
     args = calloc((size_t)argc + 2, sizeof(*args));

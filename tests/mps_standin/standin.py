@@ -4,7 +4,8 @@ Installed beside its C front end (``front.c``, built as ``nvidia-cuda-mps-contro
 answers client mode itself (no arguments: one control command per stdin line, sent to
 the daemon over ``$CUDA_MPS_PIPE_DIRECTORY/control``, a SOCK_SEQPACKET socket as the real
 one) and runs this file for the rest of the command line: ``-d`` daemonise, ``-f`` run in
-the foreground, ``-v``, and the servers the daemon starts (``--server``).
+the foreground and ``-v``. The servers the daemon starts are the front end too
+(``--server``).
 Honours CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) and CUDA_MPS_LOG_DIRECTORY
 (default /var/log/nvidia-mps); writes ``nvidia-cuda-mps-control.pid``, ``control_lock``
 and a ``log`` FIFO in the pipe directory and ``control.log`` in the log directory.
@@ -29,7 +30,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -203,17 +203,14 @@ class Daemon:
             for pid, info in self.servers.items():
                 if info["uid"] == uid:
                     return str(pid), 0, False
-            proc = subprocess.Popen(
-                [FRONT, "--server"], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-            )
-            self.servers[proc.pid] = {
+            pid = spawn_server()
+            self.servers[pid] = {
                 "uid": uid,
                 "active_thread_percentage": self.state["default_active_thread_percentage"],
                 "pinned": dict(self.state["default_device_pinned_mem_limit"]),
             }
-            self.log(f"Starting new server {proc.pid} for user {uid}")
-            return str(proc.pid), 0, False
+            self.log(f"Starting new server {pid} for user {uid}")
+            return str(pid), 0, False
         if cmd == "shutdown_server" and args:
             pid = self.server_pid(args[0])
             if pid is None:
@@ -297,6 +294,21 @@ def mem_size(word):
     return None
 
 
+def spawn_server():
+    """Start a server (the front end with --server), its stdio on /dev/null; its pid.
+
+    posix_spawn, not subprocess: the daemon's own fds are close-on-exec, and importing
+    subprocess would add to every daemon start a benchmark pays for.
+    """
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
+        return os.posix_spawn(FRONT, [FRONT, "--server"], dict(os.environ),
+                              file_actions=actions)
+    finally:
+        os.close(devnull)
+
+
 def daemon_in_use():
     """True when a live daemon holds this pipe directory's control_lock."""
     try:
@@ -341,14 +353,7 @@ def start(background):
     return 0
 
 
-def server():
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    sleep_forever()
-
-
 def main(argv):
-    if "--server" in argv:
-        return server()
     if "-v" in argv:
         print("nvidia-cuda-mps-control stand-in 0.1")
         return 0

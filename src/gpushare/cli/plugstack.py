@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpushare.config import ARG_SPECS, ConfigError, parse_plugin_args
+from gpushare.config import ARG_SPECS, ConfigError, plugin_arg_values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,10 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        config = parse_plugin_args(args.args)
+        values = plugin_arg_values(args.args)
     except ConfigError as err:
         print(f"gpushare: {err}")
         return 1
-    for key, value in config.raw.items():
+    for key, value in values.items():
         print(f"{key}={value}")
     return 0
