@@ -46,6 +46,9 @@ def run_batch(bed: slurmbed.SlurmBed, gres: str, jobs: int, sleep: float) -> dic
                           f"--gres={gres}", "-c1", f"--output={bed.out_dir}/{tag}_%a.out",
                           user=USER)
     allocated = None
+    # Whole GPUs run jobs/GPUS waves one after another; far past that, something is wrong
+    # (a drained node leaves jobs pending for ever).
+    deadline = time.monotonic() + 120 + 2 * sleep * jobs / GPUS
     while True:
         states = bed.run(["squeue", "-h", "-r", "-t", "all", "-j", str(array_id), "-o",
                           "%T"]).stdout.split()
@@ -54,6 +57,12 @@ def run_batch(bed: slurmbed.SlurmBed, gres: str, jobs: int, sleep: float) -> dic
         done = [s for s in states if s in slurmbed.TERMINAL_STATES]
         if len(done) == jobs:
             break
+        if time.monotonic() > deadline:
+            reasons = bed.run(["sinfo", "-R", "-h", "-o", "%N: %E"]).stdout.strip()
+            bed.keep = True  # its logs say why
+            raise SystemExit(f"array {array_id} ({gres}): {len(done)} of {jobs} jobs ended "
+                             f"in time; node problems: {reasons or 'none'}; logs kept in "
+                             f"{bed.path('log')}")
         time.sleep(0.1)
     finished = time.time()
     cpu_used = _cpu_seconds() - cpu_before
