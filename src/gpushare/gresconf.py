@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import hostlist
 
@@ -49,51 +48,44 @@ class GresConfError(ValueError):
     """gres.conf is malformed; the message starts with ``<path>:<line>:``."""
 
 
-@dataclass
-class GresLine:
+class GresLine(NamedTuple):
     """One gres.conf record (after joining continued lines)."""
 
     line: int
     nodes: Optional[list[str]]  # None: every node
     name: str = ""  # "" for an AutoDetect-only line
     type: str = ""
-    files: list[str] = field(default_factory=list)
+    files: Sequence[str] = ()
     multiple_files: bool = False
     count: Optional[int] = None
-    flags: list[str] = field(default_factory=list)
+    flags: Sequence[str] = ()
     cores: str = ""
     links: str = ""
     autodetect: str = ""
-    # ``nodes`` as a set, built on first use (nodes is not changed after parsing): a
-    # cluster-wide gres.conf names thousands of nodes per line.
-    _node_set: Optional[frozenset[str]] = field(default=None, init=False, repr=False,
-                                                compare=False)
+    # ``nodes`` as a set: a cluster-wide gres.conf names thousands of nodes per line.
+    node_set: Optional[frozenset[str]] = None
 
     def applies_to(self, node: str) -> bool:
         if self.nodes is None:
             return True
-        if self._node_set is None:
-            self._node_set = frozenset(self.nodes)
-        return node in self._node_set
+        return node in (self.node_set if self.node_set is not None else self.nodes)
 
 
-@dataclass
-class GresDevice:
+class GresDevice(NamedTuple):
     """One device as Slurm numbers it on a node: ``index`` is its place among ``name`` devices."""
 
     name: str  # gpu | mps | shard | ...
     index: int
     type: str
-    files: list[str]
+    files: Sequence[str]
     count: int  # 1 for a gpu; this device's share count for mps/shard
     line: int  # gres.conf line it came from (0: AutoDetect)
-    flags: list[str] = field(default_factory=list)
+    flags: Sequence[str] = ()
 
 
-@dataclass
-class GresConf:
+class GresConf(NamedTuple):
     path: str
-    lines: list[GresLine] = field(default_factory=list)
+    lines: list[GresLine]
 
     def autodetect(self, node: str) -> str:
         """The AutoDetect mode for ``node``: its own NodeName line wins over the global one."""
@@ -237,61 +229,59 @@ def _parse_line(number: int, text: str, where: str) -> GresLine:
         if not value:
             raise fail(f"{canonical}= has no value")
         values[canonical] = value
-    line = GresLine(line=number, nodes=None)
+    nodes: Optional[list[str]] = None
+    files: list[str] = []
     try:
         if "NodeName" in values:
-            line.nodes = hostlist.expand_hostlist(values["NodeName"])
+            nodes = hostlist.expand_hostlist(values["NodeName"])
         for key in ("File", "MultipleFiles"):
             if key in values:
-                line.files = hostlist.expand_hostlist(values[key])
+                files = hostlist.expand_hostlist(values[key])
     except hostlist.BadHostlist as err:
         raise fail(f"bad host or file range {text!r}: {err}") from None
     if "File" in values and "MultipleFiles" in values:
         raise fail("File= and MultipleFiles= cannot both be given; use MultipleFiles= for the "
                    "several files of one MIG slice, File= for one device per file")
-    line.multiple_files = "MultipleFiles" in values
-    for path in line.files:
+    multiple_files = "MultipleFiles" in values
+    for path in files:
         if not path.startswith("/"):
             raise fail(f"device file {path!r} is not an absolute path")
-    if "AutoDetect" in values:
-        line.autodetect = values["AutoDetect"].lower()
-        if line.autodetect not in AUTODETECT_VALUES:
-            raise fail(f"AutoDetect={values['AutoDetect']} is not one of "
-                       + ", ".join(AUTODETECT_VALUES))
-    line.name = values.get("Name", "")
-    if not line.name and set(values) - {"AutoDetect", "NodeName"}:
+    autodetect = values.get("AutoDetect", "").lower()
+    if autodetect and autodetect not in AUTODETECT_VALUES:
+        raise fail(f"AutoDetect={values['AutoDetect']} is not one of "
+                   + ", ".join(AUTODETECT_VALUES))
+    name = values.get("Name", "")
+    if not name and set(values) - {"AutoDetect", "NodeName"}:
         raise fail("a gres.conf record needs Name= (gpu, mps, shard, ...)")
-    if not line.name and not line.autodetect:
+    if not name and not autodetect:
         raise fail("a record with only NodeName= says nothing; add Name= or AutoDetect=")
-    line.type = values.get("Type", "")
+    count = None
     if "Count" in values:
         try:
-            line.count = _count(values["Count"])
+            count = _count(values["Count"])
         except ValueError as err:
             raise fail(f"Count={values['Count']} is invalid: expected {err}") from None
-    if "Flags" in values:
-        line.flags = [f for f in values["Flags"].split(",") if f]
-        unknown = [f for f in line.flags if f.lower() not in _FLAGS]
-        if unknown:
-            raise fail(f"unknown Flags value {unknown[0]!r}; known: " + ", ".join(sorted(_FLAGS)))
-    line.cores = values.get("Cores", "")
-    line.links = values.get("Links", "")
-    if line.name == "gpu":
-        if line.files and not line.multiple_files and line.count is not None \
-                and line.count != len(line.files):
-            raise fail(f"Count={line.count} but File= names {len(line.files)} device file(s); "
+    flags = [f for f in values.get("Flags", "").split(",") if f]
+    unknown = [f for f in flags if f.lower() not in _FLAGS]
+    if unknown:
+        raise fail(f"unknown Flags value {unknown[0]!r}; known: " + ", ".join(sorted(_FLAGS)))
+    if name == "gpu":
+        if files and not multiple_files and count is not None and count != len(files):
+            raise fail(f"Count={count} but File= names {len(files)} device file(s); "
                        "for gpus drop Count= or make it match")
-        if line.multiple_files and line.count not in (None, 1):
+        if multiple_files and count not in (None, 1):
             raise fail("MultipleFiles= describes one device; drop Count= or set Count=1")
-    return line
+    return GresLine(line=number, nodes=nodes, name=name, type=values.get("Type", ""),
+                    files=files, multiple_files=multiple_files, count=count, flags=flags,
+                    cores=values.get("Cores", ""), links=values.get("Links", ""),
+                    autodetect=autodetect,
+                    node_set=frozenset(nodes) if nodes is not None else None)
 
 
 def parse_gres_conf(content: str, path: str = "gres.conf") -> GresConf:
     """Parse gres.conf text; every error names ``path`` and the line."""
-    conf = GresConf(path=path)
-    for number, text in _logical_lines(content):
-        conf.lines.append(_parse_line(number, text, path))
-    return conf
+    return GresConf(path, [_parse_line(number, text, path)
+                           for number, text in _logical_lines(content)])
 
 
 def load_gres_conf(path: str) -> GresConf:

@@ -1,7 +1,8 @@
 """The node's GPUs as NVML reports them: one data model shared by check, verify, MPS and render.
 
 Collection (``collect``) goes through the NVML seam in ``gpushare.nvml``; everything else in
-gpushare reads these dataclasses and never calls NVML itself.
+gpushare reads these records and never calls NVML itself. They are NamedTuples: a job's
+prolog collects them, and importing ``dataclasses`` would cost it about 5 ms of CPU.
 
 MIG profile names (``1g.10gb``) follow nvidia-smi and Slurm's AutoDetect=nvml: the profile is
 the part after ``MIG `` in the MIG device's NVML name (``NVIDIA A100-SXM4-80GB MIG 1g.10gb`` →
@@ -20,8 +21,7 @@ import contextlib
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 from gpushare.nvml import (
     SIM_PREFIX,
@@ -54,8 +54,7 @@ MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
 MIB = 1 << 20
 
 
-@dataclass
-class GpuProcess:
+class GpuProcess(NamedTuple):
     pid: int
     used_memory: int  # bytes; 0 when NVML does not say
     kind: str = "compute"  # compute | graphics | mps
@@ -63,8 +62,7 @@ class GpuProcess:
     ci_id: Optional[int] = None
 
 
-@dataclass
-class MigDevice:
+class MigDevice(NamedTuple):
     """One MIG slice (GPU instance + compute instance) on a parent GPU."""
 
     gpu_index: int
@@ -73,21 +71,19 @@ class MigDevice:
     profile: str  # e.g. "1g.10gb"
     uuid: str  # "MIG-..."
     memory_total: int  # bytes
-    caps_files: list[str] = field(default_factory=list)  # /dev/nvidia-caps/nvidia-capN (gi, ci)
+    caps_files: Sequence[str] = ()  # /dev/nvidia-caps/nvidia-capN (gi, ci)
     gi_slices: int = 0
     ci_slices: int = 0
-    processes: list[GpuProcess] = field(default_factory=list)
+    processes: Sequence[GpuProcess] = ()
 
 
-@dataclass
-class NvLink:
+class NvLink(NamedTuple):
     link: int
     active: bool
     remote_pci_bus_id: str = ""
 
 
-@dataclass
-class FabricInfo:
+class FabricInfo(NamedTuple):
     """NVLink multi-node domain membership (nvmlDeviceGetGpuFabricInfoV)."""
 
     state: str  # not_supported | not_started | in_progress | completed
@@ -96,8 +92,7 @@ class FabricInfo:
     status: str = ""
 
 
-@dataclass
-class Gpu:
+class Gpu(NamedTuple):
     index: int
     minor: int  # /dev/nvidia<minor>
     uuid: str  # "GPU-..."
@@ -107,30 +102,30 @@ class Gpu:
     compute_mode: str  # default | exclusive_process | prohibited | unknown
     mig_current: bool
     mig_pending: bool
-    mig_devices: list[MigDevice] = field(default_factory=list)
-    nvlinks: list[NvLink] = field(default_factory=list)
+    mig_devices: Sequence[MigDevice] = ()
+    nvlinks: Sequence[NvLink] = ()
     fabric: Optional[FabricInfo] = None
-    processes: list[GpuProcess] = field(default_factory=list)
+    processes: Sequence[GpuProcess] = ()
     device_dir: str = "/dev"  # where nvidia<minor> and nvidia-caps/ live
-    unsupported: list[str] = field(default_factory=list)  # queries NVML does not support here
+    unsupported: Sequence[str] = ()  # queries NVML does not support here
 
     @property
     def device_file(self) -> str:
         return os.path.join(self.device_dir, f"nvidia{self.minor}")
 
 
-@dataclass
-class Inventory:
+class Inventory(NamedTuple):
     """Everything gpushare knows about one node's GPUs."""
 
     hostname: str
     driver_version: str
     cuda_driver_version: str
     source: str  # "nvml" or "sim:<path>"
-    gpus: list[Gpu] = field(default_factory=list)
+    gpus: Sequence[Gpu] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain dicts and lists all the way down (JSON)."""
+        return _plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Inventory:
@@ -164,6 +159,14 @@ class Inventory:
                 if mig.uuid == uuid:
                     return gpu, mig
         return None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {name: _plain(item) for name, item in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 _MIG_NAME_RE = re.compile(r"\bMIG\s+(\S+)\s*$")
@@ -244,39 +247,37 @@ class _Collector:
         handle = self.call(f"get the handle of {where}", "nvmlDeviceGetHandleByIndex", index)
         uuid = text(self.call(f"read the UUID of {where}", "nvmlDeviceGetUUID", handle))
         where = f"GPU {index} ({uuid})"
-        gpu = Gpu(
-            index=index,
-            minor=int(self.call(f"read the minor number of {where}",
-                                "nvmlDeviceGetMinorNumber", handle)),
-            uuid=uuid,
-            name=text(self.call(f"read the name of {where}", "nvmlDeviceGetName", handle)),
-            memory_total=int(self.call(f"read the memory of {where}",
-                                       "nvmlDeviceGetMemoryInfo", handle).total),
-            pci_bus_id=text(self.call(f"read the PCI info of {where}",
-                                      "nvmlDeviceGetPciInfo", handle).busId),
-            compute_mode="unknown",
-            mig_current=False,
-            mig_pending=False,
-            device_dir=self.device_dir,
-        )
-        mode = self.optional(gpu.unsupported, "compute_mode", f"read the compute mode of {where}",
+        minor = int(self.call(f"read the minor number of {where}", "nvmlDeviceGetMinorNumber",
+                              handle))
+        name = text(self.call(f"read the name of {where}", "nvmlDeviceGetName", handle))
+        memory_total = int(self.call(f"read the memory of {where}", "nvmlDeviceGetMemoryInfo",
+                                     handle).total)
+        pci_bus_id = text(self.call(f"read the PCI info of {where}", "nvmlDeviceGetPciInfo",
+                                    handle).busId)
+        unsupported: list[str] = []
+        mode = self.optional(unsupported, "compute_mode", f"read the compute mode of {where}",
                              "nvmlDeviceGetComputeMode", handle)
-        if mode is not None:
-            gpu.compute_mode = _COMPUTE_MODES.get(int(mode), f"mode{int(mode)}")
-        mig = self.optional(gpu.unsupported, "mig", f"read the MIG mode of {where}",
+        compute_mode = ("unknown" if mode is None
+                        else _COMPUTE_MODES.get(int(mode), f"mode{int(mode)}"))
+        mig = self.optional(unsupported, "mig", f"read the MIG mode of {where}",
                             "nvmlDeviceGetMigMode", handle)
-        if mig is not None:
-            gpu.mig_current = int(mig[0]) == nv.NVML_DEVICE_MIG_ENABLE
-            gpu.mig_pending = int(mig[1]) == nv.NVML_DEVICE_MIG_ENABLE
-        if gpu.mig_current:
-            gpu.mig_devices = self.mig_devices(gpu, handle, where)
+        mig_current = mig is not None and int(mig[0]) == nv.NVML_DEVICE_MIG_ENABLE
+        mig_pending = mig is not None and int(mig[1]) == nv.NVML_DEVICE_MIG_ENABLE
+        mig_devices = self.mig_devices(index, minor, handle, where) if mig_current else []
+        nvlinks: list[NvLink] = []
+        fabric = None
         if self.topology:
-            gpu.nvlinks = self.nvlinks(gpu, handle, where)
-            gpu.fabric = self.fabric(gpu, handle, where)
-        gpu.processes = self.processes(gpu.unsupported, handle, where)
-        return gpu
+            nvlinks = self.nvlinks(unsupported, handle, where)
+            fabric = self.fabric(unsupported, handle, where)
+        processes = self.processes(unsupported, handle, where)
+        return Gpu(index=index, minor=minor, uuid=uuid, name=name, memory_total=memory_total,
+                   pci_bus_id=pci_bus_id, compute_mode=compute_mode, mig_current=mig_current,
+                   mig_pending=mig_pending, mig_devices=mig_devices, nvlinks=nvlinks,
+                   fabric=fabric, processes=processes, device_dir=self.device_dir,
+                   unsupported=unsupported)
 
-    def mig_devices(self, gpu: Gpu, handle: Any, where: str) -> list[MigDevice]:
+    def mig_devices(self, gpu_index: int, gpu_minor: int, handle: Any,
+                    where: str) -> list[MigDevice]:
         nv = self.nvml
         count = int(self.call(f"read the MIG device count of {where}",
                               "nvmlDeviceGetMaxMigDeviceCount", handle))
@@ -300,23 +301,22 @@ class _Collector:
             ci_slices = int(attrs.computeInstanceSliceCount)
             profile = mig_profile_from_name(name) or mig_profile_from_attributes(
                 gi_slices, ci_slices, int(attrs.memorySizeMB))
-            device = MigDevice(
-                gpu_index=gpu.index,
+            devices.append(MigDevice(
+                gpu_index=gpu_index,
                 gi_id=gi,
                 ci_id=ci,
                 profile=profile,
                 uuid=text(self.call(f"read the UUID of {what}", "nvmlDeviceGetUUID", mig)),
                 memory_total=int(self.call(f"read the memory of {what}",
                                            "nvmlDeviceGetMemoryInfo", mig).total),
-                caps_files=mig_caps_files(self.minors, gpu.minor, gi, ci, self.device_dir),
+                caps_files=mig_caps_files(self.minors, gpu_minor, gi, ci, self.device_dir),
                 gi_slices=gi_slices,
                 ci_slices=ci_slices,
-            )
-            device.processes = self.processes([], mig, what)
-            devices.append(device)
+                processes=self.processes([], mig, what),
+            ))
         return devices
 
-    def nvlinks(self, gpu: Gpu, handle: Any, where: str) -> list[NvLink]:
+    def nvlinks(self, unsupported: list[str], handle: Any, where: str) -> list[NvLink]:
         """Walk every possible link as Slurm does: skip absent lanes, stop when unsupported."""
         nv = self.nvml
         links: list[NvLink] = []
@@ -328,20 +328,20 @@ class _Collector:
                     continue
                 if is_unsupported(nv, err):
                     if not links:
-                        gpu.unsupported.append("nvlink")
+                        unsupported.append("nvlink")
                     break
                 raise InventoryError(describe_nvml_error(
                     nv, err, f"read NVLink {link} of {where}")) from None
             remote = ""
             if active:
-                pci = self.optional(gpu.unsupported, f"nvlink{link}_remote",
+                pci = self.optional(unsupported, f"nvlink{link}_remote",
                                     f"read the remote end of NVLink {link} of {where}",
                                     "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
                 remote = text(pci.busId) if pci is not None else ""
             links.append(NvLink(link=link, active=active, remote_pci_bus_id=remote))
         return links
 
-    def fabric(self, gpu: Gpu, handle: Any, where: str) -> Optional[FabricInfo]:
+    def fabric(self, unsupported: list[str], handle: Any, where: str) -> Optional[FabricInfo]:
         """Fabric (multi-node NVLink domain) state; the versioned call first, then the old one."""
         import ctypes
         import uuid as uuidlib
@@ -364,15 +364,15 @@ class _Collector:
                 raise InventoryError(describe_nvml_error(
                     nv, err, f"read the fabric info of {where}")) from None
             state = _FABRIC_STATES.get(int(info.state), f"state{int(info.state)}")
-            fabric = FabricInfo(state=state)
-            if state == "completed":
-                raw = bytes(info.clusterUuid)
-                fabric.cluster_uuid = str(uuidlib.UUID(bytes=raw)) if any(raw) else ""
-                fabric.clique_id = int(info.cliqueId)
-                fabric.status = ("success" if int(info.status) == nv.NVML_SUCCESS
-                                 else _error_text(nv, int(info.status)))
-            return fabric
-        gpu.unsupported.append("fabric")
+            if state != "completed":
+                return FabricInfo(state=state)
+            raw = bytes(info.clusterUuid)
+            return FabricInfo(state=state,
+                              cluster_uuid=str(uuidlib.UUID(bytes=raw)) if any(raw) else "",
+                              clique_id=int(info.cliqueId),
+                              status=("success" if int(info.status) == nv.NVML_SUCCESS
+                                      else _error_text(nv, int(info.status))))
+        unsupported.append("fabric")
         return None
 
     def processes(self, unsupported: list[str], handle: Any, where: str) -> list[GpuProcess]:
@@ -417,17 +417,16 @@ def collect(nvml: Any, source: str, mig_minors_text: Optional[str] = None,
     try:
         collector = _Collector(nvml, parse_mig_minors(mig_minors_text or ""), device_dir,
                                topology)
-        inventory = Inventory(
+        return Inventory(
             hostname=hostname or os.uname().nodename,
             driver_version=text(nvml_call(nvml, "read the driver version",
                                           nvml.nvmlSystemGetDriverVersion)),
             cuda_driver_version=_cuda_version(nvml_call(
                 nvml, "read the CUDA driver version", nvml.nvmlSystemGetCudaDriverVersion_v2)),
             source=source,
+            gpus=[collector.gpu(i) for i in range(
+                int(nvml_call(nvml, "count the GPUs", nvml.nvmlDeviceGetCount)))],
         )
-        count = int(nvml_call(nvml, "count the GPUs", nvml.nvmlDeviceGetCount))
-        inventory.gpus = [collector.gpu(i) for i in range(count)]
-        return inventory
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()

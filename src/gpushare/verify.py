@@ -16,8 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from gpushare.gresconf import GresConf, GresDevice
 from gpushare.inventory import Gpu, Inventory, MigDevice
@@ -31,8 +30,7 @@ _CAP_FILE = re.compile(r"^nvidia-cap(\d+)$")
 _SHARED = ("mps", "shard")
 
 
-@dataclass
-class Finding:
+class Finding(NamedTuple):
     """One disagreement: what is wrong, where, and how to fix it."""
 
     severity: str  # error | warning
@@ -47,8 +45,7 @@ class Finding:
         return "gpushare: " + " ".join((self.brief or self.what).split())
 
 
-@dataclass
-class ResolvedDevice:
+class ResolvedDevice(NamedTuple):
     """A device the job got, as Slurm names it and as NVML reports it."""
 
     slurm_index: int  # -1 when Slurm named it only by UUID
@@ -61,17 +58,16 @@ class ResolvedDevice:
     is_mig: bool
     memory_total: int  # bytes
     profile: str  # MIG profile, "" for a whole GPU
-    device_files: list[str] = field(default_factory=list)
+    device_files: list[str]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as the job's record keeps them."""
-        return asdict(self)
+        return {**self._asdict(), "device_files": list(self.device_files)}
 
 
-@dataclass
-class VerifyResult:
-    devices: list[ResolvedDevice] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
+class VerifyResult(NamedTuple):
+    devices: list[ResolvedDevice]
+    findings: list[Finding]
 
     @property
     def errors(self) -> list[Finding]:
@@ -130,7 +126,7 @@ class _Verifier:
         self.owner = owner
         self.job_pids = set(job_pids)
         self.gres_name = gres_name
-        self.result = VerifyResult()
+        self.result = VerifyResult([], [])
 
     def error(self, what: str, where: str, fix: str, severity: str = "error",
               brief: str = "") -> None:

@@ -183,13 +183,18 @@ def test_owner_other_than_slurm(inv):
     assert ok.ok
 
 
-def test_foreign_processes(inv):
-    import copy
+def with_processes(inv, **by_gpu):
+    """A copy of ``inv`` whose GPU ``g<i>`` runs the given processes."""
+    gpus = list(inv.gpus)
+    for key, processes in by_gpu.items():
+        gpus[int(key[1:])] = gpus[int(key[1:])]._replace(processes=processes)
+    return inv._replace(gpus=gpus)
 
-    busy = copy.deepcopy(inv)
-    busy.gpus[2].processes = [GpuProcess(pid=100, used_memory=GIB),
-                              GpuProcess(pid=200, used_memory=GIB)]
-    busy.gpus[1].processes = [GpuProcess(pid=300, used_memory=0, gi_id=3, ci_id=0)]
+
+def test_foreign_processes(inv):
+    busy = with_processes(inv, g2=[GpuProcess(pid=100, used_memory=GIB),
+                                   GpuProcess(pid=200, used_memory=GIB)],
+                          g1=[GpuProcess(pid=300, used_memory=0, gi_id=3, ci_id=0)])
     env = {"SLURM_JOB_GPUS": "10"}
     result = verify_job_devices(env, "n1", conf_for(busy), busy, job_pids=[100])
     assert "is in use by process(es) 200 outside this job per NVML" in result.reason()
@@ -200,10 +205,7 @@ def test_foreign_processes(inv):
 
 
 def test_mps_job_indexes_mps_lines_and_tolerates_other_jobs(inv):
-    import copy
-
-    busy = copy.deepcopy(inv)
-    busy.gpus[3].processes = [GpuProcess(pid=999, used_memory=GIB, kind="mps")]
+    busy = with_processes(inv, g3=[GpuProcess(pid=999, used_memory=GIB, kind="mps")])
     conf = conf_for(busy, extra="Name=mps Count=100 File=/dev/nvidia2\n"
                                 "Name=mps Count=100 File=/dev/nvidia3\n")
     env = {"SLURM_JOB_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1",
