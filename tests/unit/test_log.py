@@ -2,14 +2,10 @@
 
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 
 from gpushare import log as gslog
-
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
 @pytest.fixture
@@ -92,16 +88,3 @@ def test_without_a_sink_messages_go_to_logging(caplog):
         gslog.get_logger("gpushare.test").warning("daemon %d ignored quit", 7)
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         ("gpushare.test", logging.WARNING, "daemon 7 ignored quit")]
-
-
-def test_prolog_and_epilog_modules_import_no_heavy_library():
-    """What the callbacks import is paid by every job; these stay out (see the package
-    docstring). The verification modules are imported by the prolog only when needed."""
-    code = ("import sys; import gpushare.spank_adapter; "
-            "print(' '.join(m for m in ('dataclasses', 'inspect', 'logging', 'subprocess', "
-            "'hashlib', 'textwrap', 'gpushare.verify', 'gpushare.inventory') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = "
-                          f"[{os.path.abspath(SRC)!r}]; {code}"],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.split() == []
