@@ -6,8 +6,8 @@ child's stdout open (``nvidia-cuda-mps-control -d`` does) cannot make us wait fo
 The child gets its own process group; on timeout the whole group is killed. The wait is a
 poll on a pidfd where the kernel has them (5.3+), so the caller resumes the moment the
 child exits; older kernels fall back to subprocess's sleeping wait. ``subprocess`` is
-imported on the first command, not with this module: most prologs and epilogs (a job
-joining a running daemon, or leaving one that others still use) run none.
+imported on the first command, not with this module: the prolog of a job whose GPUs are
+only verified (no MPS) runs none.
 No threads are used (the plugin forbids them).
 """
 
