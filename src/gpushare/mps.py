@@ -73,8 +73,7 @@ class MpsDevice(NamedTuple):
         return f"{self.label or 'GPU ' + str(self.index)} ({self.uuid})"
 
     def to_record(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.index, "memory_total": self.memory_total,
-                "label": self.label}
+        return self._asdict()
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> MpsDevice:
@@ -622,12 +621,16 @@ class MpsManager:
         except OSError:
             return None
 
+    def _live_status(self, pid: int) -> Optional[bytes]:
+        """``/proc/<pid>/status`` of a live process; None when it is gone or a zombie."""
+        status = self._read_proc(pid, "status")
+        state = re.search(rb"^State:\s+([A-Z])", status or b"", re.MULTILINE)
+        if not state or state.group(1) in (b"Z", b"X"):
+            return None
+        return status
+
     def _alive(self, pid: int) -> bool:
-        stat_data = self._read_proc(pid, "stat")
-        if stat_data is None:
-            return False
-        state = stat_data.rsplit(b")", 1)[-1].split()[:1]
-        return state != [b"Z"] and state != [b"X"]
+        return self._live_status(pid) is not None
 
     def _is_ours(self, pid: int, rec: dict[str, Any], daemon_only: bool = False) -> bool:
         """True when ``pid`` is a live MPS daemon/server of this record's user and pipe dir."""
@@ -635,9 +638,8 @@ class MpsManager:
             return False
         # One read answers both "alive" and "whose": this runs for every process on the
         # node when a daemon stops.
-        status = self._read_proc(pid, "status") or b""
-        state = re.search(rb"^State:\s+([A-Z])", status, re.MULTILINE)
-        if not state or state.group(1) in (b"Z", b"X"):
+        status = self._live_status(pid)
+        if status is None:
             return False
         uid_line = re.search(rb"^Uid:\s+(\d+)", status, re.MULTILINE)
         if not uid_line or int(uid_line.group(1)) != rec["uid"]:
