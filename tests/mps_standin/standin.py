@@ -112,8 +112,13 @@ class Daemon:
             sys.exit(1)
         if os.path.exists(CONTROL):
             os.unlink(CONTROL)
+        # The control socket appears last, and already listening: a client that sees it
+        # also finds the pid file and the log pipe, and its connect is never refused.
+        pending = CONTROL + ".new"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pending)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.bind(CONTROL)
+        self.sock.bind(pending)
         self.sock.listen(16)
         self.sock.settimeout(0.2)
         with contextlib.suppress(FileExistsError):
@@ -123,6 +128,7 @@ class Daemon:
         signal.signal(signal.SIGTERM, self.on_sigterm)
         self.log(f"Control daemon started, pid {os.getpid()}, devices {','.join(devices())}")
         self.save()
+        os.rename(pending, CONTROL)
 
     def on_sigterm(self, *_):
         if "ignore_term" in faults():
