@@ -615,11 +615,29 @@ class MpsManager:
                 os.path.join(os.path.dirname(path), SERVER_PROGRAM)}
 
     def _read_proc(self, pid: int, name: str) -> Optional[bytes]:
+        """A /proc file's bytes (at most 1 MiB), or None when the process is gone.
+
+        Read with plain os.read: a daemon's stop reads every process's status, and a
+        buffered read sized for the largest environ cost more than the kernel's work.
+        """
         try:
-            with open(os.path.join(self.proc_root, str(pid), name), "rb") as handle:
-                return handle.read(1 << 20)
+            fd = os.open(f"{self.proc_root}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            chunks = []
+            size = 0
+            while size < 1 << 20:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            return b"".join(chunks)[:1 << 20]
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def _live_status(self, pid: int) -> Optional[bytes]:
         """``/proc/<pid>/status`` of a live process; None when it is gone or a zombie."""

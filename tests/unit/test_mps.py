@@ -437,6 +437,40 @@ def test_release_never_signals_a_process_that_is_not_the_daemon(bed, users):
     assert bed.entries() == []
 
 
+def _fake_process(proc_root, pid, *, uid, environ, argv, state="S"):
+    base = proc_root / str(pid)
+    base.mkdir()
+    (base / "status").write_text(f"Name:\tx\nState:\t{state} (sleeping)\nUid:\t{uid}\t{uid}"
+                                 f"\t{uid}\t{uid}\n")
+    (base / "environ").write_bytes(b"\0".join(environ) + b"\0")
+    (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+
+
+def test_daemon_processes_are_matched_by_uid_pipe_dir_and_program_through_proc(tmp_path):
+    """Every /proc file is read whole, however large (an environ over 1 MiB is cut there)."""
+    proc_root = tmp_path / "proc"
+    proc_root.mkdir()
+    program = "/usr/bin/nvidia-cuda-mps-control"
+    mgr = MpsManager(PluginConfig(state_dir=str(tmp_path / "state"), mps_control=program),
+                     proc_root=str(proc_root))
+    rec = {"uid": 1234, "pipe_dir": "/run/gpushare/mps/k/pipe"}
+    pipe_var = b"CUDA_MPS_PIPE_DIRECTORY=/run/gpushare/mps/k/pipe"
+    padding = [b"PAD%d=%s" % (i, b"x" * 1000) for i in range(300)]   # ~300 KiB before it
+    _fake_process(proc_root, 10, uid=1234, environ=[*padding, pipe_var], argv=[program, "-d"])
+    _fake_process(proc_root, 11, uid=1234, environ=[pipe_var],
+                  argv=["/usr/bin/nvidia-cuda-mps-server"])
+    _fake_process(proc_root, 12, uid=1235, environ=[pipe_var], argv=[program, "-d"])
+    _fake_process(proc_root, 13, uid=1234, environ=[pipe_var], argv=["/bin/sleep", "60"])
+    _fake_process(proc_root, 14, uid=1234, environ=[pipe_var], argv=[program], state="Z")
+    _fake_process(proc_root, 15, uid=1234, environ=[b"X=" + b"y" * (1 << 20), pipe_var],
+                  argv=[program, "-d"])
+    (proc_root / "self").mkdir()
+    assert sorted(mgr._leftovers(rec)) == [10, 11]
+    assert mgr._is_ours(10, rec, daemon_only=True)
+    assert not mgr._is_ours(11, rec, daemon_only=True)
+    assert not mgr._alive(14) and not mgr._alive(99)
+
+
 # --------------------------------------------------------------------------- faults
 
 
