@@ -135,14 +135,17 @@ def demo_two_users(bed: slurmbed.SlurmBed) -> None:
     b, _ = submit(bed, BOB, ["--gres=mps:50", "-w", "n2"], ENV_SCRIPT)
     time.sleep(3)
     running = daemons(bed)
-    show("\n".join(f"daemon {d.get('key')}: uid {d.get('uid')}, jobs {sorted(d.get('jobs', {}))}"
-                   for d in running))
+    listing = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps"], check=False,
+                      env={"PYTHONPATH": bed.path("lib", "python")})
+    show("$ gpushare mps      # as root on the node\n" + (listing.stdout + listing.stderr).strip())
     bed.wait_job(a)
     bed.wait_job(b)
     outs = [bed.output(a).strip(), bed.output(b).strip()]
     show("\n".join(outs))
     uids = {d.get("uid") for d in running}
-    record("two users, two daemons, both run", len(uids) == 2, f"{len(running)} daemons")
+    listed = len(re.findall(r"\srunning\s", listing.stdout))
+    record("two users, two daemons, both run", len(uids) == 2 and listed == 2,
+           f"{len(running)} daemons, {listed} running in gpushare mps")
 
 
 def demo_mig(bed: slurmbed.SlurmBed) -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
-__all__ = ["ARG_SPECS", "ConfigError", "PluginConfig", "parse_plugin_args",
-           "plugin_arg_values"]
+__all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "default_plugstack",
+           "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
+
+PLUGIN_LIBRARY = "spank_gpushare.so"
 
 
 class ConfigError(ValueError):
@@ -183,3 +185,39 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         debug_log=values["debug_log"],
         show=values["show"] == "yes",
     )
+
+
+def default_plugstack(env: Mapping[str, str]) -> str:
+    """Where Slurm looks for plugstack.conf by default: beside slurm.conf (``SLURM_CONF``)."""
+    slurm_conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    return os.path.join(os.path.dirname(slurm_conf), "plugstack.conf")
+
+
+def plugstack_args(path: str, _depth: int = 0) -> Optional[list[str]]:
+    """The arguments of the line that loads gpushare in plugstack.conf; None without one.
+
+    Follows ``include`` lines (glob patterns, relative to the including file) as Slurm
+    does, so node tools use the plugin's own settings. Raises ConfigError when a file
+    cannot be read.
+    """
+    import glob
+
+    if _depth > 8:
+        raise ConfigError(f"{path}: include nested more than 8 deep")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] == "include":
+            pattern = os.path.join(os.path.dirname(path), " ".join(words[1:]))
+            for included in sorted(glob.glob(pattern)):
+                found = plugstack_args(included, _depth + 1)
+                if found is not None:
+                    return found
+        elif (len(words) >= 2 and words[0] in ("required", "optional")
+              and os.path.basename(words[1]) == PLUGIN_LIBRARY):
+            return words[2:]
+    return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from gpushare.config import PluginConfig
 from gpushare.log import get_logger
@@ -210,7 +210,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     manager = MpsManager(config)
     try:
         # References of jobs whose epilog never ran (their record is gone) go first.
-        manager.reap_stale(lambda job_id: store.read(job_id) is not None)
+        manager.reap_stale(_has_record(store))
         lease = manager.acquire(record.job_id, record.uid, record.gid,
                                 mps_devices(record, devices), mode=record.mode,
                                 share_percent=record.share_percent)
@@ -269,6 +269,20 @@ def epilog(config: PluginConfig, job_id: int) -> None:
     removed = store.remove(job_id)
     log.debug("record %s, daemons stopped: %s",
               "removed" if removed else "absent", ", ".join(stopped) or "none")
+
+
+def _has_record(store: JobStore) -> Callable[[int], bool]:
+    """Whether a job still runs here, as gpushare sees it: its record outlives its epilog."""
+    return lambda job_id: store.read(job_id) is not None
+
+
+def reap_mps(config: PluginConfig) -> list[str]:
+    """Do now what the node's next shared job's prolog does first: drop MPS references of
+    jobs without a record and stop the daemons left without jobs (``gpushare mps --reap``).
+
+    Returns the keys of the daemons stopped; MpsError names any that cannot be.
+    """
+    return MpsManager(config).reap_stale(_has_record(JobStore(config.state_dir)))
 
 
 def node_name(env: Mapping[str, str]) -> str:

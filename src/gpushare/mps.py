@@ -172,16 +172,11 @@ class MpsManager:
                 raise MpsError(f"MPS record {self._path(key)}.json belongs to uid "
                                f"{rec['uid']} mode {rec['mode']}; remove it after stopping "
                                "its daemon")
-            previous_caps = None
             if rec is not None and rec.get("daemon_pid") and self._is_ours(
                     int(rec["daemon_pid"]), rec):
-                previous_caps = self._caps(rec)
                 rec["jobs"][str(job_id)] = {"share_percent": share_percent}
                 self._write_record(mps_fd, rec)
-                try:
-                    self._apply_caps(rec, previous_caps)
-                except MpsError as err:
-                    LOG.warning("%s", err)
+                self._apply_caps(mps_fd, rec)
                 return self._lease(rec, job_id)
             if rec is not None:
                 LOG.warning("%s is not running any more; starting it again",
@@ -270,27 +265,47 @@ class MpsManager:
                    job_ids: Sequence[str]) -> bool:
         """Remove jobs from a daemon (lock held): lower its caps to the jobs left, or stop
         it when none are left. True when it was stopped; MpsError when it cannot be."""
-        previous_caps = self._caps(rec)
         for jid in job_ids:
             del rec["jobs"][jid]
         if not rec["jobs"]:
             self._retire(mps_fd, rec, lock)
             return True
         self._write_record(mps_fd, rec)
-        try:
-            self._apply_caps(rec, previous_caps)
-        except MpsError as err:
-            LOG.warning("%s", err)
+        self._apply_caps(mps_fd, rec)
         return False
 
     def records(self) -> list[dict[str, Any]]:
         """All daemon records on this node (for inspection commands)."""
+        return [entry["record"] for entry in self.snapshot(check_processes=False)
+                if entry["record"] is not None]
+
+    def snapshot(self, check_processes: bool = True) -> list[dict[str, Any]]:
+        """Every daemon key of the node, read without locks (records are replaced whole).
+
+        Each entry: ``key``; ``record`` (None for a directory or lock without one);
+        ``error`` (why the record is unreadable); ``running`` (the recorded daemon is
+        alive and ours; None when processes were not checked). For ``gpushare mps``.
+        """
+        entries: list[dict[str, Any]] = []
         try:
             with self._mps_dir_fd(create=False) as mps_fd:
-                recs = [self._read_record(mps_fd, key) for key in self._all_keys(mps_fd)]
+                for key in self._all_keys(mps_fd):
+                    entry: dict[str, Any] = {"key": key, "record": None, "error": "",
+                                             "running": None}
+                    try:
+                        rec = self._read_record(mps_fd, key)
+                    except MpsError as err:
+                        entry["error"] = str(err)
+                        rec = None
+                    entry["record"] = rec
+                    if rec is not None and check_processes:
+                        pid = rec.get("daemon_pid")
+                        entry["running"] = bool(pid) and self._is_ours(int(pid), rec,
+                                                                       daemon_only=True)
+                    entries.append(entry)
         except FileNotFoundError:
             return []
-        return [rec for rec in recs if rec is not None]
+        return entries
 
     # ----------------------------------------------------------------- checks
 
@@ -447,20 +462,31 @@ class MpsManager:
                  for i, size in sorted(caps["mem"].items())]
         return cmds
 
-    def _apply_caps(self, rec: dict[str, Any], previous: Optional[dict[str, Any]]) -> None:
+    def _apply_caps(self, mps_fd: int, rec: dict[str, Any]) -> None:
+        """Give a running daemon the caps of the jobs now in ``rec`` (already written).
+
+        The record's ``caps`` says what the daemon was last told: that is what is compared
+        (a failed change is retried by the next join or leave) and what ``gpushare mps``
+        shows. A failure is logged, not raised: the jobs' own limits still hold.
+        """
         caps = self._caps(rec)
-        if caps == previous:
+        if caps == rec.get("caps"):
             return
-        result = self._control(rec, [*self._cap_commands(caps), "get_server_list"])
-        servers = [int(w) for w in result.stdout.split() if w.isdigit()]
-        per_server = []
-        for pid in servers:
-            per_server.append(f"set_active_thread_percentage {pid} {caps['percent']}")
-            per_server += [f"set_device_pinned_mem_limit {pid} {i} {size}"
-                           for i, size in sorted(caps["mem"].items())]
-        if per_server:
-            self._control(rec, per_server)
+        try:
+            result = self._control(rec, [*self._cap_commands(caps), "get_server_list"])
+            servers = [int(w) for w in result.stdout.split() if w.isdigit()]
+            per_server = []
+            for pid in servers:
+                per_server.append(f"set_active_thread_percentage {pid} {caps['percent']}")
+                per_server += [f"set_device_pinned_mem_limit {pid} {i} {size}"
+                               for i, size in sorted(caps["mem"].items())]
+            if per_server:
+                self._control(rec, per_server)
+        except MpsError as err:
+            LOG.warning("%s", err)
+            return
         rec["caps"] = caps
+        self._write_record(mps_fd, rec)
 
     def _lease(self, rec: dict[str, Any], job_id: int) -> MpsLease:
         share = int(rec["jobs"][str(job_id)]["share_percent"])

@@ -323,6 +323,45 @@ def test_gpushare_job_shows_what_the_job_got(mps_bed):
     assert_nothing_left(bed)
 
 
+def gpushare_mps(bed, *args: str):
+    """``gpushare mps`` as root on the bed's node, settings from the bed's plugstack.conf."""
+    return bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", *args],
+                   env={"PYTHONPATH": bed.path("lib", "python")}, check=False)
+
+
+def test_gpushare_mps_shows_the_node_daemons_and_their_jobs(mps_bed):
+    bed = mps_bed
+    jobs = {U1: bed.sbatch("sleep 60", "--gres=mps:20", "-w", NODE, "-c1", user=U1),
+            U2: bed.sbatch("sleep 60", "--gres=mps:30", "-w", NODE, "-c1", user=U2)}
+    records = wait_until("both daemons started", lambda: len(started_records(bed)) == 2 and
+                         started_records(bed), 60)
+    result = gpushare_mps(bed, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    # The settings are the plugin's own: found through SLURM_CONF, as on a node.
+    assert data["settings"] == bed.path("etc", "plugstack.conf")
+    assert data["state_dir"] == bed.state_dir
+    views = {view["user"]: view for view in data["daemons"]}
+    assert sorted(views) == sorted(jobs)
+    pids = {r["key"]: r["daemon_pid"] for r in records}  # type: ignore[union-attr]
+    for user, share in ((U1, 20), (U2, 30)):
+        view = views[user]
+        assert (view["status"], view["mode"], view["jobs"]) == (
+            "running", "shared", {str(jobs[user]): share})
+        assert view["daemon_pid"] == pids[view["key"]] and view["cap_percent"] == share
+        assert view["problems"] == []
+    text = gpushare_mps(bed).stdout
+    for user, share in ((U1, 20), (U2, 30)):
+        assert re.search(rf"{views[user]['key']}\s+running\s+\d+\s+\S+\s+{user}\s+shared"
+                         rf"\s+GPU \d\s+{jobs[user]}:{share}%", text), text
+    for job_id in jobs.values():
+        bed.run(["scancel", str(job_id)])
+        bed.wait_job(job_id)
+    assert_nothing_left(bed)
+    after = gpushare_mps(bed, "--json")
+    assert (after.returncode, json.loads(after.stdout)["daemons"]) == (0, [])
+
+
 def test_private_mps_over_whole_gpus(mps_bed):
     bed = mps_bed
     job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "4"), "--gres=gpu:2", "--gpu-mps",

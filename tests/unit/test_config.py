@@ -2,7 +2,15 @@
 
 import pytest
 
-from gpushare.config import ARG_SPECS, ConfigError, PluginConfig, parse_plugin_args, parse_size
+from gpushare.config import (
+    ARG_SPECS,
+    ConfigError,
+    PluginConfig,
+    default_plugstack,
+    parse_plugin_args,
+    parse_size,
+    plugstack_args,
+)
 
 
 def test_defaults_match_the_dataclass():
@@ -61,3 +69,39 @@ def test_sizes():
     assert parse_size("1024") == 1024
     with pytest.raises(ValueError):
         parse_size("-1G")
+
+
+def test_plugstack_args_come_from_the_line_that_loads_gpushare(tmp_path):
+    conf = tmp_path / "plugstack.conf"
+    conf.write_text("# site plugins\n"
+                    "optional /usr/lib64/slurm/other.so spank_gpushare.so=no\n"
+                    "#required /usr/lib64/slurm/spank_gpushare.so state_dir=/old\n"
+                    "required /usr/lib64/slurm/spank_gpushare.so state_dir=/run/gs "
+                    "timeout=5 # trailing comment\n")
+    assert plugstack_args(str(conf)) == ["state_dir=/run/gs", "timeout=5"]
+
+
+def test_plugstack_args_follow_includes_relative_to_the_including_file(tmp_path):
+    (tmp_path / "plugstack.conf.d").mkdir()
+    (tmp_path / "plugstack.conf.d" / "10-other.conf").write_text("optional /x/other.so\n")
+    (tmp_path / "plugstack.conf.d" / "20-gpushare.conf").write_text(
+        "optional /usr/lib64/slurm/spank_gpushare.so verify=warn\n")
+    (tmp_path / "plugstack.conf").write_text("include plugstack.conf.d/*.conf\n")
+    assert plugstack_args(str(tmp_path / "plugstack.conf")) == ["verify=warn"]
+
+
+def test_plugstack_without_gpushare_unreadable_or_looping(tmp_path):
+    conf = tmp_path / "plugstack.conf"
+    conf.write_text("required /x/other.so a=b\ninclude /nonexistent/*.conf\n")
+    assert plugstack_args(str(conf)) is None
+    with pytest.raises(ConfigError, match=r"cannot read .*missing.conf"):
+        plugstack_args(str(tmp_path / "missing.conf"))
+    conf.write_text(f"include {conf}\n")
+    with pytest.raises(ConfigError, match="nested more than 8 deep"):
+        plugstack_args(str(conf))
+
+
+def test_default_plugstack_sits_beside_slurm_conf():
+    assert default_plugstack({}) == "/etc/slurm/plugstack.conf"
+    assert default_plugstack({"SLURM_CONF": "/opt/slurm/etc/slurm.conf"}) == \
+        "/opt/slurm/etc/plugstack.conf"

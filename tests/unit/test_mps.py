@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -13,8 +14,11 @@ import time
 
 import pytest
 
+from gpushare.cli import main as cli_main
 from gpushare.config import PluginConfig
 from gpushare.mps import MpsDevice, MpsError, MpsLease, MpsManager, daemon_key, format_size
+from gpushare.mps_report import inspect_daemons
+from gpushare.state import JobRecord, JobStore
 from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
 
 REASON = unusable_reason()
@@ -620,3 +624,120 @@ def test_state_directory_reached_through_a_symlink_is_refused(bed, users):
     with pytest.raises(MpsError, match=r"state directory refused: .*symbolic link"):
         bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
     assert os.listdir(real) == []
+
+
+# --------------------------------------------------------------------------- gpushare mps
+
+
+def run_mps_command(bed: Bed, tmp_path, *args: str, capsys) -> tuple[int, str]:
+    plugstack = tmp_path / "plugstack.conf"
+    plugstack.write_text(f"required /usr/lib64/slurm/spank_gpushare.so "
+                         f"state_dir={bed.state_dir} mps_control={bed.standin.program} "
+                         "timeout=2\n")
+    capsys.readouterr()
+    status = cli_main(["mps", "--plugstack", str(plugstack), *args])
+    return status, capsys.readouterr().out
+
+
+def write_job_record(bed: Bed, job_id: int, user) -> None:
+    JobStore(bed.state_dir).write(JobRecord(job_id=job_id, uid=user.pw_uid, gid=user.pw_gid,
+                                            node="n1", mode="shared", share_percent=25))
+
+
+def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
+        bed, users, tmp_path, capsys):
+    u1, u2 = users[:2]
+    mgr = bed.manager()
+    for job_id, user, device, share in ((1, u1, GPU0, 25), (2, u1, GPU0, 30),
+                                        (3, u2, GPU0, 50), (4, u1, GPU1, 20)):
+        mgr.acquire(job_id=job_id, uid=user.pw_uid, gid=user.pw_gid, devices=[device],
+                    share_percent=share)
+    for job_id, user in ((1, u1), (2, u1), (4, u1)):      # job 3's epilog "never ran"
+        write_job_record(bed, job_id, user)
+    gone = mgr.acquire(job_id=4, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
+                       share_percent=20)
+    kill_and_wait(gone.daemon_pid)
+
+    status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    data = json.loads(out)
+    assert status == data["status"] == 1
+    views = {view["key"]: view for view in data["daemons"]}
+    shared = views[daemon_key("shared", u1.pw_uid, 1, [GPU0])]
+    assert (shared["status"], shared["user"], shared["jobs"]) == (
+        "running", u1.pw_name, {"1": 25, "2": 30})
+    assert shared["cap_percent"] == 55 and shared["mem_limits"] == {"0": "44G"}
+    assert (shared["devices"], shared["device_uuids"]) == ([GPU0.label], [GPU0.uuid])
+    assert shared["problems"] == []
+    other = views[daemon_key("shared", u2.pw_uid, 3, [GPU0])]
+    assert (other["status"], other["stale_jobs"]) == ("running", ["3"])
+    assert "the daemon still counts job 3, gone without" in other["problems"][0]
+    dead = views[daemon_key("shared", u1.pw_uid, 4, [GPU1])]
+    assert dead["status"] == "not running"
+    assert f"daemon pid {gone.daemon_pid} is gone while it serves job 4:" in dead["problems"][0]
+
+    status, out = run_mps_command(bed, tmp_path, capsys=capsys)
+    assert status == 1
+    assert f"MPS daemons in {bed.mps_dir} (settings: {tmp_path}/plugstack.conf): 3" in out
+    assert re.search(rf"{shared['key']}\s+running\s+{shared['daemon_pid']}\s+\S+\s+"
+                     rf"{u1.pw_name}\s+shared\s+.*1:25% 2:30%\s+55% 0=44G", out), out
+    assert f"{other['key']}: the daemon still counts job 3" in out
+
+    # --reap stops what only the vanished job held; the dead daemon's job still runs.
+    status, out = run_mps_command(bed, tmp_path, "--reap", "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["reaped"] == [other["key"]] and status == 1
+    assert not alive(other["daemon_pid"])
+    assert sorted(view["key"] for view in data["daemons"]) == sorted([shared["key"],
+                                                                      dead["key"]])
+    for job_id in (1, 2, 4):
+        mgr.release(job_id)
+    status, out = run_mps_command(bed, tmp_path, capsys=capsys)
+    assert status == 0 and out.rstrip().endswith(": 0")
+
+
+def test_gpushare_mps_reports_failed_stops_unreadable_records_and_leftovers(
+        bed, users, tmp_path, capsys):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=7, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    rec = record(bed, lease.key)
+    rec["stop_failed"] = "cannot stop MPS control daemon x: pids 1 survive SIGKILL"
+    with open(os.path.join(bed.mps_dir, lease.key + ".json"), "w") as handle:
+        json.dump(rec, handle)
+    with open(os.path.join(bed.mps_dir, "u1-GPU-broken.json"), "w") as handle:
+        handle.write("{not json")
+    open(os.path.join(bed.mps_dir, "u2-GPU-orphan.lock"), "w").close()
+    status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    views = {view["key"]: view for view in json.loads(out)["daemons"]}
+    assert status == 1
+    assert views[lease.key]["status"] == "stop failed"
+    assert views[lease.key]["problems"][0].startswith(rec["stop_failed"] + "; once the GPU")
+    assert views["u1-GPU-broken"]["status"] == "unreadable"
+    assert "is unreadable" in views["u1-GPU-broken"]["problems"][0]
+    assert views["u2-GPU-orphan"]["status"] == "no record"
+    # Without root's view of /proc, liveness is reported unknown, never guessed.
+    unknown = {view.key: view.status for view in inspect_daemons(bed.config(),
+                                                                 check_processes=False)}
+    assert unknown[lease.key] == "stop failed"
+    os.unlink(os.path.join(bed.mps_dir, "u1-GPU-broken.json"))
+    rec.pop("stop_failed")
+    with open(os.path.join(bed.mps_dir, lease.key + ".json"), "w") as handle:
+        json.dump(rec, handle)
+    assert {view.key: view.status for view in inspect_daemons(
+        bed.config(), check_processes=False)}[lease.key] == "unknown"
+    mgr.release(7)
+    status, out = run_mps_command(bed, tmp_path, "--reap", capsys=capsys)  # the orphan lock
+    assert status == 0 and bed.entries() == []
+
+
+def test_gpushare_mps_settings_errors(tmp_path, capsys):
+    missing = tmp_path / "plugstack.conf"
+    assert cli_main(["mps", "--plugstack", str(missing)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    missing.write_text("required /x/other.so\n")
+    assert cli_main(["mps", "--plugstack", str(missing)]) == 2
+    assert "has no line loading spank_gpushare.so" in capsys.readouterr().err
+    missing.write_text("required /x/spank_gpushare.so timeout=never\n")
+    assert cli_main(["mps", "--plugstack", str(missing)]) == 2
+    assert "timeout='never' is invalid" in capsys.readouterr().err

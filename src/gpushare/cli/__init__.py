@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.render",
     "gpushare.cli.check",
     "gpushare.cli.job",
+    "gpushare.cli.mps",
 )
 
 

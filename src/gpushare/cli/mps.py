@@ -1,0 +1,160 @@
+"""``gpushare mps``: the node's MPS daemons, whom they serve, and what needs an administrator.
+
+Settings come from the gpushare line of plugstack.conf, so the command sees the state
+directory and control program the plugin uses. ``--reap`` does what the node's next
+shared job's prolog would: drop references of jobs whose epilog never ran and stop the
+daemons left without jobs, under the same locks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from gpushare.config import (
+    ConfigError,
+    PluginConfig,
+    default_plugstack,
+    parse_plugin_args,
+    plugstack_args,
+)
+
+__all__ = ["format_views", "register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "mps",
+        help="show this node's MPS daemons and their jobs; --reap cleans up after lost epilogs",
+        description="List the MPS control daemons gpushare runs on this node: owner, "
+        "GPUs, the jobs sharing each with their shares, the daemon's caps, and whether it "
+        "is running. A problem (a daemon gone while jobs use it, jobs whose epilog never "
+        "ran, a daemon that could not be stopped) is printed with what to do. Run as root. "
+        "Exit status: 0 all well, 1 a daemon needs attention, 2 the state cannot be read "
+        "or --reap failed.",
+        epilog="Examples:\n  gpushare mps\n  gpushare mps --json\n"
+        "  gpushare mps --reap      # after fixing a node drained for a stuck daemon",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--plugstack", metavar="FILE",
+                        help="plugstack.conf whose gpushare line gives state_dir=, "
+                        "mps_control= and timeout= (default: plugstack.conf beside "
+                        "$SLURM_CONF or /etc/slurm/slurm.conf; the plugin's defaults when it "
+                        "has no gpushare line)")
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="the plugin's state directory, instead of plugstack.conf's")
+    parser.add_argument("--reap", action="store_true",
+                        help="drop references of jobs without a gpushare record and stop "
+                        "daemons left without jobs, then list what remains")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=_run)
+
+
+def _fail(message: str) -> int:
+    print(f"gpushare mps: {message}", file=sys.stderr)
+    return 2
+
+
+def _load_config(args: argparse.Namespace) -> tuple[PluginConfig, str]:
+    """The plugin's configuration and where it came from (ConfigError when unusable)."""
+    path = args.plugstack or default_plugstack(os.environ)
+    words: Optional[list[str]] = None
+    if args.plugstack or os.path.exists(path):
+        words = plugstack_args(path)
+        if words is None and args.plugstack:
+            raise ConfigError(f"{path} has no line loading spank_gpushare.so")
+    source = path if words is not None else "the plugin's defaults"
+    try:
+        config = parse_plugin_args(words or [])
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if args.state_dir:
+        config = config._replace(state_dir=os.path.normpath(os.path.abspath(args.state_dir)))
+        source = "--state-dir"
+    return config, source
+
+
+def _age(started_at: Optional[float], now: float) -> str:
+    if not started_at:
+        return "-"
+    seconds = max(0, int(now - started_at))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+            for row in rows]
+
+
+def format_views(views: list[Any], state_dir: str, source: str,
+                 now: Optional[float] = None) -> str:
+    """The daemons as a table, then each problem under the daemon it concerns."""
+    now = time.time() if now is None else now
+    head = f"MPS daemons in {os.path.join(state_dir, 'mps')} (settings: {source}): {len(views)}"
+    if not views:
+        return head
+    rows = [["DAEMON", "STATUS", "PID", "UP", "USER", "MODE", "DEVICES", "JOBS (SHARE)",
+             "CAP"]]
+    for view in views:
+        cap = "-" if view.cap_percent is None else f"{view.cap_percent}%"
+        if view.mem_limits:
+            cap += " " + ",".join(f"{dev}={size}" for dev, size in view.mem_limits)
+        rows.append([
+            view.key, view.status, str(view.daemon_pid or "-"), _age(view.started_at, now),
+            view.user or "-", view.mode or "-", ",".join(view.devices) or "-",
+            " ".join(f"{job}:{share}%" for job, share in view.jobs) or "-", cap,
+        ])
+    lines = [head, "", *_table(rows)]
+    for view in views:
+        lines += [f"{view.key}: {problem}" for problem in view.problems]
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpushare.mps import MpsError
+    from gpushare.mps_report import exit_status, inspect_daemons
+
+    try:
+        config, source = _load_config(args)
+    except ConfigError as err:
+        return _fail(str(err))
+    is_root = os.geteuid() == 0
+    reaped: list[str] = []
+    if args.reap:
+        if not is_root:
+            return _fail("--reap stops other users' daemons: run it as root")
+        from gpushare.job import reap_mps
+
+        try:
+            reaped = reap_mps(config)
+        except MpsError as err:
+            return _fail(f"--reap: {err}")
+    try:
+        views = inspect_daemons(config, check_processes=is_root)
+    except MpsError as err:
+        return _fail(str(err))
+    status = exit_status(views)
+    if args.json:
+        print(json.dumps({"state_dir": config.state_dir, "settings": source,
+                          "status": status, "reaped": reaped,
+                          "daemons": [view.to_dict() for view in views]}, indent=2))
+        return status
+    if reaped:
+        print(f"stopped {len(reaped)} daemon(s) left without jobs: {', '.join(reaped)}")
+    print(format_views(views, config.state_dir, source))
+    if not is_root and views:
+        print("note: not root, so whether each daemon runs is unknown (only root may read "
+              "other users' /proc/<pid>/environ)", file=sys.stderr)
+    return status
