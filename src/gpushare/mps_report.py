@@ -9,7 +9,7 @@ is ``gpushare.job.reap_mps``, the same step a shared job's prolog takes.
 from __future__ import annotations
 
 import pwd
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 from gpushare.config import PluginConfig
 from gpushare.mps import MpsDevice, MpsManager
@@ -56,8 +56,7 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _jobs(ids: Any) -> str:
-    ids = list(ids)
+def _jobs(ids: Sequence[str]) -> str:
     return ("job " if len(ids) == 1 else "jobs ") + ", ".join(ids)
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpushare.config import (
     ConfigError,
@@ -22,6 +22,9 @@ from gpushare.config import (
     parse_plugin_args,
     plugstack_args,
 )
+
+if TYPE_CHECKING:
+    from gpushare.mps_report import DaemonView
 
 __all__ = ["format_views", "register"]
 
@@ -74,7 +77,7 @@ def _load_config(args: argparse.Namespace) -> tuple[PluginConfig, str]:
         raise ConfigError(f"{path}: {err}") from None
     if args.state_dir:
         config = config._replace(state_dir=os.path.normpath(os.path.abspath(args.state_dir)))
-        source = "--state-dir"
+        source += "; state_dir from --state-dir"
     return config, source
 
 
@@ -98,7 +101,7 @@ def _table(rows: list[list[str]]) -> list[str]:
             for row in rows]
 
 
-def format_views(views: list[Any], state_dir: str, source: str,
+def format_views(views: list[DaemonView], state_dir: str, source: str,
                  now: Optional[float] = None) -> str:
     """The daemons as a table, then each problem under the daemon it concerns."""
     now = time.time() if now is None else now
