@@ -22,6 +22,13 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def text_table(rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart, as the sub-commands print their listings."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+            for row in rows]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare",

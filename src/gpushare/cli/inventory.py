@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from gpushare.cli import text_table
 from gpushare.inventory import MIG_MINORS_PATH, Inventory, InventoryError, open_inventory
 
 GIB = 1 << 30
@@ -46,11 +47,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-
-
 def format_inventory(inv: Inventory) -> str:
     """A readable table of the inventory."""
     lines = [f"{inv.hostname}: driver {inv.driver_version}, CUDA {inv.cuda_driver_version}, "
@@ -75,21 +71,21 @@ def format_inventory(inv: Inventory) -> str:
             fabric = g.fabric.state
         rows.append([str(g.index), str(g.minor), g.name, f"{g.memory_total / GIB:.1f} GiB",
                      g.pci_bus_id, g.compute_mode, mig, nvlink, fabric, g.uuid])
-    lines += _table(rows)
+    lines += text_table(rows)
     migs = [(g, m) for g in inv.gpus for m in g.mig_devices]
     if migs:
         rows = [["GPU", "GI", "CI", "PROFILE", "MEMORY", "CAPS FILES", "UUID"]]
         rows += [[str(g.index), str(m.gi_id), str(m.ci_id), m.profile,
                   f"{m.memory_total / GIB:.1f} GiB", ",".join(m.caps_files) or "-", m.uuid]
                  for g, m in migs]
-        lines += ["", "MIG slices:", *_table(rows)]
+        lines += ["", "MIG slices:", *text_table(rows)]
     procs = [(g.index, "", p) for g in inv.gpus for p in g.processes if p.gi_id is None]
     procs += [(g.index, f"{m.gi_id}/{m.ci_id}", p) for g, m in migs for p in m.processes]
     if procs:
         rows = [["GPU", "GI/CI", "PID", "KIND", "MEMORY"]]
         rows += [[str(i), s or "-", str(p.pid), p.kind, f"{p.used_memory >> 20} MiB"]
                  for i, s, p in procs]
-        lines += ["", "Processes:", *_table(rows)]
+        lines += ["", "Processes:", *text_table(rows)]
     else:
         lines += ["", "Processes: none"]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
+from gpushare.cli import text_table
 from gpushare.config import (
     ConfigError,
     PluginConfig,
@@ -95,12 +96,6 @@ def _age(started_at: Optional[float], now: float) -> str:
     return f"{minutes}m{seconds:02d}s"
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-            for row in rows]
-
-
 def format_views(views: list[DaemonView], state_dir: str, source: str,
                  now: Optional[float] = None) -> str:
     """The daemons as a table, then each problem under the daemon it concerns."""
@@ -119,7 +114,7 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
             view.user or "-", view.mode or "-", ",".join(view.devices) or "-",
             " ".join(f"{job}:{share}%" for job, share in view.jobs) or "-", cap,
         ])
-    lines = [head, "", *_table(rows)]
+    lines = [head, "", *text_table(rows)]
     for view in views:
         lines += [f"{view.key}: {problem}" for problem in view.problems]
     return "\n".join(lines)
