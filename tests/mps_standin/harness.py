@@ -21,7 +21,7 @@ DAEMON_SOURCE = os.path.join(HERE, "standin.py")
 PROGRAM_NAME = "nvidia-cuda-mps-control"
 TEST_USERS = ("gpushare-u1", "gpushare-u2")
 FAULTS = ("die_start", "hang_start", "die_after_start", "ignore_quit", "ignore_term",
-          "hang_client")
+          "hang_client", "no_pid_file")
 
 
 @functools.cache

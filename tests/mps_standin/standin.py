@@ -22,6 +22,7 @@ with a clean environment; a running daemon reads it again on each quit and SIGTE
   ignore_quit      the daemon answers quit but keeps running
   ignore_term      the daemon ignores quit and SIGTERM (SIGKILL still works)
   hang_client      client mode never returns (read by the front end)
+  no_pid_file      the daemon writes no nvidia-cuda-mps-control.pid
 """
 
 import contextlib
@@ -123,8 +124,9 @@ class Daemon:
         self.sock.settimeout(0.2)
         with contextlib.suppress(FileExistsError):
             os.mkfifo(os.path.join(PIPE_DIR, "log"), 0o600)
-        with open(PID_FILE, "w") as handle:
-            handle.write(f"{os.getpid()}\n")
+        if "no_pid_file" not in self.faults:
+            with open(PID_FILE, "w") as handle:
+                handle.write(f"{os.getpid()}\n")
         signal.signal(signal.SIGTERM, self.on_sigterm)
         self.log(f"Control daemon started, pid {os.getpid()}, devices {','.join(devices())}")
         self.save()

@@ -505,6 +505,19 @@ def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, wo
     assert bed.entries() == []
 
 
+def test_a_daemon_without_a_pid_file_is_found_through_proc(bed, users):
+    u1 = users[0]
+    bed.standin.set_faults("no_pid_file")
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    assert not os.path.exists(os.path.join(lease.pipe_dir, "nvidia-cuda-mps-control.pid"))
+    assert lease.daemon_pid == standin_state(lease)["pid"]
+    assert mgr.release(1) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
 def test_without_pidfds_daemons_are_still_waited_for_and_stopped(bed, users, no_pidfds):
     """Kernels before 5.3 (RHEL 8's 4.18) have no pidfd_open: every wait polls instead."""
     u1 = users[0]
