@@ -6,9 +6,16 @@ set -u
 out=${OUT:-tests/gpu/results}
 mkdir -p "$out"
 host=$(hostname -s)
-python3 -m pip install -q nvidia-ml-py python-hostlist jinja2 PyYAML >/dev/null 2>&1 || true
+# build/pylib (made by `make build`) holds pynvml and python-hostlist, which the checks import:
+# a machine without network access uses it when it travels with the tree.
+pythonpath=src
+if [ -d build/pylib ]; then
+    pythonpath=src:build/pylib
+elif ! python3 -c "import pynvml" 2>/dev/null; then
+    python3 -m pip install -q nvidia-ml-py python-hostlist jinja2 PyYAML >/dev/null 2>&1 || true
+fi
 nvidia-smi -q > "$out/nvidia-smi-$host.txt" 2>&1 || true
 rc=0
-PYTHONPATH=src python3 tests/gpu/check_inventory.py "$out/inventory-$host.json" || rc=1
-PYTHONPATH=src python3 tests/gpu/check_mps.py "$out/mps-$host.json" || rc=1
+PYTHONPATH=$pythonpath python3 tests/gpu/check_inventory.py "$out/inventory-$host.json" || rc=1
+PYTHONPATH=$pythonpath python3 tests/gpu/check_mps.py "$out/mps-$host.json" || rc=1
 exit $rc
