@@ -6,7 +6,10 @@ state, mps, proc, log, job, spank_adapter, and for a prolog that verifies device
 gresconf, inventory, nvml and verify) therefore keep their records as NamedTuples or
 plain classes rather than dataclasses (``dataclasses`` brings ``inspect``: about 5 ms of
 CPU), log through ``gpushare.log`` rather than ``logging`` (about 4 ms), and import
-``subprocess``, ``hashlib`` and the GPU verification only where they are used.
+``subprocess``, ``hashlib`` and the GPU verification only where they are used. The
+modules declaring those NamedTuples do without ``from __future__ import annotations``
+(forward references are quoted by hand): typing.NamedTuple compiles every string
+annotation into a ForwardRef, which cost a verifying prolog over 100 ``compile()`` calls.
 ``tests/unit/test_callback_imports.py`` keeps it so.
 """
 

@@ -4,8 +4,6 @@ The same table is compiled into the C glue at build time (``spank/build.py``) so
 glue can reject an unknown key, and find ``state_dir``/``debug_log``, without starting Python.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional

@@ -11,8 +11,6 @@ end of a line continues it; ``NodeName=`` takes a hostlist (``gpu[01-04]``); ``F
 global, with ``NodeName=`` it is that node's.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from typing import Any, NamedTuple, Optional, Sequence

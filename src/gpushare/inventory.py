@@ -15,8 +15,6 @@ A MIG slice's device files are its parent's ``/dev/nvidia<minor>`` plus two capa
 ``gpu<minor>/gi<gi>/ci<ci>/access`` as listed in ``/proc/driver/nvidia-caps/mig-minors``.
 """
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os
@@ -128,7 +126,7 @@ class Inventory(NamedTuple):
         return _plain(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Inventory:
+    def from_dict(cls, data: dict[str, Any]) -> "Inventory":
         """Rebuild an inventory from ``to_dict()`` output (e.g. ``gpushare inventory --json``)."""
         gpus = []
         for g in data.get("gpus", []):

@@ -8,8 +8,6 @@ are split by who must act:
     not be drained for a user's typo); every task of the job then fails with the message.
 """
 
-from __future__ import annotations
-
 import os
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
@@ -85,7 +83,7 @@ def uses_sharing(request: JobRequest) -> bool:
     return request.gpu_share is not None or request.private_mps or request.slurm_share is not None
 
 
-def plan_job(request: JobRequest, devices: Sequence[ResolvedDevice] = ()) -> JobRecord:
+def plan_job(request: JobRequest, devices: "Sequence[ResolvedDevice]" = ()) -> JobRecord:
     """Decide mode, share and task environment; raise UserError for an impossible request."""
     asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
     granted = request.slurm_share
@@ -148,7 +146,7 @@ def inventory_source(config: PluginConfig, node: str) -> str:
     return config.inventory.replace("%n", node)
 
 
-def verify_devices(config: PluginConfig, request: JobRequest) -> list[ResolvedDevice]:
+def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedDevice]":
     """Resolve the job's devices through NVML and check them against Slurm and the plan.
 
     Sharing needs the devices' UUIDs and memory, so they are resolved even with
@@ -224,7 +222,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     return record
 
 
-def mps_devices(record: JobRecord, devices: Sequence[ResolvedDevice]) -> list[MpsDevice]:
+def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[MpsDevice]:
     """The job's GPUs or MIG slices as the MPS daemon addresses them (by UUID)."""
     if not devices:
         raise NodeError(f"job {record.job_id}: Slurm gave GPU {','.join(record.slurm_gpus)} "

@@ -26,8 +26,6 @@ whose message names the device and daemon and says what to do; the caller logs i
 Recovered trouble (a daemon ignoring ``quit``) is logged as a warning on ``gpushare.mps``.
 """
 
-from __future__ import annotations
-
 import errno
 import fcntl
 import json
@@ -76,7 +74,7 @@ class MpsDevice(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_record(cls, data: dict[str, Any]) -> MpsDevice:
+    def from_record(cls, data: dict[str, Any]) -> "MpsDevice":
         return cls(uuid=str(data["uuid"]), index=int(data.get("index", 0)),
                    memory_total=int(data.get("memory_total", 0)),
                    label=str(data.get("label", "")))
@@ -107,7 +105,7 @@ class MpsLease(NamedTuple):
         }
 
     @classmethod
-    def from_record(cls, data: dict[str, Any]) -> MpsLease:
+    def from_record(cls, data: dict[str, Any]) -> "MpsLease":
         pid = data.get("daemon_pid")
         return cls(
             job_id=int(data["job_id"]), key=str(data["key"]), mode=str(data["mode"]),
@@ -261,7 +259,7 @@ class MpsManager:
             raise MpsError("; ".join(errors))
         return stopped
 
-    def _drop_jobs(self, mps_fd: int, rec: dict[str, Any], lock: _Lock,
+    def _drop_jobs(self, mps_fd: int, rec: dict[str, Any], lock: "_Lock",
                    job_ids: Sequence[str]) -> bool:
         """Remove jobs from a daemon (lock held): lower its caps to the jobs left, or stop
         it when none are left. True when it was stopped; MpsError when it cannot be."""
@@ -351,7 +349,7 @@ class MpsManager:
             os.close(fd)
 
     @contextmanager
-    def _locked(self, mps_fd: int, key: str) -> Iterator[_Lock]:
+    def _locked(self, mps_fd: int, key: str) -> "Iterator[_Lock]":
         lock = _Lock(mps_fd, key + ".lock", self._path(key + ".lock"), self.lock_timeout)
         lock.acquire()
         try:
@@ -761,7 +759,7 @@ class MpsManager:
                            f"{' '.join(map(str, left))} survive SIGKILL; drain this node and "
                            "check the GPU")
 
-    def _retire(self, mps_fd: int, rec: dict[str, Any], lock: _Lock) -> None:
+    def _retire(self, mps_fd: int, rec: dict[str, Any], lock: "_Lock") -> None:
         """Stop the daemon of a record without references, then remove its files."""
         try:
             self._stop_daemon(rec)
@@ -774,7 +772,7 @@ class MpsManager:
         lock.remove = True
         LOG.info("stopped %s", self._describe(rec))
 
-    def _undo_start(self, mps_fd: int, rec: dict[str, Any], lock: _Lock,
+    def _undo_start(self, mps_fd: int, rec: dict[str, Any], lock: "_Lock",
                     job_id: int) -> None:
         """After a failed start: end what started, drop this job's reference, clean up."""
         rec["jobs"].pop(str(job_id), None)

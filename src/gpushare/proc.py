@@ -11,8 +11,6 @@ only verified (no MPS) runs none.
 No threads are used (the plugin forbids them).
 """
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import os
@@ -45,7 +43,7 @@ class CommandTimeout(ProcError):
 class CommandFailed(ProcError):
     """The program exited with a non-zero status (only raised by ``run(check=True)``)."""
 
-    def __init__(self, message: str, result: Result) -> None:
+    def __init__(self, message: str, result: "Result") -> None:
         super().__init__(message)
         self.result = result
 
@@ -111,7 +109,7 @@ def wait_for_exit(pid: int, timeout: float) -> Optional[bool]:
         os.close(pidfd)
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> int:
+def _wait(proc: "subprocess.Popen", timeout: float) -> int:
     """The child's exit status; subprocess.TimeoutExpired after ``timeout`` seconds."""
     import subprocess
 
@@ -123,7 +121,7 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int:
     return proc.wait()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: "subprocess.Popen") -> None:
     """Kill the child's process group (created by us through start_new_session)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

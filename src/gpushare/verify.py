@@ -11,8 +11,6 @@ someone other than Slurm; no process outside the job uses it.
 A pure function of its inputs: the caller reads the environment, gres.conf and NVML.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Collection, Mapping

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+VERIFYING_PROLOG = ["gpushare.spank_adapter", "gpushare.verify", "gpushare.inventory",
+                    "gpushare.gresconf", "gpushare.nvml", "gpushare.nvml_sim"]
 HEAVY = ("dataclasses", "inspect", "logging", "subprocess", "hashlib", "textwrap", "yaml")
 
 
@@ -24,11 +26,42 @@ def test_the_epilog_imports_none_of_them():
 
 def test_a_verifying_prolog_imports_none_of_them():
     """With a simulated node; on a real one, pynvml's own imports come on top."""
-    modules = ["gpushare.spank_adapter", "gpushare.verify", "gpushare.inventory",
-               "gpushare.gresconf", "gpushare.nvml", "gpushare.nvml_sim"]
-    assert loaded_after(modules) == []
+    assert loaded_after(VERIFYING_PROLOG) == []
 
 
 def test_the_check_itself_can_fail():
     assert loaded_after(["gpushare.spank_adapter", "dataclasses"]) == ["dataclasses",
                                                                        "inspect"]
+
+
+def compiles_during_import(modules, path=()):
+    """How often ``compile()`` runs while ``modules`` are imported from .pyc files.
+
+    typing.NamedTuple compiles each string annotation (``from __future__ import
+    annotations``) into a ForwardRef, about 40 us a field, so the callbacks' records are
+    declared with real annotations."""
+    search = [*path, SRC, *(p for p in sys.path if p)]
+    code = ("import builtins, sys; sys.path[:] = " + repr(search) + "\n"
+            "import typing, collections, json, re\n"
+            "calls = []; real = builtins.compile\n"
+            "def counting(*args, **kwargs):\n"
+            "    calls.append(args[0] if args else kwargs.get('source'))\n"
+            "    return real(*args, **kwargs)\n"
+            "builtins.compile = counting\n"
+            f"import {', '.join(modules)}\n"
+            "print(len(calls))")
+    for _ in range(2):  # the first run may write .pyc files, which compiles the modules
+        result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                                text=True, check=True)
+    return int(result.stdout)
+
+
+def test_callback_records_need_no_compiling():
+    assert compiles_during_import(VERIFYING_PROLOG) == 0
+
+
+def test_the_compile_count_can_fail(tmp_path):
+    (tmp_path / "lazy_record.py").write_text(
+        "from __future__ import annotations\nfrom typing import NamedTuple\n\n\n"
+        "class Lazy(NamedTuple):\n    a: int\n    b: str\n")
+    assert compiles_during_import(["lazy_record"], [str(tmp_path)]) == 2
