@@ -32,8 +32,9 @@ def text_table(rows: list[list[str]]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare",
-        description="Inspect a GPU node, render Slurm/Kubernetes config from the ownership "
-        "plan, check a node against it, and explain what the submit hooks do to a job.",
+        description="Inspect a GPU node and its MPS daemons, render Slurm/Kubernetes config "
+        "from the ownership plan, check a node against it, and explain what the submit hooks "
+        "do to a job.",
     )
     parser.add_argument("--version", action="version", version=f"gpushare {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
