@@ -276,11 +276,12 @@ def _has_record(store: JobStore) -> Callable[[int], bool]:
 
 def reap_mps(config: PluginConfig) -> list[str]:
     """Do now what the node's next shared job's prolog does first: drop MPS references of
-    jobs without a record and stop the daemons left without jobs (``gpushare mps --reap``).
+    jobs without a record and stop the daemons left without jobs (``gpushare mps --reap``);
+    also stop MPS processes whose daemon directory has lost its record.
 
     Returns the keys of the daemons stopped; MpsError names any that cannot be.
     """
-    return MpsManager(config).reap_stale(_has_record(JobStore(config.state_dir)))
+    return MpsManager(config).reap_stale(_has_record(JobStore(config.state_dir)), strays=True)
 
 
 def node_name(env: Mapping[str, str]) -> str:

@@ -223,16 +223,23 @@ class MpsManager:
             raise MpsError("; ".join(errors))
         return stopped
 
-    def reap_stale(self, job_alive: Callable[[int], bool]) -> list[str]:
+    def reap_stale(self, job_alive: Callable[[int], bool], strays: bool = False) -> list[str]:
         """Drop references of jobs that no longer exist; stop daemons left without any.
 
-        Also removes daemon directories and lock files that have no record. Returns the
-        keys of the daemons stopped; raises MpsError for daemons that cannot be stopped.
+        Also removes daemon directories and lock files that have no record, after ending
+        any MPS process still running in them. ``strays`` also looks through /proc for
+        MPS processes in a daemon directory of this node that has no record any more (its
+        state was removed while they ran); a prolog leaves that to ``gpushare mps
+        --reap``. Returns the keys of the daemons stopped; raises MpsError for daemons
+        that cannot be stopped.
         """
         stopped: list[str] = []
         errors: list[str] = []
         with self._mps_dir_fd() as mps_fd:
-            for key in self._all_keys(mps_fd):
+            keys = self._all_keys(mps_fd)
+            if strays:
+                keys = sorted(set(keys) | set(self._strays()))
+            for key in keys:
                 # A daemon whose jobs are all alive is skipped: taking every GPU's lock
                 # would queue each prolog behind every other GPU's daemon start.
                 seen = self._peek(mps_fd, key)
@@ -241,6 +248,12 @@ class MpsManager:
                 with self._locked(mps_fd, key) as lock:
                     rec = self._read_record(mps_fd, key)
                     if rec is None:
+                        try:
+                            if self._stop_strays(key):
+                                stopped.append(key)
+                        except MpsError as err:
+                            errors.append(str(err))
+                            continue
                         safefs.remove_tree_at(mps_fd, key)
                         lock.remove = True
                         continue
@@ -280,29 +293,35 @@ class MpsManager:
     def snapshot(self, check_processes: bool = True) -> list[dict[str, Any]]:
         """Every daemon key of the node, read without locks (records are replaced whole).
 
-        Each entry: ``key``; ``record`` (None for a directory or lock without one);
-        ``error`` (why the record is unreadable); ``running`` (the recorded daemon is
-        alive and ours; None when processes were not checked). For ``gpushare mps``.
+        Each entry: ``key``; ``record`` (None for a directory or lock without one, or
+        for MPS processes found in a daemon directory that is gone); ``error`` (why the
+        record is unreadable); ``running`` (the recorded daemon is alive and ours; None
+        when processes were not checked); ``strays`` (pids of MPS processes in the
+        directory of a key without a record). For ``gpushare mps``.
         """
         entries: list[dict[str, Any]] = []
+        strays = self._strays() if check_processes else {}
         try:
             with self._mps_dir_fd(create=False) as mps_fd:
-                for key in self._all_keys(mps_fd):
+                for key in sorted(set(self._all_keys(mps_fd)) | set(strays)):
                     entry: dict[str, Any] = {"key": key, "record": None, "error": "",
-                                             "running": None}
+                                             "running": None, "strays": []}
                     try:
                         rec = self._read_record(mps_fd, key)
                     except MpsError as err:
                         entry["error"] = str(err)
                         rec = None
                     entry["record"] = rec
+                    if rec is None and not entry["error"]:
+                        entry["strays"] = sorted(strays.get(key, []))
                     if rec is not None and check_processes:
                         pid = rec.get("daemon_pid")
                         entry["running"] = bool(pid) and self._is_ours(int(pid), rec,
                                                                        daemon_only=True)
                     entries.append(entry)
         except FileNotFoundError:
-            return []
+            return [{"key": key, "record": None, "error": "", "running": None,
+                     "strays": sorted(pids)} for key, pids in sorted(strays.items())]
         return entries
 
     # ----------------------------------------------------------------- checks
@@ -514,7 +533,7 @@ class MpsManager:
     # ----------------------------------------------------------------- daemon
 
     def _describe(self, rec: dict[str, Any]) -> str:
-        devs = ", ".join(d.describe() for d in self._devices(rec))
+        devs = ", ".join(d.describe() for d in self._devices(rec)) or "devices unknown"
         pid = rec.get("daemon_pid")
         return (f"MPS control daemon {rec['key']} (pid {pid if pid else 'unknown'}, "
                 f"pipe dir {rec['pipe_dir']}) on {devs}")
@@ -692,6 +711,9 @@ class MpsManager:
         programs = {self.config.mps_control, os.path.realpath(self.config.mps_control)}
         if not daemon_only:
             programs = self._programs()
+        return self._runs_one_of(pid, programs)
+
+    def _runs_one_of(self, pid: int, programs: set[str]) -> bool:
         try:
             exe = os.readlink(os.path.join(self.proc_root, str(pid), "exe"))
         except OSError:
@@ -699,6 +721,55 @@ class MpsManager:
         argv = [a.decode(errors="replace")
                 for a in (self._read_proc(pid, "cmdline") or b"").split(b"\0")[:2]]
         return exe in programs or any(a in programs for a in argv)
+
+    def _strays(self, key: Optional[str] = None) -> dict[str, list[int]]:
+        """Live MPS processes (the configured program or its server) whose pipe directory
+        is one of this node's daemon directories, by key (only ``key``'s when given).
+
+        Whether a record claims them is for the caller: for a key with a record they are
+        simply its daemon and servers.
+        """
+        prefix = f"CUDA_MPS_PIPE_DIRECTORY={self.mps_dir}/".encode()
+        programs = self._programs()
+        found: dict[str, list[int]] = {}
+        for name in os.listdir(self.proc_root):
+            if not name.isdigit() or int(name) <= 1:
+                continue
+            pid = int(name)
+            environ = self._read_proc(pid, "environ") or b""
+            if prefix not in environ:
+                continue
+            var = next((v for v in environ.split(b"\0") if v.startswith(prefix)), b"")
+            found_key, sep, rest = var[len(prefix):].decode(errors="replace").partition("/")
+            if (rest != "pipe" or not sep or not _KEY_RE.match(found_key)
+                    or (key is not None and found_key != key)):
+                continue
+            if self._live_status(pid) is not None and self._runs_one_of(pid, programs):
+                found.setdefault(found_key, []).append(pid)
+        return found
+
+    def _stop_strays(self, key: str) -> bool:
+        """End the MPS processes still running in a daemon directory without a record,
+        user by user: ``quit`` through the pipe where it still answers, then signals, as
+        for any daemon. True when there were some."""
+        pids = self._strays(key).get(key, [])
+        by_user: dict[tuple[int, int], list[int]] = {}
+        for pid in pids:
+            status = self._live_status(pid) or b""
+            uid = re.search(rb"^Uid:\s+(\d+)", status, re.MULTILINE)
+            gid = re.search(rb"^Gid:\s+(\d+)", status, re.MULTILINE)
+            if uid and gid:
+                by_user.setdefault((int(uid.group(1)), int(gid.group(1))), []).append(pid)
+        for (uid, gid), group in sorted(by_user.items()):
+            rec: dict[str, Any] = {"key": key, "uid": uid, "gid": gid, "devices": [],
+                                   "pipe_dir": self._path(key, "pipe"),
+                                   "log_dir": self._path(key, "log"), "daemon_pid": None}
+            rec["daemon_pid"] = next((p for p in sorted(group)
+                                      if self._is_ours(p, rec, daemon_only=True)), None)
+            LOG.warning("%s has no record; stopping it and its servers (pids %s)",
+                        self._describe(rec), " ".join(map(str, sorted(group))))
+            self._stop_daemon(rec)
+        return bool(pids)
 
     def _leftovers(self, rec: dict[str, Any]) -> list[int]:
         """Live processes that are this daemon or its servers (by uid, pipe dir, program)."""

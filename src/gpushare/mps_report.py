@@ -23,7 +23,8 @@ class DaemonView(NamedTuple):
     """One MPS daemon key on the node, with its state in words."""
 
     key: str
-    status: str  # running, starting, not running, stop failed, unknown, no record, unreadable
+    status: str  # running, starting, not running, stop failed, unknown, untracked, no record,
+    #              unreadable
     mode: str = ""
     uid: Optional[int] = None
     user: str = ""
@@ -65,6 +66,12 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
     if entry["error"]:
         return DaemonView(key, "unreadable", problems=(entry["error"],))
     rec = entry["record"]
+    if rec is None and entry["strays"]:
+        pids = " ".join(map(str, entry["strays"]))
+        return DaemonView(key, "untracked", problems=(
+            f"MPS processes {pids} run in this daemon's directory, but gpushare has no "
+            "record of them (its state was removed while they ran): they hold the GPU "
+            "until ended; `gpushare mps --reap` stops them",))
     if rec is None:
         return DaemonView(key, "no record", problems=(
             "a directory or lock without a daemon record: a prolog starting this daemon "

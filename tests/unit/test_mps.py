@@ -754,3 +754,56 @@ def test_gpushare_mps_settings_errors(tmp_path, capsys):
     missing.write_text("required /x/spank_gpushare.so timeout=never\n")
     assert cli_main(["mps", "--plugstack", str(missing)]) == 2
     assert "timeout='never' is invalid" in capsys.readouterr().err
+
+
+def test_daemons_whose_state_was_removed_are_shown_and_stopped_by_reap(
+        bed, users, tmp_path, capsys, caplog):
+    u1, u2 = users[:2]
+    mgr = bed.manager()
+    kept = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                       share_percent=25)
+    write_job_record(bed, 1, u1)
+    lost = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
+                       share_percent=25)
+    gone = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
+                       share_percent=25)
+    os.unlink(os.path.join(bed.mps_dir, lost.key + ".json"))   # the record only
+    shutil.rmtree(os.path.join(bed.mps_dir, gone.key))          # everything: no pipe left
+    os.unlink(os.path.join(bed.mps_dir, gone.key + ".json"))
+    os.unlink(os.path.join(bed.mps_dir, gone.key + ".lock"))
+    assert alive(lost.daemon_pid) and alive(gone.daemon_pid)
+
+    status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    views = {view["key"]: view for view in json.loads(out)["daemons"]}
+    assert status == 1 and views[kept.key]["status"] == "running"
+    for lease in (lost, gone):
+        assert views[lease.key]["status"] == "untracked"
+        assert f"MPS processes {lease.daemon_pid} run in this daemon's directory" in \
+            views[lease.key]["problems"][0]
+
+    status, out = run_mps_command(bed, tmp_path, "--reap", "--json", capsys=capsys)
+    data = json.loads(out)
+    assert sorted(data["reaped"]) == sorted([lost.key, gone.key])
+    assert status == 0 and [view["key"] for view in data["daemons"]] == [kept.key]
+    assert not alive(lost.daemon_pid) and not alive(gone.daemon_pid)
+    # The one whose pipe directory is still there quits when asked; the other gets signals.
+    signalled = " ".join(r.getMessage() for r in caplog.records if "sending SIG" in
+                         r.getMessage())
+    assert gone.key in signalled and lost.key not in signalled
+    assert alive(kept.daemon_pid)
+    mgr.release(1)
+    assert bed.entries() == []
+
+
+def test_a_prolog_ends_what_runs_in_a_directory_without_record_before_removing_it(
+        bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    lost = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                       share_percent=25)
+    os.unlink(os.path.join(bed.mps_dir, lost.key + ".json"))
+    # The next job's prolog reaps first: the leftover directory's daemon is stopped, not
+    # cut off from its pipe directory and left running.
+    mgr.reap_stale(lambda job_id: True)
+    assert not alive(lost.daemon_pid)
+    assert bed.entries() == []

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="List the MPS control daemons gpushare runs on this node: owner, "
         "GPUs, the jobs sharing each with their shares, the daemon's caps, and whether it "
         "is running. A problem (a daemon gone while jobs use it, jobs whose epilog never "
-        "ran, a daemon that could not be stopped) is printed with what to do. Run as root. "
+        "ran, a daemon that could not be stopped, MPS processes whose record is gone) is "
+        "printed with what to do. Run as root. "
         "Exit status: 0 all well, 1 a daemon needs attention, 2 the state cannot be read "
         "or --reap failed.",
         epilog="Examples:\n  gpushare mps\n  gpushare mps --json\n"
@@ -52,8 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--state-dir", metavar="DIR",
                         help="the plugin's state directory, instead of plugstack.conf's")
     parser.add_argument("--reap", action="store_true",
-                        help="drop references of jobs without a gpushare record and stop "
-                        "daemons left without jobs, then list what remains")
+                        help="drop references of jobs without a gpushare record, stop "
+                        "daemons left without jobs and MPS processes left without a record, "
+                        "then list what remains")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=_run)
 
