@@ -758,8 +758,14 @@ class MpsManager:
             status = self._live_status(pid) or b""
             uid = re.search(rb"^Uid:\s+(\d+)", status, re.MULTILINE)
             gid = re.search(rb"^Gid:\s+(\d+)", status, re.MULTILINE)
-            if uid and gid:
-                by_user.setdefault((int(uid.group(1)), int(gid.group(1))), []).append(pid)
+            if not (uid and gid):
+                continue  # gone meanwhile
+            if int(uid.group(1)) == 0:
+                # gpushare never runs MPS as root: root's own process is left to root, and
+                # no control command runs as root through a user's pipe directory.
+                raise MpsError(f"pid {pid} runs MPS as root in {self._path(key, 'pipe')}, "
+                               "which gpushare never does; end it by hand")
+            by_user.setdefault((int(uid.group(1)), int(gid.group(1))), []).append(pid)
         for (uid, gid), group in sorted(by_user.items()):
             rec: dict[str, Any] = {"key": key, "uid": uid, "gid": gid, "devices": [],
                                    "pipe_dir": self._path(key, "pipe"),

@@ -807,3 +807,29 @@ def test_a_prolog_ends_what_runs_in_a_directory_without_record_before_removing_i
     mgr.reap_stale(lambda job_id: True)
     assert not alive(lost.daemon_pid)
     assert bed.entries() == []
+
+
+def test_reap_never_acts_for_root_in_a_directory_without_record(bed, users):
+    """An MPS process of root's there is reported, not quit through a user's pipe."""
+    mgr = bed.manager()
+    mgr.reap_stale(lambda job_id: True)  # creates the state directories
+    key = "u0-" + GPU0.uuid
+    env = {"PATH": "/usr/bin:/bin",
+           "CUDA_MPS_PIPE_DIRECTORY": os.path.join(bed.mps_dir, key, "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(bed.base, "root-log")}
+    subprocess.run([bed.standin.program, "-d"], env=env, check=True, timeout=30)
+    pid = None
+    for _ in range(500):
+        pids = bed.standin.processes()
+        if pids:
+            pid = pids[0]
+            break
+        time.sleep(0.01)
+    assert pid is not None
+    try:
+        with pytest.raises(MpsError, match=rf"pid {pid} runs MPS as root in .*{key}/pipe"):
+            mgr.reap_stale(lambda job_id: True, strays=True)
+        assert alive(pid)
+    finally:
+        kill_and_wait(pid)
+        shutil.rmtree(os.path.join(bed.mps_dir, key), ignore_errors=True)
