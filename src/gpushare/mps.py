@@ -297,7 +297,8 @@ class MpsManager:
         for MPS processes found in a daemon directory that is gone); ``error`` (why the
         record is unreadable); ``running`` (the recorded daemon is alive and ours; None
         when processes were not checked); ``strays`` (pids of MPS processes in the
-        directory of a key without a record). For ``gpushare mps``.
+        directory of a key without a record); ``busy`` (a key without a record whose lock
+        is held: a prolog or epilog is at work on it). For ``gpushare mps``.
         """
         entries: list[dict[str, Any]] = []
         strays = self._strays() if check_processes else {}
@@ -305,7 +306,7 @@ class MpsManager:
             with self._mps_dir_fd(create=False) as mps_fd:
                 for key in sorted(set(self._all_keys(mps_fd)) | set(strays)):
                     entry: dict[str, Any] = {"key": key, "record": None, "error": "",
-                                             "running": None, "strays": []}
+                                             "running": None, "strays": [], "busy": False}
                     try:
                         rec = self._read_record(mps_fd, key)
                     except MpsError as err:
@@ -314,6 +315,7 @@ class MpsManager:
                     entry["record"] = rec
                     if rec is None and not entry["error"]:
                         entry["strays"] = sorted(strays.get(key, []))
+                        entry["busy"] = not entry["strays"] and self._lock_held(mps_fd, key)
                     if rec is not None and check_processes:
                         pid = rec.get("daemon_pid")
                         entry["running"] = bool(pid) and self._is_ours(int(pid), rec,
@@ -321,7 +323,8 @@ class MpsManager:
                     entries.append(entry)
         except FileNotFoundError:
             return [{"key": key, "record": None, "error": "", "running": None,
-                     "strays": sorted(pids)} for key, pids in sorted(strays.items())]
+                     "strays": sorted(pids), "busy": False}
+                    for key, pids in sorted(strays.items())]
         return entries
 
     # ----------------------------------------------------------------- checks
@@ -375,6 +378,21 @@ class MpsManager:
             yield lock
         finally:
             lock.release()
+
+    def _lock_held(self, mps_fd: int, key: str) -> bool:
+        """Whether someone holds ``key``'s lock now (asked without waiting or creating it)."""
+        try:
+            fd = os.open(key + ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=mps_fd)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # releases the shared lock at once
+        return False
 
     def _read_record(self, mps_fd: int, key: str) -> Optional[dict[str, Any]]:
         try:

@@ -23,8 +23,8 @@ class DaemonView(NamedTuple):
     """One MPS daemon key on the node, with its state in words."""
 
     key: str
-    status: str  # running, starting, not running, stop failed, unknown, untracked, no record,
-    #              unreadable
+    status: str  # running, starting, changing, not running, stop failed, unknown, untracked,
+    #              no record, unreadable
     mode: str = ""
     uid: Optional[int] = None
     user: str = ""
@@ -72,10 +72,12 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
             f"MPS processes {pids} run in this daemon's directory, but gpushare has no "
             "record of them (its state was removed while they ran): they hold the GPU "
             "until ended; `gpushare mps --reap` stops them",))
+    if rec is None and entry["busy"]:
+        return DaemonView(key, "changing")  # a prolog or epilog holds its lock right now
     if rec is None:
         return DaemonView(key, "no record", problems=(
-            "a directory or lock without a daemon record: a prolog starting this daemon "
-            "right now, or what a crash left; `gpushare mps --reap` removes it",))
+            "a directory or lock without a daemon record, left by a crash or an "
+            "interrupted prolog; `gpushare mps --reap` removes it",))
     jobs = tuple(sorted(((job, int(info["share_percent"])) for job, info in
                          rec["jobs"].items()), key=lambda item: int(item[0])))
     stale = tuple(job for job, _share in jobs if int(job) not in job_ids)

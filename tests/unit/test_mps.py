@@ -721,8 +721,12 @@ def test_gpushare_mps_reports_failed_stops_unreadable_records_and_leftovers(
     with open(os.path.join(bed.mps_dir, "u1-GPU-broken.json"), "w") as handle:
         handle.write("{not json")
     open(os.path.join(bed.mps_dir, "u2-GPU-orphan.lock"), "w").close()
-    status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    # A key whose lock a prolog holds right now is changing, not a problem.
+    with mgr._mps_dir_fd() as mps_fd, mgr._locked(mps_fd, "u2-GPU-starting"):
+        status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
     views = {view["key"]: view for view in json.loads(out)["daemons"]}
+    assert (views["u2-GPU-starting"]["status"], views["u2-GPU-starting"]["problems"]) == (
+        "changing", [])
     assert status == 1
     assert views[lease.key]["status"] == "stop failed"
     assert views[lease.key]["problems"][0].startswith(rec["stop_failed"] + "; once the GPU")
