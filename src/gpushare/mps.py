@@ -297,8 +297,9 @@ class MpsManager:
         for MPS processes found in a daemon directory that is gone); ``error`` (why the
         record is unreadable); ``running`` (the recorded daemon is alive and ours; None
         when processes were not checked); ``strays`` (pids of MPS processes in the
-        directory of a key without a record); ``busy`` (a key without a record whose lock
-        is held: a prolog or epilog is at work on it). For ``gpushare mps``.
+        directory of a key without a record); ``busy`` (the key has no record or no
+        running daemon, and its lock is held: a prolog or epilog is starting or stopping
+        it right now). For ``gpushare mps``.
         """
         entries: list[dict[str, Any]] = []
         strays = self._strays() if check_processes else {}
@@ -320,6 +321,7 @@ class MpsManager:
                         pid = rec.get("daemon_pid")
                         entry["running"] = bool(pid) and self._is_ours(int(pid), rec,
                                                                        daemon_only=True)
+                        entry["busy"] = not entry["running"] and self._lock_held(mps_fd, key)
                     entries.append(entry)
         except FileNotFoundError:
             return [{"key": key, "record": None, "error": "", "running": None,

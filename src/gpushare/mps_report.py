@@ -23,8 +23,8 @@ class DaemonView(NamedTuple):
     """One MPS daemon key on the node, with its state in words."""
 
     key: str
-    status: str  # running, starting, changing, not running, stop failed, unknown, untracked,
-    #              no record, unreadable
+    status: str  # running, changing, not running, stop failed, unknown, untracked, no record,
+    #              unreadable
     mode: str = ""
     uid: Optional[int] = None
     user: str = ""
@@ -91,8 +91,8 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
         status = "unknown"
     elif entry["running"]:
         status = "running"
-    elif not pid and not rec.get("started_at"):
-        status = "starting"
+    elif entry["busy"]:
+        status = "changing"  # being started or stopped under its lock right now
     else:
         status = "not running"
         live = [job for job, _share in jobs if job not in stale]

@@ -687,6 +687,11 @@ def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
     dead = views[daemon_key("shared", u1.pw_uid, 4, [GPU1])]
     assert dead["status"] == "not running"
     assert f"daemon pid {gone.daemon_pid} is gone while it serves job 4:" in dead["problems"][0]
+    # While an epilog holds its lock (stopping it), the same daemon is changing, no alarm.
+    with mgr._mps_dir_fd() as mps_fd, mgr._locked(mps_fd, dead["key"]):
+        status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    changing = {view["key"]: view for view in json.loads(out)["daemons"]}[dead["key"]]
+    assert (changing["status"], changing["problems"]) == ("changing", [])
 
     status, out = run_mps_command(bed, tmp_path, capsys=capsys)
     assert status == 1
