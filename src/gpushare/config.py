@@ -8,7 +8,7 @@ import os
 import re
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
-__all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "default_plugstack",
+__all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "beside_slurm_conf",
            "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
 
 PLUGIN_LIBRARY = "spank_gpushare.so"
@@ -185,10 +185,11 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
     )
 
 
-def default_plugstack(env: Mapping[str, str]) -> str:
-    """Where Slurm looks for plugstack.conf by default: beside slurm.conf (``SLURM_CONF``)."""
+def beside_slurm_conf(env: Mapping[str, str], name: str) -> str:
+    """Where Slurm looks for ``name`` (plugstack.conf, gres.conf) by default: beside
+    slurm.conf, which ``SLURM_CONF`` names (slurmd passes it to the prolog too)."""
     slurm_conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    return os.path.join(os.path.dirname(slurm_conf), "plugstack.conf")
+    return os.path.join(os.path.dirname(slurm_conf), name)
 
 
 def plugstack_args(path: str, _depth: int = 0) -> Optional[list[str]]:

@@ -12,7 +12,7 @@ import os
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from gpushare.config import PluginConfig
+from gpushare.config import PluginConfig, beside_slurm_conf
 from gpushare.log import get_logger
 from gpushare.mps import MpsDevice, MpsError, MpsManager
 from gpushare.state import JobRecord, JobStore
@@ -136,9 +136,7 @@ def task_environment(record: JobRecord) -> dict[str, str]:
 
 
 def gres_conf_path(env: Mapping[str, str]) -> str:
-    """gres.conf lives next to slurm.conf (slurmd passes SLURM_CONF to the prolog)."""
-    return os.path.join(os.path.dirname(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"),
-                        "gres.conf")
+    return beside_slurm_conf(env, "gres.conf")
 
 
 def inventory_source(config: PluginConfig, node: str) -> str:

@@ -6,7 +6,7 @@ from gpushare.config import (
     ARG_SPECS,
     ConfigError,
     PluginConfig,
-    default_plugstack,
+    beside_slurm_conf,
     parse_plugin_args,
     parse_size,
     plugstack_args,
@@ -102,6 +102,6 @@ def test_plugstack_without_gpushare_unreadable_or_looping(tmp_path):
 
 
 def test_default_plugstack_sits_beside_slurm_conf():
-    assert default_plugstack({}) == "/etc/slurm/plugstack.conf"
-    assert default_plugstack({"SLURM_CONF": "/opt/slurm/etc/slurm.conf"}) == \
+    assert beside_slurm_conf({}, "plugstack.conf") == "/etc/slurm/plugstack.conf"
+    assert beside_slurm_conf({"SLURM_CONF": "/opt/slurm/etc/slurm.conf"}, "plugstack.conf") == \
         "/opt/slurm/etc/plugstack.conf"

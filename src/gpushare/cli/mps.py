@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Optional
 
 from gpushare.cli import text_table
 from gpushare.config import (
+    PLUGIN_LIBRARY,
     ConfigError,
     PluginConfig,
-    default_plugstack,
+    beside_slurm_conf,
     parse_plugin_args,
     plugstack_args,
 )
@@ -67,12 +68,12 @@ def _fail(message: str) -> int:
 
 def _load_config(args: argparse.Namespace) -> tuple[PluginConfig, str]:
     """The plugin's configuration and where it came from (ConfigError when unusable)."""
-    path = args.plugstack or default_plugstack(os.environ)
+    path = args.plugstack or beside_slurm_conf(os.environ, "plugstack.conf")
     words: Optional[list[str]] = None
     if args.plugstack or os.path.exists(path):
         words = plugstack_args(path)
         if words is None and args.plugstack:
-            raise ConfigError(f"{path} has no line loading spank_gpushare.so")
+            raise ConfigError(f"{path} has no line loading {PLUGIN_LIBRARY}")
     source = path if words is not None else "the plugin's defaults"
     try:
         config = parse_plugin_args(words or [])
