@@ -123,9 +123,12 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
 def inspect_daemons(config: PluginConfig, check_processes: bool = True) -> list[DaemonView]:
     """Every MPS daemon key under the state directory. ``check_processes`` needs root: only
     root can read another user's /proc environ, which tells a daemon from a stranger."""
+    entries = MpsManager(config).snapshot(check_processes=check_processes)
+    # Job records are listed after the daemon records are read: a prolog writes its job's
+    # record before the daemon's record names the job, so a job just starting is never
+    # taken for one whose epilog never ran.
     job_ids = set(JobStore(config.state_dir).job_ids())
-    return [_view(entry, job_ids)
-            for entry in MpsManager(config).snapshot(check_processes=check_processes)]
+    return [_view(entry, job_ids) for entry in entries]
 
 
 def exit_status(views: list[DaemonView]) -> int:
