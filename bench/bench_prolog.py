@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import os
 import re
 import statistics
@@ -135,10 +136,10 @@ def _ms(values: list[float]) -> float:
 
 
 def _wait_daemon(bed: slurmbed.SlurmBed, limit: float = 30.0) -> None:
-    mps = os.path.join(bed.state_dir, "mps")
+    records = os.path.join(bed.state_of("*"), "mps", "*.json")
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if os.path.isdir(mps) and any(n.endswith(".json") for n in os.listdir(mps)):
+        if glob.glob(records):
             return
         time.sleep(0.05)
     raise RuntimeError("the holder job's MPS daemon did not start")

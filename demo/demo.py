@@ -44,7 +44,7 @@ def record(what: str, ok: bool, detail: str) -> None:
 def daemons(bed: slurmbed.SlurmBed) -> list[dict]:
     """The MPS daemons gpushare runs right now (its node-local records)."""
     found = []
-    for path in glob.glob(os.path.join(bed.state_dir, "mps", "*.json")):
+    for path in glob.glob(os.path.join(bed.state_of("*"), "mps", "*.json")):
         with open(path) as handle:
             found.append(json.load(handle))
     return found
@@ -118,8 +118,11 @@ def demo_job_array(bed: slurmbed.SlurmBed) -> None:
         with open(os.path.join(bed.out_dir, f"{task['JobId']}.out")) as handle:
             outputs.append(handle.read())
     show("\n".join(f"task {i}: {task_line(text)}" for i, text in enumerate(outputs, 1)))
-    show("each task's output starts with gpushare's own line, e.g.\n  "
-         + outputs[0].splitlines()[0])
+    asked = bed.run(["srun", "-w", "n1", "--gpu-share=25", "/usr/bin/python3", "-m",
+                     "gpushare.cli", "job"], user=ALICE, check=False,
+                    env={"PYTHONPATH": bed.path("lib", "python")})
+    show("the tasks' own output is untouched; inside a job, `gpushare job` says what it got:\n"
+         "$ srun --gpu-share=25 gpushare job\n" + (asked.stdout + asked.stderr).strip())
     ok = len(tasks) == 8 and all(t.get("JobState") == "COMPLETED" for t in tasks)
     record("job array sharing GPUs through MPS", ok and together == 8 and len(running) == 2,
            f"8 tasks at once on 2 GPUs, {len(running)} daemons")
@@ -135,9 +138,10 @@ def demo_two_users(bed: slurmbed.SlurmBed) -> None:
     b, _ = submit(bed, BOB, ["--gres=mps:50", "-w", "n2"], ENV_SCRIPT)
     time.sleep(3)
     running = daemons(bed)
-    listing = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps"], check=False,
-                      env={"PYTHONPATH": bed.path("lib", "python")})
-    show("$ gpushare mps      # as root on the node\n" + (listing.stdout + listing.stderr).strip())
+    # This bed runs several slurmd on one host: --node names the one whose state to read.
+    listing = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node", "n2"],
+                      check=False, env={"PYTHONPATH": bed.path("lib", "python")})
+    show("$ gpushare mps      # as root on node n2\n" + (listing.stdout + listing.stderr).strip())
     bed.wait_job(a)
     bed.wait_job(b)
     outs = [bed.output(a).strip(), bed.output(b).strip()]

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -61,8 +62,9 @@ static int gs_share_percent = 0;
 static int gs_private_mps = 0;
 static int gs_args_parsed = 0;
 static int gs_args_ok = 0;
-static char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR;
+static char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR; /* %n, %h expanded */
 static char gs_debug_log[PATH_MAX] = "";
+static char gs_pythonpath[PATH_MAX] = "";
 
 static const char *gs_ctx_name(void)
 {
@@ -112,6 +114,74 @@ static int gs_known_key(const char *key, size_t len)
     return 0;
 }
 
+/*
+ * This node's name, as slurmd knows it (slurmd -N gives one host several): slurmd puts it
+ * in the environment of the processes it starts. Only a plain host name is accepted.
+ */
+static const char *gs_node_name(void)
+{
+    const char *name = getenv("SLURMD_NODENAME");
+    static char host[256];
+
+    if (!name || !*name) {
+        if (gethostname(host, sizeof(host) - 1) < 0)
+            return NULL;
+        host[sizeof(host) - 1] = '\0';
+        host[strcspn(host, ".")] = '\0';
+        name = host;
+    }
+    if (strlen(name) > 200 || name[0] == '.' || name[strspn(name, "abcdefghijklmnopqrstuvwxyz"
+                                                           "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                           "0123456789._-")] != '\0')
+        return NULL;
+    return name;
+}
+
+/* A path argument with %n (node name), %h (short host name) and %% expanded. */
+static int gs_expand_path(char *dst, size_t size, const char *value, const char *key)
+{
+    char host[256];
+    size_t used = 0;
+
+    for (const char *p = value; *p; p++) {
+        const char *add = NULL;
+        char one[2] = {*p, '\0'};
+
+        if (*p == '%' && p[1] == 'n') {
+            add = gs_node_name();
+        } else if (*p == '%' && p[1] == 'h') {
+            if (gethostname(host, sizeof(host) - 1) == 0) {
+                host[sizeof(host) - 1] = '\0';
+                host[strcspn(host, ".")] = '\0';
+                add = host;
+            }
+        } else if (*p == '%' && p[1] == '%') {
+            add = "%";
+        } else if (*p == '%') {
+            slurm_error("gpushare: plugstack argument %s=%s: only %%n (node name), %%h (host "
+                        "name) and %%%% may follow %%", key, value);
+            return -1;
+        } else {
+            add = one;
+        }
+        if (*p == '%')
+            p++;
+        if (!add) {
+            slurm_error("gpushare: plugstack argument %s=%s: this node's name is unknown or "
+                        "not a plain host name", key, value);
+            return -1;
+        }
+        if (used + strlen(add) >= size) {
+            slurm_error("gpushare: plugstack argument %s=%s: path too long", key, value);
+            return -1;
+        }
+        memcpy(dst + used, add, strlen(add));
+        used += strlen(add);
+    }
+    dst[used] = '\0';
+    return 0;
+}
+
 static int gs_copy_path(char *dst, const char *value, const char *key)
 {
     if (strcmp(value, "none") == 0 || value[0] == '\0') {
@@ -122,8 +192,7 @@ static int gs_copy_path(char *dst, const char *value, const char *key)
         slurm_error("gpushare: plugstack argument %s=%s: expected an absolute path", key, value);
         return -1;
     }
-    strcpy(dst, value);
-    return 0;
+    return gs_expand_path(dst, PATH_MAX, value, key);
 }
 
 /*
@@ -148,6 +217,9 @@ static int gs_parse_args(int ac, char **av)
                 return -1;
         } else if (strncmp(av[i], "debug_log=", 10) == 0) {
             if (gs_copy_path(gs_debug_log, eq + 1, "debug_log") < 0)
+                return -1;
+        } else if (strncmp(av[i], "pythonpath=", 11) == 0) {
+            if (gs_copy_path(gs_pythonpath, eq + 1, "pythonpath") < 0)
                 return -1;
         }
     }
@@ -208,6 +280,123 @@ static int gs_core_path(char *path, size_t size)
                     GS_CORE_NAME) < (int)size ? 0 : -1;
 }
 
+/*
+ * Root runs the code it loads: the core library and everything below pythonpath= must be
+ * out of every user's reach. A file or directory is trusted when it is owned by root and
+ * not writable by group or others; so must be every directory above it, except that a
+ * sticky one (like /tmp) may be writable, since nobody else can replace root's entries.
+ */
+#define GS_TREE_MAX_ENTRIES 20000
+
+static int gs_untrusted(const struct stat *st, int sticky_ok)
+{
+    if (st->st_uid != 0)
+        return 1;
+    if (!(st->st_mode & (S_IWGRP | S_IWOTH)))
+        return 0;
+    return !(sticky_ok && S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX));
+}
+
+static int gs_refuse(const char *what, const char *path, const struct stat *st,
+                     const char *fix)
+{
+    slurm_error("gpushare: refusing %s: %s is %s (owner uid %u, mode %04o); %s", what, path,
+                st->st_uid != 0 ? "not owned by root" : "writable by group or others",
+                (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777), fix);
+    return -1;
+}
+
+/* Every directory from / down to (and with) the directory of real path `path`. */
+static int gs_check_parents(const char *what, const char *path)
+{
+    char dir[PATH_MAX];
+    struct stat st;
+    char *slash;
+
+    if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir))
+        return -1;
+    for (;;) {
+        slash = strrchr(dir, '/');
+        if (!slash)
+            return 0;
+        if (slash == dir)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+        if (lstat(dir, &st) < 0) {
+            slurm_error("gpushare: refusing %s: cannot stat %s: %m", what, dir);
+            return -1;
+        }
+        if (gs_untrusted(&st, 1))
+            return gs_refuse(what, dir, &st, "chown root and chmod go-w it, or install "
+                             "gpushare elsewhere");
+        if (slash == dir)
+            return 0;
+    }
+}
+
+static const char *gs_tree_what;
+static int gs_tree_entries;
+
+static int gs_tree_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)ftw;
+    if (++gs_tree_entries > GS_TREE_MAX_ENTRIES) {
+        slurm_error("gpushare: refusing %s: more than %d entries below it; point "
+                    "pythonpath= at a directory holding only gpushare and what it imports",
+                    gs_tree_what, GS_TREE_MAX_ENTRIES);
+        return -1;
+    }
+    if (type == FTW_SL || type == FTW_SLN) {
+        slurm_error("gpushare: refusing %s: %s is a symbolic link; install real files there",
+                    gs_tree_what, path);
+        return -1;
+    }
+    if (type == FTW_NS || type == FTW_DNR) {
+        slurm_error("gpushare: refusing %s: cannot read %s", gs_tree_what, path);
+        return -1;
+    }
+    if (gs_untrusted(st, 0))
+        return gs_refuse(gs_tree_what, path, st, "chown -R root and chmod -R go-w the "
+                         "pythonpath= directory");
+    return 0;
+}
+
+/* The pythonpath= directory: its parents, itself and everything below it. */
+static int gs_check_pythonpath(void)
+{
+    char real[PATH_MAX];
+
+    if (!gs_pythonpath[0])
+        return 0;
+    if (!realpath(gs_pythonpath, real)) {
+        slurm_error("gpushare: plugstack argument pythonpath=%s: %m (install gpushare's "
+                    "Python package there, or fix the path)", gs_pythonpath);
+        return -1;
+    }
+    gs_tree_what = "pythonpath=";
+    gs_tree_entries = 0;
+    if (gs_check_parents("pythonpath=", real) < 0)
+        return -1;
+    return nftw(real, gs_tree_entry, 16, FTW_PHYS) == 0 ? 0 : -1;
+}
+
+/* The core library that is about to be loaded, and the directories above it. */
+static int gs_check_core(const char *path)
+{
+    char real[PATH_MAX];
+    struct stat st;
+
+    if (!realpath(path, real) || stat(real, &st) < 0) {
+        slurm_error("gpushare: cannot load the Python core %s: %m (install it next to "
+                    "spank_gpushare.so)", path);
+        return -1;
+    }
+    if (gs_untrusted(&st, 0))
+        return gs_refuse("the Python core", real, &st, "chown root and chmod go-w it");
+    return gs_check_parents("the Python core", real);
+}
+
 static int gs_load_core(spank_t sp)
 {
     char path[PATH_MAX];
@@ -227,6 +416,8 @@ static int gs_load_core(spank_t sp)
         slurm_error("gpushare: cannot find the directory of spank_gpushare.so");
         return -1;
     }
+    if (gs_check_core(path) < 0 || gs_check_pythonpath() < 0)
+        return -1;
     /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
     handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!handle) {
@@ -495,6 +686,6 @@ GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
         gs_debug(sp, "cb=task_init_privileged skip reason=no-share");
         return 0;
     }
-    gs_debug(sp, "cb=task_init_privileged env-file");
+    gs_debug(sp, "cb=task_init_privileged env-file state_dir=%s", gs_state_dir);
     return gs_apply_env_file(sp, text);
 }

@@ -124,6 +124,10 @@ class SlurmBed:
     def state_dir(self) -> str:
         return self.path("state")
 
+    def state_of(self, node: str) -> str:
+        """The plugin's state directory on ``node`` (state_dir=<root>/state/%n)."""
+        return os.path.join(self.state_dir, node)
+
     @property
     def debug_log(self) -> str:
         return self.path("log", "gpushare-debug.log")
@@ -143,7 +147,7 @@ class SlurmBed:
     def default_plugin_args(self) -> dict[str, str]:
         args = {
             "pythonpath": self.path("lib", "python"),
-            "state_dir": self.state_dir,
+            "state_dir": os.path.join(self.state_dir, "%n"),  # several slurmd on one host
             "debug_log": self.debug_log,
             "inventory": "sim:" + self.path("nodes", "%n.json"),
             "mps_control": self.path("bin", "nvidia-cuda-mps-control"),

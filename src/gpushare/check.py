@@ -8,13 +8,13 @@ HealthCheckProgram, so an operator reading ``sinfo -R`` knows what to do.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
 import hostlist
 
+from gpushare.drain import drain_node, fit_reason
 from gpushare.gresconf import GresConf
 from gpushare.inventory import Gpu, Inventory
 from gpushare.plan import NodeGroup, Plan, PlanError, check_mig_change
@@ -36,7 +36,6 @@ __all__ = [
 ERROR = "error"
 WARNING = "warning"
 _RANK = {ERROR: 2, WARNING: 1}
-DRAIN_REASON_MAX = 100
 
 
 @dataclass(frozen=True)
@@ -339,31 +338,4 @@ def drain_reason(findings: Iterable[Finding]) -> str:
     if not ranked:
         return ""
     errors = sum(1 for f in ranked if f.severity == ERROR)
-    more = f" (+{errors - 1} more)" if errors > 1 else ""
-    text = re.sub(r"\s+", " ", "".join(ch if ch.isprintable() else " " for ch in ranked[0].what))
-    text = text.replace('"', "'")
-    budget = DRAIN_REASON_MAX - len("gpushare: ") - len(more)
-    if len(text) > budget:
-        text = text[:budget - 3].rstrip() + "..."
-    return f"gpushare: {text}{more}"
-
-
-def drain_node(node: str, reason: str, scontrol: str = "/usr/bin/scontrol",
-               timeout: float = 10.0) -> Optional[str]:
-    """Drain ``node``; None on success, else why it failed (never raises)."""
-    if not scontrol.startswith("/"):
-        return f"{scontrol}: scontrol must be given as an absolute path"
-    argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        return f"{scontrol} not found"
-    except PermissionError:
-        return f"{scontrol} cannot be run (permission denied)"
-    except subprocess.TimeoutExpired:
-        return f"scontrol did not answer within {timeout:g} s"
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()
-        return f"scontrol failed (exit {done.returncode}): {detail[-1] if detail else ''}"
-    return None
+    return fit_reason(ranked[0].what, f" (+{errors - 1} more)" if errors > 1 else "")

@@ -9,7 +9,7 @@ import re
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
 __all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "beside_slurm_conf",
-           "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
+           "expand_path", "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
 
 PLUGIN_LIBRARY = "spank_gpushare.so"
 
@@ -18,10 +18,39 @@ class ConfigError(ValueError):
     """A plugstack argument is unknown or has a bad value; the message says what is accepted."""
 
 
+_PATTERN_RE = re.compile(r"%(.?)")
+_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+
+
 def _abs_path(value: str) -> str:
     if not value.startswith("/") or "\0" in value:
         raise ValueError("an absolute path")
+    for match in _PATTERN_RE.finditer(value):
+        if match.group(1) not in ("n", "h", "%"):
+            raise ValueError("an absolute path; only %n (node name), %h (host name) and %% "
+                             "may follow %")
     return os.path.normpath(value)
+
+
+def expand_path(value: str, node: str) -> str:
+    """A path argument for ``node``: ``%n`` its Slurm node name, ``%h`` the short host name.
+
+    Several slurmd on one host (``slurmd -N``) need a state directory each; the C glue
+    expands the same way. ValueError when the name could escape the directory it is put in.
+    """
+    if "%" not in value:
+        return value
+
+    def one(match: "re.Match[str]") -> str:
+        code = match.group(1)
+        if code == "%":
+            return "%"
+        name = node if code == "n" else os.uname().nodename.split(".")[0]
+        if not _NODE_NAME_RE.match(name):
+            raise ValueError(f"node name {name!r} is not a plain host name")
+        return name
+
+    return _PATTERN_RE.sub(one, value)
 
 
 def _optional_abs_path(value: str) -> str:
@@ -104,11 +133,14 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "limit for every external command the plugin runs"),
     ArgSpec("debug_log", "", _optional_abs_path, "an absolute path or none",
             "append one line per plugin decision to this root-owned file (for debugging)"),
-    ArgSpec("show", "yes", _choice("yes", "no"), "yes or no",
-            "print one gpushare: line in the job's output saying what the job got"),
+    ArgSpec("show", "no", _choice("yes", "no"), "yes or no",
+            "also print one gpushare: line into the first task's stderr saying what the job "
+            "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "
+            "without)"),
 )
 
 _SPECS_BY_KEY = {spec.key: spec for spec in ARG_SPECS}
+_PATH_KEYS = ("pythonpath", "state_dir", "mps_control", "inventory", "plan", "debug_log")
 
 
 class PluginConfig(NamedTuple):
@@ -127,7 +159,15 @@ class PluginConfig(NamedTuple):
     plan: str = ""
     timeout: float = 10.0
     debug_log: str = ""
-    show: bool = True
+    show: bool = False
+
+    def for_node(self, node: str) -> "PluginConfig":
+        """The configuration with ``%n``/``%h`` in its paths expanded for ``node``."""
+        return self._replace(**{
+            key: (expand_path(getattr(self, key), node) if key != "inventory"
+                  else "sim:" + expand_path(self.inventory[4:], node))
+            for key in _PATH_KEYS
+            if key != "inventory" or self.inventory.startswith("sim:")})
 
     @property
     def jobs_dir(self) -> str:

@@ -32,9 +32,10 @@ class NodeError(RuntimeError):
     the sysadmin reads gpushare's words in ``sinfo -R`` rather than Slurm's generic one.
     """
 
-    def __init__(self, message: str, drain: bool = False) -> None:
+    def __init__(self, message: str, drain: bool = False, brief: str = "") -> None:
         super().__init__(message)
         self.drain = drain
+        self.brief = brief or message  # the drain reason: the cause first, short
 
 
 class UserError(ValueError):
@@ -79,6 +80,14 @@ def parse_share(text: str) -> int:
     return int(text)
 
 
+def share_matches(asked: int, granted: int) -> bool:
+    """Whether Slurm's percentage for an mps job is ``--gpu-share=asked`` as the submit
+    hooks turn it into mps units (``asked * units // 100``), which Slurm turns back into
+    ``count * 100 // units``. The node does not know the units per GPU; with 100 or more
+    (the plan's default is 100) the round trip gives ``asked`` or ``asked - 1``."""
+    return granted in (asked, asked - 1)
+
+
 def uses_sharing(request: JobRequest) -> bool:
     return request.gpu_share is not None or request.private_mps or request.slurm_share is not None
 
@@ -88,6 +97,11 @@ def plan_job(request: JobRequest, devices: "Sequence[ResolvedDevice]" = ()) -> J
     asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
     granted = request.slurm_share
     gpus = request.slurm_gpus
+    if request.uid == 0:
+        # A request, not the node, is wrong: the job fails, the node stays in service.
+        raise UserError("MPS daemons never run as root, so a job of root cannot share a GPU "
+                        "(--gres=mps, --gpu-share, --gpu-mps); submit it as a normal user, "
+                        "or ask for whole GPUs (--gres=gpu:N) without sharing")
     if request.private_mps:
         if granted is not None or asked is not None:
             raise UserError("--gpu-mps runs a private MPS daemon over whole GPUs; it cannot be "
@@ -104,8 +118,16 @@ def plan_job(request: JobRequest, devices: "Sequence[ResolvedDevice]" = ()) -> J
         if len(gpus) != 1:
             raise UserError(f"a share runs on one GPU, but Slurm gave {len(gpus)} "
                             f"({','.join(gpus)}); ask whole GPUs with --gres=gpu:N instead")
-        # A client's percentage can only lower its limit: honour the smaller.
-        share = min(x for x in (asked, granted) if x is not None)
+        if granted is None:
+            # The submit hooks refuse a share beside whole GPUs; so does the node.
+            raise UserError(f"--gpu-share={request.gpu_share} is a share of one GPU and "
+                            "cannot be combined with whole GPUs (--gres=gpu:N); ask for the "
+                            "share alone (--gpu-share or --gres=mps), or for whole GPUs alone")
+        if asked is not None and not share_matches(asked, granted):
+            raise UserError(f"--gpu-share={asked} and the job's --gres=mps ({granted}% of a "
+                            f"GPU) ask for different shares; give only one of them, e.g. "
+                            f"--gpu-share={asked}")
+        share = granted
         mode = "shared"
     record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
                        node=request.node, mode=mode, share_percent=share,
@@ -139,11 +161,6 @@ def gres_conf_path(env: Mapping[str, str]) -> str:
     return beside_slurm_conf(env, "gres.conf")
 
 
-def inventory_source(config: PluginConfig, node: str) -> str:
-    """The configured NVML source; ``%n`` in a simulated profile path is the node name."""
-    return config.inventory.replace("%n", node)
-
-
 def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedDevice]":
     """Resolve the job's devices through NVML and check them against Slurm and the plan.
 
@@ -161,7 +178,7 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
     from gpushare.verify import verify_job_devices
 
     try:
-        inventory = open_inventory(inventory_source(config, request.node), topology=False)
+        inventory = open_inventory(config.for_node(request.node).inventory, topology=False)
         gres = load_gres_conf(gres_conf_path(request.env))
         owner = None
         if config.plan:
@@ -181,7 +198,7 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
     for finding in result.findings:
         log.warning("%s (%s); fix: %s", finding.what, finding.where, finding.fix)
     if not result.ok and config.verify == "strict":
-        raise NodeError(result.reason(), drain=True)
+        raise NodeError(result.reason(), drain=True)  # reason(): the cause first already
     return result.devices
 
 
@@ -211,7 +228,8 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
                                 mps_devices(record, devices), mode=record.mode,
                                 share_percent=record.share_percent)
     except MpsError as err:
-        raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True) from None
+        raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True,
+                        brief=err.brief) from None
     record.mps = lease.to_record()
     record.env = task_environment(record)
     store.write(record, show=describe(record.env, record.job_id) if config.show else "")
@@ -261,7 +279,7 @@ def epilog(config: PluginConfig, job_id: int) -> None:
         stopped = MpsManager(config).release(job_id, hint=hint)
     except MpsError as err:
         store.remove(job_id)
-        raise NodeError(str(err), drain=True) from None
+        raise NodeError(str(err), drain=True, brief=err.brief) from None
     removed = store.remove(job_id)
     log.debug("record %s, daemons stopped: %s",
               "removed" if removed else "absent", ", ".join(stopped) or "none")

@@ -56,7 +56,15 @@ _RECORD_VERSION = 1
 
 
 class MpsError(RuntimeError):
-    """MPS could not be set up or torn down; the message says which device, why, what to do."""
+    """MPS could not be set up or torn down; the message says which device, why, what to do.
+
+    ``brief`` is the cause first and identifiers last, short enough for a node's drain
+    reason (``sinfo -R``); the message keeps every detail for slurmd's log.
+    """
+
+    def __init__(self, message: str, brief: str = "") -> None:
+        super().__init__(message)
+        self.brief = brief or message
 
 
 class MpsDevice(NamedTuple):
@@ -203,7 +211,7 @@ class MpsManager:
         be stopped.
         """
         stopped: list[str] = []
-        errors: list[str] = []
+        errors: list[MpsError] = []
         with self._mps_dir_fd() as mps_fd:
             if hint and self._holds(mps_fd, hint, job_id):
                 keys = [hint]
@@ -218,9 +226,9 @@ class MpsManager:
                         if self._drop_jobs(mps_fd, rec, lock, [str(job_id)]):
                             stopped.append(key)
                     except MpsError as err:
-                        errors.append(str(err))
+                        errors.append(err)
         if errors:
-            raise MpsError("; ".join(errors))
+            raise _joined(errors)
         return stopped
 
     def reap_stale(self, job_alive: Callable[[int], bool], strays: bool = False) -> list[str]:
@@ -234,7 +242,7 @@ class MpsManager:
         that cannot be stopped.
         """
         stopped: list[str] = []
-        errors: list[str] = []
+        errors: list[MpsError] = []
         with self._mps_dir_fd() as mps_fd:
             keys = self._all_keys(mps_fd)
             if strays:
@@ -252,7 +260,7 @@ class MpsManager:
                             if self._stop_strays(key):
                                 stopped.append(key)
                         except MpsError as err:
-                            errors.append(str(err))
+                            errors.append(err)
                             continue
                         safefs.remove_tree_at(mps_fd, key)
                         lock.remove = True
@@ -267,9 +275,9 @@ class MpsManager:
                         if self._drop_jobs(mps_fd, rec, lock, dead):
                             stopped.append(key)
                     except MpsError as err:
-                        errors.append(str(err))
+                        errors.append(err)
         if errors:
-            raise MpsError("; ".join(errors))
+            raise _joined(errors)
         return stopped
 
     def _drop_jobs(self, mps_fd: int, rec: dict[str, Any], lock: "_Lock",
@@ -593,27 +601,39 @@ class MpsManager:
         key = rec["key"]
         self._make_dirs(mps_fd, rec)
         what = ", ".join(MpsDevice.from_record(d).describe() for d in rec["devices"])
+        short = ", ".join(MpsDevice.from_record(d).label or d["uuid"] for d in rec["devices"])
+
+        def failed(cause: str, detail: str) -> MpsError:
+            # The daemon's directory goes with the failed start: its log's last lines
+            # travel in the message instead of a path that will not exist.
+            return MpsError(f"cannot start MPS on {what}: {detail}{self._log_tail(mps_fd, key)}",
+                            brief=f"MPS start failed: {cause} ({short}, daemon {key})")
+
         try:
             result = proc.run([program, "-d"], env=self._daemon_env(rec), uid=rec["uid"],
                               gid=rec["gid"], timeout=self.timeout)
         except proc.CommandNotFound as err:
             raise MpsError(f"cannot start MPS on {what}: {err}; install the NVIDIA MPS "
-                           "tools or fix plugstack mps_control=") from None
+                           "tools or fix plugstack mps_control=",
+                           brief=f"MPS start failed: {program} missing ({short})") from None
+        except proc.CommandTimeout as err:
+            raise failed(f"no answer within {self.timeout:g} s, killed",
+                         f"{err}; check the GPU (nvidia-smi) and the daemon's log") from None
         except proc.ProcError as err:
-            raise MpsError(f"cannot start MPS on {what}: {err}; check the GPU and "
-                           f"{rec['log_dir']}/control.log") from None
+            raise failed(str(err), f"{err}; check the GPU and the daemon's log") from None
         if result.returncode != 0:
-            raise MpsError(f"cannot start MPS on {what}: {program} -d exited with status "
-                           f"{result.returncode}: {result.output or 'no output'}")
+            raise failed(f"{os.path.basename(program)} -d exit {result.returncode}",
+                         f"{program} -d exited with status {result.returncode}: "
+                         f"{result.output or 'no output'}")
         rec["started_at"] = time.time()
         with self._pipe_fd(mps_fd, key) as pipe_fd:
             deadline = time.monotonic() + self.timeout
             pause = 0.002  # a daemon is usually listening within milliseconds
             while not _exists_at(pipe_fd, "control"):
                 if time.monotonic() > deadline:
-                    raise MpsError(f"cannot start MPS on {what}: the daemon created no control "
-                                   f"socket in {rec['pipe_dir']} within {self.timeout:g} s; "
-                                   f"see {rec['log_dir']}/control.log")
+                    raise failed(f"no control socket within {self.timeout:g} s",
+                                 f"the daemon created no control socket in "
+                                 f"{rec['pipe_dir']} within {self.timeout:g} s")
                 time.sleep(pause)
                 pause = min(pause * 2, 0.02)
             rec["daemon_pid"] = self._find_daemon_pid(pipe_fd, rec)
@@ -621,6 +641,28 @@ class MpsManager:
         self._control(rec, [*self._cap_commands(caps), "get_server_list"])
         rec["caps"] = caps
         LOG.info("started %s for jobs %s", self._describe(rec), ",".join(rec["jobs"]))
+
+    def _log_tail(self, mps_fd: int, key: str, lines: int = 3) -> str:
+        """``; control.log ends: ...`` with the daemon log's last lines ("" without one).
+
+        The log directory belongs to the job's user: the file is read without following
+        a link, only when it is a regular file, and at most 64 KiB of it.
+        """
+        try:
+            key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
+            try:
+                log_fd = safefs.open_dir_at(key_fd, "log", self._path(key, "log"))
+            finally:
+                os.close(key_fd)
+            try:
+                data = safefs.read_small_file_at(log_fd, "control.log", 1 << 16)
+            finally:
+                os.close(log_fd)
+        except (OSError, safefs.UnsafePathError):
+            return ""
+        text = [line.strip() for line in (data or b"").decode("utf-8", "replace").splitlines()
+                if line.strip()]
+        return f"; control.log ends: {' | '.join(text[-lines:])}" if text else ""
 
     def _make_dirs(self, mps_fd: int, rec: dict[str, Any]) -> None:
         key = rec["key"]
@@ -854,7 +896,9 @@ class MpsManager:
         if left:
             raise MpsError(f"cannot stop {self._describe(rec)}: pids "
                            f"{' '.join(map(str, left))} survive SIGKILL; drain this node and "
-                           "check the GPU")
+                           "check the GPU",
+                           brief=f"MPS stop failed: pids {' '.join(map(str, left))} survive "
+                           f"SIGKILL (daemon {rec['key']})")
 
     def _retire(self, mps_fd: int, rec: dict[str, Any], lock: "_Lock") -> None:
         """Stop the daemon of a record without references, then remove its files."""
@@ -888,6 +932,12 @@ class MpsManager:
             safefs.remove_tree_at(mps_fd, rec["key"])
         safefs.remove_file_at(mps_fd, rec["key"] + ".json")
         lock.remove = True
+
+
+def _joined(errors: Sequence[MpsError]) -> MpsError:
+    """One error for several daemons: every message, the first one's brief."""
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return MpsError("; ".join(map(str, errors)), brief=errors[0].brief + more)
 
 
 def _exists_at(dir_fd: int, name: str) -> bool:

@@ -56,7 +56,10 @@ class Spank:
 def configure(args: list[str]) -> PluginConfig:
     global _config
     if _config is None:
-        _config = parse_plugin_args(args)
+        try:
+            _config = parse_plugin_args(args).for_node(job.node_name(os.environ))
+        except ValueError as err:
+            raise ConfigError(f"plugstack path arguments: {err}") from None
         gslog.install(_to_slurm, _config.debug_log)
     return _config
 
@@ -109,7 +112,7 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
     except job.NodeError as err:
         logger.error("%s: %s", name, err)
         if err.drain:
-            _drain(str(err), config)
+            _drain(err.brief, config)
         return -1
     except Exception:
         logger.exception("%s: internal error", name)
@@ -124,12 +127,9 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
 
 def _drain(reason: str, config: PluginConfig) -> None:
     """Drain this node with gpushare's reason (Slurm's own would only say the prolog failed)."""
-    import textwrap
+    from gpushare.drain import drain_node, fit_reason  # only on this rare path
 
-    from gpushare.check import DRAIN_REASON_MAX, drain_node  # only on this rare path
-
-    text = textwrap.shorten(reason.replace('"', "'"), DRAIN_REASON_MAX, placeholder="...")
-    failure = drain_node(job.node_name(os.environ), text, timeout=config.timeout)
+    failure = drain_node(job.node_name(os.environ), fit_reason(reason), timeout=config.timeout)
     if failure:
         logger.error("could not drain the node: %s", failure)
 

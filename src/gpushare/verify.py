@@ -202,16 +202,18 @@ class _Verifier:
                            "cancel it (nvidia-smi -i N -mig 0)", severity="warning")
         uuid = mig.uuid if mig is not None else gpu.uuid
         if self.owner is not None:
-            for candidate in dict.fromkeys([uuid, gpu.uuid]):
-                owner = self.owner(candidate)
-                if owner not in (None, "slurm"):
-                    self.error(f"{label} ({candidate}) belongs to {owner} in the ownership "
-                               "plan, not to slurm", where,
-                               "remove it from Slurm's gres.conf (gpushare render gres) or "
-                               "give it to slurm in the plan",
-                               brief=f"{short} belongs to {owner} in the ownership plan, not "
-                               f"to slurm ({candidate})")
-                    break
+            # A slice has its own owner: its GPU may be "mixed" (slices of Slurm and
+            # Kubernetes side by side), which says nothing about this slice.
+            owner = self.owner(uuid)
+            if owner is None and mig is not None and self.owner(gpu.uuid) != "mixed":
+                owner = self.owner(gpu.uuid)  # a slice the plan does not tell apart
+            if owner not in (None, "slurm"):
+                self.error(f"{label} ({uuid}) belongs to {owner} in the ownership plan, not "
+                           "to slurm", where,
+                           "remove it from Slurm's gres.conf (gpushare render gres) or give "
+                           "it to slurm in the plan",
+                           brief=f"{short} belongs to {owner} in the ownership plan, not to "
+                           f"slurm ({uuid})")
         if self.gres_name not in _SHARED:  # sharing GRES expect other jobs on the device
             procs = mig.processes if mig is not None else gpu.processes
             if mig is not None:

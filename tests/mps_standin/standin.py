@@ -354,6 +354,10 @@ def start(background):
             os.dup2(devnull, fd)
         os.umask(0o077)
     if "die_after_start" in active:
+        # As NVIDIA's daemon does when a GPU cannot be used: a line in control.log, then exit.
+        with open(os.path.join(LOG_DIR, "control.log"), "a") as handle:
+            handle.write("[stand-in] Failed to start the control daemon: no usable GPU "
+                         "(stand-in fault die_after_start)\n")
         os._exit(1)
     daemon = Daemon()
     daemon.setup()

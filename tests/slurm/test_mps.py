@@ -48,18 +48,19 @@ def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) ->
         time.sleep(0.2)
 
 
-def mps_dir(bed) -> str:
-    return os.path.join(bed.state_dir, "mps")
+def mps_dirs(bed) -> list[str]:
+    """Every node's MPS directory (state_dir=<root>/state/%n)."""
+    return sorted(glob.glob(os.path.join(bed.state_of("*"), "mps")))
 
 
 def mps_entries(bed) -> list[str]:
-    path = mps_dir(bed)
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return sorted(f"{os.path.basename(os.path.dirname(path))}:{entry}"
+                  for path in mps_dirs(bed) for entry in os.listdir(path))
 
 
 def mps_records(bed) -> list[dict]:
     records = []
-    for path in sorted(glob.glob(os.path.join(mps_dir(bed), "*.json"))):
+    for path in sorted(glob.glob(os.path.join(bed.state_of("*"), "mps", "*.json"))):
         try:
             with open(path) as handle:
                 records.append(json.load(handle))
@@ -96,8 +97,7 @@ def standin_state(record: dict) -> dict:
 
 
 def job_records(bed) -> list[str]:
-    path = os.path.join(bed.state_dir, "jobs")
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return sorted(glob.glob(os.path.join(bed.state_of("*"), "jobs", "*")))
 
 
 def assert_nothing_left(bed, timeout: float = 60.0) -> None:
@@ -232,7 +232,6 @@ def test_pinned_memory_limit_is_proportional_to_the_share(mps_bed):
                           "echo LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], user=U1)
     expected = node_mem_mib(mps_bed, NODE) * 25 // 100
     assert f"LIMIT=0={expected}M" in result.stdout, result.stdout
-    assert f"pinned memory 0={expected}M" in result.stderr  # the line the user reads
     assert_nothing_left(mps_bed)
 
 
@@ -325,7 +324,7 @@ def test_gpushare_job_shows_what_the_job_got(mps_bed):
 
 def gpushare_mps(bed, *args: str):
     """``gpushare mps`` as root on the bed's node, settings from the bed's plugstack.conf."""
-    return bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", *args],
+    return bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node", NODE, *args],
                    env={"PYTHONPATH": bed.path("lib", "python")}, check=False)
 
 
@@ -340,7 +339,7 @@ def test_gpushare_mps_shows_the_node_daemons_and_their_jobs(mps_bed):
     data = json.loads(result.stdout)
     # The settings are the plugin's own: found through SLURM_CONF, as on a node.
     assert data["settings"] == bed.path("etc", "plugstack.conf")
-    assert data["state_dir"] == bed.state_dir
+    assert data["state_dir"] == bed.state_of(NODE)
     views = {view["user"]: view for view in data["daemons"]}
     assert sorted(views) == sorted(jobs)
     pids = {r["key"]: r["daemon_pid"] for r in records}  # type: ignore[union-attr]
@@ -457,21 +456,24 @@ def test_missing_control_program_drains_with_its_path(mps_bed):
     assert_nothing_left(bed)
 
 
-@pytest.mark.parametrize("fault, words", [
-    ("die_start", "exited with status 1"),
-    ("hang_start", "no answer within 5 s"),
-    ("die_after_start", "created no control socket"),
+@pytest.mark.parametrize("fault, cause, words", [
+    ("die_start", "nvidia-cuda-mps-control -d exit 1", "exited with status 1"),
+    ("hang_start", "no answer within 5 s, killed", "no answer within 5 s"),
+    ("die_after_start", "no control socket within 5 s", "created no control socket"),
 ])
-def test_daemon_failing_at_start_drains_the_node_naming_the_gpu(mps_bed, fault, words):
+def test_daemon_failing_at_start_drains_the_node_naming_the_gpu(mps_bed, fault, cause, words):
     bed = mps_bed
     set_fault(bed, fault)
     started = time.monotonic()
     job_id = fault_job(bed)
     reason, lines = prolog_failure(bed, job_id)
     elapsed = time.monotonic() - started
-    # The reason (shortened to fit) names the GPU; the log line says what happened.
-    assert f"MPS for job {job_id}: cannot start MPS on GPU 0 (GPU-" in reason, reason
+    # `sinfo -R` shows the cause first, then the GPU, within Slurm's width; the log line
+    # has every detail.
+    assert reason.startswith(f"gpushare: MPS start failed: {cause} (GPU 0, daemon u"), reason
+    assert len(re.sub(r" \[\w+@[^\]]*\]$", "", reason)) <= 100, reason  # without Slurm's [user@time]
     assert len(lines) == 1 and words in lines[0], lines
+    assert f"MPS for job {job_id}: cannot start MPS on GPU 0 (GPU-" in lines[0], lines
     # Bounded by timeout=5 (start + control socket), never a hung prolog.
     assert elapsed < 60, elapsed
     assert_nothing_left(bed)

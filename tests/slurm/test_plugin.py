@@ -112,7 +112,8 @@ def test_share_job_runs_each_context_and_sets_task_env(clean_bed):
     assert values["PCT"] == "50"
     assert values["PIPE"].startswith(clean_bed.state_dir)
     assert values["LOGD"].startswith(clean_bed.state_dir)
-    assert f"gpushare: job {job_id}:" in result.stderr
+    # The job's own streams are left as they are: no gpushare line unless the site asks.
+    assert "gpushare:" not in result.stderr and "gpushare:" not in result.stdout
     lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python rc=0")
     assert any("ctx=job_script" in line and "cb=job_prolog python rc=0" in line
                for line in lines), lines
@@ -128,8 +129,8 @@ def test_share_job_runs_each_context_and_sets_task_env(clean_bed):
 
 def test_record_written_at_prolog_and_removed_at_epilog(clean_bed):
     job_id = clean_bed.sbatch("sleep 3", "--gres=mps:25", user=USER)
-    clean_bed.wait_job(job_id, states={"RUNNING"})
-    path = os.path.join(clean_bed.state_dir, "jobs", f"{job_id}.json")
+    node = clean_bed.wait_job(job_id, states={"RUNNING"})["NodeList"]
+    path = os.path.join(clean_bed.state_of(node), "jobs", f"{job_id}.json")
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -146,10 +147,91 @@ def test_record_written_at_prolog_and_removed_at_epilog(clean_bed):
     assert not os.path.exists(path)
 
 
-def test_gpu_share_option_reaches_prolog_and_lowers_the_share(clean_bed):
-    result = clean_bed.run(["srun", "--gres=mps:50", "--gpu-share=20", "bash", "-c",
-                            "echo PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], user=USER)
-    assert "PCT=20" in result.stdout
+def test_gpu_share_option_reaches_prolog_and_must_agree_with_the_gres(clean_bed):
+    result = clean_bed.run(["srun", "-w", "n2", "--gres=mps:50", "--gpu-share=50", "bash",
+                            "-c", "echo PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], user=USER)
+    assert "PCT=50" in result.stdout
+    # Without a submit hook the node refuses what the hooks refuse: only the job fails.
+    refused = clean_bed.run(["srun", "-w", "n2", "--gres=mps:50", "--gpu-share=20", "true"],
+                            user=USER, check=False)
+    assert refused.returncode != 0
+    assert "--gpu-share=20 and the job's --gres=mps (50% of a GPU) ask for different shares" \
+        in refused.stderr
+    whole = clean_bed.run(["srun", "-w", "n2", "--gres=gpu:1", "--gpu-share=25", "true"],
+                          user=USER, check=False)
+    assert whole.returncode != 0
+    assert "cannot be combined with whole GPUs" in whole.stderr
+    assert "DRAIN" not in clean_bed.node_state("n2")["State"]
+
+
+def test_roots_shared_job_fails_alone_and_never_drains_the_node(clean_bed):
+    result = clean_bed.run(["srun", "-w", "n3", "--gres=mps:10", "true"], check=False)
+    assert result.returncode != 0
+    assert "MPS daemons never run as root" in result.stderr
+    assert "submit it as a normal user" in result.stderr
+    assert "DRAIN" not in clean_bed.node_state("n3")["State"]
+    # root's unshared GPU jobs are untouched.
+    assert clean_bed.run(["srun", "-w", "n3", "--gres=gpu:1", "true"]).returncode == 0
+
+
+def _wait_drained(bed, node: str, timeout: float = 60.0) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = bed.node_state(node)
+        if "DRAIN" in state.get("State", ""):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"{node} not drained: {bed.node_state(node)}")
+
+
+def _slurmd_log(bed, node: str) -> str:
+    with open(bed.path("log", f"slurmd-{node}.log")) as handle:
+        return handle.read()
+
+
+def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
+    """root's prolog must not import code from a directory a user can change."""
+    marker = clean_bed.path("out", "imported-by-root")
+    copy = clean_bed.path("out", "userpy")
+    subprocess.run(["rm", "-rf", copy, marker], check=True)
+    subprocess.run(["cp", "-r", clean_bed.path("lib", "python"), copy], check=True)
+    init = os.path.join(copy, "gpushare", "__init__.py")
+    with open(init, "a") as handle:
+        handle.write(f"\nopen({marker!r}, 'w').close()\n")
+    subprocess.run(["chown", "-R", USER, copy], check=True)
+    line = clean_bed.plugstack_line().replace(
+        f"pythonpath={clean_bed.path('lib', 'python')}", f"pythonpath={copy}")
+    clean_bed.write_plugstack(line)
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+    _wait_drained(clean_bed, "n4")
+    clean_bed.run(["scancel", str(job_id)], check=False)
+    assert not os.path.exists(marker)
+    assert re.search(rf"refusing pythonpath=: {re.escape(copy)}\S* is not owned by root",
+                     _slurmd_log(clean_bed, "n4"))
+
+    # Root-owned but writable by others is refused as well, file by file.
+    subprocess.run(["chown", "-R", "root", copy], check=True)
+    os.chmod(init, 0o666)
+    clean_bed.resume("n4")
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+    _wait_drained(clean_bed, "n4")
+    clean_bed.run(["scancel", str(job_id)], check=False)
+    assert not os.path.exists(marker)
+    assert f"refusing pythonpath=: {init} is writable by group or others" in _slurmd_log(
+        clean_bed, "n4")
+
+
+def test_core_library_others_can_write_is_never_loaded(clean_bed):
+    core = clean_bed.path("lib", "spank_gpushare_core.so")
+    os.chmod(core, 0o777)
+    try:
+        job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+        _wait_drained(clean_bed, "n4")
+        clean_bed.run(["scancel", str(job_id)], check=False)
+    finally:
+        os.chmod(core, 0o755)
+    assert f"refusing the Python core: {core} is writable by group or others" in _slurmd_log(
+        clean_bed, "n4")
 
 
 def test_user_environment_cannot_steer_the_plugin(clean_bed, tmp_path):
@@ -201,8 +283,9 @@ def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
     bad = clean_bed.path("state-link")
     if not os.path.lexists(bad):
         os.symlink("/tmp", bad)
-    line = clean_bed.plugstack_line().replace(f"state_dir={clean_bed.state_dir}",
+    line = clean_bed.plugstack_line().replace(f"state_dir={clean_bed.state_of('%n')}",
                                               f"state_dir={bad}")
+    assert f"state_dir={bad}" in line
     clean_bed.write_plugstack(line)
     job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", user=USER)
     deadline = time.monotonic() + 60
@@ -284,3 +367,14 @@ def _is_zombie(pid: int) -> bool:
             return handle.read().split(") ")[-1].startswith("Z")
     except FileNotFoundError:
         return True
+
+
+def test_show_yes_writes_one_line_into_the_first_tasks_stderr(clean_bed):
+    clean_bed.write_plugstack(clean_bed.plugstack_line().rstrip() + " show=yes\n")
+    result = clean_bed.run(["srun", "-n2", "--gres=mps:20", "bash", "-c",
+                            "echo JOB=$SLURM_JOB_ID"], user=USER)
+    job_id = int(result.stdout.split("JOB=")[1].split()[0])
+    lines = [line for line in result.stderr.splitlines() if line.startswith("gpushare:")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"gpushare: job {job_id}: CUDA_VISIBLE_DEVICES=0, 20% of the "
+                               "GPU's SMs")

@@ -178,7 +178,7 @@ def test_private_mps_flag_passes_the_hook_and_gets_its_daemon(hooked):
     info = hooked.wait_job(job_id)
     assert info["JobState"] == "COMPLETED", info
     out = hooked.output(job_id)
-    assert re.search(rf"^CVD=0,1 PIPE={re.escape(hooked.state_dir)}/mps/job{job_id}/pipe$",
+    assert re.search(rf"^CVD=0,1 PIPE={re.escape(hooked.state_of('n2'))}/mps/job{job_id}/pipe$",
                      out, re.M), out
 
 # ---- untouched ----------------------------------------------------------------------------

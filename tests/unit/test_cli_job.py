@@ -174,6 +174,24 @@ def test_cli_json_and_text(standin_daemon, monkeypatch, capsys, standin):
     assert "does not answer (no-answer)" in capsys.readouterr().out
 
 
+def test_the_control_program_comes_from_the_plugins_own_line(standin_daemon, monkeypatch,
+                                                              capsys, standin, tmp_path):
+    """A node whose MPS tools are not in /usr/bin: the command asks the plugin's program."""
+    (tmp_path / "plugstack.conf").write_text(
+        f"required /usr/lib64/slurm/spank_gpushare.so mps_control={standin}\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    for key, value in SHARED_ENV.items():
+        monkeypatch.setenv(key, value)
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.setenv(key, standin_daemon[key])
+    assert main(["job", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["daemon"]["status"] == "answers"
+    (tmp_path / "plugstack.conf").write_text(
+        "required /usr/lib64/slurm/spank_gpushare.so mps_control=relative\n")
+    assert main(["job"]) == 2
+    assert "mps_control='relative' is invalid" in capsys.readouterr().err
+
+
 def test_mps_job_learns_its_gpu_from_gpushare():
     # Slurm gives an mps job's tasks no SLURM_*_GPUS; the prolog's GPUSHARE_GPUS names it.
     env = {k: v for k, v in SHARED_ENV.items() if k != "SLURM_STEP_GPUS"}

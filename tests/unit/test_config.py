@@ -16,19 +16,19 @@ from gpushare.config import (
 def test_defaults_match_the_dataclass():
     parsed = parse_plugin_args([])
     assert parsed == PluginConfig()
-    assert parsed.timeout == 10.0 and parsed.show is True
+    assert parsed.timeout == 10.0 and parsed.show is False
 
 
 def test_every_key_is_accepted_with_a_good_value():
     good = {"pythonpath": "/opt/gs", "state_dir": "/run/x", "mps_control": "/usr/bin/m",
             "mem_limit": "16G", "verify": "warn", "inventory": "sim:/p/%n.json",
             "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
-            "show": "no"}
+            "show": "yes"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"
     assert config.inventory == "sim:/p/%n.json" and config.timeout == 2.5
-    assert config.debug_log == "" and config.show is False
+    assert config.debug_log == "" and config.show is True
     assert config.jobs_dir == "/run/x/jobs" and config.mps_dir == "/run/x/mps"
 
 
@@ -105,3 +105,31 @@ def test_default_plugstack_sits_beside_slurm_conf():
     assert beside_slurm_conf({}, "plugstack.conf") == "/etc/slurm/plugstack.conf"
     assert beside_slurm_conf({"SLURM_CONF": "/opt/slurm/etc/slurm.conf"}, "plugstack.conf") == \
         "/opt/slurm/etc/plugstack.conf"
+
+
+def test_every_path_takes_the_node_name_and_host_name():
+    """Several slurmd on one host (slurmd -N) each need their own state directory."""
+    import os
+
+    config = parse_plugin_args(["state_dir=/run/gs/%n", "debug_log=/var/log/gs-%h-%n.log",
+                                "inventory=sim:/p/%n.json", "plan=/etc/gs/%n/plan.yaml",
+                                "pythonpath=/opt/%n/py", "mps_control=/opt/%%n/mps"])
+    host = os.uname().nodename.split(".")[0]
+    node = config.for_node("gpu17")
+    assert node.state_dir == "/run/gs/gpu17" and node.mps_dir == "/run/gs/gpu17/mps"
+    assert node.debug_log == f"/var/log/gs-{host}-gpu17.log"
+    assert node.inventory == "sim:/p/gpu17.json" and node.plan == "/etc/gs/gpu17/plan.yaml"
+    assert node.pythonpath == "/opt/gpu17/py" and node.mps_control == "/opt/%n/mps"
+    assert config.for_node("gpu17").verify == config.verify
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "x" * 201])
+def test_a_node_name_that_could_leave_its_directory_is_refused(name):
+    config = parse_plugin_args(["state_dir=/run/gs/%n"])
+    with pytest.raises(ValueError, match="not a plain host name"):
+        config.for_node(name)
+
+
+def test_an_unknown_percent_code_is_refused_with_the_ones_accepted():
+    with pytest.raises(ConfigError, match=r"only %n \(node name\), %h \(host name\) and %%"):
+        parse_plugin_args(["state_dir=/run/gs/%u"])

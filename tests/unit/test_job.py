@@ -20,10 +20,33 @@ def test_mps_job_gets_slurms_share_on_device_zero():
                        "GPUSHARE_GPUS": "3"}
 
 
-def test_gpu_share_can_only_lower_slurms_share():
+def test_gpu_share_must_agree_with_slurms_share_as_the_hooks_require():
     env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
-    assert job.plan_job(request(gpu_share="20", env=env)).share_percent == 20
-    assert job.plan_job(request(gpu_share="80", env=env)).share_percent == 50
+    assert job.plan_job(request(gpu_share="50", env=env)).share_percent == 50
+    for other in ("20", "80"):
+        with pytest.raises(job.UserError, match="ask for different shares"):
+            job.plan_job(request(gpu_share=other, env=env))
+
+
+@pytest.mark.parametrize("asked,units", [(33, 150), (25, 100), (1, 400), (99, 700), (67, 1000),
+                                         (51, 333)])
+def test_gpu_share_agrees_with_the_hooks_rounding_into_mps_units(asked, units):
+    count = asked * units // 100  # what the submit hooks ask for
+    granted = count * 100 // units  # what Slurm's gres/mps hands the job
+    env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(granted)}
+    assert job.plan_job(request(gpu_share=str(asked), env=env)).share_percent == granted
+
+
+def test_gpu_share_beside_whole_gpus_is_refused_as_the_hooks_do():
+    with pytest.raises(job.UserError, match="cannot be combined with whole GPUs"):
+        job.plan_job(request(gpu_share="25", env={"SLURM_JOB_GPUS": "0"}))
+
+
+@pytest.mark.parametrize("extra", [dict(gpu_share="25"), dict(private_mps=True), dict()])
+def test_root_never_shares_and_the_refusal_is_the_jobs_not_the_nodes(extra):
+    env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    with pytest.raises(job.UserError, match="never run as root"):
+        job.plan_job(request(uid=0, gid=0, env=env, **extra))
 
 
 @pytest.mark.parametrize("value", ["0", "101", "abc", "", "-5", "2.5"])

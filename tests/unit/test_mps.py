@@ -503,6 +503,34 @@ def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, wo
     assert "GPU 0" in str(err.value) and GPU0.uuid in str(err.value)
     assert bed.standin.processes() == []
     assert bed.entries() == []
+    # The drain reason: the cause first, within what `sinfo -R` shows.
+    assert err.value.brief.startswith(("MPS start failed: ", "MPS ")), err.value.brief
+
+
+def test_a_start_that_fails_keeps_the_daemon_logs_last_lines_in_the_message(bed, users):
+    """The daemon's directory is removed with the failed start: no path to a deleted log."""
+    u1 = users[0]
+    bed.standin.set_faults("die_after_start")
+    with pytest.raises(MpsError) as err:
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                              share_percent=25)
+    assert "control.log ends: [stand-in] Failed to start the control daemon: no usable GPU" \
+        in str(err.value)
+    assert "see " not in str(err.value)
+    assert err.value.brief.startswith("MPS start failed: no control socket within 2 s (")
+
+
+def test_a_hung_start_is_a_short_drain_reason_with_the_cause_first(bed, users):
+    from gpushare.drain import DRAIN_REASON_MAX, fit_reason
+
+    u1 = users[0]
+    bed.standin.set_faults("hang_start")
+    with pytest.raises(MpsError) as err:
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                              share_percent=25)
+    reason = fit_reason(err.value.brief)
+    assert reason.startswith("gpushare: MPS start failed: no answer within 2 s, killed (")
+    assert len(reason) <= DRAIN_REASON_MAX
 
 
 def test_a_daemon_without_a_pid_file_is_found_through_proc(bed, users):
@@ -842,3 +870,25 @@ def test_reap_never_acts_for_root_in_a_directory_without_record(bed, users):
     finally:
         kill_and_wait(pid)
         shutil.rmtree(os.path.join(bed.mps_dir, key), ignore_errors=True)
+
+
+def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
+    """The plugin's state is root's: a user is told to run the command as root, not shown a
+    traceback."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make root's state and run as another user")
+    state = tmp_path / "state"
+    (state / "mps").mkdir(parents=True)
+    (state / "mps" / "u1-GPU-x.json").write_text("{}")
+    for path in (tmp_path, state):
+        path.chmod(0o755)
+    (state / "mps").chmod(0o700)
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    result = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-m", "gpushare.cli", "mps",
+         "--state-dir", str(state)], capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": os.path.abspath(src), "PATH": os.environ["PATH"]}, cwd="/")
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert f"cannot read the plugin's state in {state}" in result.stderr
+    assert "run gpushare mps as root" in result.stderr

@@ -183,6 +183,19 @@ def test_owner_other_than_slurm(inv):
     assert ok.ok
 
 
+def test_slurms_slice_on_a_gpu_shared_with_kubernetes_is_slurms(inv):
+    """A GPU whose slices the plan splits between owners is "mixed": each slice is judged by
+    its own owner, never by its GPU's."""
+    gpu = inv.gpus[0]
+    owners = {gpu.uuid: "mixed", gpu.mig_devices[0].uuid: "slurm",
+              gpu.mig_devices[1].uuid: "kubernetes"}
+    assert verify_job_devices({"SLURM_JOB_GPUS": "0"}, "n1", conf_for(inv), inv,
+                              owner=owners.get).ok
+    refused = verify_job_devices({"SLURM_JOB_GPUS": "1"}, "n1", conf_for(inv), inv,
+                                 owner=owners.get)
+    assert "belongs to kubernetes in the ownership plan" in refused.reason()
+
+
 def with_processes(inv, **by_gpu):
     """A copy of ``inv`` whose GPU ``g<i>`` runs the given processes."""
     gpus = list(inv.gpus)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional
 
 from gpushare import proc
+from gpushare.cli import nodeconf
+from gpushare.config import ConfigError
 
 __all__ = ["DaemonProbe", "JobView", "format_view", "job_view", "probe_daemon", "register"]
 
@@ -171,9 +173,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: srun --gres=mps:25 gpushare job",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--mps-control", default=DEFAULT_MPS_CONTROL, metavar="PATH",
-                        help=f"the nvidia-cuda-mps-control program (default "
-                        f"{DEFAULT_MPS_CONTROL})")
+    parser.add_argument("--mps-control", metavar="PATH",
+                        help="the nvidia-cuda-mps-control program (default: the plugin's "
+                        f"mps_control= from plugstack.conf, else {DEFAULT_MPS_CONTROL})")
+    nodeconf.add_arguments(parser)
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="how long to wait for the daemon's answer (default 5)")
     parser.set_defaults(func=_run)
@@ -187,7 +190,15 @@ def _run(args: argparse.Namespace) -> int:
     if view.job_id is None:
         print(f"gpushare: {NOT_IN_JOB}", file=sys.stderr)
         return 1
-    probe = probe_daemon(view, args.mps_control, args.timeout)
+    program = args.mps_control
+    if not program:
+        try:
+            program = nodeconf.load(args)[0].mps_control
+        except ConfigError as err:
+            print(f"gpushare job: {err}; or give the control program with --mps-control",
+                  file=sys.stderr)
+            return 2
+    probe = probe_daemon(view, program, args.timeout)
     if args.json:
         print(json.dumps({"job": asdict(view), "daemon": asdict(probe)}, indent=2))
     else:

@@ -15,15 +15,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
-from gpushare.cli import text_table
-from gpushare.config import (
-    PLUGIN_LIBRARY,
-    ConfigError,
-    PluginConfig,
-    beside_slurm_conf,
-    parse_plugin_args,
-    plugstack_args,
-)
+from gpushare.cli import nodeconf, text_table
+from gpushare.config import ConfigError, PluginConfig
 
 if TYPE_CHECKING:
     from gpushare.mps_report import DaemonView
@@ -46,11 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  gpushare mps --reap      # after fixing a node drained for a stuck daemon",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--plugstack", metavar="FILE",
-                        help="plugstack.conf whose gpushare line gives state_dir=, "
-                        "mps_control= and timeout= (default: plugstack.conf beside "
-                        "$SLURM_CONF or /etc/slurm/slurm.conf; the plugin's defaults when it "
-                        "has no gpushare line)")
+    nodeconf.add_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR",
                         help="the plugin's state directory, instead of plugstack.conf's")
     parser.add_argument("--reap", action="store_true",
@@ -68,17 +57,7 @@ def _fail(message: str) -> int:
 
 def _load_config(args: argparse.Namespace) -> tuple[PluginConfig, str]:
     """The plugin's configuration and where it came from (ConfigError when unusable)."""
-    path = args.plugstack or beside_slurm_conf(os.environ, "plugstack.conf")
-    words: Optional[list[str]] = None
-    if args.plugstack or os.path.exists(path):
-        words = plugstack_args(path)
-        if words is None and args.plugstack:
-            raise ConfigError(f"{path} has no line loading {PLUGIN_LIBRARY}")
-    source = path if words is not None else "the plugin's defaults"
-    try:
-        config = parse_plugin_args(words or [])
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+    config, source = nodeconf.load(args)
     if args.state_dir:
         config = config._replace(state_dir=os.path.normpath(os.path.abspath(args.state_dir)))
         source += "; state_dir from --state-dir"
@@ -146,6 +125,9 @@ def _run(args: argparse.Namespace) -> int:
         views = inspect_daemons(config, check_processes=is_root)
     except MpsError as err:
         return _fail(str(err))
+    except PermissionError as err:
+        return _fail(f"cannot read the plugin's state in {config.state_dir} ({err.filename}: "
+                     "permission denied): it is root's; run gpushare mps as root")
     status = exit_status(views)
     if args.json:
         print(json.dumps({"state_dir": config.state_dir, "settings": source,
