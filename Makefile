@@ -3,7 +3,6 @@ SHELL := /bin/bash
 SYSTEM_PYTHON := /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PYLIB_DEPS := nvidia-ml-py python-hostlist
 # The oldest Python the core supports (RHEL 9's python3), when this machine has one.
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
@@ -23,12 +22,13 @@ venv: deps
 	@$(PY) -m pip install -q -e '.[test]'
 	@ln -sf $(CURDIR)/$(VENV)/bin/gpushare /usr/local/bin/gpushare
 
-# The SPANK plugin (built by the system python3 it embeds) and the Python it runs.
+# The SPANK plugin (built by the system python3 it embeds, hardened, with CFLAGS/LDFLAGS
+# from the environment) and the Python it runs: the core and the two modules the RPM bundles,
+# from the source archives packaging/gpushare.spec pins.
 build: deps
 	@$(SYSTEM_PYTHON) spank/build.py --out build/spank_gpushare.so
 	@rm -rf build/pylib && mkdir -p build/pylib
-	@$(SYSTEM_PYTHON) -m pip install -q --no-compile --no-deps --break-system-packages \
-		--target build/pylib $(PYLIB_DEPS)
+	@scripts/vendored.sh --modules build/pylib
 	@cp -r src/gpushare build/pylib/gpushare && find build/pylib -name __pycache__ -prune -exec rm -rf {} +
 	@$(SYSTEM_PYTHON) -m compileall -q build/pylib >/dev/null
 

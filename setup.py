@@ -9,6 +9,8 @@ setup(
     name="gpushare",
     version="0.1.0",
     description="Safe, automatic GPU sharing (MPS, MIG, NVLink placement) for Slurm",
+    license="GPL-2.0-or-later",
+    license_files=["LICENSE"],
     package_dir={"": "src"},
     packages=find_packages("src"),
     package_data={"gpushare": ["templates/*.j2", "profiles/*.json", "py.typed"]},

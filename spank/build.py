@@ -9,12 +9,18 @@ python3-cffi (the interpreter the core will embed), never a venv or pyenv one:
 The plugstack keys and default state directory are taken from gpushare.config, so the C
 glue and the Python core agree on them. ``compile_embedded`` is shared with the
 job_submit plugin's build (submit_hooks/build.py).
+
+Both plugins get pyxis's hardening (stack protector, FORTIFY, full RELRO, no executable
+stack) and then the distribution's CPPFLAGS, CFLAGS and LDFLAGS from the environment; the
+RPM spec sets those to %{optflags} and %{build_ldflags}.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,9 +32,19 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import cffi  # noqa: E402
 
+import gpushare  # noqa: E402
 from gpushare.config import ARG_SPECS, PluginConfig  # noqa: E402
 
 CORE_NAME = "spank_gpushare_core.so"
+
+# The hardening NVIDIA's pyxis builds its SPANK plugin with, in every build of both plugins.
+HARDENING_CFLAGS = ["-fPIC", "-fstack-protector-strong", "-Wall", "-Wformat",
+                    "-Werror=format-security", "-Werror=implicit-function-declaration"]
+HARDENING_FORTIFY = ["-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=2"]
+HARDENING_LDFLAGS = ["-Wl,-z,relro", "-Wl,-z,now", "-Wl,-z,noexecstack"]
+# The distribution's flags, as rpmbuild's %{optflags} and %{build_ldflags} (the spec exports
+# them) or dpkg-buildflags would give them.
+DISTRIBUTION_FLAG_VARS = ("CPPFLAGS", "CFLAGS", "LDFLAGS")
 
 CDEF = """
 struct gs_host {
@@ -84,6 +100,27 @@ def python_defines() -> dict[str, str]:
             "GS_MODULE_PATHS": ", ".join(c_wide_string(p) for p in isolated_module_paths())}
 
 
+def build_flags() -> tuple[list[str], list[str]]:
+    """Compiler and linker flags for both plugins: the hardening, then the distribution's
+    CPPFLAGS, CFLAGS and LDFLAGS from the environment, last so that their choices (the
+    optimisation level, a FORTIFY level of their own) win."""
+    dist_c = shlex.split(os.environ.get("CPPFLAGS", "")) + shlex.split(os.environ.get("CFLAGS", ""))
+    dist_ld = shlex.split(os.environ.get("LDFLAGS", ""))
+    fortify = [] if any("_FORTIFY_SOURCE" in flag for flag in dist_c) else HARDENING_FORTIFY
+    return HARDENING_CFLAGS + fortify + dist_c, HARDENING_LDFLAGS + dist_ld
+
+
+@contextlib.contextmanager
+def without_distribution_flags():
+    """Hide CPPFLAGS/CFLAGS/LDFLAGS from setuptools while cffi compiles: build_flags() passes
+    them explicitly, in the same order as for the plain plugin, and only once."""
+    saved = {name: os.environ.pop(name) for name in DISTRIBUTION_FLAG_VARS if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path: str,
                      defines: dict[str, str], exports: str, out: str) -> str:
     """Compile one cffi embedding module whose C glue is ``glue_path``; copy it to ``out``."""
@@ -94,15 +131,15 @@ def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path
     ffi.embedding_api(api)
     ffi.cdef(cdef)
     ffi.embedding_init_code(init_code)
+    cflags, ldflags = build_flags()
     ffi.set_source(
         module,
         preamble + "\n" + glue,
         include_dirs=[HERE, os.path.dirname(glue_path)],
-        extra_compile_args=["-Wall", "-Werror=implicit-function-declaration",
-                            "-fvisibility=hidden"],
-        extra_link_args=["-Wl,-z,nodelete", "-Wl,--version-script=" + exports],
+        extra_compile_args=["-fvisibility=hidden", *cflags],
+        extra_link_args=["-Wl,-z,nodelete", "-Wl,--version-script=" + exports, *ldflags],
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, without_distribution_flags():
         built = ffi.compile(tmpdir=tmp, target=f"{module}.*", verbose=False)
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         shutil.copyfile(built, out)
@@ -118,15 +155,16 @@ def build_plugin(out: str) -> str:
         "GS_DEFAULT_STATE_DIR": c_string(PluginConfig().state_dir),
         "GS_KNOWN_KEYS": ", ".join(c_string(k) for k in keys),
         "GS_KNOWN_KEYS_TEXT": c_string(", ".join(k + "=" for k in keys)),
+        "GS_VERSION": c_string(gpushare.__version__),
     }
+    cflags, ldflags = build_flags()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".h") as header:
         header.write("".join(f"#define {k} {v}\n" for k, v in defines.items()))
         header.flush()
         subprocess.run(
-            [(sysconfig.get_config_var("CC") or "cc").split()[0], "-shared", "-fPIC", "-O2",
-             "-Wall", "-Werror=implicit-function-declaration", "-fvisibility=hidden",
-             "-include", header.name, "-I", HERE, "-o", out,
+            [(sysconfig.get_config_var("CC") or "cc").split()[0], "-shared", "-O2", *cflags,
+             "-fvisibility=hidden", *ldflags, "-include", header.name, "-I", HERE, "-o", out,
              os.path.join(HERE, "gpushare_spank.c"), "-ldl", "-Wl,-z,nodelete",
              "-Wl,--version-script=" + os.path.join(HERE, "exports.map")],
             check=True)

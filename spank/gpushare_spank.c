@@ -536,6 +536,11 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
     spank_context_t ctx = spank_context();
 
     if (ctx == S_CTX_SLURMD) {
+        /* Which gpushare this node runs, once in slurmd's log (GS_VERSION: spank/build.py). */
+        slurm_info("gpushare %s loaded (built for Slurm %d.%02d.%d)", GS_VERSION,
+                   SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER),
+                   SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER),
+                   SLURM_VERSION_MICRO(SLURM_VERSION_NUMBER));
         /* Report a bad line to slurmd's log, but never start Python or fail slurmd. */
         (void)gs_parse_args(ac, av);
         return 0;

@@ -25,14 +25,17 @@ FAULTS = ("die_start", "hang_start", "die_after_start", "ignore_quit", "ignore_t
 
 
 @functools.cache
-def _built_front() -> str:
-    """The front end compiled once per process (every install copies it)."""
-    out = os.path.join(tempfile.mkdtemp(prefix="gpushare-standin-build-"), PROGRAM_NAME)
-    built = subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", out, FRONT_SOURCE],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        raise RuntimeError(f"cannot build the MPS stand-in's front end: {built.stderr}")
-    return out
+def _built_front() -> bytes:
+    """The front end compiled once per process and kept in memory (every install writes a
+    copy), so no build directory is left in the temp directory."""
+    with tempfile.TemporaryDirectory(prefix="gpushare-standin-build-") as tmp:
+        out = os.path.join(tmp, PROGRAM_NAME)
+        built = subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", out, FRONT_SOURCE],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(f"cannot build the MPS stand-in's front end: {built.stderr}")
+        with open(out, "rb") as handle:
+            return handle.read()
 
 
 def install_standin(bindir: str) -> str:
@@ -42,7 +45,8 @@ def install_standin(bindir: str) -> str:
     for the plugin, which refuses a program others could replace).
     """
     program = os.path.join(bindir, PROGRAM_NAME)
-    shutil.copyfile(_built_front(), program)
+    with open(program, "wb") as handle:
+        handle.write(_built_front())
     os.chmod(program, 0o755)
     shutil.copyfile(DAEMON_SOURCE, os.path.join(bindir, "standin.py"))
     os.chmod(os.path.join(bindir, "standin.py"), 0o644)

@@ -1,6 +1,7 @@
 """The RPM: built by `make rpm`, lint-clean, and complete: installed into a scratch root, its
 own plugin, Python, submit hook and command run a real Slurm's shared, MIG and multi-node
-jobs, with nothing taken from the repository."""
+jobs, with nothing taken from the repository. Its Release: names the Slurm release, its
+plugins are hardened and built with the distribution's flags, and slurmd logs its version."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 
 import pytest
 
+import gpushare
 import slurmbed
 
 pytestmark = pytest.mark.slurm
@@ -22,6 +24,24 @@ ROOT = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed") + "-rpm"
 PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200")) + 70
 PREFIX = "rpm"
 PYTHONDIR = "usr/lib64/gpushare/python"
+PLUGINS = ("spank_gpushare.so", "spank_gpushare_core.so", "job_submit_gpushare.so")
+# Added to the distribution's %{optflags} and %{build_ldflags} for the test build, so the
+# packaged plugins show that both reached the compiler and the linker: -frecord-gcc-switches
+# leaves a .GCC.command.line section, -z origin the ORIGIN dynamic flag.
+OPTFLAGS_PROBE = "-frecord-gcc-switches"
+LDFLAGS_PROBE = "-Wl,-z,origin"
+
+
+def rpm_eval(macro: str) -> str:
+    return subprocess.run(["rpm", "--eval", macro], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def installed_slurm_version() -> tuple[int, int, int]:
+    with open("/usr/include/slurm/slurm_version.h") as handle:
+        number = int(re.search(r"#define SLURM_VERSION_NUMBER (0x[0-9a-fA-F]+)",
+                               handle.read()).group(1), 16)
+    return number >> 16 & 255, number >> 8 & 255, number & 255
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +51,11 @@ def built():
         pytest.skip("installing Debian packages and the local Slurm need root")
     if not shutil.which("rpmbuild"):
         subprocess.run(["make", "-C", slurmbed.REPO, "deps"], check=True)
-    result = subprocess.run([BUILD_RPM, "--lint"], capture_output=True, text=True, timeout=600)
+    optflags = f"{rpm_eval('%{optflags}')} {OPTFLAGS_PROBE}"
+    ldflags = f"{rpm_eval('%{?build_ldflags}')} {LDFLAGS_PROBE}".strip()
+    result = subprocess.run([BUILD_RPM, "--lint", "--define", f"optflags {optflags}",
+                             "--define", f"build_ldflags {ldflags}"],
+                            capture_output=True, text=True, timeout=600)
     rpms = [line for line in result.stdout.splitlines() if line.endswith(".rpm")]
     assert len(rpms) == 1 and os.path.exists(rpms[0]), result.stdout + result.stderr
     return rpms[0], result
@@ -87,14 +111,65 @@ def test_package_holds_the_product_and_no_test_parts(built):
 
 
 def test_package_requires_the_slurm_release_it_was_built_against(built):
-    with open("/usr/include/slurm/slurm_version.h") as handle:
-        number = int(re.search(r"#define SLURM_VERSION_NUMBER (0x[0-9a-fA-F]+)",
-                               handle.read()).group(1), 16)
-    release = f"{number >> 16 & 255}.{number >> 8 & 255:02d}"
+    major, minor, _micro = installed_slurm_version()
+    release = f"{major}.{minor:02d}"
     requires = rpm_query(built[0], "-R")
     assert f"(slurm >= {release} with slurm < {release}.999)" in requires, requires
     for name in ("python3", "python3-cffi", "python3-jinja2", "python3-pyyaml"):
         assert name in requires, (name, requires)
+
+
+def test_release_names_the_slurm_release(built):
+    """Packages for two Slurm releases never share a name-version-release."""
+    major, minor, _micro = installed_slurm_version()
+    nvr = rpm_query(built[0], "--qf", "%{NAME} %{VERSION} %{RELEASE}")
+    assert nvr == [f"gpushare {gpushare.__version__} 1.slurm{major}.{minor:02d}"]
+    assert os.path.basename(built[0]) == (f"gpushare-{gpushare.__version__}-"
+                                          f"1.slurm{major}.{minor:02d}.x86_64.rpm")
+
+
+def test_build_refuses_a_slurm_release_other_than_the_headers(built, tmp_path):
+    """A --define naming another Slurm release would mislabel the plugins: refused."""
+    top = os.path.dirname(os.path.dirname(os.path.dirname(built[0])))
+    shutil.copytree(os.path.join(top, "SOURCES"), tmp_path / "SOURCES")
+    major, minor, _micro = installed_slurm_version()
+    other = f"{(major << 16) + ((minor + 1) << 8):#x}"
+    result = subprocess.run(["rpmbuild", "-bb", "--nodeps", "--define", f"_topdir {tmp_path}",
+                             "--define", f"slurm_version_number {other}",
+                             os.path.join(top, "SPECS", "gpushare.spec")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0, result.stdout
+    assert (f"slurm_version_number {other} is not the installed Slurm headers'"
+            in result.stderr), result.stderr
+    assert not os.path.exists(tmp_path / "RPMS" / "x86_64"), os.listdir(tmp_path / "RPMS")
+
+
+def readelf(*args: str) -> str:
+    return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_packaged_plugins_are_hardened_and_built_with_the_distribution_flags(installed):
+    for name in PLUGINS:
+        plugin = os.path.join(installed, "usr/lib64/slurm", name)
+        dynamic = readelf("-d", plugin)
+        # Full RELRO: relocations done at load, then read-only.
+        assert re.search(r"\(FLAGS\)\s.*\bBIND_NOW\b", dynamic), (name, dynamic)
+        assert re.search(r"\(FLAGS_1\)\s.*\bNOW\b", dynamic), (name, dynamic)
+        headers = readelf("-l", plugin)
+        assert re.search(r"^\s*GNU_RELRO\s", headers, re.M), (name, headers)
+        stack = [line.split() for line in headers.splitlines() if "GNU_STACK" in line]
+        assert len(stack) == 1 and "E" not in stack[0][6], (name, headers)
+        symbols = readelf("--dyn-syms", plugin)
+        assert "__stack_chk_fail" in symbols, name
+        assert re.search(r"\b__\w+_chk\b", symbols), (name, "FORTIFY")
+        # %{build_ldflags} reached the linker, %{optflags} the compiler, with the hardening.
+        assert re.search(r"\(FLAGS\)\s.*\bORIGIN\b", dynamic), (name, dynamic)
+        switches = readelf("-p", ".GCC.command.line", plugin)
+        assert "-fstack-protector-strong" in switches, (name, switches)
+        for flag in rpm_eval("%{optflags}").split():
+            if flag.startswith(("-O", "-f", "-m", "-g")):
+                assert flag in switches.split(), (name, flag, switches)
 
 
 def test_installed_plugin_names_the_installed_python(installed):
@@ -199,3 +274,18 @@ def test_installed_hook_keeps_a_multi_node_job_in_one_domain(rpm_bed):
     assert "gpushare: --switches=1@" in result.stderr, result.stderr
     info = rpm_bed.job(int(found[0][1]))
     assert info.get("Switches", "").startswith("1@"), info
+
+
+def test_slurmd_logs_the_gpushare_version_once(rpm_bed):
+    """Each slurmd names the gpushare it loaded, once (after the jobs above), and slurmctld
+    does not."""
+    major, minor, micro = installed_slurm_version()
+    line = f"gpushare {gpushare.__version__} loaded (built for Slurm {major}.{minor:02d}.{micro})"
+    logs = sorted(name for name in os.listdir(rpm_bed.path("log")) if name.startswith("slurmd-"))
+    assert logs == sorted(f"slurmd-{node.name}.log" for node in rpm_bed.nodes), logs
+    for name in logs:
+        with open(rpm_bed.path("log", name), errors="replace") as handle:
+            found = [text for text in handle if "gpushare" in text and " loaded (" in text]
+        assert len(found) == 1 and found[0].rstrip().endswith(line), (name, found)
+    with open(rpm_bed.path("log", "slurmctld.log"), errors="replace") as handle:
+        assert line not in handle.read()

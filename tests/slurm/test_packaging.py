@@ -1,0 +1,102 @@
+"""`make build`'s plugins: spank/build.py and submit_hooks/build.py harden both plugins and
+add the distribution's CPPFLAGS, CFLAGS and LDFLAGS from the environment, once each, for
+the plain C plugin and the cffi-built ones alike (the RPM's case is in test_rpm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+import slurmbed
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+# Visible in the result: -frecord-gcc-switches leaves a .GCC.command.line section, -z origin
+# the ORIGIN dynamic flag; the CPPFLAGS FORTIFY level replaces the built-in one.
+PROBE_ENV = {"CPPFLAGS": "-D_FORTIFY_SOURCE=3", "CFLAGS": "-O2 -frecord-gcc-switches",
+             "LDFLAGS": "-Wl,-z,origin"}
+
+
+def unusable_reason() -> str:
+    if not os.path.exists("/usr/include/slurm/slurm_version.h"):
+        return "needs the Slurm headers (libslurm-dev)"
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import cffi"], capture_output=True)
+    if probe.returncode != 0:
+        return "needs the system python3 with cffi (python3-cffi)"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(unusable_reason()), reason=unusable_reason())
+
+
+def readelf(*args: str) -> str:
+    return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def plugins(tmp_path_factory):
+    """Both build scripts run as `make build` and the spec run them, with probe flags."""
+    out = tmp_path_factory.mktemp("plugins")
+    env = dict(os.environ, **PROBE_ENV)
+    results = [
+        subprocess.run([SYSTEM_PYTHON, os.path.join(slurmbed.REPO, "spank", "build.py"),
+                        "--out", str(out / "spank_gpushare.so")],
+                       env=env, capture_output=True, text=True, timeout=300),
+        subprocess.run([SYSTEM_PYTHON, os.path.join(slurmbed.REPO, "submit_hooks", "build.py"),
+                        "--out", str(out / "job_submit_gpushare.so")],
+                       env=env, capture_output=True, text=True, timeout=300),
+    ]
+    for result in results:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "warning" not in result.stderr, result.stderr
+    return [str(out / name) for name in
+            ("spank_gpushare.so", "spank_gpushare_core.so", "job_submit_gpushare.so")]
+
+
+def test_plugins_are_hardened(plugins):
+    for plugin in plugins:
+        dynamic = readelf("-d", plugin)
+        assert re.search(r"\(FLAGS\)\s.*\bBIND_NOW\b", dynamic), (plugin, dynamic)
+        headers = readelf("-l", plugin)
+        assert re.search(r"^\s*GNU_RELRO\s", headers, re.M), (plugin, headers)
+        stack = [line.split() for line in headers.splitlines() if "GNU_STACK" in line]
+        assert len(stack) == 1 and "E" not in stack[0][6], (plugin, headers)
+        symbols = readelf("--dyn-syms", plugin)
+        assert "__stack_chk_fail" in symbols, plugin
+        assert re.search(r"\b__\w+_chk\b", symbols), (plugin, "no FORTIFY call")
+
+
+def test_environment_flags_reach_compiler_and_linker_once(plugins):
+    for plugin in plugins:
+        assert re.search(r"\(FLAGS\)\s.*\bORIGIN\b", readelf("-d", plugin)), plugin
+        switches = readelf("-p", ".GCC.command.line", plugin)
+        assert "-fstack-protector-strong" in switches, (plugin, switches)
+
+
+def build_flags(env: dict[str, str]) -> dict[str, list[str]]:
+    """spank/build.py's flags and constants, from the system python3 that runs it."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import build; "
+            "c, ld = build.build_flags(); print(json.dumps({'c': c, 'ld': ld, "
+            "'hc': build.HARDENING_CFLAGS, 'hf': build.HARDENING_FORTIFY, "
+            "'hld': build.HARDENING_LDFLAGS}))")
+    result = subprocess.run([SYSTEM_PYTHON, "-c", code, os.path.join(slurmbed.REPO, "spank")],
+                            env=env, capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(result.stdout)
+
+
+def test_hardening_comes_first_so_the_distribution_flags_win():
+    """The order is hardening, then CPPFLAGS, CFLAGS and LDFLAGS as given; a FORTIFY level of
+    the distribution's replaces the default one."""
+    bare = {k: v for k, v in os.environ.items() if k not in PROBE_ENV}
+    flags = build_flags(dict(bare, **PROBE_ENV))
+    assert flags["c"] == [*flags["hc"], "-D_FORTIFY_SOURCE=3", "-O2", "-frecord-gcc-switches"]
+    assert flags["ld"] == [*flags["hld"], "-Wl,-z,origin"]
+    assert "-Wl,-z,now" in flags["hld"] and "-fstack-protector-strong" in flags["hc"]
+    flags = build_flags(bare)
+    assert flags["c"] == [*flags["hc"], *flags["hf"]]
+    assert flags["hf"][-1] == "-D_FORTIFY_SOURCE=2"
+    assert flags["ld"] == flags["hld"]

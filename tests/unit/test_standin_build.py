@@ -1,0 +1,39 @@
+"""The MPS stand-in's harness leaves nothing behind in the temp directory: every test process
+that installs the stand-in builds its front end, and used to leave one build directory each."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+INSTALL_TWICE = """
+import sys
+from mps_standin.harness import install_standin
+for bindir in sys.argv[1:]:
+    print(install_standin(bindir))
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the front end needs a C compiler (cc)")
+def test_a_process_installing_the_standin_leaves_its_temp_directory_empty(tmp_path):
+    scratch = tmp_path / "tmp"
+    bindirs = [tmp_path / "bin1", tmp_path / "bin2"]
+    for path in (scratch, *bindirs):
+        path.mkdir()
+    result = subprocess.run([sys.executable, "-c", INSTALL_TWICE, *map(str, bindirs)],
+                            env=dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=TESTS),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    programs = result.stdout.split()
+    assert programs == [str(path / "nvidia-cuda-mps-control") for path in bindirs]
+    for program in programs:
+        with open(program, "rb") as handle:
+            assert handle.read(4) == b"\x7fELF", program
+        assert os.stat(program).st_mode & 0o777 == 0o755, program
+    assert sorted(os.listdir(scratch)) == [], "left in the temp directory"
