@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
-from gpushare import proc, safefs
+from gpushare import counters, proc, safefs
 from gpushare.config import PluginConfig, parse_size
 from gpushare.log import get_logger
 
@@ -259,6 +259,7 @@ class MpsManager:
                         continue
                     dead = [jid for jid in rec["jobs"] if not job_alive(int(jid))]
                     for jid in dead:
+                        counters.note("mps_reaped_references")
                         LOG.info("dropping MPS reference of vanished job %s on %s", jid,
                                  self._describe(rec))
                     if rec["jobs"] and not dead:
@@ -581,6 +582,7 @@ class MpsManager:
                               env=self._client_env(rec), uid=rec["uid"], gid=rec["gid"],
                               timeout=self.timeout)
         except proc.ProcError as err:
+            counters.command_error(err)
             raise MpsError(f"{self._describe(rec)}: control command {commands[0]!r} "
                            f"failed: {err}") from None
         if result.returncode != 0:
@@ -600,6 +602,7 @@ class MpsManager:
             raise MpsError(f"cannot start MPS on {what}: {err}; install the NVIDIA MPS "
                            "tools or fix plugstack mps_control=") from None
         except proc.ProcError as err:
+            counters.command_error(err)
             raise MpsError(f"cannot start MPS on {what}: {err}; check the GPU and "
                            f"{rec['log_dir']}/control.log") from None
         if result.returncode != 0:
@@ -611,6 +614,7 @@ class MpsManager:
             pause = 0.002  # a daemon is usually listening within milliseconds
             while not _exists_at(pipe_fd, "control"):
                 if time.monotonic() > deadline:
+                    counters.timed_out("daemon_start")
                     raise MpsError(f"cannot start MPS on {what}: the daemon created no control "
                                    f"socket in {rec['pipe_dir']} within {self.timeout:g} s; "
                                    f"see {rec['log_dir']}/control.log")
@@ -620,6 +624,7 @@ class MpsManager:
         caps = self._caps(rec)
         self._control(rec, [*self._cap_commands(caps), "get_server_list"])
         rec["caps"] = caps
+        counters.note("mps_daemon_starts")
         LOG.info("started %s for jobs %s", self._describe(rec), ",".join(rec["jobs"]))
 
     def _make_dirs(self, mps_fd: int, rec: dict[str, Any]) -> None:
@@ -838,6 +843,7 @@ class MpsManager:
                 LOG.warning("%s; ending it with signals", err)
             else:
                 if not self._wait_gone([int(pid)], rec, self.timeout):
+                    counters.timed_out("daemon_quit")
                     LOG.warning("%s ignored quit for %g s; ending it with signals",
                                 self._describe(rec), self.timeout)
         left = self._leftovers(rec)
@@ -861,6 +867,7 @@ class MpsManager:
         try:
             self._stop_daemon(rec)
         except MpsError as err:
+            counters.note("mps_stop_failures")
             rec["stop_failed"] = str(err)
             self._write_record(mps_fd, rec)
             raise
@@ -876,6 +883,7 @@ class MpsManager:
         try:
             self._stop_daemon(rec)
         except MpsError as err:
+            counters.note("mps_stop_failures")
             LOG.error("%s", err)
             rec["stop_failed"] = str(err)
             self._write_record(mps_fd, rec)
@@ -930,6 +938,7 @@ class _Lock:
                         if err.errno not in (errno.EAGAIN, errno.EACCES):
                             raise
                     if time.monotonic() > deadline:
+                        counters.timed_out("lock")
                         raise MpsError(f"MPS lock {self.path} still held after "
                                        f"{self.timeout:g} s; another prolog or epilog is "
                                        "stuck — find it with: fuser " + self.path)
