@@ -39,7 +39,7 @@ CALLBACKS = ("prolog", "epilog")
 RESULTS = ("ok", "refused", "failed")
 REFUSAL_REASONS = ("invalid_share", "private_with_share", "private_without_gpu",
                    "share_without_gpu", "share_on_several_gpus", "other")
-DRAIN_REASONS = ("config", "device_check", "verify_error", "plan", "no_device", "mps_start",
+DRAIN_REASONS = ("device_check", "verify_error", "plan", "no_device", "mps_start",
                    "mps_stop", "internal", "other")
 TIMEOUTS = ("lock", "command", "daemon_start", "daemon_quit")
 EVENTS = ("mps_daemon_starts", "mps_stop_failures", "mps_reaped_references")
@@ -103,10 +103,11 @@ def refused(message: str) -> None:
     note(series("refusals_total", refusal_reason(message)))
 
 
-def failed(callback: str, message: str, reason: str = "") -> None:
+def failed(callback: str, message: str) -> None:
     """The callback fails (a NodeError, "" for an internal error), which drains the node:
-    gpushare drains it with its own reason, or Slurm with "Prolog error"/"Epilog error"."""
-    note(series("drains_total", reason or failure_reason(callback, message)))
+    gpushare drains it with its own reason, or Slurm with "Prolog error"/"Epilog error".
+    (A plugstack line gpushare cannot parse names no state directory: nothing is counted.)"""
+    note(series("drains_total", failure_reason(callback, message)))
 
 
 def timed_out(what: str) -> None:

@@ -1,7 +1,8 @@
 """What slurmctld believes about its nodes, behind one small interface: ``nodes()``.
 
 pyslurm is used when a build matching the installed Slurm imports; otherwise ``sinfo --json``
-(Slurm 21.08+), and ``scontrol show -o node`` where sinfo has no JSON. Every command runs
+(Slurm 21.08+), and ``scontrol -d show -o node`` where sinfo has no JSON;
+``scontrol show nodes --json`` (23.02+) when asked for. Every command runs
 with a timeout and from a fixed absolute path, so a hung slurmctld or a user's PATH cannot
 hang or redirect a health check that runs as root.
 """
@@ -202,7 +203,7 @@ def _scontrol_fields(line: str) -> dict[str, str]:
 
 
 def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol show -o node`` (one ``Key=Value ...`` line per node)."""
+    """Nodes from ``scontrol -d show -o node`` (one ``Key=Value ...`` line per node)."""
     nodes: list[SlurmNode] = []
     for line in text.splitlines():
         if not line.startswith("NodeName="):
@@ -261,7 +262,9 @@ class ScontrolClient:
         self.scontrol, self.timeout = scontrol, timeout
 
     def nodes(self) -> list[SlurmNode]:
-        return parse_scontrol_nodes(_run([self.scontrol, "show", "-o", "node"], self.timeout))
+        # -d: 22.05 prints GresUsed only in the detailed listing.
+        argv = [self.scontrol, "-d", "show", "-o", "node"]
+        return parse_scontrol_nodes(_run(argv, self.timeout))
 
 
 class ScontrolJsonClient:

@@ -99,7 +99,6 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         config = configure(args)
     except ConfigError as err:
         logger.error("%s; fix the gpushare line in plugstack.conf", err)
-        counters.failed(name, str(err), "config")
         return -1
     callback = CALLBACKS.get(name)
     if callback is None:
