@@ -22,7 +22,8 @@ setup(
         "python-hostlist>=1.21",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "lupa>=2.0", "ruff>=0.4"],
+        "test": ["pytest>=7", "hypothesis>=6", "lupa>=2.0", "ruff>=0.4",
+                 "prometheus_client==0.21.1"],
     },
     entry_points={"console_scripts": ["gpushare=gpushare.cli:main"]},
 )

@@ -12,6 +12,7 @@ import os
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
+from gpushare import counters
 from gpushare.config import PluginConfig, beside_slurm_conf
 from gpushare.log import get_logger
 from gpushare.mps import MpsDevice, MpsError, MpsManager
@@ -217,6 +218,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
                            slurm_gpus=request.slurm_gpus, error=str(err))
         store.write(record)
         log.info("request refused: %s", err)
+        counters.refused(str(err))
         return record
     # The record goes down first, so an epilog always finds what a prolog may have started.
     store.write(record)

@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
-from gpushare import proc, safefs
+from gpushare import counters, proc, safefs
 from gpushare.config import PluginConfig, parse_size
 from gpushare.log import get_logger
 
@@ -267,6 +267,7 @@ class MpsManager:
                         continue
                     dead = [jid for jid in rec["jobs"] if not job_alive(int(jid))]
                     for jid in dead:
+                        counters.note("mps_reaped_references")
                         LOG.info("dropping MPS reference of vanished job %s on %s", jid,
                                  self._describe(rec))
                     if rec["jobs"] and not dead:
@@ -589,6 +590,7 @@ class MpsManager:
                               env=self._client_env(rec), uid=rec["uid"], gid=rec["gid"],
                               timeout=self.timeout)
         except proc.ProcError as err:
+            counters.command_error(err)
             raise MpsError(f"{self._describe(rec)}: control command {commands[0]!r} "
                            f"failed: {err}") from None
         if result.returncode != 0:
@@ -617,9 +619,11 @@ class MpsManager:
                            "tools or fix plugstack mps_control=",
                            brief=f"MPS start failed: {program} missing ({short})") from None
         except proc.CommandTimeout as err:
+            counters.command_error(err)
             raise failed(f"no answer within {self.timeout:g} s, killed",
                          f"{err}; check the GPU (nvidia-smi) and the daemon's log") from None
         except proc.ProcError as err:
+            counters.command_error(err)
             raise failed(str(err), f"{err}; check the GPU and the daemon's log") from None
         if result.returncode != 0:
             raise failed(f"{os.path.basename(program)} -d exit {result.returncode}",
@@ -631,6 +635,7 @@ class MpsManager:
             pause = 0.002  # a daemon is usually listening within milliseconds
             while not _exists_at(pipe_fd, "control"):
                 if time.monotonic() > deadline:
+                    counters.timed_out("daemon_start")
                     raise failed(f"no control socket within {self.timeout:g} s",
                                  f"the daemon created no control socket in "
                                  f"{rec['pipe_dir']} within {self.timeout:g} s")
@@ -640,6 +645,7 @@ class MpsManager:
         caps = self._caps(rec)
         self._control(rec, [*self._cap_commands(caps), "get_server_list"])
         rec["caps"] = caps
+        counters.note("mps_daemon_starts")
         LOG.info("started %s for jobs %s", self._describe(rec), ",".join(rec["jobs"]))
 
     def _log_tail(self, mps_fd: int, key: str, lines: int = 3) -> str:
@@ -880,6 +886,7 @@ class MpsManager:
                 LOG.warning("%s; ending it with signals", err)
             else:
                 if not self._wait_gone([int(pid)], rec, self.timeout):
+                    counters.timed_out("daemon_quit")
                     LOG.warning("%s ignored quit for %g s; ending it with signals",
                                 self._describe(rec), self.timeout)
         left = self._leftovers(rec)
@@ -905,6 +912,7 @@ class MpsManager:
         try:
             self._stop_daemon(rec)
         except MpsError as err:
+            counters.note("mps_stop_failures")
             rec["stop_failed"] = str(err)
             self._write_record(mps_fd, rec)
             raise
@@ -920,6 +928,7 @@ class MpsManager:
         try:
             self._stop_daemon(rec)
         except MpsError as err:
+            counters.note("mps_stop_failures")
             LOG.error("%s", err)
             rec["stop_failed"] = str(err)
             self._write_record(mps_fd, rec)
@@ -980,6 +989,7 @@ class _Lock:
                         if err.errno not in (errno.EAGAIN, errno.EACCES):
                             raise
                     if time.monotonic() > deadline:
+                        counters.timed_out("lock")
                         raise MpsError(f"MPS lock {self.path} still held after "
                                        f"{self.timeout:g} s; another prolog or epilog is "
                                        "stuck — find it with: fuser " + self.path)

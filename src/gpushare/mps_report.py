@@ -18,7 +18,6 @@ from gpushare.state import JobStore
 __all__ = ["DaemonView", "exit_status", "inspect_daemons"]
 
 
-
 class DaemonView(NamedTuple):
     """One MPS daemon key on the node, with its state in words."""
 
@@ -38,6 +37,7 @@ class DaemonView(NamedTuple):
     mem_limits: tuple[tuple[str, str], ...] = ()  # (device index, size)
     pipe_dir: str = ""
     problems: tuple[str, ...] = ()
+    gpu_indexes: tuple[int, ...] = ()  # NVML index of each device's (parent) GPU
 
     def to_dict(self) -> dict[str, Any]:
         data = self._asdict()
@@ -47,6 +47,7 @@ class DaemonView(NamedTuple):
         data["stale_jobs"] = list(self.stale_jobs)
         data["mem_limits"] = dict(self.mem_limits)
         data["problems"] = list(self.problems)
+        data["gpu_indexes"] = list(self.gpu_indexes)
         return data
 
 
@@ -117,6 +118,7 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
         mem_limits=tuple(sorted((str(i), str(size)) for i, size in
                                 caps.get("mem", {}).items())),
         pipe_dir=str(rec["pipe_dir"]), problems=tuple(problems),
+        gpu_indexes=tuple(d.index for d in devices),
     )
 
 

@@ -1,7 +1,8 @@
 """What slurmctld believes about its nodes, behind one small interface: ``nodes()``.
 
 pyslurm is used when a build matching the installed Slurm imports; otherwise ``sinfo --json``
-(Slurm 21.08+), and ``scontrol show -o node`` where sinfo has no JSON. Every command runs
+(Slurm 21.08+), and ``scontrol -d show -o node`` where sinfo has no JSON;
+``scontrol show nodes --json`` (23.02+) when asked for. Every command runs
 with a timeout and from a fixed absolute path, so a hung slurmctld or a user's PATH cannot
 hang or redirect a health check that runs as root.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 __all__ = [
+    "ScontrolJsonClient",
     "SlurmClient",
     "SlurmClientError",
     "SlurmNode",
@@ -97,24 +99,39 @@ def _states(raw: Any, flags: Any = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(states))
 
 
-def parse_sinfo_json(text: str) -> list[SlurmNode]:
-    """Nodes from ``sinfo --json`` (openapi v0.0.38 in 22.05: ``state`` is a string and
-    ``state_flags`` a list; later versions give ``state`` as a list)."""
+def parse_sinfo_json(text: str, command: str = "sinfo --json") -> list[SlurmNode]:
+    """Nodes from ``sinfo --json`` or ``scontrol show nodes --json``, in both shapes:
+
+    * a ``nodes`` list (openapi v0.0.38 of 22.05 for both commands, and ``scontrol`` of
+      24.11's data_parser v0.0.42): ``state`` a string with ``state_flags`` a list (22.05)
+      or ``state`` a list (later), ``gres``/``gres_used`` strings;
+    * a ``sinfo`` list (``sinfo --json`` of 23.02 and later, data_parser v0.0.42 in 24.11):
+      one entry per group of alike nodes and partition, ``nodes.nodes`` naming them,
+      ``node.state``, ``gres.total``/``gres.used`` and ``reason`` (a string, or an object
+      with ``description``).
+    """
     try:
         data = json.loads(text)
     except ValueError as err:
-        raise SlurmClientError(f"sinfo --json printed no JSON ({err})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise SlurmClientError("sinfo --json output has no 'nodes' list")
+        raise SlurmClientError(f"{command} printed no JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes", data.get("sinfo")),
+                                                      list):
+        raise SlurmClientError(f"{command} output has no 'nodes' or 'sinfo' list")
     errors = data.get("errors") or []
     if errors:
         first = errors[0]
         message = first.get("error") or first.get("description") if isinstance(first, dict) \
             else str(first)
-        raise SlurmClientError(f"sinfo reported an error: {message}")
+        raise SlurmClientError(f"{command} reported an error: {message}")
+    if isinstance(data.get("nodes"), list):
+        return _nodes_list(data["nodes"])
+    return _sinfo_list(data["sinfo"])
+
+
+def _nodes_list(entries: list[Any]) -> list[SlurmNode]:
     nodes: list[SlurmNode] = []
     seen: set[str] = set()
-    for raw in data["nodes"]:
+    for raw in entries:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             continue
         if raw["name"] in seen:  # sinfo lists a node once per partition
@@ -123,11 +140,54 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
         nodes.append(SlurmNode(
             name=raw["name"],
             states=_states(raw.get("state"), raw.get("state_flags")),
-            reason=str(raw.get("reason") or ""),
+            reason=_reason(raw.get("reason")),
             gres=str(raw.get("gres") or ""),
             gres_used=str(raw.get("gres_used") or ""),
         ))
     return nodes
+
+
+def _reason(value: Any) -> str:
+    if isinstance(value, dict):  # data_parser: {"description": ..., "time": ..., "user": ...}
+        value = value.get("description")
+    return str(value or "")
+
+
+def _sinfo_list(entries: list[Any]) -> list[SlurmNode]:
+    """Nodes from the ``sinfo`` list of data_parser's sinfo --json (23.02 and later)."""
+    nodes: list[SlurmNode] = []
+    seen: set[str] = set()
+    for raw in entries:
+        if not isinstance(raw, dict):
+            continue
+        names = (raw.get("nodes") or {}).get("nodes") or []
+        gres = raw.get("gres") or {}
+        node = raw.get("node") or {}
+        for expression in names if isinstance(names, list) else [names]:
+            for name in _expand(str(expression)):
+                if name in seen:
+                    continue
+                seen.add(name)
+                nodes.append(SlurmNode(
+                    name=name,
+                    states=_states(node.get("state")),
+                    reason=_reason(raw.get("reason")),
+                    gres=str(gres.get("total") or ""),
+                    gres_used=str(gres.get("used") or ""),
+                ))
+    return nodes
+
+
+def _expand(expression: str) -> list[str]:
+    """Node names of a hostlist expression (``n[1-4]``); a plain name as is."""
+    if "[" not in expression:
+        return [expression] if expression else []
+    import hostlist
+
+    try:
+        return list(hostlist.expand_hostlist(expression))
+    except hostlist.BadHostlist as err:
+        raise SlurmClientError(f"node list {expression!r} cannot be read: {err}") from None
 
 
 _KEY_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z_]*)=")
@@ -143,7 +203,7 @@ def _scontrol_fields(line: str) -> dict[str, str]:
 
 
 def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol show -o node`` (one ``Key=Value ...`` line per node)."""
+    """Nodes from ``scontrol -d show -o node`` (one ``Key=Value ...`` line per node)."""
     nodes: list[SlurmNode] = []
     for line in text.splitlines():
         if not line.startswith("NodeName="):
@@ -202,7 +262,22 @@ class ScontrolClient:
         self.scontrol, self.timeout = scontrol, timeout
 
     def nodes(self) -> list[SlurmNode]:
-        return parse_scontrol_nodes(_run([self.scontrol, "show", "-o", "node"], self.timeout))
+        # -d: 22.05 prints GresUsed only in the detailed listing.
+        argv = [self.scontrol, "-d", "show", "-o", "node"]
+        return parse_scontrol_nodes(_run(argv, self.timeout))
+
+
+class ScontrolJsonClient:
+    """``scontrol show nodes --json``: one entry per node in every release that has it."""
+
+    backend = "scontrol-json"
+
+    def __init__(self, scontrol: str = DEFAULT_SCONTROL, timeout: float = 10.0):
+        self.scontrol, self.timeout = scontrol, timeout
+
+    def nodes(self) -> list[SlurmNode]:
+        argv = [self.scontrol, "show", "nodes", "--json"]
+        return parse_sinfo_json(_run(argv, self.timeout), "scontrol show nodes --json")
 
 
 class PyslurmClient:
@@ -221,16 +296,21 @@ class PyslurmClient:
         values = loaded.values() if hasattr(loaded, "values") else loaded
         nodes = []
         for node in values:
-            gres = getattr(node, "configured_gres", {}) or {}
-            gres_text = ",".join(f"{k}:{v}" for k, v in gres.items()) if isinstance(gres, dict) \
-                else str(gres)
             nodes.append(SlurmNode(
                 name=str(node.name),
                 states=_states(str(getattr(node, "state", "") or "")),
                 reason=str(getattr(node, "reason", "") or ""),
-                gres=gres_text,
+                gres=_gres_text(getattr(node, "configured_gres", {})),
+                gres_used=_gres_text(getattr(node, "allocated_gres", {})),
             ))
         return nodes
+
+
+def _gres_text(gres: Any) -> str:
+    """pyslurm's GRES dict ({"gpu:h100": 8}) as Slurm's text."""
+    if isinstance(gres, dict):
+        return ",".join(f"{k}:{v}" for k, v in gres.items())
+    return str(gres or "")
 
 
 def _import_pyslurm() -> Optional[Any]:
@@ -243,7 +323,7 @@ def _import_pyslurm() -> Optional[Any]:
 
 def open_client(backend: str = "auto", sinfo: str = DEFAULT_SINFO,
                 scontrol: str = DEFAULT_SCONTROL, timeout: float = 10.0) -> SlurmClient:
-    """A client for ``backend`` (auto | pyslurm | sinfo | scontrol).
+    """A client for ``backend`` (auto | pyslurm | sinfo | scontrol | scontrol-json).
 
     ``auto`` takes pyslurm when a matching build imports, else ``sinfo --json``; when sinfo
     has no JSON support it falls back to scontrol on first use.
@@ -262,9 +342,12 @@ def open_client(backend: str = "auto", sinfo: str = DEFAULT_SINFO,
         return SinfoClient(sinfo, timeout)
     if backend == "scontrol":
         return ScontrolClient(scontrol, timeout)
+    if backend == "scontrol-json":
+        return ScontrolJsonClient(scontrol, timeout)
     if backend == "auto":
         return _FallbackClient(SinfoClient(sinfo, timeout), ScontrolClient(scontrol, timeout))
-    raise SlurmClientError(f"unknown backend {backend!r}; use auto, pyslurm, sinfo or scontrol")
+    raise SlurmClientError(f"unknown backend {backend!r}; use auto, pyslurm, sinfo, scontrol "
+                           "or scontrol-json")
 
 
 class _FallbackClient:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from gpushare import job
+from gpushare import counters, job
 from gpushare import log as gslog
 from gpushare.config import ConfigError, PluginConfig, parse_plugin_args
 
@@ -90,8 +90,9 @@ def dispatch(name: str, host: Any, args: list[str]) -> int:
     """Run one callback; node problems and internal errors are logged and return -1."""
     global _host
     _host = host
+    counters.begin()
     try:
-        return _dispatch(name, Spank(host), args)
+        return counters.count(name, _dispatch(name, Spank(host), args), _config)
     finally:
         _host = None
 
@@ -111,11 +112,13 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         return callback(spank, config)
     except job.NodeError as err:
         logger.error("%s: %s", name, err)
+        counters.failed(name, str(err))
         if err.drain:
             _drain(err.brief, config)
         return -1
     except Exception:
         logger.exception("%s: internal error", name)
+        counters.failed(name, "")
         return -1
     finally:
         # No Python thread may outlive a callback: a thread holding the GIL across

@@ -471,7 +471,8 @@ def test_daemon_failing_at_start_drains_the_node_naming_the_gpu(mps_bed, fault, 
     # `sinfo -R` shows the cause first, then the GPU, within Slurm's width; the log line
     # has every detail.
     assert reason.startswith(f"gpushare: MPS start failed: {cause} (GPU 0, daemon u"), reason
-    assert len(re.sub(r" \[\w+@[^\]]*\]$", "", reason)) <= 100, reason  # without Slurm's [user@time]
+    without_stamp = re.sub(r" \[\w+@[^\]]*\]$", "", reason)  # Slurm adds [user@time]
+    assert len(without_stamp) <= 100, reason
     assert len(lines) == 1 and words in lines[0], lines
     assert f"MPS for job {job_id}: cannot start MPS on GPU 0 (GPU-" in lines[0], lines
     # Bounded by timeout=5 (start + control socket), never a hung prolog.

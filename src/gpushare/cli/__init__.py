@@ -19,6 +19,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.check",
     "gpushare.cli.job",
     "gpushare.cli.mps",
+    "gpushare.cli.metrics",
+    "gpushare.cli.status",
 )
 
 

@@ -1,0 +1,77 @@
+"""``gpushare metrics``: this node's GPU sharing and the plugin's counters for Prometheus.
+
+Settings come from plugstack.conf's gpushare line, as for ``gpushare mps``. On stdout, or
+with ``--textfile`` written atomically for node_exporter's textfile collector (the RPM's
+``gpushare-metrics.timer`` runs it so, once enabled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from gpushare.config import ConfigError
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "metrics",
+        help="this node's GPU sharing and the plugin's counters, for Prometheus",
+        description="Print this node's MPS daemons, the jobs sharing each GPU or MIG slice "
+        "with their shares and caps, and the plugin's counters since boot (prologs, "
+        "epilogs, refusals and drains by reason, daemon starts, stop failures, timeouts, "
+        "reaps, prolog and epilog time) in Prometheus' text exposition format. Run as root "
+        "to tell running daemons from gone ones. Exit status: 0 written (also when the "
+        "state could not be read: gpushare_state_readable is then 0, and the reason is on "
+        "stderr), 2 bad settings or the textfile could not be written.",
+        epilog="Examples:\n  gpushare metrics\n"
+        "  gpushare metrics --textfile /var/lib/node_exporter/textfile_collector/"
+        "gpushare.prom\n"
+        "  systemctl enable --now gpushare-metrics.timer   # the same every 30 s",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--plugstack", metavar="FILE",
+                        help="plugstack.conf whose gpushare line gives state_dir=, plan= and "
+                        "mps_control= (default: plugstack.conf beside $SLURM_CONF or "
+                        "/etc/slurm/slurm.conf)")
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="the plugin's state directory, instead of plugstack.conf's")
+    parser.add_argument("--node", metavar="NAME",
+                        help="the node label (default $SLURMD_NODENAME, else the short host "
+                        "name)")
+    parser.add_argument("--textfile", metavar="PATH",
+                        help="replace this *.prom file atomically instead of printing (its "
+                        "directory: node_exporter's --collector.textfile.directory)")
+    parser.set_defaults(func=_run)
+
+
+def _fail(message: str) -> int:
+    print(f"gpushare metrics: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpushare import metrics
+    from gpushare.cli.mps import _load_config  # the same settings as gpushare mps
+
+    try:
+        config, _source = _load_config(args)
+    except ConfigError as err:
+        return _fail(str(err))
+    node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    families, problem = metrics.collect(config, node, check_processes=os.geteuid() == 0)
+    if problem:
+        print(f"gpushare metrics: {problem}", file=sys.stderr)
+    text = metrics.render(families)
+    if not args.textfile:
+        sys.stdout.write(text)
+        return 0
+    try:
+        metrics.write_textfile(args.textfile, text)
+    except (OSError, ValueError) as err:
+        return _fail(f"cannot write {args.textfile}: {err}")
+    return 0

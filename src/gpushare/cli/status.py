@@ -1,0 +1,116 @@
+"""``gpushare status --cluster``: the cluster's GPU sharing at a glance, from slurmctld."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from gpushare.cli import text_table
+
+if TYPE_CHECKING:
+    from gpushare.cluster_status import NodeSharing
+
+__all__ = ["format_status", "register"]
+
+DEFAULT_SCONTROL = "/usr/bin/scontrol"
+DEFAULT_SINFO = "/usr/bin/sinfo"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="the cluster's GPU sharing at a glance (--cluster), from slurmctld's view",
+        description="With --cluster, ask slurmctld for every node's GRES and what is in use "
+        "(GresUsed), and print per node and GPU type the whole GPUs free, the MPS shares "
+        "used of the total and the MIG slices free by profile, then the drained nodes with "
+        "their reasons (gpushare's own marked). A GPU serving MPS jobs is not counted free. "
+        "For one node's MPS daemons use gpushare mps on it. Exit status: 0 shown, "
+        "2 slurmctld could not be asked.",
+        epilog="Examples:\n  gpushare status --cluster\n  gpushare status --cluster --json\n"
+        "  gpushare status --cluster --backend scontrol   # without sinfo --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--cluster", action="store_true",
+                        help="the whole cluster from slurmctld's view (required: the only "
+                        "view so far)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--backend", default="auto",
+                        choices=("auto", "pyslurm", "sinfo", "scontrol", "scontrol-json"),
+                        help="how to ask slurmctld: pyslurm, sinfo --json, scontrol -d show "
+                        "node, scontrol show nodes --json (23.02 and later); default auto: "
+                        "pyslurm when it imports, else sinfo --json, else scontrol")
+    parser.add_argument("--scontrol", default=DEFAULT_SCONTROL, metavar="PATH",
+                        help=f"absolute path of scontrol (default {DEFAULT_SCONTROL})")
+    parser.add_argument("--sinfo", default=DEFAULT_SINFO, metavar="PATH",
+                        help=f"absolute path of sinfo (default {DEFAULT_SINFO})")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="limit for each Slurm command (default 10)")
+    parser.set_defaults(func=_run)
+
+
+def _fail(message: str) -> int:
+    print(f"gpushare status: {message}", file=sys.stderr)
+    return 2
+
+
+def _fraction(used: int, total: int) -> str:
+    return f"{used}/{total}" if total else "-"
+
+
+def format_status(nodes: list[NodeSharing], totals: dict[str, Any], backend: str) -> str:
+    """One row per node and whole-GPU type, then the drained nodes, then the totals."""
+    head = f"GPU sharing of {totals['nodes']} node(s), from slurmctld ({backend})"
+    if not nodes:
+        return head + ": no node has GPUs or MPS in its GRES"
+    rows = [["NODE", "STATE", "GPU TYPE", "WHOLE FREE", "MPS USED", "MIG FREE"]]
+    for node in nodes:
+        whole = [t for t in node.types if not t.mig_profile] or [None]
+        mig = " ".join(f"{t.mig_profile}:{t.free}/{t.total}"
+                       for t in node.types if t.mig_profile) or "-"
+        for i, item in enumerate(whole):
+            rows.append([
+                node.name if i == 0 else "", "+".join(node.states).lower() if i == 0 else "",
+                item.gpu_type if item else "-",
+                _fraction(item.free, item.total) if item else "-",
+                _fraction(item.mps_used, item.mps_total) if item else "-",
+                mig if i == 0 else "",
+            ])
+    lines = [head, "", *text_table(rows)]
+    drained = [node for node in nodes if node.drained]
+    if drained:
+        lines += ["", f"Drained: {len(drained)} node(s), {totals['drained_by_gpushare']} by "
+                  "gpushare (after fixing: scontrol update NodeName=N State=RESUME)"]
+        lines += text_table([[f"  {node.name}", node.reason or "(no reason)"]
+                             for node in drained])
+    parts = [f"{name} {row['free']}/{row['total']} whole GPUs free"
+             + (f", MPS {row['mps_used']}/{row['mps_total']} used" if row["mps_total"] else "")
+             for name, row in sorted(totals["gpus"].items())]
+    parts += [f"{profile} {row['free']}/{row['total']} slices free"
+              for profile, row in sorted(totals["mig"].items())]
+    lines += ["", "Total (drained nodes count as not free): " + "; ".join(parts)]
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpushare.cluster_status import summary, totals
+    from gpushare.slurm_client import SlurmClientError, open_client
+
+    if not args.cluster:
+        return _fail("say --cluster (the cluster from slurmctld's view); for this node's "
+                     "MPS daemons use gpushare mps, for its metrics gpushare metrics")
+    if not 0.1 <= args.timeout <= 600:
+        return _fail("--timeout must be between 0.1 and 600 seconds")
+    try:
+        client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
+        nodes = summary(client.nodes())
+    except SlurmClientError as err:
+        return _fail(str(err))
+    sums = totals(nodes)
+    if args.json:
+        print(json.dumps({"backend": client.backend, "nodes": [n.to_dict() for n in nodes],
+                          "totals": sums}, indent=2))
+        return 0
+    print(format_status(nodes, sums, client.backend))
+    return 0

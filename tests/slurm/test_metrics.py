@@ -1,0 +1,193 @@
+"""gpushare metrics after real jobs on the local Slurm (the counts are what ran), and
+gpushare status --cluster against its real slurmctld (22.05)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import slurmbed
+
+pytestmark = pytest.mark.slurm
+
+U1 = slurmbed.TEST_USERS[0]
+SCONTROL = shutil.which("scontrol") or "/usr/bin/scontrol"
+SINFO = shutil.which("sinfo") or "/usr/bin/sinfo"
+
+
+def gpushare(bed, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(bed.env, PYTHONPATH=os.path.join(slurmbed.REPO, "src"))
+    return subprocess.run([sys.executable, "-m", "gpushare.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def scrape(bed, node: str = "n1") -> dict[str, list]:
+    """gpushare metrics on the bed (its plugstack line: state_dir, plan), parsed."""
+    result = gpushare(bed, "metrics", "--node", node)
+    assert result.returncode == 0, result.stderr
+    return {f.name: f.samples for f in text_string_to_metric_families(result.stdout)}
+
+
+def total(samples: dict[str, list], name: str, **labels: str) -> float:
+    family = re.sub(r"_(total|bucket|sum|count)$", "", name)
+    return sum(s.value for s in samples[family]
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def wait_until(what: str, check, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not true after {timeout:.0f} s")
+        time.sleep(0.3)
+
+
+def finished(bed, job_id: int) -> str:
+    """The job's end state (its epilog may still run: counts are waited for below)."""
+    return bed.wait_job(job_id, timeout=120)["JobState"]
+
+
+COUNTED = ("gpushare_prologs_total", "gpushare_epilogs_total", "gpushare_refusals_total",
+           "gpushare_mps_daemon_starts_total", "gpushare_prolog_duration_seconds_count",
+           "gpushare_epilog_duration_seconds_count", "gpushare_drains_total")
+
+
+def counts(samples) -> dict[tuple, float]:
+    found = {}
+    for name in COUNTED:
+        family = re.sub(r"_(total|count)$", "", name)
+        for sample in samples[family]:
+            if sample.name == name:
+                key = (name, *sorted((k, v) for k, v in sample.labels.items() if k != "node"))
+                found[key] = sample.value
+    return found
+
+
+def test_metrics_count_what_ran(clean_bed, tmp_path):
+    bed = clean_bed
+    before = counts(scrape(bed))
+    # A shared job, watched while it runs.
+    running = bed.sbatch("sleep 30", "--gres=mps:25", "-w", "n1", "-c1", user=U1)
+    bed.wait_job(running, states={"RUNNING"}, timeout=120)
+
+    def live():
+        samples = scrape(bed)
+        jobs = [s for s in samples["gpushare_gpu_jobs"] if s.value]
+        up = [s for s in samples["gpushare_mps_daemon_up"] if s.value]
+        return (samples, jobs) if jobs and up else None
+
+    samples, jobs = wait_until("the job's daemon in the metrics", live)
+    (device,) = jobs
+    assert device.value == 1 and device.labels["node"] == "n1"
+    assert device.labels["uuid"].startswith("GPU-") and device.labels["mig_profile"] == ""
+    assert device.labels["owner"] == "slurm"  # the bed's plan: n1's GPUs are Slurm's
+    share = [s for s in samples["gpushare_gpu_share_ratio"]
+             if s.labels["uuid"] == device.labels["uuid"]]
+    assert [s.value for s in share] == [0.25]
+    (daemon,) = [s for s in samples["gpushare_mps_daemon_up"] if s.value]
+    assert daemon.labels["user"] == U1 and daemon.labels["mode"] == "shared"
+    assert total(samples, "gpushare_mps_daemon_thread_limit_ratio", user=U1) == 0.25
+    assert total(samples, "gpushare_jobs", mode="shared") == 1
+    assert total(samples, "gpushare_mps_daemons", status="running") == 1
+    bed.run(["scancel", str(running)])
+    assert finished(bed, running) == "CANCELLED"
+    # A short shared job, and a share without a GPU (refused: the job fails, the node not).
+    short = bed.sbatch("true", "--gres=mps:25", "-w", "n1", "-c1", user=U1)
+    assert finished(bed, short) == "COMPLETED"
+    refused = bed.sbatch("true", "--gpu-share=30", "-w", "n1", "-c1", user=U1)
+    assert finished(bed, refused) == "FAILED"
+
+    expected = {
+        ("gpushare_prologs_total", ("result", "ok")): 2,
+        ("gpushare_prologs_total", ("result", "refused")): 1,
+        ("gpushare_epilogs_total", ("result", "ok")): 3,
+        ("gpushare_refusals_total", ("reason", "share_without_gpu")): 1,
+        ("gpushare_mps_daemon_starts_total",): 2,  # one job after the other
+        ("gpushare_prolog_duration_seconds_count",): 3,
+        ("gpushare_epilog_duration_seconds_count",): 3,
+    }
+
+    def delta():
+        after = counts(scrape(bed))
+        changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        return changed if changed == expected else None
+
+    try:
+        wait_until("counts of the three jobs", delta, 60)
+    except AssertionError:
+        after = counts(scrape(bed))
+        raise AssertionError({k: after[k] - before.get(k, 0) for k in after
+                              if after[k] != before.get(k, 0)}) from None
+    # The textfile node_exporter reads holds the same.
+    collector = tmp_path / "collector"
+    collector.mkdir()
+    os.chmod(tmp_path, 0o755)
+    result = gpushare(bed, "metrics", "--node", "n1", "--textfile",
+                      str(collector / "gpushare.prom"))
+    assert result.returncode == 0, result.stderr
+    written = {f.name: f.samples for f in text_string_to_metric_families(
+        (collector / "gpushare.prom").read_text())}
+    assert counts(written) == counts(scrape(bed))
+    assert total(written, "gpushare_gpu_jobs") == 0  # all gone
+
+
+def status(bed, *args: str) -> dict:
+    result = gpushare(bed, "status", "--cluster", "--json", "--sinfo", SINFO,
+                      "--scontrol", SCONTROL, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {node["name"]: node for node in json.loads(result.stdout)["nodes"]}
+
+
+def gres_used(bed, node: str) -> str:
+    result = bed.run(["scontrol", "-d", "show", "-o", "node", node])
+    return re.search(r"GresUsed=(\S+)", result.stdout).group(1)
+
+
+def test_status_cluster_from_the_real_slurmctld(clean_bed):
+    bed = clean_bed
+    bed.wait_idle()
+    whole = bed.sbatch("sleep 60", "--gres=gpu:h100:2", "-w", "n2", "-c1", user=U1)
+    shared = bed.sbatch("sleep 60", "--gres=mps:25", "-w", "n1", "-c1", user=U1)
+    mig = bed.sbatch("sleep 60", "--gres=gpu:1g.10gb:3", "-w", "n5", "-c1", user=U1)
+    bed.run(["scontrol", "update", "NodeName=n4", "State=DRAIN",
+             "Reason=gpushare: MPS daemon could not be stopped"])
+    try:
+        for job_id in (whole, shared, mig):
+            bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
+        # What slurmctld says of the MPS job, in GresUsed: mps:h100:<units>(IDX:<gpu>).
+        mps = re.search(r"mps:h100:(\d+)\(IDX:([0-9,-]+)\)", gres_used(bed, "n1"))
+        assert mps, gres_used(bed, "n1")
+        for backend in ("sinfo", "scontrol"):
+            nodes = status(bed, "--backend", backend)
+            assert sorted(nodes) == ["n1", "n2", "n3", "n4", "n5"], backend
+            (n2,) = nodes["n2"]["gpus"]
+            assert (n2["type"], n2["total"], n2["used"], n2["free"]) == ("h100", 8, 2, 6)
+            (n1,) = nodes["n1"]["gpus"]
+            assert (n1["mps_used"], n1["mps_total"]) == (int(mps.group(1)), 800), backend
+            assert (n1["mps_busy"], n1["free"]) == (1, 7)  # the MPS job's GPU is taken
+            (slices,) = nodes["n5"]["mig"]
+            assert (slices["mig_profile"], slices["free"], slices["total"]) == ("1g.10gb", 4, 7)
+            assert nodes["n4"]["drained"] and nodes["n4"]["drained_by_gpushare"]
+            assert not nodes["n3"]["drained"]
+        table = gpushare(bed, "status", "--cluster", "--sinfo", SINFO, "--scontrol", SCONTROL)
+        assert table.returncode == 0, table.stderr
+        row = next(line.split() for line in table.stdout.splitlines()
+                   if line.startswith("n2 "))
+        assert row[2:4] == ["h100", "6/8"], table.stdout
+        assert "n4  gpushare: MPS daemon could not be stopped" in table.stdout
+    finally:
+        bed.run(["scancel", str(whole), str(shared), str(mig)], check=False)
+        bed.resume("n4")
+        for job_id in (whole, shared, mig):
+            bed.wait_job(job_id)
