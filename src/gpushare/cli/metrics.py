@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 
+from gpushare.cli import nodeconf
 from gpushare.config import ConfigError
 
 __all__ = ["register"]
@@ -34,15 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  systemctl enable --now gpushare-metrics.timer   # the same every 30 s",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--plugstack", metavar="FILE",
-                        help="plugstack.conf whose gpushare line gives state_dir=, plan= and "
-                        "mps_control= (default: plugstack.conf beside $SLURM_CONF or "
-                        "/etc/slurm/slurm.conf)")
+    nodeconf.add_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR",
                         help="the plugin's state directory, instead of plugstack.conf's")
-    parser.add_argument("--node", metavar="NAME",
-                        help="the node label (default $SLURMD_NODENAME, else the short host "
-                        "name)")
     parser.add_argument("--textfile", metavar="PATH",
                         help="replace this *.prom file atomically instead of printing (its "
                         "directory: node_exporter's --collector.textfile.directory)")
@@ -56,13 +50,12 @@ def _fail(message: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from gpushare import metrics
-    from gpushare.cli.mps import _load_config  # the same settings as gpushare mps
 
     try:
-        config, _source = _load_config(args)
+        config, _source = nodeconf.load(args)  # as gpushare mps
     except ConfigError as err:
         return _fail(str(err))
-    node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = args.node or nodeconf.this_node()
     families, problem = metrics.collect(config, node, check_processes=os.geteuid() == 0)
     if problem:
         print(f"gpushare metrics: {problem}", file=sys.stderr)

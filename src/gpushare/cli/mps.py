@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from gpushare.cli import nodeconf, text_table
-from gpushare.config import ConfigError, PluginConfig
+from gpushare.config import ConfigError
 
 if TYPE_CHECKING:
     from gpushare.mps_report import DaemonView
@@ -53,15 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _fail(message: str) -> int:
     print(f"gpushare mps: {message}", file=sys.stderr)
     return 2
-
-
-def _load_config(args: argparse.Namespace) -> tuple[PluginConfig, str]:
-    """The plugin's configuration and where it came from (ConfigError when unusable)."""
-    config, source = nodeconf.load(args)
-    if args.state_dir:
-        config = config._replace(state_dir=os.path.normpath(os.path.abspath(args.state_dir)))
-        source += "; state_dir from --state-dir"
-    return config, source
 
 
 def _age(started_at: Optional[float], now: float) -> str:
@@ -107,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.mps_report import exit_status, inspect_daemons
 
     try:
-        config, source = _load_config(args)
+        config, source = nodeconf.load(args)
     except ConfigError as err:
         return _fail(str(err))
     is_root = os.geteuid() == 0

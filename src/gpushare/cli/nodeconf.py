@@ -57,4 +57,7 @@ def load(args: argparse.Namespace) -> tuple[PluginConfig, str]:
         raise ConfigError(f"{path}: {err}") from None
     except ValueError as err:
         raise ConfigError(f"{path}: {err}; give the node with --node") from None
+    if getattr(args, "state_dir", None):
+        config = config._replace(state_dir=os.path.normpath(os.path.abspath(args.state_dir)))
+        source += "; state_dir from --state-dir"
     return config, source
