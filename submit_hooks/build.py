@@ -35,6 +35,7 @@ typedef struct job_descriptor {
     uint32_t max_nodes;
     uint32_t req_switch;
     uint32_t wait4switch;
+    uint32_t user_id;
     ...;
 } job_desc_msg_t;
 """

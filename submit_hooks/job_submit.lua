@@ -9,8 +9,11 @@ Cluster facts (GPU types, MIG profiles Slurm owns, MPS units per GPU, NVLink dom
 policy) are read once when slurmctld loads this script (start-up, and whenever it re-reads
 the script because its mtime changed: touch it after rendering new facts), from the JSON
 file rendered by `gpushare render facts`. Nothing is read per
-job. Slurm's Lua has no JSON library, so a small decoder for the subset JSON that file
-uses lives below: one file is the single source of truth for both hooks.
+job. Slurm's Lua has no JSON library, so a strict JSON decoder lives below: it refuses what
+Python's json module refuses (bad numbers, raw control characters in strings, NaN), keeps
+numbers written with a fraction or exponent apart from integers, and null apart from a
+missing key. The facts are then validated by the same checks, in the same order and with
+the same messages, as gpushare.facts (tests/vectors/facts_loading.json runs both).
 
 Return codes: 2072 (ESLURM_INVALID_GRES) for every rejection the rules make (they all
 concern the GPU request); slurm.ERROR only when policy.on_error is "reject" and the hook
@@ -75,6 +78,9 @@ end
 ---------------------------------------------------------------------------------------------
 
 local decode_value
+local JSON_NULL = {}  -- null, kept apart from a missing key
+local OBJECT_MT, ARRAY_MT = {}, {}  -- {} and [] stay apart
+local function json_float(value) return {json_float = value} end  -- 1.0, 1e2: not integers
 
 local function skip_ws(s, i)
    local _, e = string.find(s, "^[ \t\r\n]*", i)
@@ -82,7 +88,7 @@ local function skip_ws(s, i)
 end
 
 local function json_error(i, what)
-   error("facts: invalid JSON at byte " .. fmt_int(i) .. ": " .. what, 0)
+   error({facts_error = "not valid JSON (byte " .. fmt_int(i) .. ": " .. what .. ")"}, 0)
 end
 
 local ESCAPES = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n",
@@ -103,6 +109,7 @@ local function decode_string(s, i)
       local c = string.sub(s, j, j)
       if c == "" then json_error(i, "unterminated string") end
       if c == '"' then return join(parts, ""), j + 1 end
+      if string.byte(c) < 32 then json_error(j, "control character in a string") end
       if c == "\\" then
          local e = string.sub(s, j + 1, j + 1)
          if e == "u" then
@@ -127,7 +134,7 @@ decode_value = function(s, i)
    i = skip_ws(s, i)
    local c = string.sub(s, i, i)
    if c == "{" then
-      local obj = {}
+      local obj = setmetatable({}, OBJECT_MT)
       i = skip_ws(s, i + 1)
       if string.sub(s, i, i) == "}" then return obj, i + 1 end
       while true do
@@ -136,7 +143,9 @@ decode_value = function(s, i)
          key, i = decode_string(s, i)
          i = skip_ws(s, i)
          if string.sub(s, i, i) ~= ":" then json_error(i, "expected ':'") end
-         obj[key], i = decode_value(s, i + 1)
+         local value
+         value, i = decode_value(s, i + 1)
+         obj[key] = value
          i = skip_ws(s, i)
          local d = string.sub(s, i, i)
          if d == "}" then return obj, i + 1 end
@@ -144,7 +153,7 @@ decode_value = function(s, i)
          i = skip_ws(s, i + 1)
       end
    elseif c == "[" then
-      local arr = {}
+      local arr = setmetatable({}, ARRAY_MT)
       i = skip_ws(s, i + 1)
       if string.sub(s, i, i) == "]" then return arr, i + 1 end
       while true do
@@ -162,11 +171,21 @@ decode_value = function(s, i)
    elseif string.sub(s, i, i + 4) == "false" then
       return false, i + 5
    elseif string.sub(s, i, i + 3) == "null" then
-      return nil, i + 4
+      return JSON_NULL, i + 4
    end
-   local num = string.match(s, "^-?%d+%.?%d*[eE]?[-+]?%d*", i)
-   if not num or not tonumber(num) then json_error(i, "unexpected character") end
-   return tonumber(num), i + #num
+   -- JSON's number grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?
+   local int = string.match(s, "^-?%d+", i)
+   if not int or string.match(int, "^-?0%d") then json_error(i, "unexpected character") end
+   local j = i + #int
+   local frac = string.match(s, "^%.%d+", j)
+   if string.sub(s, j, j) == "." and not frac then json_error(j, "bad number") end
+   if frac then j = j + #frac end
+   local exp = string.match(s, "^[eE][-+]?%d+", j)
+   if string.match(string.sub(s, j, j), "[eE]") and not exp then json_error(j, "bad number") end
+   if exp then j = j + #exp end
+   local value = tonumber(string.sub(s, i, j - 1))
+   if frac or exp then return json_float(value), j end
+   return value, j
 end
 
 local function decode_json(text)
@@ -179,68 +198,180 @@ end
 -- Facts: loaded and checked once.
 ---------------------------------------------------------------------------------------------
 
-local function is_int(v, minimum)
-   return type(v) == "number" and v == math.floor(v) and v >= minimum
+-- The checks of gpushare.facts.facts_from_dict, in its order, with its messages.
+local MAX_INT = 4294967293
+local MAX_WAIT_S = 7 * 86400
+
+local function facts_error(text)
+   error({facts_error = text}, 0)
 end
 
-local function string_list(v, key)
-   if type(v) ~= "table" then error('facts: "' .. key .. '" must be a list of strings', 0) end
-   local out = {}
-   for i = 1, #v do
-      if type(v[i]) ~= "string" or v[i] == "" then
-         error('facts: "' .. key .. '" must be a list of non-empty strings', 0)
-      end
-      out[i] = v[i]
+local function is_object(v)
+   return type(v) == "table" and getmetatable(v) == OBJECT_MT
+end
+
+local function is_array(v)
+   return type(v) == "table" and getmetatable(v) == ARRAY_MT
+end
+
+-- Byte order, as Python sorts str keys (table.sort's default follows the C locale).
+local function byte_less(a, b)
+   local n = math.min(#a, #b)
+   for i = 1, n do
+      local x, y = string.byte(a, i), string.byte(b, i)
+      if x ~= y then return x < y end
    end
+   return #a < #b
+end
+
+local function need(data, key, where)
+   where = where or ""
+   if data[key] == nil then facts_error('"' .. where .. key .. '" is missing') end
+   return data[key]
+end
+
+local function whole(v, key, minimum, maximum)
+   maximum = maximum or MAX_INT
+   if type(v) ~= "number" or v ~= math.floor(v) or v < minimum or v > maximum then
+      facts_error('"' .. key .. '" must be a whole number from ' .. fmt_int(minimum) .. " to "
+                  .. fmt_int(maximum))
+   end
+   return v
+end
+
+local function names(v, key)
+   local ok = is_array(v)
+   if ok then
+      for i = 1, #v do
+         if type(v[i]) ~= "string" or v[i] == "" then ok = false end
+      end
+   end
+   if not ok then facts_error('"' .. key .. '" must be a list of non-empty strings') end
+   local out = {}
+   for i = 1, #v do out[i] = v[i] end
    return out
 end
 
-local function check_facts(data)
-   if type(data) ~= "table" then error("facts: the top level must be a JSON object", 0) end
-   if data.version ~= 1 then error('facts: "version" must be 1', 0) end
-   if data.gres_syntax ~= "22.05" and data.gres_syntax ~= "23.11" then
-      error('facts: "gres_syntax" must be 22.05 or 23.11', 0)
+local function object(v, key, what)
+   if not is_object(v) then facts_error('"' .. key .. '" must be an object of ' .. what) end
+   return v
+end
+
+local function sorted_keys(t)
+   local keys = {}
+   for k in pairs(t) do keys[#keys + 1] = k end
+   table.sort(keys, byte_less)
+   return keys
+end
+
+local function member(list, value)
+   for _, v in ipairs(list) do
+      if v == value then return true end
    end
-   if not is_int(data.mps_units_per_gpu, 1) then
-      error('facts: "mps_units_per_gpu" must be an integer >= 1', 0)
+   return false
+end
+
+local function type_facts(v, key)
+   local entry = object(v, key, "nodes, per_node and domain_sizes")
+   local nodes = whole(need(entry, "nodes", key .. "."), key .. ".nodes", 1)
+   local per_node = whole(need(entry, "per_node", key .. "."), key .. ".per_node", 1)
+   local raw = need(entry, "domain_sizes", key .. ".")
+   if not is_array(raw) then
+      facts_error('"' .. key .. '.domain_sizes" must be a list of node counts')
    end
-   local policy = data.policy
-   if type(policy) ~= "table" then error('facts: "policy" must be an object', 0) end
-   for _, key in ipairs({"switch_wait_s", "max_switch_wait_s"}) do
-      if not is_int(policy[key], 0) then
-         error('facts: "policy.' .. key .. '" must be an integer >= 0', 0)
-      end
+   local sizes, total = {}, 0
+   for i = 1, #raw do
+      sizes[i] = whole(raw[i], key .. ".domain_sizes", 1)
+      total = total + sizes[i]
    end
-   if policy.on_error ~= "accept" and policy.on_error ~= "reject" then
-      error('facts: "policy.on_error" must be accept or reject', 0)
-   end
-   if type(data.domains) ~= "table" then error('facts: "domains" must be an object', 0) end
-   local sizes = {}
-   for name, nodes in pairs(data.domains) do
-      sizes[#sizes + 1] = #string_list(nodes, "domains." .. tostring(name))
+   if total > nodes then
+      facts_error('"' .. key .. '.domain_sizes" add up to more than "' .. key .. '.nodes" ('
+                  .. fmt_int(nodes) .. ")")
    end
    table.sort(sizes, function(a, b) return a > b end)
-   local gpu_types = string_list(data.gpu_types, "gpu_types")
-   local mig_types = string_list(data.mig_types, "mig_types")
+   return {nodes = nodes, per_node = per_node, domain_sizes = sizes}
+end
+
+local function check_facts(data)
+   if not is_object(data) then facts_error("the top level must be a JSON object") end
+   if need(data, "version") ~= 2 then
+      facts_error('"version" must be 2; render the file again with this gpushare')
+   end
+   local syntax = need(data, "gres_syntax")
+   if syntax ~= "22.05" and syntax ~= "23.11" then
+      facts_error('"gres_syntax" must be one of 22.05, 23.11')
+   end
+   local units = whole(need(data, "mps_units_per_gpu"), "mps_units_per_gpu", 1)
+   local gpu_types = names(need(data, "gpu_types"), "gpu_types")
+   local mig_types = names(need(data, "mig_types"), "mig_types")
+   local raw_types = object(need(data, "types"), "types", "GRES type to its facts")
+   local all_types = concat_lists(gpu_types, mig_types)
+   local wanted = {}
+   for _, name in ipairs(all_types) do wanted[name] = true end
+   for _, name in ipairs(sorted_keys(wanted)) do
+      if raw_types[name] == nil then facts_error('"types.' .. name .. '" is missing') end
+   end
+   local types = {}
+   for _, name in ipairs(sorted_keys(raw_types)) do
+      if not wanted[name] then
+         facts_error('"types.' .. name .. '" is in neither "gpu_types" nor "mig_types"')
+      end
+      types[name] = type_facts(raw_types[name], "types." .. name)
+   end
+   local domains = object(need(data, "domains"), "domains", "domain name to node names")
+   local sizes = {}
+   for _, name in ipairs(sorted_keys(domains)) do
+      sizes[#sizes + 1] = #names(domains[name], "domains." .. name)
+   end
+   table.sort(sizes, function(a, b) return a > b end)
+   local gpn = object(need(data, "gpus_per_node"), "gpus_per_node", "node name to GPU count")
+   local most = 0
+   for _, node in ipairs(sorted_keys(gpn)) do
+      most = math.max(most, whole(gpn[node], "gpus_per_node." .. node, 0))
+   end
+   local policy = object(need(data, "policy"), "policy", "policy keys")
+   local wait = whole(need(policy, "switch_wait_s", "policy."), "policy.switch_wait_s", 0,
+                      MAX_WAIT_S)
+   local max_wait = whole(need(policy, "max_switch_wait_s", "policy."),
+                          "policy.max_switch_wait_s", 0, MAX_WAIT_S)
+   if wait > max_wait then
+      facts_error('"policy.switch_wait_s" (' .. fmt_int(wait) .. ') must not exceed '
+                  .. '"policy.max_switch_wait_s" (' .. fmt_int(max_wait) .. ")")
+   end
+   local on_error = need(policy, "on_error", "policy.")
+   if on_error ~= "accept" and on_error ~= "reject" then
+      facts_error('"policy.on_error" must be one of accept, reject')
+   end
+   local untyped = need(policy, "untyped_gpu", "policy.")
+   if type(untyped) ~= "string" or (untyped ~= "whole" and untyped ~= "any"
+                                    and not member(gpu_types, untyped)) then
+      facts_error('"policy.untyped_gpu" must be whole, any or one of "gpu_types"')
+   end
    local lower_gpu = {}
    for i, g in ipairs(gpu_types) do lower_gpu[i] = string.lower(g) end
    return {
-      gres_prefix = (data.gres_syntax == "22.05") and "gres:" or "gres/",
-      units = data.mps_units_per_gpu,
+      gres_prefix = (syntax == "22.05") and "gres:" or "gres/",
+      units = units,
       gpu_types = gpu_types,
       mig_types = mig_types,
       lower_gpu_types = lower_gpu,
-      all_types = concat_lists(gpu_types, mig_types),
+      all_types = all_types,
+      types = types,
       domain_sizes = sizes,
-      switch_wait_s = policy.switch_wait_s,
-      max_switch_wait_s = policy.max_switch_wait_s,
-      on_error = policy.on_error,
+      most_gpus_per_node = most,
+      switch_wait_s = wait,
+      max_switch_wait_s = max_wait,
+      on_error = on_error,
+      untyped_gpu = untyped,
    }
 end
 
 local function load_facts(path)
    local handle, err = io.open(path, "r")
-   if not handle then error("facts: cannot read " .. path .. " (" .. tostring(err) .. ")", 0) end
+   if not handle then
+      facts_error("cannot read (" .. tostring(err) .. "); render it with "
+                  .. "`gpushare render facts --plan FILE`")
+   end
    local text = handle:read("*a")
    handle:close()
    return check_facts(decode_json(text))
@@ -258,8 +389,8 @@ local function parse_count(text)
    return math.floor(n)
 end
 
-local function gres_error(raw)
-   error({gres_item = raw}, 0)
+local function gres_error(raw, count_missing)
+   error({gres_item = raw, count_missing = count_missing}, 0)
 end
 
 local function parse_item(raw)
@@ -291,6 +422,8 @@ local function parse_item(raw)
       if string.match(parts[2], "^%d+[kKmMgGtTpP]?$") then
          count = parse_count(parts[2])
          if not count then gres_error(raw) end
+      elseif string.match(parts[2], "^%d") then
+         gres_error(raw, true)  -- gpu:1g.10gb: slurmctld reads 1g as the count
       else
          type_ = parts[2]
       end
@@ -422,9 +555,50 @@ local function listing(names)
    return join(names, ", ")
 end
 
-local function example(field, name, type_)
-   local count = (name == "mps") and 50 or 1
-   return user_item(field, {name = name, type = type_, count = count})
+local function example(field, name, type_, count)
+   return user_item(field, {name = name, type = type_, count = math.max(count, 1)})
+end
+
+local function distance(a, b)
+   local previous = {}
+   for j = 0, #b do previous[j] = j end
+   for i = 1, #a do
+      local current = {[0] = i}
+      local ca = string.byte(a, i)
+      for j = 1, #b do
+         local cost = (ca == string.byte(b, j)) and 0 or 1
+         current[j] = math.min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+      end
+      previous = current
+   end
+   return previous[#b]
+end
+
+local function nearest(wanted, names)
+   local lowered = string.lower(wanted)
+   local best, best_distance = names[1], distance(lowered, string.lower(names[1]))
+   for i = 2, #names do
+      local d = distance(lowered, string.lower(names[i]))
+      if d < best_distance then best, best_distance = names[i], d end
+   end
+   return best
+end
+
+local function untyped_type(field, item, facts)
+   local policy = facts.untyped_gpu
+   if policy == "any" then return nil end
+   if policy ~= "whole" then return policy end
+   if #facts.mig_types == 0 then return nil end
+   if #facts.gpu_types == 1 then return facts.gpu_types[1] end
+   local flag = user_item(field, item)
+   if #facts.gpu_types == 0 then
+      reject(flag, "asks for a whole GPU, and Slurm has only MIG slices here ("
+             .. listing(facts.mig_types) .. ")", "ask for a slice by its profile, e.g. "
+             .. example(field, "gpu", facts.mig_types[1], item.count))
+   end
+   reject(flag, "does not say which GPU, and here it could get a MIG slice (whole GPUs: "
+          .. listing(facts.gpu_types) .. "; MIG: " .. listing(facts.mig_types) .. ")",
+          "name the type, e.g. " .. example(field, "gpu", facts.gpu_types[1], item.count))
 end
 
 local function normalise_type(field, item, facts)
@@ -448,8 +622,10 @@ local function normalise_type(field, item, facts)
                 .. "types (" .. listing(owners) .. ")",
                 "name one of them, e.g. --gres=gpu:" .. owners[1] .. ":1")
       end
-      local ex = "--gres=gpu:1"
-      if #facts.mig_types > 0 then ex = "--gres=gpu:" .. facts.mig_types[1] .. ":1" end
+      local ex = example(field, "gpu", nil, item.count)
+      if #facts.mig_types > 0 then
+         ex = example(field, "gpu", nearest(profile, facts.mig_types), item.count)
+      end
       reject(flag, "asks for MIG profile " .. profile .. ", which Slurm does not own here "
              .. "(Slurm owns: " .. listing(facts.mig_types) .. ")",
              "ask for one of those, e.g. " .. ex)
@@ -465,9 +641,10 @@ local function normalise_type(field, item, facts)
    if item.name ~= "gpu" then kind = " for " .. item.name end
    local fix
    if #valid > 0 then
-      fix = "ask for one of those, e.g. " .. example(field, item.name, valid[1])
+      fix = "ask for one of those, e.g. "
+         .. example(field, item.name, nearest(wanted, valid), item.count)
    else
-      fix = "ask without a type, e.g. " .. example(field, item.name, nil)
+      fix = "ask without a type, e.g. " .. example(field, item.name, nil, item.count)
    end
    reject(flag, "asks for GPU type " .. item.type .. ", which this cluster does not have "
           .. "(valid types" .. kind .. ": " .. listing(valid) .. ")", fix)
@@ -482,9 +659,45 @@ local function fewest_domains(nodes, sizes)
    return #sizes
 end
 
-local function domains_reason(nodes, domains)
-   if domains == 1 then return fmt_int(nodes) .. " nodes fit in one NVLink domain" end
-   return fmt_int(nodes) .. " nodes need " .. fmt_int(domains) .. " NVLink domains"
+local function domains_reason(what, domains, largest)
+   if domains == 1 then return what .. " fit in one NVLink domain" end
+   return what .. " need " .. fmt_int(domains) .. " NVLink domains of at most "
+      .. fmt_int(largest) .. " nodes"
+end
+
+local function candidate_types(asked, facts)
+   local out, seen = {}, {}
+   for _, pair in ipairs(asked) do
+      local item, choices = pair[2], nil
+      if item.type ~= nil then
+         choices = {item.type}
+      elseif item.name == "gpu" and facts.untyped_gpu == "any" then
+         choices = facts.all_types
+      else
+         choices = facts.gpu_types
+      end
+      for _, name in ipairs(choices) do
+         if facts.types[name] ~= nil and not seen[name] then
+            seen[name] = true
+            out[#out + 1] = name
+         end
+      end
+   end
+   return out
+end
+
+local function gpu_total(job, fields)
+   local total = 0
+   for _, it in ipairs(fields.tres_per_job or {}) do
+      if it.is_gres and it.name == "gpu" then total = total + it.count end
+   end
+   local tasks = number(job.num_tasks)
+   if tasks ~= nil and tasks > 0 then
+      for _, it in ipairs(fields.tres_per_task or {}) do
+         if it.is_gres and it.name == "gpu" then total = total + tasks * it.count end
+      end
+   end
+   return total
 end
 
 local function switches_text(count, wait)
@@ -533,8 +746,17 @@ local function check(job, facts)
                local shown = res.gres_item
                local head5 = string.sub(shown, 1, 5)
                if head5 == "gres:" or head5 == "gres/" then shown = string.sub(shown, 6) end
+               if res.count_missing then
+                  local colon = string.find(shown, ":", 1, true)
+                  reject(f[2] .. ' item "' .. shown .. '"', "has no count, and Slurm reads a "
+                         .. "type that starts with a digit as a count",
+                         "write the count after it, e.g. "
+                         .. example(f[1], string.sub(shown, 1, colon - 1),
+                                    string.sub(shown, colon + 1), 1))
+               end
                reject(f[2] .. ' item "' .. shown .. '"', "is not a GRES request Slurm "
-                      .. "understands", "write name[:type][:count], e.g. --gres=gpu:a100:2")
+                      .. "understands", "write name[:type][:count], e.g. "
+                      .. example("tres_per_node", "gpu", facts.gpu_types[1], 2))
             end
             error(res, 0)
          end
@@ -575,16 +797,21 @@ local function check(job, facts)
       local items = fields[f[1]]
       if items then
          local new_items = {}
+         local written_in = nil
          for i, item in ipairs(items) do
             new_items[i] = item
+            local spelled = item.type
             if item.is_gres and SHARING[item.name] and item.type ~= nil then
-               local spelled = normalise_type(f[1], item, facts)
-               if spelled ~= item.type then
-                  local copy = {}
-                  for k, v in pairs(item) do copy[k] = v end
-                  copy.type = spelled
-                  new_items[i] = copy
-               end
+               spelled = normalise_type(f[1], item, facts)
+            elseif item.is_gres and item.name == "gpu" and item.count > 0 then
+               spelled = untyped_type(f[1], item, facts)
+               if spelled ~= nil then written_in = spelled end
+            end
+            if spelled ~= item.type then
+               local copy = {}
+               for k, v in pairs(item) do copy[k] = v end
+               copy.type = spelled
+               new_items[i] = copy
             end
          end
          if not same_items(items, new_items) then
@@ -598,13 +825,26 @@ local function check(job, facts)
                end
             end
             set_change(changes, order, f[1], format_field(new_items))
-            notes[#notes + 1] = user_form(f[1], items) .. " -> " .. changes[f[1]]
+            local note = user_form(f[1], items) .. " -> " .. changes[f[1]]
+            if written_in ~= nil then
+               note = note .. " (a GPU without a type is a whole " .. written_in .. " here)"
+            end
+            notes[#notes + 1] = note
             fields[f[1]] = new_items
          end
       end
    end
 
    -- 4. Shares: one GPU at most, never mixed with whole GPUs or shards.
+   for _, f in ipairs(GRES_FIELDS) do
+      for _, it in ipairs(fields[f[1]] or {}) do
+         if it.is_gres and it.name == "mps" and it.count == 0 then
+            reject(user_item(f[1], it), "is not a share of one GPU", "give a share from 1 to "
+                   .. fmt_int(units) .. ", e.g. "
+                   .. example(f[1], "mps", it.type, math.max(1, math.floor(units / 4))))
+         end
+      end
+   end
    local asked, mps_items, gpu_items, shard_items = {}, {}, {}, {}
    local mps_total = 0
    for _, f in ipairs(GRES_FIELDS) do
@@ -664,6 +904,12 @@ local function check(job, facts)
              .. "share must fit on one GPU (at most mps:" .. fmt_int(units) .. ")",
              "for more, ask for whole GPUs: --gres=gpu:" .. fmt_int(math.ceil(mps_total / units)))
    end
+   if number(job.user_id) == 0 and (is_share or private_mps) then
+      local flag = "--gpu-mps"
+      if not private_mps then flag = share_flag(mps_items, share_text) end
+      reject(flag, "runs under an MPS daemon, and MPS daemons never run as root",
+             "submit the job as a normal user (root may use whole GPUs without --gpu-mps)")
+   end
    if share_units ~= nil and #mps_items == 0 then
       local items = fields.tres_per_node or {}
       local prefix = first_prefix(items, facts.gres_prefix)
@@ -679,37 +925,88 @@ local function check(job, facts)
       notes[#notes + 1] = "--gpu-share=" .. share_text .. " -> " .. value
    end
 
-   -- 5. Multi-node GPU jobs stay in the fewest NVLink domains, with a bounded wait.
-   local nodes = number(job.min_nodes)
-   local sizes = facts.domain_sizes
-   if (#asked > 0 or share_pct ~= nil) and nodes ~= nil and nodes > 1 and #sizes > 0 then
-      local need = fewest_domains(nodes, sizes)
-      local req = number(job.req_switch)
-      local wait = number(job.wait4switch)
-      if req == nil then
+   -- 5. Multi-node GPU jobs stay in the fewest NVLink domains of their GPU type, with a
+   -- bounded wait. The node count is -N, or what the job's GPUs need without it.
+   if #asked == 0 and share_pct == nil then return changes, order, notes end
+   local candidates = candidate_types(asked, facts)
+   local sizes, per_node = {}, 0
+   if #candidates == 1 then
+      sizes = facts.types[candidates[1]].domain_sizes
+      per_node = facts.types[candidates[1]].per_node
+   elseif #candidates > 1 then
+      -- the job may get any of several types: every domain that holds one
+      local held = false
+      for _, name in ipairs(candidates) do
+         if #facts.types[name].domain_sizes > 0 then held = true end
+         per_node = math.max(per_node, facts.types[name].per_node)
+      end
+      if held then sizes = facts.domain_sizes end
+   else
+      sizes = facts.domain_sizes
+      per_node = facts.most_gpus_per_node
+   end
+   local min_nodes = number(job.min_nodes) or 0
+   local total = gpu_total(job, fields)
+   local implied = 0
+   if total > 0 and per_node > 0 then implied = math.ceil(total / per_node) end
+   local nodes = math.max(min_nodes, implied)
+   if nodes <= 1 then return changes, order, notes end
+   local gpu_flag, what = nil, fmt_int(nodes) .. " nodes"
+   if implied > min_nodes then
+      for _, pair in ipairs(gpu_items) do
+         if gpu_flag == nil and (pair[1] == "tres_per_job" or pair[1] == "tres_per_task") then
+            gpu_flag = user_item(pair[1], pair[2])
+         end
+      end
+      what = fmt_int(total) .. " GPUs (" .. fmt_int(nodes) .. " nodes of " .. fmt_int(per_node)
+         .. ")"
+   end
+   if #candidates == 1 and nodes > facts.types[candidates[1]].nodes then
+      local name = candidates[1]
+      local have = facts.types[name].nodes
+      if gpu_flag ~= nil then
+         reject(gpu_flag, "needs " .. fmt_int(nodes) .. " nodes of at most " .. fmt_int(per_node)
+                .. " " .. name .. " each, and this cluster has " .. fmt_int(have)
+                .. " nodes with " .. name, "ask for at most " .. fmt_int(have * per_node)
+                .. " GPUs")
+      end
+      reject("-N " .. fmt_int(nodes), "asks for " .. fmt_int(nodes) .. " nodes with " .. name
+             .. ", and this cluster has " .. fmt_int(have), "ask for at most -N " .. fmt_int(have))
+   end
+   if #sizes == 0 then return changes, order, notes end
+   local held = 0
+   for _, size in ipairs(sizes) do held = held + size end
+   if nodes > held then
+      notes[#notes + 1] = "no --switches: " .. what .. " are more than the NVLink domains hold ("
+         .. fmt_int(held) .. " nodes)"
+      return changes, order, notes
+   end
+   local need = fewest_domains(nodes, sizes)
+   local req = number(job.req_switch)
+   local wait = number(job.wait4switch)
+   if req == nil then
+      set_change(changes, order, "req_switch", need)
+      if wait ~= facts.switch_wait_s then
+         set_change(changes, order, "wait4switch", facts.switch_wait_s)
+      end
+      notes[#notes + 1] = "--switches=" .. fmt_int(need) .. "@"
+         .. format_wait(facts.switch_wait_s) .. " (" .. domains_reason(what, need, sizes[1]) .. ")"
+   else
+      local reasons = {}
+      local new_req, new_wait = req, wait
+      if req < need then
+         new_req = need
          set_change(changes, order, "req_switch", need)
-         if wait ~= facts.switch_wait_s then
-            set_change(changes, order, "wait4switch", facts.switch_wait_s)
-         end
-         notes[#notes + 1] = "--switches=" .. fmt_int(need) .. "@"
-            .. format_wait(facts.switch_wait_s) .. " (" .. domains_reason(nodes, need) .. ")"
-      else
-         local reasons = {}
-         local new_req, new_wait = req, wait
-         if req < need then
-            new_req = need
-            set_change(changes, order, "req_switch", need)
-            reasons[#reasons + 1] = domains_reason(nodes, need)
-         end
-         if wait ~= nil and wait > facts.max_switch_wait_s then
-            new_wait = facts.max_switch_wait_s
-            set_change(changes, order, "wait4switch", new_wait)
-            reasons[#reasons + 1] = "the longest switch wait here is " .. format_wait(new_wait)
-         end
-         if #reasons > 0 then
-            notes[#notes + 1] = "--switches=" .. switches_text(req, wait) .. " -> --switches="
-               .. switches_text(new_req, new_wait) .. " (" .. join(reasons, ", ") .. ")"
-         end
+         reasons[#reasons + 1] = domains_reason(what, need, sizes[1])
+      end
+      if wait ~= nil and wait > facts.max_switch_wait_s then
+         new_wait = facts.max_switch_wait_s
+         set_change(changes, order, "wait4switch", new_wait)
+         reasons[#reasons + 1] = "the longest switch wait here is " .. format_wait(new_wait)
+      end
+      if #reasons > 0 then
+         notes[#notes + 1] = "--switches=" .. switches_text(req, wait) .. " -> --switches="
+            .. switches_text(new_req, new_wait) .. " (" .. join(reasons, ", ") .. ")"
       end
    end
    return changes, order, notes
@@ -742,7 +1039,11 @@ do
       FACTS = res
       slurm.log_info("gpushare: loaded cluster facts from %s", facts_path)
    else
-      FACTS_ERROR = tostring(res)
+      if type(res) == "table" and res.facts_error then
+         FACTS_ERROR = facts_path .. ": " .. res.facts_error
+      else
+         FACTS_ERROR = facts_path .. ": " .. tostring(res)
+      end
       slurm.log_error("gpushare: %s; jobs pass unchanged until it is fixed", FACTS_ERROR)
    end
 end

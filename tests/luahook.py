@@ -34,6 +34,7 @@ slurm.log_error = recorder("error")
 
 JOB_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket",
               "min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch")
+SUBMIT_UID = 1000  # slurmctld's submit_uid; the rules read job_desc.user_id, never this
 
 
 class LuaHook:
@@ -81,7 +82,7 @@ class LuaHook:
         self._reset_log()
         table = self.job_table(job)
         before = {key: table[key] for key in JOB_FIELDS}
-        rc = self._modify(table, None, None, 0) if modify else self._submit(table, None, 0)
+        rc = self._modify(table, None, None, 0) if modify else self._submit(table, None, SUBMIT_UID)
         changes = {}
         for key in JOB_FIELDS:
             after = table[key]

@@ -14,7 +14,7 @@ NO_VAL = 0xFFFFFFFE
 TYPES = st.sampled_from([
     "h100", "H100", "a100", "l40s", "nvidia_h100_80gb_hbm3", "1g.10gb", "3G.40GB",
     "nvidia_a100_1g.10gb", "nvidia_h100_80gb_hbm3_3g.40gb", "2g.20gb", "1g.10gb+me",
-    "1c.3g.40gb", "a100_h100", "v100", "", "x:y", "g.10gb", "1g.gb",
+    "1c.3g.40gb", "a100_h100", "v100", "", "x:y", "g.10gb", "1g.gb", "1g.10g", "3g",
 ]) | st.text("abcdefgh0123456789_.+-:GB", max_size=12)
 COUNTS = st.sampled_from(["1", "2", "8", "0", "50", "100", "150", "1000", "1500", "1k",
                           "2M", "4294967293", "4294967294", "99999999999", "", "x", "-1"]) \
@@ -48,6 +48,7 @@ def tres_field(draw, eq_allowed: bool = False) -> str | None:
 
 NUMBERS = st.sampled_from([None, NO_VAL, 0xFFFE]) | st.integers(0, 12)
 WAITS = st.sampled_from([None, NO_VAL, 0, 60, 300, 3600, 7200, 90000])
+USERS = st.sampled_from([None, 0, 0, 1000, NO_VAL])  # 0: root
 SHARES = st.sampled_from(["25", "100", "101", "150", "0", "abc", "", "007", "1000000"]) \
     | st.integers(1, 300).map(str)
 
@@ -64,7 +65,7 @@ def job_desc(draw) -> dict:
         job["tres_per_task"] = value
     for field, strategy in (("min_nodes", NUMBERS), ("max_nodes", NUMBERS),
                             ("num_tasks", NUMBERS), ("req_switch", NUMBERS),
-                            ("wait4switch", WAITS)):
+                            ("wait4switch", WAITS), ("user_id", USERS)):
         value = draw(strategy)
         if value is not None:
             job[field] = value

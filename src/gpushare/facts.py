@@ -2,6 +2,10 @@
 
 The submit rules run inside slurmctld under its locks, so everything they need about the
 cluster is read here, once, and every problem is reported with the key that holds it.
+
+job_submit.lua validates the same file with the same checks, in the same order, with the
+same messages: ``tests/vectors/facts_loading.json`` runs valid and invalid files through
+both. A change here needs the same change there.
 """
 
 from __future__ import annotations
@@ -14,18 +18,24 @@ from typing import Any
 __all__ = [
     "DEFAULT_FACTS_PATH",
     "FACTS_ENV",
+    "MAX_INT",
+    "UNTYPED_POLICIES",
     "Facts",
     "FactsError",
     "Policy",
+    "TypeFacts",
     "facts_from_dict",
     "load_facts",
 ]
 
 DEFAULT_FACTS_PATH = "/etc/slurm/gpushare-facts.json"  # the constant in job_submit.lua too
 FACTS_ENV = "GPUSHARE_FACTS"
-SUPPORTED_VERSION = 1
+SUPPORTED_VERSION = 2
 GRES_SYNTAXES = ("22.05", "23.11")
 ON_ERROR = ("accept", "reject")
+UNTYPED_POLICIES = ("whole", "any")  # or the name of one of gpu_types
+MAX_INT = 4294967293  # below Slurm's NO_VAL; Lua represents every integer up to it exactly
+MAX_WAIT_S = 7 * 86400  # the plan's limit
 
 
 class FactsError(ValueError):
@@ -34,11 +44,22 @@ class FactsError(ValueError):
 
 @dataclass(frozen=True)
 class Policy:
-    """What the hooks may do on their own: the switch wait they give and accept, and errors."""
+    """What the hooks may do on their own: switch waits, untyped GPUs, internal errors."""
 
     switch_wait_s: int = 300
     max_switch_wait_s: int = 3600
     on_error: str = "accept"
+    untyped_gpu: str = "whole"
+
+
+@dataclass(frozen=True)
+class TypeFacts:
+    """One GRES type Slurm owns: on how many nodes, at most how many per node, and the
+    node counts of the NVLink domains that hold it (largest first; none on PCIe nodes)."""
+
+    nodes: int
+    per_node: int
+    domain_sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,7 @@ class Facts:
     mps_units_per_gpu: int
     gpu_types: tuple[str, ...]
     mig_types: tuple[str, ...]
+    types: Mapping[str, TypeFacts]
     domains: Mapping[str, tuple[str, ...]]
     gpus_per_node: Mapping[str, int]
     policy: Policy = field(default_factory=Policy)
@@ -60,8 +82,18 @@ class Facts:
 
     @property
     def domain_sizes(self) -> tuple[int, ...]:
-        """Node counts of the NVLink domains, largest first."""
+        """Node counts of all NVLink domains, largest first."""
         return tuple(sorted((len(nodes) for nodes in self.domains.values()), reverse=True))
+
+    def untyped_gpu_type(self) -> str | None:
+        """The type an untyped GPU request is written in as, or None when it stays untyped
+        (policy ``any``, or no MIG slice it could land on) or cannot be decided."""
+        policy = self.policy.untyped_gpu
+        if policy not in UNTYPED_POLICIES:
+            return policy  # the plan names the type
+        if policy == "any" or not self.mig_types:
+            return None
+        return self.gpu_types[0] if len(self.gpu_types) == 1 else None
 
 
 def _need(data: Mapping[str, Any], key: str, where: str = "") -> Any:
@@ -70,70 +102,101 @@ def _need(data: Mapping[str, Any], key: str, where: str = "") -> Any:
     return data[key]
 
 
-def _int(value: Any, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise FactsError(f'"{key}" must be an integer >= {minimum} (got {json.dumps(value)})')
+def _int(value: Any, key: str, minimum: int, maximum: int = MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise FactsError(f'"{key}" must be a whole number from {minimum} to {maximum}')
     return value
 
 
 def _names(value: Any, key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise FactsError(f'"{key}" must be a list of non-empty strings (got {json.dumps(value)})')
+        raise FactsError(f'"{key}" must be a list of non-empty strings')
     return tuple(value)
 
 
+def _object(value: Any, key: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FactsError(f'"{key}" must be an object of {what}')
+    return value
+
+
+def _type_facts(value: Any, key: str) -> TypeFacts:
+    entry = _object(value, key, "nodes, per_node and domain_sizes")
+    nodes = _int(_need(entry, "nodes", key + "."), key + ".nodes", 1)
+    per_node = _int(_need(entry, "per_node", key + "."), key + ".per_node", 1)
+    raw = _need(entry, "domain_sizes", key + ".")
+    if not isinstance(raw, list):
+        raise FactsError(f'"{key}.domain_sizes" must be a list of node counts')
+    sizes = tuple(_int(size, f"{key}.domain_sizes", 1) for size in raw)
+    if sum(sizes) > nodes:
+        raise FactsError(f'"{key}.domain_sizes" add up to more than "{key}.nodes" ({nodes})')
+    return TypeFacts(nodes, per_node, tuple(sorted(sizes, reverse=True)))
+
+
 def facts_from_dict(data: Any) -> Facts:
-    """Validate decoded JSON; raise FactsError naming the first bad key."""
+    """Validate decoded JSON; raise FactsError naming the first bad key (maps in key order)."""
     if not isinstance(data, dict):
         raise FactsError("the top level must be a JSON object")
     version = _need(data, "version")
-    if version != SUPPORTED_VERSION:
-        raise FactsError(f'"version" must be {SUPPORTED_VERSION} (got {json.dumps(version)}); '
+    if isinstance(version, bool) or not isinstance(version, int) or version != SUPPORTED_VERSION:
+        raise FactsError(f'"version" must be {SUPPORTED_VERSION}; '
                          "render the file again with this gpushare")
     syntax = _need(data, "gres_syntax")
     if syntax not in GRES_SYNTAXES:
-        raise FactsError(f'"gres_syntax" must be one of {", ".join(GRES_SYNTAXES)} '
-                         f"(got {json.dumps(syntax)})")
+        raise FactsError(f'"gres_syntax" must be one of {", ".join(GRES_SYNTAXES)}')
     units = _int(_need(data, "mps_units_per_gpu"), "mps_units_per_gpu", 1)
     gpu_types = _names(_need(data, "gpu_types"), "gpu_types")
     mig_types = _names(_need(data, "mig_types"), "mig_types")
-    raw_domains = _need(data, "domains")
-    if not isinstance(raw_domains, dict):
-        raise FactsError('"domains" must be an object of domain name to a list of node names')
-    domains = {name: _names(nodes, f"domains.{name}") for name, nodes in raw_domains.items()}
-    raw_gpn = _need(data, "gpus_per_node")
-    if not isinstance(raw_gpn, dict):
-        raise FactsError('"gpus_per_node" must be an object of node name to a GPU count')
-    gpus_per_node = {node: _int(n, f"gpus_per_node.{node}", 0) for node, n in raw_gpn.items()}
-    raw_policy = _need(data, "policy")
-    if not isinstance(raw_policy, dict):
-        raise FactsError('"policy" must be an object')
-    wait = _int(_need(raw_policy, "switch_wait_s", "policy."), "policy.switch_wait_s", 0)
+    raw_types = _object(_need(data, "types"), "types", "GRES type to its facts")
+    types: dict[str, TypeFacts] = {}
+    for name in sorted(set(gpu_types + mig_types)):
+        if name not in raw_types:
+            raise FactsError(f'"types.{name}" is missing')
+    for name in sorted(raw_types):
+        if name not in gpu_types and name not in mig_types:
+            raise FactsError(f'"types.{name}" is in neither "gpu_types" nor "mig_types"')
+        types[name] = _type_facts(raw_types[name], f"types.{name}")
+    raw_domains = _object(_need(data, "domains"), "domains", "domain name to node names")
+    domains = {name: _names(raw_domains[name], f"domains.{name}")
+               for name in sorted(raw_domains)}
+    raw_gpn = _object(_need(data, "gpus_per_node"), "gpus_per_node", "node name to GPU count")
+    gpus_per_node = {node: _int(raw_gpn[node], f"gpus_per_node.{node}", 0)
+                     for node in sorted(raw_gpn)}
+    raw_policy = _object(_need(data, "policy"), "policy", "policy keys")
+    wait = _int(_need(raw_policy, "switch_wait_s", "policy."), "policy.switch_wait_s", 0,
+                MAX_WAIT_S)
     max_wait = _int(_need(raw_policy, "max_switch_wait_s", "policy."),
-                    "policy.max_switch_wait_s", 0)
+                    "policy.max_switch_wait_s", 0, MAX_WAIT_S)
     if wait > max_wait:
         raise FactsError(f'"policy.switch_wait_s" ({wait}) must not exceed '
                          f'"policy.max_switch_wait_s" ({max_wait})')
     on_error = _need(raw_policy, "on_error", "policy.")
     if on_error not in ON_ERROR:
-        raise FactsError(f'"policy.on_error" must be one of {", ".join(ON_ERROR)} '
-                         f"(got {json.dumps(on_error)})")
+        raise FactsError(f'"policy.on_error" must be one of {", ".join(ON_ERROR)}')
+    untyped = _need(raw_policy, "untyped_gpu", "policy.")
+    if not isinstance(untyped, str) or (untyped not in UNTYPED_POLICIES
+                                        and untyped not in gpu_types):
+        raise FactsError('"policy.untyped_gpu" must be whole, any or one of "gpu_types"')
     return Facts(version=version, gres_syntax=syntax, mps_units_per_gpu=units,
-                 gpu_types=gpu_types, mig_types=mig_types, domains=domains,
+                 gpu_types=gpu_types, mig_types=mig_types, types=types, domains=domains,
                  gpus_per_node=gpus_per_node,
                  policy=Policy(switch_wait_s=wait, max_switch_wait_s=max_wait,
-                               on_error=on_error))
+                               on_error=on_error, untyped_gpu=untyped))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_facts(path: str) -> Facts:
     """Read and validate the facts file; every failure is a FactsError naming ``path``."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = json.load(handle, parse_constant=_no_constant)
     except OSError as err:
         raise FactsError(f"{path}: cannot read ({err.strerror}); render it with "
                          "`gpushare render facts --plan FILE`") from None
-    except ValueError as err:
+    except ValueError as err:  # also bad UTF-8
         raise FactsError(f"{path}: not valid JSON ({err})") from None
     try:
         return facts_from_dict(data)

@@ -49,11 +49,17 @@ _TYPE_RE = re.compile(r"[A-Za-z0-9_.+\-]+")
 
 
 class GresError(ValueError):
-    """A GRES item is not something Slurm would parse; ``item`` is the item as given."""
+    """A GRES item is not something Slurm would parse; ``item`` is the item as given.
 
-    def __init__(self, item: str, why: str) -> None:
+    ``count_missing`` marks ``gpu:1g.10gb``: a type starting with a digit and no count.
+    Slurm's clients pass it on and slurmctld then refuses it ("Invalid Trackable RESource
+    (TRES) specification"); every other parse error is refused by sbatch/srun themselves.
+    """
+
+    def __init__(self, item: str, why: str, count_missing: bool = False) -> None:
         super().__init__(f"{item!r}: {why}")
         self.item = item
+        self.count_missing = count_missing
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,9 @@ def _parse_item(text: str) -> GresItem:
             count = parse_count(parts[1])
             if count is None:
                 raise GresError(raw, "the count is too large")
+        elif "0" <= parts[1][:1] <= "9":
+            raise GresError(raw, "a type that starts with a digit needs a count after it",
+                            count_missing=True)
         else:
             type_ = parts[1]
     elif len(parts) == 3:

@@ -15,7 +15,7 @@ from gpushare import submit_hook
 FACTS_DEFAULT = "/etc/slurm/gpushare-facts.json"
 STRING_FIELDS = ("tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",
                  "array_inx")
-NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch")
+NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "user_id")
 WRITABLE = set(STRING_FIELDS[:4]) | {"req_switch", "wait4switch"}
 
 _ffi: Any = None
@@ -31,7 +31,7 @@ def bind(ffi: Any, lib: Any) -> None:
 
 
 def facts_path() -> str:
-    """``$GPUSHARE_FACTS`` or the file next to slurm.conf, as job_submit.lua reads it."""
+    """``$GPUSHARE_FACTS`` or the fixed default path, as job_submit.lua reads it."""
     return os.environ.get("GPUSHARE_FACTS") or FACTS_DEFAULT
 
 

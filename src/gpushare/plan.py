@@ -116,9 +116,16 @@ class SlurmOptions:
 
 @dataclass(frozen=True)
 class Policy:
+    """What the submit hooks do on their own (docs/cluster-facts.md)."""
+
     switch_wait_s: int = 300
     max_switch_wait_s: int = 3600
     on_error: str = "accept"
+    # An untyped GPU request (--gres=gpu:1): "whole" writes in the type of the whole GPUs
+    # Slurm owns so that it never lands on a MIG slice; "any" leaves it to Slurm; a GPU
+    # type of the plan (h100) is written in as it is.
+    untyped_gpu: str = "whole"
+    untyped_gpu_line: int = 0
 
 
 @dataclass
@@ -327,7 +334,7 @@ def _line_of(parent: Any, key: Any) -> int:
 _TOP_KEYS = ("version", "slurm", "kubernetes", "policy", "domains", "node_groups")
 _SLURM_KEYS = ("version", "device_root", "mps_units_per_gpu", "sharing_flag", "plugin",
                "plugin_args")
-_POLICY_KEYS = ("switch_wait_s", "max_switch_wait_s", "on_error")
+_POLICY_KEYS = ("switch_wait_s", "max_switch_wait_s", "on_error", "untyped_gpu")
 _GROUP_KEYS = ("name", "nodes", "gpu_model", "gpus", "layout")
 _GPU_KEYS = ("owner", "mps", "shard", "mig")
 _SLICE_KEYS = ("profile", "owner", "count", "placement")
@@ -433,7 +440,23 @@ def _policy(c: _Checker, raw: Any, line: int) -> Policy:
     if "on_error" in section:
         on_error = c.choice(section["on_error"], _line_of(section, "on_error"),
                             "policy.on_error", ("accept", "reject")) or on_error
-    return Policy(wait, max_wait, on_error)
+    untyped, untyped_line = default.untyped_gpu, 0
+    if "untyped_gpu" in section:
+        untyped_line = _line_of(section, "untyped_gpu")
+        untyped = c.string(section["untyped_gpu"], untyped_line, "policy.untyped_gpu") or untyped
+    return Policy(wait, max_wait, on_error, untyped, untyped_line)
+
+
+def _check_untyped(c: _Checker, policy: Policy, groups: Iterable[NodeGroup]) -> None:
+    """``policy.untyped_gpu`` is whole, any, or the type of whole GPUs Slurm owns."""
+    if policy.untyped_gpu in ("whole", "any"):
+        return
+    whole = sorted({group.model.gres_type for group in groups
+                    if any(not gpu.mig and gpu.owner == "slurm" for gpu in group.gpus)})
+    if policy.untyped_gpu not in whole:
+        c.error(policy.untyped_gpu_line, f"policy.untyped_gpu {policy.untyped_gpu!r} must be "
+                "whole, any, or a type of whole GPUs Slurm owns here "
+                f"({', '.join(whole) or 'none'})")
 
 
 def _gpu_indices(c: _Checker, key: Any, line: int, where: str, count: int) -> Optional[list[int]]:
@@ -752,6 +775,7 @@ def parse_plan(text: str, path: str = "plan.yaml") -> Plan:
             else:
                 by_node[node] = group
     domains, from_fabric = _domains(c, data.get("domains"), _line_of(data, "domains"), by_node)
+    _check_untyped(c, policy, groups)
     if c.problems:
         raise PlanError(c.problems)
     return Plan(path, PLAN_VERSION, tuple(groups), domains, from_fabric, slurm, policy, prefix,

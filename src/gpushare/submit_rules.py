@@ -6,7 +6,9 @@ Pure functions over the job's fields and the cluster facts, so that the Python h
 depends on the array index: slurmctld calls job_submit once per array.
 
 Order of checks (the first problem wins, so a user fixes one thing at a time):
-GRES syntax, the gpushare options, GPU/MIG types, shares, private MPS, then ``--switches``.
+GRES syntax, the gpushare options, GPU/MIG types (an untyped GPU gets the type the plan's
+``untyped_gpu`` policy gives), shares, private MPS, MPS for root, then ``--switches`` (from
+the NVLink domains of the GPU type asked for).
 """
 
 from __future__ import annotations
@@ -186,8 +188,8 @@ def _normalise_type(field_name: str, item: GresItem, facts: Facts) -> str:
             raise _reject(flag, f"names MIG profile {profile}, which Slurm has here as "
                           f"several types ({_listing(owners)})",
                           f"name one of them, e.g. --gres=gpu:{owners[0]}:1")
-        example = (f"--gres=gpu:{facts.mig_types[0]}:1" if facts.mig_types
-                   else "--gres=gpu:1")
+        example = (_example(field_name, "gpu", _nearest(profile, facts.mig_types), item.count)
+                   if facts.mig_types else _example(field_name, "gpu", None, item.count))
         raise _reject(flag, f"asks for MIG profile {profile}, which Slurm does not own here "
                       f"(Slurm owns: {_listing(facts.mig_types)})",
                       f"ask for one of those, e.g. {example}")
@@ -197,20 +199,72 @@ def _normalise_type(field_name: str, item: GresItem, facts: Facts) -> str:
         return matches[0]
     kind = "" if item.name == "gpu" else f" for {item.name}"
     if valid:
-        fix = f"ask for one of those, e.g. {_example(field_name, item.name, valid[0])}"
+        nearest = _nearest(wanted, valid)
+        fix = f"ask for one of those, e.g. {_example(field_name, item.name, nearest, item.count)}"
     else:
-        fix = f"ask without a type, e.g. {_example(field_name, item.name, None)}"
+        fix = f"ask without a type, e.g. {_example(field_name, item.name, None, item.count)}"
     raise _reject(flag, f"asks for GPU type {item.type}, which this cluster does not have "
                   f"(valid types{kind}: {_listing(valid)})", fix)
 
 
-def _example(field_name: str, name: str, type_: str | None) -> str:
-    count = 50 if name == "mps" else 1
-    return user_item(field_name, GresItem(name=name, type=type_, count=count))
+def _example(field_name: str, name: str, type_: str | None, count: int) -> str:
+    return user_item(field_name, GresItem(name=name, type=type_, count=max(count, 1)))
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance: how many one-character edits turn ``a`` into ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, start=1):
+        current = [i]
+        for j, char_b in enumerate(b, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1,
+                               previous[j - 1] + (char_a != char_b)))
+        previous = current
+    return previous[-1]
+
+
+def _nearest(wanted: str, names: tuple[str, ...]) -> str:
+    """The name closest to a (mistyped) type, so a typo is answered with what was meant;
+    ties go to the first in the facts' order."""
+    lowered = ascii_lower(wanted)
+    best = names[0]
+    best_distance = _distance(lowered, ascii_lower(best))
+    for name in names[1:]:
+        distance = _distance(lowered, ascii_lower(name))
+        if distance < best_distance:
+            best, best_distance = name, distance
+    return best
+
+
+def _untyped_type(field_name: str, item: GresItem, facts: Facts) -> str | None:
+    """The type an untyped GPU request gets (policy ``untyped_gpu``), None to leave it.
+
+    ``whole`` (the default) keeps such a request off MIG slices: where Slurm owns slices, it
+    writes in the one whole-GPU type, and refuses the request when there is none or several
+    (gpushare cannot know which the user meant). ``any`` leaves it to Slurm.
+    """
+    policy = facts.policy.untyped_gpu
+    if policy == "any":
+        return None
+    if policy != "whole":
+        return policy
+    if not facts.mig_types:
+        return None  # nothing but whole GPUs to land on
+    if len(facts.gpu_types) == 1:
+        return facts.gpu_types[0]
+    flag = user_item(field_name, item)
+    if not facts.gpu_types:
+        raise _reject(flag, "asks for a whole GPU, and Slurm has only MIG slices here "
+                      f"({_listing(facts.mig_types)})", "ask for a slice by its profile, e.g. "
+                      + _example(field_name, "gpu", facts.mig_types[0], item.count))
+    raise _reject(flag, "does not say which GPU, and here it could get a MIG slice (whole "
+                  f"GPUs: {_listing(facts.gpu_types)}; MIG: {_listing(facts.mig_types)})",
+                  "name the type, e.g. "
+                  + _example(field_name, "gpu", facts.gpu_types[0], item.count))
 
 
 def _fewest_domains(nodes: int, sizes: tuple[int, ...]) -> int:
-    """Fewest NVLink domains whose nodes add up to ``nodes`` (all of them if none do)."""
+    """Fewest NVLink domains whose nodes add up to ``nodes`` (they must hold them)."""
     total = 0
     for used, size in enumerate(sizes, start=1):
         total += size
@@ -219,10 +273,25 @@ def _fewest_domains(nodes: int, sizes: tuple[int, ...]) -> int:
     return len(sizes)
 
 
-def _domains_reason(nodes: int, domains: int) -> str:
+def _domains_reason(what: str, domains: int, largest: int) -> str:
     if domains == 1:
-        return f"{nodes} nodes fit in one NVLink domain"
-    return f"{nodes} nodes need {domains} NVLink domains"
+        return f"{what} fit in one NVLink domain"
+    return f"{what} need {domains} NVLink domains of at most {largest} nodes"
+
+
+def _candidate_types(asked: list[tuple[str, GresItem]], facts: Facts) -> list[str]:
+    """The GRES types the job's GPUs could be: its own types, or for an untyped item the
+    whole GPUs (and MIG slices too under policy ``any``)."""
+    names: list[str] = []
+    for _field, item in asked:
+        if item.type is not None:
+            choices: tuple[str, ...] = (item.type,)
+        elif item.name == "gpu" and facts.policy.untyped_gpu == "any":
+            choices = facts.gpu_types + facts.mig_types
+        else:
+            choices = facts.gpu_types
+        names.extend(name for name in choices if name in facts.types and name not in names)
+    return names
 
 
 def _share_flag(items: list[tuple[str, GresItem]], share_text: str | None) -> str:
@@ -246,8 +315,16 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
             fields[field_name] = parse_field(str(value))
         except GresError as err:
             shown = err.item[5:] if err.item.startswith(("gres:", "gres/")) else err.item
+            if err.count_missing:
+                name, _, type_ = shown.partition(":")
+                raise _reject(f'{flag} item "{shown}"', "has no count, and Slurm reads a type "
+                              "that starts with a digit as a count",
+                              "write the count after it, e.g. "
+                              + _example(field_name, name, type_, 1)) from None
+            example = _example("tres_per_node", "gpu",
+                               facts.gpu_types[0] if facts.gpu_types else None, 2)
             raise _reject(f'{flag} item "{shown}"', "is not a GRES request Slurm understands",
-                          "write name[:type][:count], e.g. --gres=gpu:a100:2") from None
+                          f"write name[:type][:count], e.g. {example}") from None
 
     # 2. gpushare's own options.
     options = spank_options(job.get("spank_job_env"))
@@ -279,18 +356,33 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
         if not items:
             continue
         new_items = list(items)
+        written_in = None
         for index, item in enumerate(items):
             if item.is_gres and item.name in SHARING_NAMES and item.type is not None:
                 spelled = _normalise_type(field_name, item, facts)
                 if spelled != item.type:
                     new_items[index] = item.with_type(spelled)
+            elif item.is_gres and item.name == "gpu" and item.count > 0:
+                target = _untyped_type(field_name, item, facts)
+                if target is not None:
+                    new_items[index] = item.with_type(target)
+                    written_in = target
         if new_items != items:
             new_items = [_prefixed(it, items, facts) for it in new_items]
             changes[field_name] = format_field(new_items)
-            notes.append(f"{user_form(field_name, items)} -> {changes[field_name]}")
+            note = f"{user_form(field_name, items)} -> {changes[field_name]}"
+            if written_in is not None:
+                note += f" (a GPU without a type is a whole {written_in} here)"
+            notes.append(note)
             fields[field_name] = new_items
 
     # 4. Shares: one GPU at most, never mixed with whole GPUs or shards.
+    for field_name, _flag in GRES_FIELDS:
+        for item in fields.get(field_name, ()):
+            if item.is_gres and item.name == "mps" and item.count == 0:
+                raise _reject(user_item(field_name, item), "is not a share of one GPU",
+                              f"give a share from 1 to {units}, e.g. "
+                              + _example(field_name, "mps", item.type, max(1, units // 4)))
     asked = [(f, it) for f, _ in GRES_FIELDS for it in fields.get(f, ())
              if it.is_gres and it.name in SHARING_NAMES and it.count > 0]
     mps_items = [(f, it) for f, it in asked if it.name == "mps"]
@@ -326,6 +418,11 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
         raise _reject(flag, f"asks for {mps_total / units:g} GPUs of MPS; a share must fit on "
                       f"one GPU (at most mps:{units})",
                       f"for more, ask for whole GPUs: --gres=gpu:{-(-mps_total // units)}")
+    if _number(job.get("user_id")) == 0 and (is_share or private_mps):
+        flag = "--gpu-mps" if private_mps else _share_flag(mps_items, share_text)
+        raise _reject(flag, "runs under an MPS daemon, and MPS daemons never run as root",
+                      "submit the job as a normal user (root may use whole GPUs without "
+                      "--gpu-mps)")
     if share_units is not None and not mps_items:
         items = fields.get("tres_per_node", [])
         prefix = next((it.prefix for it in items if it.is_gres and it.prefix),
@@ -336,35 +433,86 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
         changes["tres_per_node"] = value
         notes.append(f"--gpu-share={share_text} -> {value}")
 
-    # 5. Multi-node GPU jobs stay in the fewest NVLink domains, with a bounded wait.
-    nodes = _number(job.get("min_nodes"))
-    sizes = facts.domain_sizes
-    if (asked or share_pct is not None) and nodes is not None and nodes > 1 and sizes:
-        need = _fewest_domains(nodes, sizes)
-        req = _number(job.get("req_switch"))
-        wait = _number(job.get("wait4switch"))
-        policy = facts.policy
-        if req is None:
+    # 5. Multi-node GPU jobs stay in the fewest NVLink domains of their GPU type, with a
+    # bounded wait. The node count is -N, or what the job's GPUs need without it.
+    if not asked and share_pct is None:
+        return changes, notes
+    candidates = _candidate_types(asked, facts)
+    if len(candidates) == 1:
+        sizes = facts.types[candidates[0]].domain_sizes
+        per_node = facts.types[candidates[0]].per_node
+    elif candidates:  # the job may get any of several types: every domain that holds one
+        held = any(facts.types[name].domain_sizes for name in candidates)
+        sizes = facts.domain_sizes if held else ()
+        per_node = max(facts.types[name].per_node for name in candidates)
+    else:  # a gres.conf without types: every domain, every node
+        sizes = facts.domain_sizes
+        per_node = max(facts.gpus_per_node.values(), default=0)
+    min_nodes = _number(job.get("min_nodes")) or 0
+    total = _gpu_total(job, fields)
+    implied = -(-total // per_node) if total and per_node else 0
+    nodes = max(min_nodes, implied)
+    if nodes <= 1:
+        return changes, notes
+    if implied > min_nodes:
+        gpu_flag = next(user_item(f, it) for f, it in gpu_items if f in ("tres_per_job",
+                                                                           "tres_per_task"))
+        what = f"{total} GPUs ({nodes} nodes of {per_node})"
+    else:
+        gpu_flag = ""
+        what = f"{nodes} nodes"
+    if len(candidates) == 1 and nodes > facts.types[candidates[0]].nodes:
+        name = candidates[0]
+        have = facts.types[name].nodes
+        if gpu_flag:
+            raise _reject(gpu_flag, f"needs {nodes} nodes of at most {per_node} {name} each, "
+                          f"and this cluster has {have} nodes with {name}",
+                          f"ask for at most {have * per_node} GPUs")
+        raise _reject(f"-N {nodes}", f"asks for {nodes} nodes with {name}, and this cluster "
+                      f"has {have}", f"ask for at most -N {have}")
+    if not sizes:
+        return changes, notes  # PCIe nodes: no NVLink domain to keep the job in
+    req = _number(job.get("req_switch"))
+    wait = _number(job.get("wait4switch"))
+    policy = facts.policy
+    if nodes > sum(sizes):
+        notes.append(f"no --switches: {what} are more than the NVLink domains hold "
+                     f"({sum(sizes)} nodes)")
+        return changes, notes
+    need = _fewest_domains(nodes, sizes)
+    if req is None:
+        changes["req_switch"] = need
+        if wait != policy.switch_wait_s:
+            changes["wait4switch"] = policy.switch_wait_s
+        notes.append(f"--switches={need}@{format_wait(policy.switch_wait_s)} "
+                     f"({_domains_reason(what, need, sizes[0])})")
+    else:
+        reasons = []
+        new_req, new_wait = req, wait
+        if req < need:
+            new_req = need
             changes["req_switch"] = need
-            if wait != policy.switch_wait_s:
-                changes["wait4switch"] = policy.switch_wait_s
-            notes.append(f"--switches={need}@{format_wait(policy.switch_wait_s)} "
-                         f"({_domains_reason(nodes, need)})")
-        else:
-            reasons = []
-            new_req, new_wait = req, wait
-            if req < need:
-                new_req = need
-                changes["req_switch"] = need
-                reasons.append(_domains_reason(nodes, need))
-            if wait is not None and wait > policy.max_switch_wait_s:
-                new_wait = policy.max_switch_wait_s
-                changes["wait4switch"] = new_wait
-                reasons.append(f"the longest switch wait here is {format_wait(new_wait)}")
-            if reasons:
-                notes.append(f"--switches={_switches(req, wait)} -> "
-                             f"--switches={_switches(new_req, new_wait)} ({', '.join(reasons)})")
+            reasons.append(_domains_reason(what, need, sizes[0]))
+        if wait is not None and wait > policy.max_switch_wait_s:
+            new_wait = policy.max_switch_wait_s
+            changes["wait4switch"] = new_wait
+            reasons.append(f"the longest switch wait here is {format_wait(new_wait)}")
+        if reasons:
+            notes.append(f"--switches={_switches(req, wait)} -> "
+                         f"--switches={_switches(new_req, new_wait)} ({', '.join(reasons)})")
     return changes, notes
+
+
+def _gpu_total(job: dict[str, Any], fields: dict[str, list[GresItem]]) -> int:
+    """Whole GPUs the job asks for in total where that is known without -N: ``--gpus``, or
+    ``--gpus-per-task`` times the task count; 0 otherwise."""
+    total = sum(it.count for it in fields.get("tres_per_job", ())
+                if it.is_gres and it.name == "gpu")
+    tasks = _number(job.get("num_tasks"))
+    if tasks:
+        total += tasks * sum(it.count for it in fields.get("tres_per_task", ())
+                             if it.is_gres and it.name == "gpu")
+    return total
 
 
 def _switches(count: int, wait: int | None) -> str:

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -104,7 +105,7 @@ def prolog_rc(bed: slurmbed.SlurmBed, job_id: int) -> list[str]:
 # ---- placement ----------------------------------------------------------------------------
 
 def test_two_node_gpu_job_lands_in_one_domain(hooked):
-    result = submit(hooked, "-N2", "--gres=gpu:1")
+    result = submit(hooked, "-N2", "--gres=gpu:h100:1")
     job_id = accepted(result)
     assert gpushare_lines(result.stderr) == [
         "sbatch: gpushare: --switches=1@1:00 (2 nodes fit in one NVLink domain)"]
@@ -115,10 +116,11 @@ def test_two_node_gpu_job_lands_in_one_domain(hooked):
 
 
 def test_three_node_gpu_job_gets_two_switches_and_runs(hooked):
-    result = submit(hooked, "-N3", "--gres=gpu:1")
+    result = submit(hooked, "-N3", "--gres=gpu:h100:1")
     job_id = accepted(result)
     assert gpushare_lines(result.stderr) == [
-        "sbatch: gpushare: --switches=2@1:00 (3 nodes need 2 NVLink domains)"]
+        "sbatch: gpushare: --switches=2@1:00 (3 nodes need 2 NVLink domains of at most 2 "
+        "nodes)"]
     info = hooked.wait_job(job_id)
     assert info["Switches"] == "2@00:01:00"
     assert info["JobState"] == "COMPLETED", info
@@ -129,7 +131,10 @@ def test_three_node_gpu_job_gets_two_switches_and_runs(hooked):
 @pytest.mark.parametrize("args, flag", [
     (["--gres=mps:150"], "--gres=mps:150"),
     (["--gres=gpu:7g.80gb:1"], "--gres=gpu:7g.80gb:1"),
-    (["--gpu-share=30", "--gres=gpu:1"], "--gpu-share=30"),
+    (["--gpu-share=30", "--gres=gpu:h100:1"], "--gpu-share=30"),
+    (["--gres=mps:0"], "--gres=mps:0"),
+    (["--gres=gpu:1g.10g:1"], "--gres=gpu:1g.10g:1"),
+    (["-N5", "--gres=gpu:h100:1"], "-N 5"),
 ])
 def test_bad_request_fails_at_sbatch_with_the_hooks_message(hooked, args, flag):
     result = submit(hooked, *args)
@@ -171,7 +176,7 @@ def test_gpu_share_without_gres_becomes_mps_and_runs_capped(hooked):
 
 def test_private_mps_flag_passes_the_hook_and_gets_its_daemon(hooked):
     # slurmctld 22.05 hands a flag option to the hooks as "(null)"; it must read as set.
-    result = submit(hooked, "--gres=gpu:2", "--gpu-mps", "-w", "n2",
+    result = submit(hooked, "--gres=gpu:h100:2", "--gpu-mps", "-w", "n2",
                     script="echo CVD=$CUDA_VISIBLE_DEVICES PIPE=$CUDA_MPS_PIPE_DIRECTORY")
     job_id = accepted(result)
     assert gpushare_lines(result.stderr) == []
@@ -184,7 +189,7 @@ def test_private_mps_flag_passes_the_hook_and_gets_its_daemon(hooked):
 # ---- untouched ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, tres", [
-    (["--gres=gpu:1"], "gres:gpu:1"),
+    (["--gres=gpu:h100:1"], "gres:gpu:h100:1"),
     (["-N2"], None),
     (["-N2", "-n2"], None),
 ])
@@ -199,7 +204,7 @@ def test_single_node_and_cpu_only_jobs_untouched(hooked, args, tres):
 
 
 def test_job_array_is_handled_once_and_every_task_runs(hooked):
-    result = submit(hooked, "--array=1-4", "-N2", "--gres=gpu:1")
+    result = submit(hooked, "--array=1-4", "-N2", "--gres=gpu:h100:1")
     job_id = accepted(result)
     assert gpushare_lines(result.stderr) == [
         "sbatch: gpushare: --switches=1@1:00 (2 nodes fit in one NVLink domain)"]
@@ -217,6 +222,87 @@ def test_job_array_is_handled_once_and_every_task_runs(hooked):
         assert record["JobState"] == "COMPLETED", record
         assert record["Switches"] == "1@00:01:00"
         assert record["NodeList"] in ("n[1-2]", "n[3-4]")
+
+
+# ---- what a site meets on its first day ---------------------------------------------------
+
+ROOT_REFUSAL = ("runs under an MPS daemon, and MPS daemons never run as root; submit the job "
+                "as a normal user (root may use whole GPUs without --gpu-mps)")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gres=mps:10"], "--gres=mps:10"),
+    (["--gpu-share=25"], "--gpu-share=25"),
+    (["--gres=gpu:h100:1", "--gpu-mps"], "--gpu-mps"),
+])
+def test_root_share_is_refused_at_submit_and_no_node_drains(hooked, args, flag):
+    """A request of root that needs an MPS daemon is refused by the hook: it never reaches
+    a prolog, so no node is drained for it."""
+    result = hooked.run(["sbatch", "--parsable", *args, "--wrap", "true"], check=False)
+    assert result.returncode != 0
+    assert gpushare_lines(result.stderr) == [f"sbatch: error: gpushare: {flag} {ROOT_REFUSAL}"]
+    ran = hooked.run(["srun", *args, "true"], check=False, timeout=60)
+    assert ran.returncode != 0
+    assert f"gpushare: {flag} {ROOT_REFUSAL}" in ran.stderr
+    states = hooked.run(["sinfo", "-h", "-o", "%T"]).stdout.split()
+    assert not any(state.startswith("drain") for state in states), states
+
+
+def test_roots_whole_gpu_job_runs(hooked):
+    result = hooked.run(["sbatch", "--parsable", f"--output={hooked.out_dir}/%j.out",
+                         "--gres=gpu:h100:1", "--wrap", SCRIPT], check=False)
+    job_id = accepted(result)
+    assert hooked.wait_job(job_id)["JobState"] == "COMPLETED"
+
+
+def test_untyped_gpu_gets_a_whole_gpu_never_a_slice(hooked):
+    """The bed's plan says untyped_gpu: h100. On n5, whose only free GPUs are MIG slices
+    and one whole A100, an untyped request cannot be placed: it never lands on a slice."""
+    result = submit(hooked, "--gres=gpu:1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        "sbatch: gpushare: --gres=gpu:1 -> gres:gpu:h100:1 (a GPU without a type is a whole "
+        "h100 here)"]
+    info = hooked.wait_job(job_id)
+    assert info["TresPerNode"] == "gres:gpu:h100:1"
+    assert info["JobState"] == "COMPLETED", info
+    assert info["NodeList"] in ("n1", "n2", "n3", "n4")
+    on_mig_node = submit(hooked, "--gres=gpu:1", "-w", "n5")
+    assert on_mig_node.returncode != 0
+    assert "Requested node configuration is not available" in on_mig_node.stderr
+
+
+def test_tasks_spanning_nodes_without_N_get_switches(hooked):
+    """-n 16 --gpus-per-task=1: no -N, but 16 GPUs need 2 of the bed's 8-GPU nodes."""
+    result = submit(hooked, "-n16", "--gpus-per-task=h100:1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        "sbatch: gpushare: --switches=1@1:00 (16 GPUs (2 nodes of 8) fit in one NVLink "
+        "domain)"]
+    info = hooked.wait_job(job_id)
+    assert info["Switches"] == "1@00:01:00"
+    assert info["JobState"] == "COMPLETED", info
+    assert info["NodeList"] in ("n[1-2]", "n[3-4]")
+
+
+@pytest.mark.parametrize("gres", ["gpu:1,mps:25", "gpu:::", "gpu:h100:-1", ":1",
+                                  "gpu:1g.10gb"])
+def test_explain_says_what_slurm_answers(hooked, gres):
+    """gpushare explain predicts what the user sees, whether sbatch itself refuses the
+    request before any hook runs, or the hook does."""
+    explained = subprocess.run([sys.executable, "-m", "gpushare.cli", "explain", "--facts",
+                                hooked.facts_path, "--uid", "1000", "--", f"--gres={gres}"],
+                               capture_output=True, text=True, check=False)
+    assert explained.returncode == 1, explained.stdout
+    predicted = [line.split("the user sees: ", 1)[1] for line in explained.stdout.splitlines()
+                 if line.startswith("the user sees: ")]
+    result = submit(hooked, "--hold", f"--gres={gres}")
+    assert result.returncode != 0
+    first = result.stderr.splitlines()[0]
+    if predicted[0].startswith("sbatch: "):
+        assert first == predicted[0], (first, explained.stdout)
+    else:
+        assert first == f"sbatch: error: {predicted[0]}", (first, explained.stdout)
 
 
 # ---- the conformance vectors written for the bed -----------------------------------------

@@ -20,7 +20,7 @@ from gpushare.gres import (
     ("gres/gpu:a100:2", "gpu", "a100", 2, "gres/", ":"),
     ("gres:mps:50", "mps", None, 50, "gres:", ":"),
     ("gres:gpu:1g.10gb:1", "gpu", "1g.10gb", 1, "gres:", ":"),
-    ("gres:gpu:1g.10gb", "gpu", "1g.10gb", 1, "gres:", ":"),
+    ("gres:gpu:h100", "gpu", "h100", 1, "gres:", ":"),
     ("gres/gpu:a100=3", "gpu", "a100", 3, "gres/", "="),
     ("gres/gpu=4", "gpu", None, 4, "gres/", "="),
     ("gres:gpu", "gpu", None, 1, "gres:", ":"),
@@ -45,8 +45,8 @@ def test_several_items_and_plain_tres_pass_through():
 
 
 def test_format_keeps_syntax_and_makes_count_explicit():
-    assert format_field(parse_field("gres:gpu:1g.10gb,gres:shard:2")) == (
-        "gres:gpu:1g.10gb:1,gres:shard:2")
+    assert format_field(parse_field("gres:gpu:h100,gres:shard:2")) == (
+        "gres:gpu:h100:1,gres:shard:2")
     assert format_field(parse_field("gres/gpu:1g.10gb=2")) == "gres/gpu:1g.10gb=2"
 
 
@@ -83,3 +83,15 @@ def test_user_forms_per_flag():
     assert user_item("tres_per_task", GresItem(name="gpu", count=1)) == "--gpus-per-task=1"
     assert user_form("tres_per_node", parse_field("gres:mps:50,gres:gpu:1")) == (
         "--gres=mps:50,gpu:1")
+
+
+@pytest.mark.parametrize("text", ["gres:gpu:1g.10gb", "gres/gpu:3g.40gb", "gpu:2g.20gb+me"])
+def test_a_type_starting_with_a_digit_needs_its_count(text):
+    """slurmctld reads ``gpu:1g.10gb`` as a count ("1g") and refuses it; the rules must
+    say so rather than pass it on."""
+    with pytest.raises(GresError) as info:
+        parse_field(text)
+    assert info.value.count_missing
+    with pytest.raises(GresError) as other:
+        parse_field("gres:gpu:a:b:c")
+    assert not other.value.count_missing

@@ -42,8 +42,8 @@ def test_facts_loaded_once_at_load():
 
 @pytest.mark.parametrize("content, needle", [
     (None, "cannot read"),
-    ("{not json", "invalid JSON"),
-    (json.dumps({"version": 2}), '"version" must be 1'),
+    ("{not json", "not valid JSON"),
+    (json.dumps({"version": 1}), '"version" must be 2'),
 ])
 def test_bad_facts_log_at_load_and_jobs_pass(tmp_path, content, needle):
     path = tmp_path / "facts.json"
@@ -59,6 +59,7 @@ def test_json_decoder_reads_escapes_and_nesting(tmp_path):
     with open(facts_path("h100-2205"), encoding="utf-8") as handle:
         data = json.load(handle)
     data["gpu_types"] = ["h\u0031\u0030\u0030", "we\"ird"]
+    data["types"]["we\"ird"] = {"nodes": 1, "per_node": 1, "domain_sizes": []}
     data["comment"] = {"nested": [1, 2.5, -3e2, True, False, None], "s": "a\\b\n"}
     path = tmp_path / "facts.json"
     path.write_text(json.dumps(data, indent=1, ensure_ascii=True))

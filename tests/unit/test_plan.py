@@ -203,3 +203,20 @@ def test_mig_mode_change_on_busy_node_is_an_error_naming_gpus():
     assert message.startswith("plan.yaml:9: node n2")
     assert "GPU 3 to MIG on" in message and "Slurm is using GPU 0, 2" in message
     assert check_mig_change(plan, _inventory("n2", [False] * 3 + [True]), [0, 2]) == []
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("whole", None), ("any", None), ("h100", None),
+    ("a100", "policy.untyped_gpu 'a100' must be whole, any, or a type of whole GPUs Slurm "
+             "owns here (h100)"),
+])
+def test_untyped_gpu_policy(value, problem):
+    text = ("version: 1\npolicy:\n  untyped_gpu: " + value + "\nnode_groups:\n"
+            "  - {name: t, nodes: 'n[1-2]', gpu_model: h100-80gb, gpus: 8,\n"
+            "     layout: {all: {owner: slurm}}}\n")
+    if problem is None:
+        assert parse_plan(text).policy.untyped_gpu == value
+    else:
+        with pytest.raises(PlanError) as info:
+            parse_plan(text)
+        assert any(problem in p for p in info.value.problems), info.value.problems

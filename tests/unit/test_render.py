@@ -147,3 +147,15 @@ def test_slurm_2205_gets_at_most_one_mig_profile_per_node():
     plan = parse_plan(MIXED.replace('version: "23.11", ', 'version: "22.05", '))
     with pytest.raises(RenderError, match="indexes only one MIG profile per node"):
         render_gres_conf(plan)
+
+
+def test_facts_carry_domain_sizes_and_counts_per_type():
+    """NVLink domains belong to a GPU type: PCIe L40S and the A100 slices have none."""
+    facts = render_facts(load_plan(EXAMPLE))
+    assert facts["version"] == 2
+    assert facts["types"] == {
+        "1g.5gb": {"nodes": 4, "per_node": 9, "domain_sizes": []},
+        "h100": {"nodes": 8, "per_node": 8, "domain_sizes": [4, 4]},
+        "l40s": {"nodes": 16, "per_node": 4, "domain_sizes": []},
+    }
+    assert facts["policy"]["untyped_gpu"] == "whole"

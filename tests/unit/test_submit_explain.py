@@ -56,12 +56,46 @@ def test_bad_flags():
 
 def test_cli_words_and_json(capsys):
     path = facts_path("h100-2205")
-    assert main(["explain", "--facts", path, "--", "-N", "3", "--gres=gpu:8"]) == 0
+    assert main(["explain", "--facts", path, "--", "-N", "3", "--gres=gpu:h100:8"]) == 0
     out = capsys.readouterr().out
     assert "req_switch: (unset) -> 2" in out
-    assert "the user sees: gpushare: --switches=2@5:00 (3 nodes need 2 NVLink domains)" in out
+    assert ("the user sees: gpushare: --switches=2@5:00 (3 nodes need 2 NVLink domains of "
+            "at most 2 nodes)") in out
+    assert "untyped GPU requests: whole (written in as h100, never a MIG slice)" in out
     assert main(["explain", "--facts", path, "--json", "--", "--gres=mps:150"]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["decision"]["reject"]["code"] == 2072
     assert main(["explain", "--facts", "/nonexistent/facts.json", "--", "-N2"]) == 2
     assert "cannot read" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gres", ["gpu:1,mps:25", "gpu:::", "gpu:h100:-1", ":1", "mps:25,gpu:1"])
+def test_requests_the_clients_refuse_get_slurms_answer(capsys, gres):
+    """sbatch/srun refuse these before any hook runs: explain says what Slurm answers, not
+    a gpushare message the user never sees."""
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", f"--gres={gres}"]) == 1
+    out = capsys.readouterr().out
+    assert ("the user sees: sbatch: error: Invalid generic resource (gres) specification"
+            in out)
+    assert "the user sees: gpushare:" not in out
+    assert main(["explain", "--facts", path, "--json", "--", f"--gres={gres}"]) == 1
+    assert json.loads(capsys.readouterr().out)["client_refusal"] == (
+        "error: Invalid generic resource (gres) specification")
+
+
+def test_a_type_starting_with_a_digit_reaches_the_hooks(capsys):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", "--gres=gpu:1g.10gb"]) == 1
+    out = capsys.readouterr().out
+    assert ('the user sees: gpushare: --gres item "gpu:1g.10gb" has no count, and Slurm '
+            "reads a type that starts with a digit as a count; write the count after it, "
+            "e.g. --gres=gpu:1g.10gb:1") in out
+
+
+@pytest.mark.parametrize("uid, rc", [(0, 1), (1000, 0)])
+def test_root_share_is_refused(capsys, uid, rc):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--uid", str(uid), "--", "--gres=mps:10"]) == rc
+    out = capsys.readouterr().out
+    assert ("MPS daemons never run as root" in out) == (uid == 0)

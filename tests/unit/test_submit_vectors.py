@@ -22,7 +22,7 @@ def test_enough_vectors_for_every_rule():
     assert len(VECTORS) >= 40
     ids = " ".join(v["id"] for v in VECTORS)
     for group in ("gres:", "gres_2311:", "share:", "private_mps:", "mig:", "switches:",
-                  "modify:"):
+                  "modify:", "root:", "untyped:", "domains:"):
         assert group in ids
     assert any(v["expected"]["reject"] for v in VECTORS)
 
@@ -60,9 +60,9 @@ def test_rejections_use_invalid_gres():
 def test_unset_numbers_in_every_form():
     facts = load_facts(facts_path("h100-2205"))
     for unset in (None, NO_VAL, 0xFFFE, "x", True, float("nan")):
-        job = {"tres_per_node": "gres:gpu:8", "min_nodes": unset}
+        job = {"tres_per_node": "gres:gpu:h100:8", "min_nodes": unset}
         assert apply(job, facts).changes == {}
-    job = {"tres_per_node": "gres:gpu:8", "min_nodes": 2.0, "req_switch": "1"}
+    job = {"tres_per_node": "gres:gpu:h100:8", "min_nodes": 2.0, "req_switch": "1"}
     assert apply(job, facts).changes == {}  # float node count, string switch count
 
 

@@ -13,9 +13,15 @@ import re
 from typing import Any
 
 from gpushare.facts import DEFAULT_FACTS_PATH, FACTS_ENV, Facts, FactsError, load_facts
+from gpushare.gres import GresError, parse_field
 from gpushare.submit_rules import NO_VAL, SPANK_OPTION_PREFIX, apply, format_wait
 
-__all__ = ["flags_to_job", "register", "time_str2secs"]
+__all__ = ["client_refusal", "flags_to_job", "register", "time_str2secs", "untyped_policy"]
+
+# What sbatch/srun/salloc of Slurm 22.05 print, and exit 1, for a --gres they cannot parse:
+# the request never reaches slurmctld, so no submit hook sees it
+# (tests/slurm/test_submit.py compares this with the real clients).
+CLIENT_GRES_ERROR = "error: Invalid generic resource (gres) specification"
 
 
 class FlagError(ValueError):
@@ -29,13 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Turn sbatch/srun flags (--gres, --gpus, --gpus-per-node, --gpus-per-task, "
         "--gpus-per-socket, -N, -n, --switches, --array, --gpu-share, --gpu-mps) into the "
         "job_desc fields slurmctld would see, run the submit rules on them, and say what "
-        "would change, or why the job would be rejected. Exit status: 0 accepted, 1 rejected, "
-        "2 bad flags or facts.",
+        "would change, or why the job would be rejected; a --gres that sbatch/srun refuse "
+        "themselves (before any submit hook runs) is reported with Slurm's own answer. "
+        "Exit status: 0 accepted, 1 rejected, 2 bad flags or facts.",
         epilog="example: gpushare explain -- -N 3 --gres=gpu:1g.10gb:1",
     )
     parser.add_argument("--facts", default=None,
                         help=f"cluster facts file (default: ${FACTS_ENV} or {DEFAULT_FACTS_PATH})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--uid", type=int, default=None,
+                        help="the user the job would run as (default: the caller); "
+                        "MPS requests of root (0) are refused")
     parser.add_argument("flags", nargs=argparse.REMAINDER, metavar="-- FLAGS",
                         help="the job's sbatch/srun flags, after --")
     parser.set_defaults(func=_run)
@@ -87,6 +97,8 @@ def _gpu_item(prefix: str, value: str, eq: bool) -> str:
 
 def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[str]]:
     """job_desc fields as slurmctld would give them to job_submit, and the flags ignored."""
+    # --gpu-mps takes its optional value only after "=" (getopt): the next word is the program
+    flags = ["--gpu-mps=" if flag == "--gpu-mps" else flag for flag in flags]
     args, ignored = _flag_parser().parse_known_args(flags)
     prefix = facts.gres_prefix
     job: dict[str, Any] = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL,
@@ -131,6 +143,46 @@ def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[s
     return job, ignored
 
 
+def client_refusal(flags: list[str]) -> str | None:
+    """Slurm's own answer when sbatch/srun refuse the --gres before sending the job, or None.
+
+    Measured on Slurm 22.05: the clients refuse a --gres item they cannot parse (``gpu:::``,
+    ``gpu:h100:-1``, ``:1``) and a --gres asking for gpu and mps together
+    (``gpu:1,mps:25``). ``gpu:1g.10gb`` (a type starting with a digit, no count) passes the
+    clients and reaches the hooks, which refuse it with their own message.
+    """
+    args, _ = _flag_parser().parse_known_args(flags)
+    items = []
+    for gres in args.gres:
+        for part in gres.split(","):
+            try:
+                items.extend(parse_field(part))
+            except GresError as err:
+                if not err.count_missing:
+                    return CLIENT_GRES_ERROR
+    names = {item.name for item in items if item.is_gres}
+    if {"gpu", "mps"} <= names:
+        return CLIENT_GRES_ERROR
+    return None
+
+
+def untyped_policy(facts: Facts) -> str:
+    """What an untyped GPU request means on this cluster, in words."""
+    policy = facts.policy.untyped_gpu
+    if policy == "any":
+        return "any (left to Slurm: it may get a MIG slice)"
+    if policy != "whole":
+        return f"{policy} (written in as the type)"
+    written = facts.untyped_gpu_type()
+    if written:
+        return f"whole (written in as {written}, never a MIG slice)"
+    if not facts.mig_types:
+        return "whole (no MIG slices here: left as it is)"
+    return ("whole (refused: Slurm owns " + (
+        "several whole-GPU types" if facts.gpu_types else "no whole GPUs") + " and MIG slices "
+        "here; the user must name the type)")
+
+
 def _shown(field: str, value: Any) -> str:
     if value is None or value == NO_VAL:
         return "(unset)"
@@ -150,12 +202,22 @@ def _run(args: argparse.Namespace) -> int:
     except (FactsError, FlagError) as err:
         print(f"gpushare explain: {err}")
         return 2
+    job["user_id"] = os.getuid() if args.uid is None else args.uid
+    refused = client_refusal(flags)
     decision = apply(job, facts)
     if args.json:
         print(json.dumps({"facts": path, "job": job, "ignored": ignored,
+                          "client_refusal": refused, "untyped_gpu": untyped_policy(facts),
                           "decision": decision.to_dict()}, indent=2, sort_keys=True))
-        return 1 if decision.reject else 0
+        return 1 if decision.reject or refused else 0
     print(f"facts: {path}")
+    print(f"untyped GPU requests: {untyped_policy(facts)}")
+    if refused:
+        print("result: refused by sbatch/srun themselves, before any submit hook runs")
+        print(f"the user sees: sbatch: {refused}")
+        if decision.reject:
+            print(f"(gpushare's hooks never see it; they would say: {decision.messages[0]})")
+        return 1
     print("job_desc: " + " ".join(f"{k}={v}" for k, v in job.items() if v != NO_VAL))
     if ignored:
         print("ignored (not looked at by the hooks): " + " ".join(ignored))
