@@ -684,8 +684,9 @@ GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
         if (gs_share_percent || gs_private_mps ||
             gs_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", buf, sizeof(buf)) == 0) {
             slurm_spank_log("gpushare: this job asked to share a GPU but its node has no "
-                            "gpushare record: the job prolog did not run (slurm.conf needs "
-                            "PrologFlags=Alloc) or failed; see slurmd's log");
+                            "gpushare record: the job prolog failed or did not run (the "
+                            "plugin must be in plugstack.conf on this node); see slurmd's "
+                            "log");
             return -1;
         }
         gs_debug(sp, "cb=task_init_privileged skip reason=no-share");

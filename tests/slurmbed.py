@@ -103,6 +103,7 @@ class SlurmBed:
     device_count: int = 8
     mig_caps: Sequence[int] = ()
     device_files: Sequence[str] = ()  # exact device files to create (from a rendered gres.conf)
+    prolog_flags: str = ""  # slurm.conf PrologFlags= (none, as docs/admin.md configures)
     facts_json: str = ""  # the submit hooks' facts, written to etc/gpushare-facts.json
     plan_source: str = ""  # an ownership plan copied to etc/plan.yaml
     _pids: dict[str, int] = field(default_factory=dict, repr=False)
@@ -271,7 +272,7 @@ class SlurmBed:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "GresTypes=gpu,mps,shard",
-            "PrologFlags=Alloc",
+            *([f"PrologFlags={self.prolog_flags}"] if self.prolog_flags else []),
             "KillWait=5",
             "InactiveLimit=0",
             "MinJobAge=300",

@@ -9,6 +9,7 @@ are split by who must act:
 """
 
 import os
+import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -19,6 +20,8 @@ from gpushare.mps import MpsDevice, MpsError, MpsManager
 from gpushare.state import JobRecord, JobStore
 
 if TYPE_CHECKING:
+    from typing import Collection, Iterable
+
     from gpushare.verify import ResolvedDevice
 
 log = get_logger("gpushare.job")
@@ -183,14 +186,13 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
         gres = load_gres_conf(gres_conf_path(request.env))
         owner = None
         if config.plan:
-            # Imported only when a plan is configured: PyYAML is the slowest import here.
-            from gpushare.ownership import owner_lookup
-            from gpushare.plan import PlanError, load_plan
+            from gpushare.ownership import OwnersError, node_owners, owner_lookup
 
             try:
-                owner = owner_lookup(load_plan(config.plan), request.node, inventory)
-            except PlanError as err:
-                raise NodeError(f"ownership plan {config.plan}: {err}") from None
+                planned = node_owners(config.plan, request.node, config.state_dir)
+            except OwnersError as err:
+                raise NodeError(str(err)) from None
+            owner = owner_lookup(planned, inventory)
         result = verify_job_devices(request.env, request.node, gres, inventory, owner)
     except (InventoryError, GresConfError, OSError) as err:
         raise NodeError(f"cannot verify the job's GPUs: {err}") from None
@@ -224,8 +226,11 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     store.write(record)
     manager = MpsManager(config)
     try:
-        # References of jobs whose epilog never ran (their record is gone) go first.
-        manager.reap_stale(_has_record(store))
+        # References of jobs whose epilog never ran go first: their record is gone, or
+        # slurmctld no longer runs them here (asked at most every SLURM_CHECK_INTERVAL s).
+        lost = lost_jobs(config, store, request.node, exclude={record.job_id})
+        manager.reap_stale(_alive(store, lost))
+        _forget(store, lost)
         lease = manager.acquire(record.job_id, record.uid, record.gid,
                                 mps_devices(record, devices), mode=record.mode,
                                 share_percent=record.share_percent)
@@ -287,19 +292,81 @@ def epilog(config: PluginConfig, job_id: int) -> None:
               "removed" if removed else "absent", ", ".join(stopped) or "none")
 
 
-def _has_record(store: JobStore) -> Callable[[int], bool]:
-    """Whether a job still runs here, as gpushare sees it: its record outlives its epilog."""
-    return lambda job_id: store.read(job_id) is not None
+# How often a prolog asks slurmctld which jobs still run on its node (one squeue). A lost
+# epilog is rare; its job's share is given back within this time, or at once by
+# `gpushare mps --reap`.
+SLURM_CHECK_INTERVAL = 300.0
+_SLURM_CHECKED = "slurm-checked"  # its mtime: when this node last asked
 
 
-def reap_mps(config: PluginConfig) -> list[str]:
-    """Do now what the node's next shared job's prolog does first: drop MPS references of
-    jobs without a record and stop the daemons left without jobs (``gpushare mps --reap``);
-    also stop MPS processes whose daemon directory has lost its record.
+def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterable[int]" = (),
+              force: bool = False, squeue: Optional[str] = None) -> set[int]:
+    """Jobs with a gpushare record on this node that slurmctld no longer runs here: their
+    epilog will never come (slurmd was killed between the job's end and its epilog).
 
-    Returns the keys of the daemons stopped; MpsError names any that cannot be.
+    The records are listed before slurmctld is asked, so a job starting meanwhile is never
+    taken for a lost one. Nothing is lost when slurmctld cannot answer. Without ``force``
+    slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
     """
-    return MpsManager(config).reap_stale(_has_record(JobStore(config.state_dir)), strays=True)
+    from gpushare import slurm_jobs
+
+    recorded = set(store.job_ids()) - set(exclude)
+    if not recorded or not (force or _check_due(config.state_dir)):
+        return set()
+    running = slurm_jobs.jobs_on_node(node, config.timeout, squeue or slurm_jobs.SQUEUE)
+    if running is None:
+        log.warning("cannot ask slurmctld which jobs run on %s (squeue failed): jobs whose "
+                    "epilog was lost stay counted until it answers", node)
+        return set()
+    lost = recorded - running
+    for job_id in sorted(lost):
+        log.info("job %d has a gpushare record on %s but slurmctld no longer runs it here "
+                 "(its epilog was lost): reaping it", job_id, node)
+    return lost
+
+
+def _check_due(state_dir: str) -> bool:
+    """True (and the time noted) when this node last asked slurmctld long enough ago."""
+    path = os.path.join(state_dir, _SLURM_CHECKED)
+    try:
+        if time.time() - os.lstat(path).st_mtime < SLURM_CHECK_INTERVAL:
+            return False
+    except FileNotFoundError:
+        pass
+    # The state directory is root's (JobStore checked it); O_NOFOLLOW refuses a link.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _alive(store: JobStore, lost: "Collection[int]" = ()) -> Callable[[int], bool]:
+    """Whether a job still runs here: its record outlives its epilog, unless slurmctld says
+    the job is gone (``lost``)."""
+    return lambda job_id: job_id not in lost and store.read(job_id) is not None
+
+
+def _forget(store: JobStore, lost: "Iterable[int]") -> None:
+    for job_id in lost:
+        store.remove(job_id)
+
+
+def reap_mps(config: PluginConfig, node: str) -> tuple[list[str], set[int]]:
+    """Do now what the node's next shared job's prolog does first: drop MPS references of
+    jobs without a record or that slurmctld no longer runs on ``node``, and stop the
+    daemons left without jobs (``gpushare mps --reap``); also stop MPS processes whose
+    daemon directory has lost its record.
+
+    Returns the keys of the daemons stopped and the lost jobs forgotten; MpsError names
+    any daemon that cannot be stopped.
+    """
+    store = JobStore(config.state_dir)
+    lost = lost_jobs(config, store, node, force=True)
+    stopped = MpsManager(config).reap_stale(_alive(store, lost), strays=True)
+    _forget(store, lost)
+    return stopped, lost
 
 
 def node_name(env: Mapping[str, str]) -> str:

@@ -148,26 +148,15 @@ def _owners(config: PluginConfig, node: str) -> Callable[[int, str], str]:
     """``owner(gpu index, MIG profile)`` from the plan ("unknown" without a usable one)."""
     if not config.plan:
         return lambda _gpu, _profile: "unknown"
-    from gpushare.plan import PlanError, load_plan
+    from gpushare.ownership import OwnersError, node_owners, owner_of
 
     try:
-        group = load_plan(config.plan).group_of(node)
-    except PlanError:
-        group = None
-    if group is None:
+        planned = node_owners(config.plan, node, config.state_dir)
+    except OwnersError:
         return lambda _gpu, _profile: "unknown"
-
-    def owner(gpu: int, profile: str) -> str:
-        if not 0 <= gpu < len(group.gpus):
-            return "unplanned"
-        planned = group.gpus[gpu]
-        if not profile:
-            return planned.owner
-        # As gpushare.ownership: known only when every slice of the profile has one owner.
-        found = {s.owner for s in planned.slices if s.profile == profile}
-        return found.pop() if len(found) == 1 else "unknown"
-
-    return owner
+    if planned is None:
+        return lambda _gpu, _profile: "unknown"
+    return lambda gpu, profile: owner_of(planned, gpu, profile) or "unknown"
 
 
 def _device_profiles(config: PluginConfig) -> tuple[dict[str, str], dict[str, int]]:

@@ -62,7 +62,7 @@ def _jobs(ids: Sequence[str]) -> str:
     return ("job " if len(ids) == 1 else "jobs ") + ", ".join(ids)
 
 
-def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
+def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonView:
     key = entry["key"]
     if entry["error"]:
         return DaemonView(key, "unreadable", problems=(entry["error"],))
@@ -82,6 +82,7 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
     jobs = tuple(sorted(((job, int(info["share_percent"])) for job, info in
                          rec["jobs"].items()), key=lambda item: int(item[0])))
     stale = tuple(job for job, _share in jobs if int(job) not in job_ids)
+    gone = tuple(job for job, _share in jobs if int(job) in lost and job not in stale)
     pid = rec.get("daemon_pid")
     problems = []
     if rec.get("stop_failed"):
@@ -96,7 +97,7 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
         status = "changing"  # being started or stopped under its lock right now
     else:
         status = "not running"
-        live = [job for job, _share in jobs if job not in stale]
+        live = [job for job, _share in jobs if job not in stale and job not in gone]
         if live:
             problems.append(f"daemon pid {pid or 'unknown'} is gone while it serves "
                             f"{_jobs(live)}: CUDA calls there fail until requeued; the next "
@@ -105,6 +106,11 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
         problems.append(f"the daemon still counts {_jobs(stale)}, gone without a gpushare "
                         "record (no epilog ran); `gpushare mps --reap` drops such references "
                         "now, as the node's next shared job would")
+    if gone:
+        problems.append(f"slurmctld no longer runs {_jobs(gone)} on this node, yet the daemon "
+                        "still counts them (their epilog was lost); `gpushare mps --reap` "
+                        "drops them now, as the node's next shared job would within "
+                        "minutes")
     caps = rec.get("caps") or {}
     devices = [MpsDevice.from_record(d) for d in rec["devices"]]
     return DaemonView(
@@ -112,7 +118,7 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
         user=_user_name(int(rec["uid"])),
         devices=tuple(d.label or f"GPU {d.index}" for d in devices),
         device_uuids=tuple(d.uuid for d in devices),
-        jobs=jobs, stale_jobs=stale, daemon_pid=None if pid is None else int(pid),
+        jobs=jobs, stale_jobs=stale + gone, daemon_pid=None if pid is None else int(pid),
         started_at=rec.get("started_at"),
         cap_percent=None if caps.get("percent") is None else int(caps["percent"]),
         mem_limits=tuple(sorted((str(i), str(size)) for i, size in
@@ -122,15 +128,17 @@ def _view(entry: dict[str, Any], job_ids: set[int]) -> DaemonView:
     )
 
 
-def inspect_daemons(config: PluginConfig, check_processes: bool = True) -> list[DaemonView]:
+def inspect_daemons(config: PluginConfig, check_processes: bool = True,
+                    lost: set[int] | None = None) -> list[DaemonView]:
     """Every MPS daemon key under the state directory. ``check_processes`` needs root: only
-    root can read another user's /proc environ, which tells a daemon from a stranger."""
+    root can read another user's /proc environ, which tells a daemon from a stranger.
+    ``lost``: jobs slurmctld no longer runs on this node (``gpushare.job.lost_jobs``)."""
     entries = MpsManager(config).snapshot(check_processes=check_processes)
     # Job records are listed after the daemon records are read: a prolog writes its job's
     # record before the daemon's record names the job, so a job just starting is never
     # taken for one whose epilog never ran.
     job_ids = set(JobStore(config.state_dir).job_ids())
-    return [_view(entry, job_ids) for entry in entries]
+    return [_view(entry, job_ids, lost or set()) for entry in entries]
 
 
 def exit_status(views: list[DaemonView]) -> int:

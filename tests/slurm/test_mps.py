@@ -395,6 +395,71 @@ def test_scancel_mid_job_stops_the_daemon(mps_bed):
     assert "DRAIN" not in bed.node_state(NODE)["State"]
 
 
+def _plant_lost_epilog(bed, lost_id: int, saved: dict[str, bytes], key: str) -> None:
+    """Put back what a job's epilog removed, as if it had never run: its job record, and
+    its reference in the daemon it shared (which still serves another job)."""
+    jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
+    for name, data in saved.items():
+        path = os.path.join(jobs_dir, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            out.write(data)
+    path = os.path.join(bed.state_of(NODE), "mps", f"{key}.json")
+    with open(path) as handle:
+        record = json.load(handle)
+    record["jobs"][str(lost_id)] = {"share_percent": 25}
+    with open(path + ".tmp", "w") as out:
+        json.dump(record, out)
+    os.chmod(path + ".tmp", os.stat(path).st_mode & 0o777)
+    os.replace(path + ".tmp", path)
+
+
+def _daemon_jobs(bed, key: str) -> set[str]:
+    with open(os.path.join(bed.state_of(NODE), "mps", f"{key}.json")) as handle:
+        return set(json.load(handle)["jobs"])
+
+
+def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
+    """slurmd killed between a job's end and its epilog leaves the job's record and its
+    share behind: gpushare mps shows it, --reap forgets it, and so does the next prolog."""
+    bed = mps_bed
+    holder = bed.sbatch("sleep 120", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+    wait_running(bed, holder)
+    key = wait_until("holder's daemon", lambda: started_records(bed), 60)[0]["key"]  # type: ignore[index]
+    lost = bed.sbatch("sleep 4", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+    jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
+    wait_until("the second job joins the daemon", lambda: str(lost) in _daemon_jobs(bed, key))
+    saved = {}
+    for name in (f"{lost}.json", f"{lost}.env"):
+        with open(os.path.join(jobs_dir, name), "rb") as handle:
+            saved[name] = handle.read()
+    assert bed.wait_job(lost)["JobState"] == "COMPLETED"
+    wait_until("its epilog ran", lambda: str(lost) not in _daemon_jobs(bed, key))
+
+    _plant_lost_epilog(bed, lost, saved, key)
+    shown = gpushare_mps(bed, "--json")
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    view = next(v for v in json.loads(shown.stdout)["daemons"] if v["key"] == key)
+    assert f"slurmctld no longer runs job {lost} on this node" in " ".join(view["problems"])
+    reaped = gpushare_mps(bed, "--reap", "--json")
+    assert json.loads(reaped.stdout)["lost_jobs_forgotten"] == [lost], reaped.stdout
+    assert _daemon_jobs(bed, key) == {str(holder)}
+    assert not os.path.exists(os.path.join(jobs_dir, f"{lost}.json"))
+
+    # The prolog of the node's next shared job does the same (once its interval is up).
+    _plant_lost_epilog(bed, lost, saved, key)
+    checked = os.path.join(bed.state_of(NODE), "slurm-checked")
+    if os.path.exists(checked):
+        os.unlink(checked)
+    after = bed.sbatch("true", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+    assert bed.wait_job(after)["JobState"] == "COMPLETED"
+    assert _daemon_jobs(bed, key) == {str(holder)}
+    assert not os.path.exists(os.path.join(jobs_dir, f"{lost}.json"))
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    bed.run(["scancel", str(holder)])
+    bed.wait_job(holder)
+    assert_nothing_left(bed)
+
+
 def test_slurmd_killed_and_restarted_while_jobs_run_leaks_nothing(mps_bed):
     bed = mps_bed
     jobs = [bed.sbatch("echo script-started; sleep 12", "--gres=mps:25", "-w", NODE, "-c1",

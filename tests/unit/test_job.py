@@ -1,5 +1,7 @@
 """The job-level decisions of job_prolog: mode, share, refusals, the task's environment."""
 
+import os
+
 import pytest
 
 from gpushare import job
@@ -146,3 +148,69 @@ def test_epilog_hands_the_leases_daemon_to_release_and_survives_a_bad_record(tmp
         handle.write("[not a record")
     job.epilog(config, 8)  # the shortcut is lost, the release is not
     assert hints[-1] == (8, None) and store.read(8) is None
+
+
+def _fake_squeue(tmp_path, output: str, status: int = 0):
+    """A squeue that prints ``output``, exits ``status`` and logs each call's arguments."""
+    calls = tmp_path / "squeue-calls"
+    script = tmp_path / "squeue"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nprintf '{output}'\nexit {status}\n")
+    script.chmod(0o755)
+    return str(script), calls
+
+
+def _records(config, *job_ids):
+    from gpushare.state import JobStore
+
+    store = JobStore(config.state_dir)
+    for job_id in job_ids:
+        store.write(JobRecord(job_id=job_id, uid=1001, gid=1001, node="n1", mode="shared",
+                              share_percent=25, slurm_gpus=["0"]))
+    return store
+
+
+def test_jobs_slurmctld_no_longer_runs_here_are_lost(tmp_path):
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    store = _records(config, 11, 12, 13, 14)
+    squeue, calls = _fake_squeue(tmp_path, "12\\n14\\n99\\n")
+    assert job.lost_jobs(config, store, "n1", exclude={14}, force=True, squeue=squeue) == {11, 13}
+    args = calls.read_text().split()
+    assert "--nodelist=n1" in args and "--format=%A" in args
+    assert any(a.startswith("--states=") and "COMPLETING" in a for a in args)
+
+
+@pytest.mark.parametrize("output, status", [("", 1), ("12 oops\\n", 0)])
+def test_nothing_is_lost_when_slurmctld_cannot_answer(tmp_path, output, status):
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    store = _records(config, 11, 12)
+    squeue, _calls = _fake_squeue(tmp_path, output, status)
+    assert job.lost_jobs(config, store, "n1", force=True, squeue=squeue) == set()
+    missing = str(tmp_path / "no-squeue")
+    assert job.lost_jobs(config, store, "n1", force=True, squeue=missing) == set()
+
+
+def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch):
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    store = _records(config, 11, 12)
+    squeue, calls = _fake_squeue(tmp_path, "12\\n")
+    assert job.lost_jobs(config, store, "n1", squeue=squeue) == {11}
+    assert job.lost_jobs(config, store, "n1", squeue=squeue) == set()  # asked just now
+    assert len(calls.read_text().splitlines()) == 1
+    checked = tmp_path / "s" / "slurm-checked"
+    old = checked.stat().st_mtime - job.SLURM_CHECK_INTERVAL - 1
+    os.utime(checked, (old, old))
+    assert job.lost_jobs(config, store, "n1", squeue=squeue) == {11}
+    assert len(calls.read_text().splitlines()) == 2
+    # No record but the job's own: slurmctld is not asked at all.
+    store.remove(11)
+    store.remove(12)
+    os.utime(checked, (old, old))
+    assert job.lost_jobs(config, _records(config, 20), "n1", exclude={20},
+                         squeue=squeue) == set()
+    assert len(calls.read_text().splitlines()) == 2

@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="List the MPS control daemons gpushare runs on this node: owner, "
         "GPUs, the jobs sharing each with their shares, the daemon's caps, and whether it "
         "is running. A problem (a daemon gone while jobs use it, jobs whose epilog never "
-        "ran, a daemon that could not be stopped, MPS processes whose record is gone) is "
+        "ran or that slurmctld no longer runs here, a daemon that could not be stopped, "
+        "MPS processes whose record is gone) is "
         "printed with what to do. Run as root. "
         "Exit status: 0 all well, 1 a daemon needs attention, 2 the state cannot be read "
         "or --reap failed.",
@@ -102,18 +103,26 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         return _fail(str(err))
     is_root = os.geteuid() == 0
+    node = args.node or nodeconf.this_node()
     reaped: list[str] = []
+    forgotten: set[int] = set()
     if args.reap:
         if not is_root:
             return _fail("--reap stops other users' daemons: run it as root")
         from gpushare.job import reap_mps
 
         try:
-            reaped = reap_mps(config)
+            reaped, forgotten = reap_mps(config, node)
         except MpsError as err:
             return _fail(f"--reap: {err}")
     try:
-        views = inspect_daemons(config, check_processes=is_root)
+        lost: set[int] = set()
+        if is_root:  # only root reads the job records; slurmctld is asked once
+            from gpushare.job import lost_jobs
+            from gpushare.state import JobStore
+
+            lost = lost_jobs(config, JobStore(config.state_dir), node, force=True)
+        views = inspect_daemons(config, check_processes=is_root, lost=lost)
     except MpsError as err:
         return _fail(str(err))
     except PermissionError as err:
@@ -121,10 +130,14 @@ def _run(args: argparse.Namespace) -> int:
                      "permission denied): it is root's; run gpushare mps as root")
     status = exit_status(views)
     if args.json:
-        print(json.dumps({"state_dir": config.state_dir, "settings": source,
+        print(json.dumps({"state_dir": config.state_dir, "settings": source, "node": node,
                           "status": status, "reaped": reaped,
+                          "lost_jobs_forgotten": sorted(forgotten),
                           "daemons": [view.to_dict() for view in views]}, indent=2))
         return status
+    if forgotten:
+        print(f"forgot {len(forgotten)} job(s) slurmctld no longer runs on {node} (their "
+              f"epilog was lost): {', '.join(map(str, sorted(forgotten)))}")
     if reaped:
         print(f"stopped {len(reaped)} daemon(s) left without jobs: {', '.join(reaped)}")
     print(format_views(views, config.state_dir, source))
