@@ -20,7 +20,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from mps_standin.harness import install_standin
 
@@ -81,6 +81,7 @@ class Node:
     memory_mb: int = 4000
     gres: str = ""  # slurm.conf Gres=, e.g. "gpu:h100:8,mps:800"
     profile: str = ""  # simulated node profile (JSON path), copied to <root>/nodes/<name>.json
+    simulated: Optional[dict[str, Any]] = None  # or the profile itself (gpushare simulate)
 
 
 @dataclass
@@ -220,12 +221,15 @@ class SlurmBed:
                             self.path("lib", "python")], check=True, stdout=subprocess.DEVNULL)
         install_standin(self.path("bin"))
         for node in self.nodes:
-            if node.profile:
+            if node.profile or node.simulated is not None:
                 self._install_profile(node)
 
     def _install_profile(self, node: Node) -> None:
-        with open(node.profile) as handle:
-            profile = json.load(handle)
+        if node.simulated is not None:
+            profile = dict(node.simulated)
+        else:
+            with open(node.profile) as handle:
+                profile = json.load(handle)
         profile["device_dir"] = self.path("dev")
         profile["hostname"] = node.name
         with open(self.path("nodes", f"{node.name}.json"), "w") as handle:
@@ -284,7 +288,13 @@ class SlurmBed:
         if self.job_submit:
             lines.append(f"JobSubmitPlugins={self.job_submit}")
         if self.extra_conf:
-            lines.append(self.extra_conf.replace("@ROOT@", self.root))
+            # A key extra_conf sets replaces the bed's own (slurmctld logs an error for a
+            # key given twice): a site's slurm.conf lines can be tried as they are.
+            extra = self.extra_conf.replace("@ROOT@", self.root)
+            keys = {line.split("=", 1)[0].strip().lower() for line in extra.splitlines()
+                    if "=" in line and not line.lstrip().startswith("#")}
+            lines = [line for line in lines if line.split("=", 1)[0].lower() not in keys]
+            lines.append(extra)
         for node in self.nodes:
             gres = f" Gres={node.gres}" if node.gres else ""
             lines.append(f"NodeName={node.name} NodeHostname={hostname} NodeAddr=127.0.0.1 "
@@ -588,12 +598,18 @@ PROFILES = {  # the simulated NVML profile of each node group of the bed plan
 
 def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
              plan_path: str = BED_PLAN, profiles: Optional[dict[str, str]] = None,
-             **kwargs: object) -> SlurmBed:
+             simulate: bool = False, **kwargs: object) -> SlurmBed:
     """A bed whose gres.conf, node GRES, topology.conf and submit facts are rendered by
-    gpushare from an ownership plan, with each node's NVML simulated from a profile."""
+    gpushare from an ownership plan, with each node's NVML simulated from a profile.
+
+    ``simulate``: every node's profile is generated from the plan (``gpushare simulate``)
+    and gres.conf is rendered as a site does, without inventories; else each node group's
+    profile file comes from ``profiles`` (default: the bed plan's) and gres.conf from it.
+    """
     from gpushare.gresconf import parse_gres_conf
     from gpushare.inventory import collect
     from gpushare.nvml import load_nvml
+    from gpushare.nvml_sim import profile_from_plan
     from gpushare.plan import load_plan
     from gpushare.render import render_facts, render_gres_conf, render_topology, slurm_node_gres
 
@@ -603,10 +619,15 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     nodes, inventories = [], {}
     for group in plan.groups:
         for name in group.nodes:
+            port = port_base + len(nodes) + 1
+            if simulate:
+                nodes.append(Node(name=name, port=port, gres=slurm_node_gres(group),
+                                  simulated=profile_from_plan(plan, name)))
+                continue
             nvml = load_nvml("sim:" + profiles[group.name])
             inventories[name] = collect(nvml, "sim", nvml.mig_minors_text, nvml.device_dir, name)
-            nodes.append(Node(name=name, port=port_base + len(nodes) + 1,
-                              gres=slurm_node_gres(group), profile=profiles[group.name]))
+            nodes.append(Node(name=name, port=port, gres=slurm_node_gres(group),
+                              profile=profiles[group.name]))
     gres = render_gres_conf(plan, inventories, device_root=os.path.join(root, "dev"))
     files = {f for name in plan.nodes for device in parse_gres_conf(gres).devices(name)
              for f in device.files}

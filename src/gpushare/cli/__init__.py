@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.explain",
     "gpushare.cli.inventory",
     "gpushare.cli.render",
+    "gpushare.cli.simulate",
     "gpushare.cli.check",
     "gpushare.cli.job",
     "gpushare.cli.mps",

@@ -1,0 +1,94 @@
+"""``gpushare simulate``: write simulated NVML node profiles from the ownership plan, so that a
+site can run its plan through gpushare (check, render, the plugin, a test Slurm) without
+the hardware."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="write simulated NVML node profiles laid out as the ownership plan says",
+        description="Write the simulated NVML profile of a node exactly as the ownership plan "
+        "lays it out: every GPU of its group with the model's NVML name, memory, NVLinks and "
+        "fabric state, every MIG slice the plan describes (Slurm's and Kubernetes') at its "
+        "placement. The profiles are what inventory=sim:PATH (plugstack) and --source "
+        "sim:PATH (inventory, render, check) read.",
+        epilog="examples:\n"
+        "  gpushare simulate --plan plan.yaml --node a100-01 > a100-01.json\n"
+        "  gpushare check --plan plan.yaml --node a100-01 --source sim:$PWD/a100-01.json\n"
+        "  gpushare simulate --plan plan.yaml --output-dir /tmp/nodes   # one <node>.json "
+        "each\n"
+        "  plugstack.conf (a test cluster): inventory=sim:/tmp/nodes/%n.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--plan", required=True, metavar="FILE", help="the ownership plan")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--node", metavar="NAME",
+                       help="the node to simulate; its profile goes to standard output or "
+                       "--output")
+    where.add_argument("--output-dir", metavar="DIR",
+                       help="write <node>.json for every node of the plan into DIR (existing)")
+    parser.add_argument("--output", "-o", metavar="FILE",
+                        help="with --node: write here (atomically) instead of standard output")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpushare.nvml_sim import ProfileError, profile_from_plan
+    from gpushare.plan import PlanError, load_plan
+
+    if args.output and not args.node:
+        print("gpushare simulate: --output goes with --node (--output-dir writes every node)",
+              file=sys.stderr)
+        return 2
+    try:
+        plan = load_plan(args.plan)
+        nodes = [args.node] if args.node else plan.nodes
+        profiles = {node: profile_from_plan(plan, node) for node in nodes}
+    except PlanError as err:
+        print("gpushare simulate: the plan has problems:", file=sys.stderr)
+        for problem in err.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    except ProfileError as err:
+        print(f"gpushare simulate: {err}", file=sys.stderr)
+        return 2
+    if args.node and not args.output:
+        sys.stdout.write(json.dumps(profiles[args.node], indent=1) + "\n")
+        return 0
+    if args.output_dir and not os.path.isdir(args.output_dir):
+        print(f"gpushare simulate: --output-dir {args.output_dir} is not a directory; create "
+              "it first", file=sys.stderr)
+        return 2
+    for node, profile in profiles.items():
+        path = args.output or os.path.join(args.output_dir, f"{node}.json")
+        if _write(path, json.dumps(profile, indent=1) + "\n") != 0:
+            return 2
+    return 0
+
+
+def _write(path: str, text: str) -> int:
+    """Write through a temporary file and rename: a plugin reading the profile never sees
+    half of it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as err:
+        print(f"gpushare simulate: cannot write {path}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    return 0
