@@ -46,6 +46,7 @@ LOG = get_logger("gpushare.mps")
 
 MODES = ("shared", "private")
 PID_FILE = "nvidia-cuda-mps-control.pid"
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 SERVER_PROGRAM = "nvidia-cuda-mps-server"
 DAEMON_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _MIB = 1 << 20
@@ -601,9 +602,20 @@ class MpsManager:
     def _start_daemon(self, mps_fd: int, rec: dict[str, Any]) -> None:
         program = self._program()
         key = rec["key"]
-        self._make_dirs(mps_fd, rec)
         what = ", ".join(MpsDevice.from_record(d).describe() for d in rec["devices"])
         short = ", ".join(MpsDevice.from_record(d).label or d["uuid"] for d in rec["devices"])
+        control = os.fsencode(os.path.join(rec["pipe_dir"], "control"))
+        if len(control) > SOCKET_PATH_MAX:
+            # The daemon could not even listen: say so now, not after the whole timeout.
+            room = SOCKET_PATH_MAX - (len(control) - len(os.fsencode(self.config.state_dir)))
+            raise MpsError(f"cannot start MPS on {what}: its control socket "
+                           f"{os.fsdecode(control)} would be {len(control)} bytes, more than "
+                           f"the {SOCKET_PATH_MAX} a Unix socket path may have; give "
+                           f"plugstack.conf a state_dir= of at most {room} characters "
+                           "(e.g. /run/gpushare or /run/gpushare/%n)",
+                           brief=f"MPS start failed: state_dir= too long for MPS's control "
+                           f"socket ({short})")
+        self._make_dirs(mps_fd, rec)
 
         def failed(cause: str, detail: str) -> MpsError:
             # The daemon's directory goes with the failed start: its log's last lines

@@ -892,3 +892,17 @@ def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
     assert "Traceback" not in result.stderr
     assert f"cannot read the plugin's state in {state}" in result.stderr
     assert "run gpushare mps as root" in result.stderr
+
+
+def test_a_state_dir_too_long_for_the_control_socket_is_named_at_once(bed, users, tmp_path):
+    """The daemon could never listen on a socket path over 107 bytes: the start fails at
+    once with what to change, instead of after the whole timeout."""
+    u1 = users[0]
+    deep = str(tmp_path / ("s" * 60))
+    mgr = bed.manager(state_dir=deep)
+    with pytest.raises(MpsError, match=r"more than the 107 a Unix socket path may have; give "
+                       r"plugstack.conf a state_dir= of at most \d+ characters") as err:
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    assert err.value.brief.startswith("MPS start failed: state_dir= too long")
+    assert bed.standin.processes() == []  # no daemon was started to wait for
+    assert not os.path.exists(os.path.join(deep, "mps", f"u{u1.pw_uid}-{GPU0.uuid}"))

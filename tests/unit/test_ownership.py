@@ -57,7 +57,9 @@ def test_the_node_part_is_compiled_once_and_recompiled_when_the_plan_changes(tmp
     assert out.stdout.splitlines()[-1] == "False False", out.stdout
     assert node_owners(plan, "a100-01", state) == first
     # The plan edited: GPU 2 given whole to Kubernetes; the next job sees it at once.
-    text = open(plan).read().replace(
+    with open(plan) as handle:
+        text = handle.read()
+    text = text.replace(
         "          - {profile: 1g.5gb, count: 2, owner: slurm}",
         "          - {profile: 1g.5gb, count: 2, owner: kubernetes}")
     with open(plan, "w") as handle:
