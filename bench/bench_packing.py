@@ -106,7 +106,7 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=2.0, help="seconds each job runs")
     parser.add_argument("--repeat", type=int, default=1, help="batches of each kind")
     parser.add_argument("--port", type=int, default=17690)
-    parser.add_argument("--root", default="/tmp/gpushare-bench-packing")
+    parser.add_argument("--root", default="/tmp/gs-bench-pack")
     opts = parser.parse_args()
 
     bed = slurmbed.default_bed(root=opts.root, port_base=opts.port, node_count=1,

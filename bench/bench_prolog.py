@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=6)
     parser.add_argument("--port", type=int, default=17680)
-    parser.add_argument("--root", default="/tmp/gpushare-bench-prolog")
+    parser.add_argument("--root", default="/tmp/gs-bench-prolog")
     opts = parser.parse_args()
 
     bed = slurmbed.default_bed(root=opts.root, port_base=opts.port, node_count=1,

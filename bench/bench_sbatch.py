@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--parallel", type=int, default=4, help="sbatch processes at a time")
     parser.add_argument("--port", type=int, default=18760)
-    parser.add_argument("--root", default="/tmp/gpushare-bench-sbatch")
+    parser.add_argument("--root", default="/tmp/gs-bench-sbatch")
     opts = parser.parse_args()
     per_round = max(1, opts.submissions // opts.rounds)
 

@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=17600)
     opts = parser.parse_args()
 
-    bed = slurmbed.default_bed(root="/tmp/gpushare-bench-srun", port_base=opts.port,
+    bed = slurmbed.default_bed(root="/tmp/gs-bench-srun", port_base=opts.port,
                                node_count=1, prefix="bench")
     with bed:
         noop = build_noop(bed.path("lib"))

@@ -124,7 +124,8 @@ class SlurmBed:
 
     @property
     def state_dir(self) -> str:
-        return self.path("state")
+        # Short: MPS's control socket lies below it and a socket path has at most 107 bytes.
+        return self.path("s")
 
     def state_of(self, node: str) -> str:
         """The plugin's state directory on ``node`` (state_dir=<root>/state/%n)."""

@@ -47,6 +47,9 @@ LOG = get_logger("gpushare.mps")
 MODES = ("shared", "private")
 PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+# Sockets in a pipe directory may have names a little longer than "control" (a daemon
+# binds under a temporary name first); this much is kept free beyond it.
+SOCKET_NAME_ROOM = 8
 SERVER_PROGRAM = "nvidia-cuda-mps-server"
 DAEMON_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _MIB = 1 << 20
@@ -605,12 +608,13 @@ class MpsManager:
         what = ", ".join(MpsDevice.from_record(d).describe() for d in rec["devices"])
         short = ", ".join(MpsDevice.from_record(d).label or d["uuid"] for d in rec["devices"])
         control = os.fsencode(os.path.join(rec["pipe_dir"], "control"))
-        if len(control) > SOCKET_PATH_MAX:
+        if len(control) + SOCKET_NAME_ROOM > SOCKET_PATH_MAX:
             # The daemon could not even listen: say so now, not after the whole timeout.
-            room = SOCKET_PATH_MAX - (len(control) - len(os.fsencode(self.config.state_dir)))
+            room = SOCKET_PATH_MAX - SOCKET_NAME_ROOM - (
+                len(control) - len(os.fsencode(self.config.state_dir)))
             raise MpsError(f"cannot start MPS on {what}: its control socket "
-                           f"{os.fsdecode(control)} would be {len(control)} bytes, more than "
-                           f"the {SOCKET_PATH_MAX} a Unix socket path may have; give "
+                           f"{os.fsdecode(control)} would be {len(control)} bytes, too close "
+                           f"to the {SOCKET_PATH_MAX} a Unix socket path may have; give "
                            f"plugstack.conf a state_dir= of at most {room} characters "
                            "(e.g. /run/gpushare or /run/gpushare/%n)",
                            brief=f"MPS start failed: state_dir= too long for MPS's control "

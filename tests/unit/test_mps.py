@@ -900,7 +900,7 @@ def test_a_state_dir_too_long_for_the_control_socket_is_named_at_once(bed, users
     u1 = users[0]
     deep = str(tmp_path / ("s" * 60))
     mgr = bed.manager(state_dir=deep)
-    with pytest.raises(MpsError, match=r"more than the 107 a Unix socket path may have; give "
+    with pytest.raises(MpsError, match=r"too close to the 107 a Unix socket path may have; give "
                        r"plugstack.conf a state_dir= of at most \d+ characters") as err:
         mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
     assert err.value.brief.startswith("MPS start failed: state_dir= too long")
