@@ -296,6 +296,7 @@ def epilog(config: PluginConfig, job_id: int) -> None:
 # epilog is rare; its job's share is given back within this time, or at once by
 # `gpushare mps --reap`.
 SLURM_CHECK_INTERVAL = 300.0
+SLURM_CHECK_TIMEOUT = 2.0  # seconds squeue may take before the prolog goes on without it
 _SLURM_CHECKED = "slurm-checked"  # its mtime: when this node last asked
 
 
@@ -313,7 +314,10 @@ def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterab
     recorded = set(store.job_ids()) - set(exclude)
     if not recorded or not (force or _check_due(config.state_dir)):
         return set()
-    running = slurm_jobs.jobs_on_node(node, config.timeout, squeue or slurm_jobs.SQUEUE)
+    # Bounded well below timeout=: a prolog must not wait long on a slow slurmctld for an
+    # answer that only tidies up; the next interval asks again.
+    running = slurm_jobs.jobs_on_node(node, min(config.timeout, SLURM_CHECK_TIMEOUT),
+                                      squeue or slurm_jobs.SQUEUE)
     if running is None:
         log.warning("cannot ask slurmctld which jobs run on %s (squeue failed): jobs whose "
                     "epilog was lost stay counted until it answers", node)

@@ -214,3 +214,15 @@ def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch
     assert job.lost_jobs(config, _records(config, 20), "n1", exclude={20},
                          squeue=squeue) == set()
     assert len(calls.read_text().splitlines()) == 2
+
+
+def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, monkeypatch):
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off", "timeout=30"])
+    store = _records(config, 11)
+    script = tmp_path / "squeue"
+    script.write_text("#!/bin/sh\nsleep 3\necho 99\n")  # would make job 11 lost
+    script.chmod(0o755)
+    monkeypatch.setattr(job, "SLURM_CHECK_TIMEOUT", 0.2)
+    assert job.lost_jobs(config, store, "n1", force=True, squeue=str(script)) == set()
