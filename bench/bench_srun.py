@@ -1,7 +1,23 @@
-"""`srun true` latency: no plugin, a C no-op SPANK plugin, and gpushare (with and without a
-share), in one run on one local Slurm, interleaved, medians, printed as ratios.
+"""What a user waits for: ``srun``/``salloc`` with and without gpushare, in one run.
 
-    python3 bench/bench_srun.py [--rounds 5] [--per-round 10]
+A local Slurm of the test plan's nodes (tests/plans/bed.yaml: four 8-GPU H100 nodes and a
+MIG node), configured as docs/admin.md says: the plugin with ``verify=strict`` and
+``plan=``, simulated NVML per node, the MPS stand-in, the Lua submit hook, no PrologFlags.
+Every srun is a new job. The cases:
+
+  srun true                  no GPU sharing: the plugin's fast path
+  srun --gres=mps:25 true    the first job on its GPU: the prolog verifies the GPU and
+                             starts the user's MPS daemon, the epilog stops it
+  ... joining                another job of the same user holds the GPU's daemon: the
+                             prolog only joins it
+  srun --gpu-share=25 true   the same share through gpushare's option (the hook turns it
+                             into mps:25); without gpushare the user types --gres=mps:25
+  salloc true                an interactive allocation, no step
+
+Blocks of ``--per-block`` runs alternate between "without" (plugstack.conf empty) and
+"with"; medians over all blocks, printed as ratios.
+
+    python3 bench/bench_srun.py [--blocks 10] [--per-block 10]
 """
 
 from __future__ import annotations
@@ -9,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -17,70 +32,84 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import slurmbed
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 USER = slurmbed.TEST_USERS[0]
+NODE = "n1"
+LUA = os.path.join(slurmbed.REPO, "submit_hooks", "job_submit.lua")
+
+# name, client command without gpushare, with gpushare, needs a holder job, goal
+CASES = (
+    ("srun true", ["srun", "-N1", "-w", NODE, "true"], None, False, 1.02),
+    ("srun --gres=mps:25 true, first on its GPU",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10),
+    ("srun --gres=mps:25 true, joining a daemon",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, True, 1.10),
+    ("srun --gpu-share=25 true, first on its GPU",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"],
+     ["srun", "-N1", "-w", NODE, "--gpu-share=25", "true"], False, 1.10),
+    ("salloc true", ["salloc", "-N1", "-w", NODE, "true"], None, False, 1.02),
+)
 
 
-def build_noop(out_dir: str) -> str:
-    out = os.path.join(out_dir, "spank_noop.so")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", out,
-                    os.path.join(HERE, "noop_spank.c")], check=True)
-    return out
-
-
-def time_sruns(bed: slurmbed.SlurmBed, args: list[str], count: int) -> list[float]:
+def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int) -> list[float]:
     samples = []
     for _ in range(count):
         start = time.perf_counter()
-        bed.run(["srun", "-N1", "-w", bed.nodes[0].name, *args, "true"], user=USER)
+        bed.run(argv, user=USER)
         samples.append(time.perf_counter() - start)
     return samples
 
 
+def holder(bed: slurmbed.SlurmBed) -> int:
+    """A job of the same user on the node's first GPU, so the next ones join its daemon."""
+    job_id = bed.sbatch("sleep 3600", "--gres=mps:25", "-w", NODE, "-c1", user=USER)
+    bed.wait_job(job_id, states={"RUNNING"})
+    return job_id
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--blocks", type=int, default=10,
+                        help="blocks per side and case (default 10)")
+    parser.add_argument("--per-block", type=int, default=10,
+                        help="runs per block (default 10: 100 per side)")
     parser.add_argument("--port", type=int, default=17600)
+    parser.add_argument("--root", default="/tmp/gs-bench-srun")
     opts = parser.parse_args()
 
-    bed = slurmbed.default_bed(root="/tmp/gs-bench-srun", port_base=opts.port,
-                               node_count=1, prefix="bench")
+    bed = slurmbed.plan_bed(root=opts.root, port_base=opts.port, job_submit="lua",
+                            job_submit_lua=LUA)
+    samples: dict[tuple[str, str], list[float]] = {}
     with bed:
-        noop = build_noop(bed.path("lib"))
         gpushare = bed.plugstack_line()
-        variants = [
-            ("no plugin", "", []),
-            ("C no-op plugin", f"required {noop}\n", []),
-            ("gpushare, no share", gpushare, []),
-            ("no plugin, mps job", "", ["--gres=mps:25"]),
-            ("gpushare, mps job", gpushare, ["--gres=mps:25"]),
-        ]
-        samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-        for _name, plugstack, args in variants:  # warm-up
-            bed.write_plugstack(plugstack)
-            time_sruns(bed, args, 2)
-        for _ in range(opts.rounds):
-            for name, plugstack, args in variants:
+        for name, without, with_, needs_holder, _goal in CASES:
+            sides = (("without", "", without), ("with", gpushare, with_ or without))
+            held = None
+            if needs_holder:
+                bed.write_plugstack(gpushare)
+                held = holder(bed)
+            for _side, plugstack, argv in sides:  # warm-up
                 bed.write_plugstack(plugstack)
-                samples[name].extend(time_sruns(bed, args, opts.per_round))
+                timed(bed, argv, 2)
+            for _ in range(opts.blocks):
+                for side, plugstack, argv in sides:
+                    bed.write_plugstack(plugstack)
+                    samples.setdefault((name, side), []).extend(
+                        timed(bed, argv, opts.per_block))
+            if held is not None:
+                bed.write_plugstack(gpushare)
+                bed.run(["scancel", str(held)])
+                bed.wait_job(held)
         bed.write_plugstack(gpushare)
 
-    median = {name: statistics.median(values) for name, values in samples.items()}
-    base = {"no plugin": median["no plugin"], "no plugin, mps job": median["no plugin, mps job"]}
-    rows = [
-        ("no plugin", "no plugin", None),
-        ("C no-op plugin", "no plugin", None),
-        ("gpushare, no share", "no plugin", 1.02),
-        ("no plugin, mps job", "no plugin, mps job", None),
-        ("gpushare, mps job", "no plugin, mps job", 1.10),
-    ]
-    print(f"srun true, {opts.rounds} rounds x {opts.per_round} runs, medians")
-    print(f"{'variant':<22} {'median ms':>10} {'ratio':>7} {'vs':<20} {'goal':>6}")
-    for name, against, goal in rows:
-        ratio = median[name] / base[against]
-        print(f"{name:<22} {median[name] * 1000:>10.1f} {ratio:>7.3f} {against:<20} "
-              f"{'<=' + str(goal) if goal else '':>6}")
+    runs = opts.blocks * opts.per_block
+    print(f"what a user waits for, {runs} runs per side in {opts.blocks} alternating blocks, "
+          "medians (verify=strict, plan=, Lua hook)")
+    print(f"{'case':<44} {'without ms':>10} {'with ms':>9} {'ratio':>7} {'goal':>7}")
+    for name, _without, _with, _holder, goal in CASES:
+        base = statistics.median(samples[(name, "without")])
+        with_ = statistics.median(samples[(name, "with")])
+        print(f"{name:<44} {base * 1000:>10.1f} {with_ * 1000:>9.1f} {with_ / base:>7.3f} "
+              f"{'<=' + str(goal):>7}")
     return 0
 
 
