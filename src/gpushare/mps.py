@@ -48,8 +48,8 @@ MODES = ("shared", "private")
 PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 # Sockets in a pipe directory may have names a little longer than "control" (a daemon
-# binds under a temporary name first); this much is kept free beyond it.
-SOCKET_NAME_ROOM = 8
+# may bind under a temporary name first, as the stand-in does); this much is kept free.
+SOCKET_NAME_ROOM = 4
 SERVER_PROGRAM = "nvidia-cuda-mps-server"
 DAEMON_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _MIB = 1 << 20
@@ -646,7 +646,7 @@ class MpsManager:
                          f"{program} -d exited with status {result.returncode}: "
                          f"{result.output or 'no output'}")
         rec["started_at"] = time.time()
-        with self._pipe_fd(mps_fd, key) as pipe_fd:
+        with self._user_dir_fd(mps_fd, key, "pipe") as pipe_fd:
             deadline = time.monotonic() + self.timeout
             pause = 0.002  # a daemon is usually listening within milliseconds
             while not _exists_at(pipe_fd, "control"):
@@ -671,15 +671,8 @@ class MpsManager:
         a link, only when it is a regular file, and at most 64 KiB of it.
         """
         try:
-            key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
-            try:
-                log_fd = safefs.open_dir_at(key_fd, "log", self._path(key, "log"))
-            finally:
-                os.close(key_fd)
-            try:
+            with self._user_dir_fd(mps_fd, key, "log") as log_fd:
                 data = safefs.read_small_file_at(log_fd, "control.log", 1 << 16)
-            finally:
-                os.close(log_fd)
         except (OSError, safefs.UnsafePathError):
             return ""
         text = [line.strip() for line in (data or b"").decode("utf-8", "replace").splitlines()
@@ -710,16 +703,18 @@ class MpsManager:
             raise MpsError(f"MPS directory refused: {err}") from None
 
     @contextmanager
-    def _pipe_fd(self, mps_fd: int, key: str) -> Iterator[int]:
+    def _user_dir_fd(self, mps_fd: int, key: str, name: str) -> Iterator[int]:
+        """The daemon's ``pipe`` or ``log`` directory (the user's), reached through its
+        root-owned key directory without following a link."""
         key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
         try:
-            pipe_fd = safefs.open_dir_at(key_fd, "pipe", self._path(key, "pipe"))
+            dir_fd = safefs.open_dir_at(key_fd, name, self._path(key, name))
         finally:
             os.close(key_fd)
         try:
-            yield pipe_fd
+            yield dir_fd
         finally:
-            os.close(pipe_fd)
+            os.close(dir_fd)
 
     def _find_daemon_pid(self, pipe_fd: int, rec: dict[str, Any]) -> Optional[int]:
         """The daemon's pid from its pid file, trusted only once /proc confirms it."""

@@ -113,7 +113,7 @@ class Checker:
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
         self.results: list[dict[str, Any]] = []
-        self.base = traversable_tmpdir(prefix="gpushare-gpu-mps-")
+        self.base = traversable_tmpdir(prefix="gs-mps-")  # MPS socket paths stay short
         self.users = ensure_users()
         self.client_file = os.path.join(self.base, "client.py")
         with open(self.client_file, "w") as handle:

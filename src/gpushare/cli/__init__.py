@@ -32,6 +32,45 @@ def text_table(rows: list[list[str]]) -> list[str]:
             for row in rows]
 
 
+def add_slurm_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """How the cluster commands ask slurmctld: --backend, --sinfo, --scontrol, --timeout."""
+    parser.add_argument("--backend", default="auto",
+                        choices=("auto", "pyslurm", "sinfo", "scontrol", "scontrol-json"),
+                        help=f"{prefix}how to ask slurmctld: pyslurm, sinfo --json, scontrol -d "
+                        "show node, scontrol show nodes --json (23.02 and later); default auto: "
+                        "pyslurm when a build matching this Slurm imports, else sinfo --json, "
+                        "else scontrol")
+    parser.add_argument("--scontrol", default="/usr/bin/scontrol", metavar="PATH",
+                        help="absolute path of scontrol (default /usr/bin/scontrol)")
+    parser.add_argument("--sinfo", default="/usr/bin/sinfo", metavar="PATH",
+                        help="absolute path of sinfo (default /usr/bin/sinfo)")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="limit for each Slurm command (default 10)")
+
+
+def write_atomically(path: str, text: str, command: str) -> int:
+    """Write through a temporary file and rename, so no reader (slurmd, a prolog) ever sees
+    half a file; 0, or 2 with the reason printed."""
+    import os
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as err:
+        print(f"gpushare {command}: cannot write {path}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare",

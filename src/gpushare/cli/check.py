@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 from typing import Any
 
+from gpushare.cli import add_slurm_arguments, nodeconf
+
 DEFAULT_PLAN = "/etc/gpushare/plan.yaml"
 DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
-DEFAULT_SCONTROL = "/usr/bin/scontrol"
-DEFAULT_SINFO = "/usr/bin/sinfo"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,23 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--all-nodes", action="store_true",
                         help="check a cluster-wide gres.conf against the plan for every node "
                         "(no inventory; e.g. on the controller before distributing it)")
-    parser.add_argument("--backend", default="auto",
-                        choices=("auto", "pyslurm", "sinfo", "scontrol"),
-                        help="--cluster: how to ask slurmctld (default auto)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--drain", action="store_true",
                         help="on errors, drain this node with a reason naming the worst one")
-    parser.add_argument("--scontrol", default=DEFAULT_SCONTROL, metavar="PATH",
-                        help=f"absolute path of scontrol (default {DEFAULT_SCONTROL})")
-    parser.add_argument("--sinfo", default=DEFAULT_SINFO, metavar="PATH",
-                        help=f"absolute path of sinfo (default {DEFAULT_SINFO})")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="limit for each Slurm command (default 10)")
+    add_slurm_arguments(parser, "--cluster: ")
     parser.set_defaults(func=_run)
-
-
-def _node_name(args: argparse.Namespace) -> str:
-    return args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def _fail(message: str) -> int:
@@ -84,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"{option} must be an absolute path, not {path!r}")
     if not 0.1 <= args.timeout <= 600:
         return _fail("--timeout must be between 0.1 and 600 seconds")
-    node = _node_name(args)
+    node = args.node or nodeconf.this_node()
     try:
         plan = load_plan(args.plan)
     except PlanError as err:

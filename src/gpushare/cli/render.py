@@ -4,11 +4,10 @@ line or the submit hooks' facts from the ownership plan."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from typing import Optional
 
+from gpushare.cli import write_atomically
 from gpushare.inventory import Inventory
 
 TARGETS = ("gres", "topology", "mig-parted", "plugstack", "facts")
@@ -89,23 +88,4 @@ def _run(args: argparse.Namespace) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
-    return _write(args.output, text)
-
-
-def _write(path: str, text: str) -> int:
-    """Write through a temporary file and rename, so slurmd never reads half a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as err:
-        print(f"gpushare render: cannot write {path}: {err.strerror or err}", file=sys.stderr)
-        return 2
-    return 0
+    return write_atomically(args.output, text, "render")

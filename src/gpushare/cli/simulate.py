@@ -8,7 +8,8 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+
+from gpushare.cli import write_atomically
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,26 +70,6 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     for node, profile in profiles.items():
         path = args.output or os.path.join(args.output_dir, f"{node}.json")
-        if _write(path, json.dumps(profile, indent=1) + "\n") != 0:
+        if write_atomically(path, json.dumps(profile, indent=1) + "\n", "simulate") != 0:
             return 2
-    return 0
-
-
-def _write(path: str, text: str) -> int:
-    """Write through a temporary file and rename: a plugin reading the profile never sees
-    half of it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as err:
-        print(f"gpushare simulate: cannot write {path}: {err.strerror or err}", file=sys.stderr)
-        return 2
     return 0

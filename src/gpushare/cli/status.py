@@ -7,15 +7,13 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gpushare.cli import text_table
+from gpushare.cli import add_slurm_arguments, text_table
 
 if TYPE_CHECKING:
     from gpushare.cluster_status import NodeSharing
 
 __all__ = ["format_status", "register"]
 
-DEFAULT_SCONTROL = "/usr/bin/scontrol"
-DEFAULT_SINFO = "/usr/bin/sinfo"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,17 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the whole cluster from slurmctld's view (required: the only "
                         "view so far)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--backend", default="auto",
-                        choices=("auto", "pyslurm", "sinfo", "scontrol", "scontrol-json"),
-                        help="how to ask slurmctld: pyslurm, sinfo --json, scontrol -d show "
-                        "node, scontrol show nodes --json (23.02 and later); default auto: "
-                        "pyslurm when it imports, else sinfo --json, else scontrol")
-    parser.add_argument("--scontrol", default=DEFAULT_SCONTROL, metavar="PATH",
-                        help=f"absolute path of scontrol (default {DEFAULT_SCONTROL})")
-    parser.add_argument("--sinfo", default=DEFAULT_SINFO, metavar="PATH",
-                        help=f"absolute path of sinfo (default {DEFAULT_SINFO})")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="limit for each Slurm command (default 10)")
+    add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
 
 
