@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # The oldest Python the core supports (RHEL 9's python3), when this machine has one.
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
-.PHONY: all deps build venv test unit unit39 lint demo bench rpm clean
+.PHONY: all deps build venv test test-host test-other release-root unit unit39 lint demo bench \
+	rpm clean
 
 all: build
 
@@ -46,8 +47,23 @@ unit39:
 		.venv39/bin/python -m pytest tests/unit -q -p no:cacheprovider; \
 	else echo "no Python 3.9 on this machine: unit tests under 3.9 skipped"; fi
 
+# The whole suite on this machine's Slurm, then on the other release's (Debian 12: 22.05 here,
+# 24.11 in a cached Debian 13 root; Debian 13 the other way round): one summary line each,
+# and a failure if either fails. tests/release_root.py builds and runs the other root.
 test: build venv lint unit39
+	@$(SYSTEM_PYTHON) tests/release_root.py make-test $(PY)
+
+# The suite on this machine's Slurm only.
+test-host: build venv lint unit39
 	@$(PY) -m pytest tests -q -ra
+
+# The other release's build and suite only (its root is built first when missing).
+test-other:
+	@$(SYSTEM_PYTHON) tests/release_root.py suite
+
+# Build (or refresh) the other release's cached root.
+release-root:
+	@$(SYSTEM_PYTHON) tests/release_root.py ensure
 
 demo: build venv
 	@$(PY) demo/demo.py

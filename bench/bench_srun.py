@@ -74,10 +74,13 @@ def main() -> int:
                         help="runs per block (default 10: 100 per side)")
     parser.add_argument("--port", type=int, default=17600)
     parser.add_argument("--root", default="/tmp/gs-bench-srun")
+    parser.add_argument("--prolog-flags", default="", metavar="FLAGS",
+                        help="slurm.conf PrologFlags= (default none, as docs/admin.md; e.g. "
+                        "Alloc to see what it costs)")
     opts = parser.parse_args()
 
     bed = slurmbed.plan_bed(root=opts.root, port_base=opts.port, job_submit="lua",
-                            job_submit_lua=LUA)
+                            job_submit_lua=LUA, prolog_flags=opts.prolog_flags)
     samples: dict[tuple[str, str], list[float]] = {}
     with bed:
         gpushare = bed.plugstack_line()
@@ -103,7 +106,7 @@ def main() -> int:
 
     runs = opts.blocks * opts.per_block
     print(f"what a user waits for, {runs} runs per side in {opts.blocks} alternating blocks, "
-          "medians (verify=strict, plan=, Lua hook)")
+          f"medians (verify=strict, plan=, Lua hook, PrologFlags={opts.prolog_flags or '-'})")
     print(f"{'case':<44} {'without ms':>10} {'with ms':>9} {'ratio':>7} {'goal':>7}")
     for name, _without, _with, _holder, goal in CASES:
         base = statistics.median(samples[(name, "without")])

@@ -18,7 +18,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "spank"))
 
 from build import c_string, compile_embedded, python_defines  # noqa: E402
 
+SLURM_VERSION_H = "/usr/include/slurm/slurm_version.h"
 CDEF = """
+#define SLURM_VERSION_NUMBER ...
 void gs_log(int level, const char *msg);
 void gs_replace_str(char **field, const char *value);
 void gs_set_err_msg(char **err_msg, const char *value);
@@ -36,9 +38,27 @@ typedef struct job_descriptor {
     uint32_t req_switch;
     uint32_t wait4switch;
     uint32_t user_id;
-    ...;
+@SEGMENT@    ...;
 } job_desc_msg_t;
 """
+# 24.11 added --segment (topology/block): the job's segment_size, NO_VAL16 when unset.
+SEGMENT_FIELD = "    uint16_t segment_size;\n"
+
+
+def slurm_version_number(header: str = SLURM_VERSION_H) -> int:
+    """SLURM_VERSION_NUMBER of the installed headers (0x180b05 for 24.11.5)."""
+    with open(header) as handle:
+        for line in handle:
+            parts = line.split()
+            if parts[:2] == ["#define", "SLURM_VERSION_NUMBER"]:
+                return int(parts[2], 16)
+    raise SystemExit(f"{header} has no SLURM_VERSION_NUMBER: install libslurm-dev")
+
+
+def cdef_for(version_number: int) -> str:
+    """The job_desc fields the rules read, as the installed Slurm's struct has them."""
+    has_segment = version_number >= 0x180B00  # 24.11
+    return CDEF.replace("@SEGMENT@", SEGMENT_FIELD if has_segment else "")
 
 EMBEDDING_API = """
 int gpushare_submit_alive(void);
@@ -51,7 +71,8 @@ def build(out: str, pythonpath: str) -> str:
         init_code = f"PYTHONPATH = [{pythonpath!r}]\n" + src.read()
     defines = python_defines()
     defines["GS_PYTHONPATH"] = c_string(pythonpath)
-    return compile_embedded("_gpushare_job_submit", EMBEDDING_API, CDEF, init_code,
+    return compile_embedded("_gpushare_job_submit", EMBEDDING_API,
+                            cdef_for(slurm_version_number()), init_code,
                             os.path.join(HERE, "job_submit_gpushare.c"), defines,
                             os.path.join(HERE, "exports.map"), out)
 

@@ -347,6 +347,11 @@ local function check_facts(data)
                                     and not member(gpu_types, untyped)) then
       facts_error('"policy.untyped_gpu" must be whole, any or one of "gpu_types"')
    end
+   local topology = data.topology
+   if topology == nil then topology = "tree" end
+   if topology ~= "tree" and topology ~= "block" then
+      facts_error('"topology" must be one of tree, block')
+   end
    local lower_gpu = {}
    for i, g in ipairs(gpu_types) do lower_gpu[i] = string.lower(g) end
    return {
@@ -363,6 +368,7 @@ local function check_facts(data)
       max_switch_wait_s = max_wait,
       on_error = on_error,
       untyped_gpu = untyped,
+      topology = topology,
    }
 end
 
@@ -974,6 +980,9 @@ local function check(job, facts)
              .. ", and this cluster has " .. fmt_int(have), "ask for at most -N " .. fmt_int(have))
    end
    if #sizes == 0 then return changes, order, notes end
+   -- topology/block ignores --switches, and this Lua cannot see or set segment_size
+   -- (slurmctld exposes it to job_submit.lua from 25.11): Slurm's block placement alone.
+   if facts.topology == "block" then return changes, order, notes end
    local held = 0
    for _, size in ipairs(sizes) do held = held + size end
    if nodes > held then

@@ -31,6 +31,7 @@ APT_PACKAGES = (
     "slurmctld", "slurmd", "slurm-client", "munge", "libslurm-dev", "slurm-wlm-basic-plugins",
     "python3-cffi", "python3-dev", "python3-jinja2", "python3-yaml", "python3-pip", "lua5.1",
     "gcc", "libc6-dev",  # the plugins and the MPS stand-in's front end are C
+    "python3-setuptools",  # cffi compiles through setuptools on Python >= 3.12
 )
 TEST_USERS = ("gpushare-u1", "gpushare-u2")
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -39,6 +40,44 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 
 class BedError(RuntimeError):
     """The local Slurm could not be set up or did not behave."""
+
+
+_RELEASE: list[tuple[int, int]] = []
+
+
+def slurm_release() -> tuple[int, int]:
+    """(major, minor) of the Slurm this machine runs (the tests' beds run it)."""
+    if not _RELEASE:
+        from gpushare.slurm_client import installed_release
+
+        found = installed_release()
+        if found is None:
+            raise BedError("no Slurm installed here (slurmctld -V / slurmd -V): make deps")
+        major, minor = found.split(".")[:2]
+        _RELEASE.append((int(major), int(minor)))
+    return _RELEASE[0]
+
+
+def slash_gres() -> bool:
+    """Whether this Slurm writes GRES requests as ``gres/gpu:1`` (23.11 on), not ``gres:``."""
+    return slurm_release() >= (23, 11)
+
+
+def stored(text: str, per_task: bool = False) -> str:
+    """A request string in 22.05's syntax (``gres:gpu:h100:1``), as the running Slurm stores
+    and the hooks write it: from 23.11 ``gres/gpu:h100:1``, and ``gres/gpu:h100=1`` in
+    ``tres_per_task`` (``per_task``). Text around the ``gres:`` items is kept."""
+    if not slash_gres():
+        return text
+
+    def convert(match: re.Match[str]) -> str:
+        item = match.group(1)
+        if per_task and item.count(":") >= 1:
+            head, _, count = item.rpartition(":")
+            item = f"{head}={count}"
+        return "gres/" + item
+
+    return re.sub(r"gres:([A-Za-z][\w.+\-]*(?::[\w.+\-]+)*)", convert, text)
 
 
 def missing_packages(packages: Iterable[str] = APT_PACKAGES) -> list[str]:
@@ -91,7 +130,8 @@ class SlurmBed:
     root: str
     nodes: list[Node]
     gres_conf: str = ""  # gres.conf text; "@ROOT@" is replaced by the bed's root
-    topology_conf: str = ""  # topology.conf text (enables topology/tree when set)
+    topology_conf: str = ""  # topology.conf text (enables topology_plugin when set)
+    topology_plugin: str = "topology/tree"  # or topology/block (24.05+)
     plugstack: Optional[str] = None  # None: gpushare with default args; "" : no plugin
     plugin_args: dict[str, str] = field(default_factory=dict)
     job_submit: str = ""  # JobSubmitPlugins= value ("lua", "gpushare", ...)
@@ -285,7 +325,7 @@ class SlurmBed:
             f"PlugStackConfig={self.path('etc', 'plugstack.conf')}",
         ]
         if self.topology_conf:
-            lines.append("TopologyPlugin=topology/tree")
+            lines.append(f"TopologyPlugin={self.topology_plugin}")
         if self.job_submit:
             lines.append(f"JobSubmitPlugins={self.job_submit}")
         if self.extra_conf:
@@ -303,7 +343,9 @@ class SlurmBed:
                          "State=UNKNOWN")
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self._write("etc/slurm.conf", "\n".join(lines) + "\n")
-        self._write("etc/cgroup.conf", "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
+        # CgroupAutomount is defunct in 24.11 (every daemon and step logs an error).
+        automount = "CgroupAutomount=no\n" if slurm_release() < (24, 11) else ""
+        self._write("etc/cgroup.conf", "CgroupPlugin=cgroup/v1\n" + automount +
                     "ConstrainCores=yes\nConstrainRAMSpace=no\nConstrainDevices=yes\n")
         self._write("etc/gres.conf", self.gres_conf.replace("@ROOT@", self.root) or
                     "AutoDetect=off\n")
@@ -597,24 +639,46 @@ PROFILES = {  # the simulated NVML profile of each node group of the bed plan
 }
 
 
+def renamed_plan(plan_path: str, prefix: str, out: str) -> str:
+    """A copy of a plan whose nodes n1.. are called <prefix>1.. (for a bed beside another:
+    Slurm names cgroups after nodes, ``slurm_<node>``)."""
+    with open(plan_path) as handle:
+        text = handle.read()
+    with open(out, "w") as handle:
+        handle.write(re.sub(r"(?<![\w-])n(?=\[|\d)", prefix, text))
+    return out
+
+
 def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
              plan_path: str = BED_PLAN, profiles: Optional[dict[str, str]] = None,
-             simulate: bool = False, **kwargs: object) -> SlurmBed:
+             simulate: bool = False, node_prefix: str = "", **kwargs: object) -> SlurmBed:
     """A bed whose gres.conf, node GRES, topology.conf and submit facts are rendered by
     gpushare from an ownership plan, with each node's NVML simulated from a profile.
 
-    ``simulate``: every node's profile is generated from the plan (``gpushare simulate``)
-    and gres.conf is rendered as a site does, without inventories; else each node group's
-    profile file comes from ``profiles`` (default: the bed plan's) and gres.conf from it.
+    The plan is rendered for the installed Slurm, as ``gpushare render`` does it (a plan
+    without ``slurm.version`` takes its release). ``simulate``: every node's profile is
+    generated from the plan (``gpushare simulate``) and gres.conf is rendered as a site
+    does, without inventories; else each node group's profile file comes from ``profiles``
+    (default: the bed plan's) and gres.conf from it. ``node_prefix`` renames the plan's
+    nodes n1.. to <prefix>1.. (the plan is copied to ``<root>.plan.yaml``).
     """
     from gpushare.gresconf import parse_gres_conf
     from gpushare.inventory import collect
     from gpushare.nvml import load_nvml
     from gpushare.nvml_sim import profile_from_plan
     from gpushare.plan import load_plan
-    from gpushare.render import render_facts, render_gres_conf, render_topology, slurm_node_gres
+    from gpushare.render import (
+        for_installed_slurm,
+        render_facts,
+        render_gres_conf,
+        render_topology,
+        slurm_node_gres,
+    )
+    from gpushare.slurm_client import installed_release
 
-    plan = load_plan(plan_path)
+    if node_prefix:
+        plan_path = renamed_plan(plan_path, node_prefix, root.rstrip("/") + ".plan.yaml")
+    plan, _note = for_installed_slurm(load_plan(plan_path), installed_release())
     profiles = profiles or PROFILES
     # Imported here: the bed's own setup needs no gpushare, the plan bed renders with it.
     nodes, inventories = [], {}
@@ -634,6 +698,7 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
              for f in device.files}
     kwargs.setdefault("ctld_port", port_base)
     kwargs.setdefault("topology_conf", render_topology(plan))
+    kwargs.setdefault("topology_plugin", f"topology/{plan.slurm.topology}")
     bed = SlurmBed(root=root, nodes=nodes, gres_conf=gres,  # type: ignore[arg-type]
                    device_files=sorted(files), facts_json=json.dumps(render_facts(plan)),
                    **kwargs)

@@ -6,7 +6,8 @@ drained nodes with their reason, gpushare's own (``gpushare: ...``) marked.
 
 A GPU serving MPS jobs is not free for a whole-GPU job: the GPUs named by the MPS
 allocations' ``IDX:`` are taken off the free count of the node's GPU type (MPS is
-configured per GPU, so each MPS index is one GPU of that type).
+configured per GPU, so each MPS index is one GPU of that type). 24.11 gives MPS use per GPU
+(``used/total`` in device order) instead of ``IDX:``; both are read.
 """
 
 from __future__ import annotations
@@ -83,10 +84,22 @@ def _items(text: str) -> list[tuple[str, str, int, str]]:
 
 
 def used_indexes(detail: str) -> set[int]:
-    """The device indexes of a GresUsed item's ``IDX:0-1,3`` (none for ``IDX:N/A``)."""
+    """The device indexes a GresUsed item names.
+
+    22.05 writes ``IDX:0-1,3`` (none for ``IDX:N/A``); 24.11 writes shared GRES (mps,
+    shard) per GPU as ``used/total`` in device order (``mps:h100:25(0/100,25/100)``): the
+    GPUs with a use are the busy ones.
+    """
     match = re.search(r"IDX:([0-9,\-]+)", detail)
     found: set[int] = set()
-    for part in (match.group(1).split(",") if match else []):
+    if match is None:
+        per_gpu = re.fullmatch(r"(\d+/\d+)(,\d+/\d+)*", detail.strip())
+        if per_gpu:
+            for index, part in enumerate(detail.strip().split(",")):
+                if int(part.split("/")[0]) > 0:
+                    found.add(index)
+        return found
+    for part in match.group(1).split(","):
         low, _, high = part.partition("-")
         if low.isdigit() and (not high or high.isdigit()):
             found.update(range(int(low), int(high or low) + 1))

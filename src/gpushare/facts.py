@@ -33,6 +33,7 @@ FACTS_ENV = "GPUSHARE_FACTS"
 SUPPORTED_VERSION = 2
 GRES_SYNTAXES = ("22.05", "23.11")
 ON_ERROR = ("accept", "reject")
+TOPOLOGIES = ("tree", "block")  # how the NVLink domains reach Slurm (optional key, "tree")
 UNTYPED_POLICIES = ("whole", "any")  # or the name of one of gpu_types
 MAX_INT = 4294967293  # below Slurm's NO_VAL; Lua represents every integer up to it exactly
 MAX_WAIT_S = 7 * 86400  # the plan's limit
@@ -75,6 +76,7 @@ class Facts:
     domains: Mapping[str, tuple[str, ...]]
     gpus_per_node: Mapping[str, int]
     policy: Policy = field(default_factory=Policy)
+    topology: str = "tree"
 
     @property
     def gres_prefix(self) -> str:
@@ -177,11 +179,14 @@ def facts_from_dict(data: Any) -> Facts:
     if not isinstance(untyped, str) or (untyped not in UNTYPED_POLICIES
                                         and untyped not in gpu_types):
         raise FactsError('"policy.untyped_gpu" must be whole, any or one of "gpu_types"')
+    topology = data.get("topology", "tree")
+    if topology not in TOPOLOGIES:
+        raise FactsError(f'"topology" must be one of {", ".join(TOPOLOGIES)}')
     return Facts(version=version, gres_syntax=syntax, mps_units_per_gpu=units,
                  gpu_types=gpu_types, mig_types=mig_types, types=types, domains=domains,
                  gpus_per_node=gpus_per_node,
                  policy=Policy(switch_wait_s=wait, max_switch_wait_s=max_wait,
-                               on_error=on_error, untyped_gpu=untyped))
+                               on_error=on_error, untyped_gpu=untyped), topology=topology)
 
 
 def _no_constant(name: str) -> Any:

@@ -16,7 +16,9 @@ FACTS_DEFAULT = "/etc/slurm/gpushare-facts.json"
 STRING_FIELDS = ("tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",
                  "array_inx")
 NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "user_id")
-WRITABLE = set(STRING_FIELDS[:4]) | {"req_switch", "wait4switch"}
+# Only in the job_desc of Slurm 24.11 and later (--segment, topology/block).
+OPTIONAL_FIELDS = ("segment_size",)
+WRITABLE = set(STRING_FIELDS[:4]) | {"req_switch", "wait4switch", "segment_size"}
 
 _ffi: Any = None
 _lib: Any = None
@@ -35,6 +37,11 @@ def facts_path() -> str:
     return os.environ.get("GPUSHARE_FACTS") or FACTS_DEFAULT
 
 
+def slurm_version_number() -> int | None:
+    """SLURM_VERSION_NUMBER of the Slurm the plugin was built against (and so runs in)."""
+    return int(_lib.SLURM_VERSION_NUMBER) if hasattr(_lib, "SLURM_VERSION_NUMBER") else None
+
+
 def read_fields(job_desc: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for name in STRING_FIELDS:
@@ -43,6 +50,9 @@ def read_fields(job_desc: Any) -> dict[str, Any]:
                                                                                   "replace")
     for name in NUMBER_FIELDS:
         fields[name] = int(getattr(job_desc, name))
+    for name in OPTIONAL_FIELDS:
+        if hasattr(job_desc, name):
+            fields[name] = int(getattr(job_desc, name))
     env = job_desc.spank_job_env
     count = int(job_desc.spank_job_env_size) if env != _ffi.NULL else 0
     fields["spank_job_env"] = [_ffi.string(env[i]).decode("utf-8", "replace")
@@ -54,6 +64,8 @@ def write_fields(job_desc: Any, changes: dict[str, Any]) -> None:
     for name, value in changes.items():
         if name not in WRITABLE:
             raise ValueError(f"the rules may not change {name}")
+        if name in OPTIONAL_FIELDS and not hasattr(job_desc, name):
+            raise ValueError(f"this Slurm's job_desc has no {name}")
         if name in STRING_FIELDS:
             encoded = _ffi.NULL if value is None else str(value).encode()
             _lib.gs_replace_str(_ffi.addressof(job_desc, name), encoded)
@@ -65,7 +77,7 @@ def call(what: int, job_desc_ptr: Any, uid: int, err_msg: Any) -> int:
     """One plugin call: init (load facts), reload (slurm.conf re-read), job_submit or
     job_modify."""
     if what == INIT:
-        return submit_hook.init(facts_path())
+        return submit_hook.init(facts_path(), slurm_version_number())
     if what == RELOAD:
         return submit_hook.reload()
     job_desc = _ffi.cast("job_desc_msg_t *", job_desc_ptr)

@@ -8,7 +8,7 @@ looking at the file, not at a traceback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional
 
 import hostlist
@@ -112,6 +112,30 @@ class SlurmOptions:
     sharing_flag: str = ""  # "", one_sharing, all_sharing (gres.conf Flags=)
     plugin: str = "/usr/lib64/slurm/spank_gpushare.so"
     plugin_args: tuple[tuple[str, str], ...] = ()
+    version_given: bool = False  # the plan names slurm.version (else: the installed Slurm's)
+    # How the NVLink domains reach Slurm: "tree" (each a leaf switch, --switches) or "block"
+    # (each a block of topology/block, --segment; rack-scale domains such as GB200 NVL72).
+    topology: str = "tree"
+    imex: bool = False  # multi-node NVLink jobs get an IMEX channel (switch/nvidia_imex)
+
+
+def release_tuple(version: str) -> tuple[int, int]:
+    """``"24.11.5"`` -> (24, 11); the caller has checked the form."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def gres_syntax_of(version: str) -> str:
+    """The request-string syntax of a Slurm release: ``gres:gpu:1`` before 23.11
+    ("22.05"), ``gres/gpu:1`` (``gres/gpu=1`` per task) from 23.11 on ("23.11")."""
+    return "22.05" if release_tuple(version) < (23, 11) else "23.11"
+
+
+def with_slurm_version(plan: Plan, version: str) -> Plan:
+    """The plan rendered for Slurm ``version`` (e.g. the installed one): its GRES syntax
+    and the limits of that release follow it."""
+    slurm = replace(plan.slurm, version=version, gres_syntax=gres_syntax_of(version))
+    return replace(plan, slurm=slurm, _by_node={})
 
 
 @dataclass(frozen=True)
@@ -332,7 +356,8 @@ def _line_of(parent: Any, key: Any) -> int:
 # Sections
 
 _TOP_KEYS = ("version", "slurm", "kubernetes", "policy", "domains", "node_groups")
-_SLURM_KEYS = ("version", "device_root", "mps_units_per_gpu", "sharing_flag", "plugin",
+_SLURM_KEYS = ("version", "device_root", "mps_units_per_gpu", "sharing_flag", "topology",
+               "imex", "plugin",
                "plugin_args")
 _POLICY_KEYS = ("switch_wait_s", "max_switch_wait_s", "on_error", "untyped_gpu")
 _GROUP_KEYS = ("name", "nodes", "gpu_model", "gpus", "layout")
@@ -360,7 +385,7 @@ def _slurm_options(c: _Checker, raw: Any, line: int) -> SlurmOptions:
                         f"slurm.version must look like \"22.05\" or \"23.11.4\", not {text!r}")
             else:
                 version = text
-                syntax = "22.05" if (int(parts[0]), int(parts[1])) < (23, 11) else "23.11"
+                syntax = gres_syntax_of(version)
     device_root = opts.device_root
     if "device_root" in section:
         root = c.string(section["device_root"], _line_of(section, "device_root"),
@@ -392,7 +417,28 @@ def _slurm_options(c: _Checker, raw: Any, line: int) -> SlurmOptions:
     args: tuple[tuple[str, str], ...] = ()
     if "plugin_args" in section:
         args = _plugin_args(c, section["plugin_args"], _line_of(section, "plugin_args"))
-    return SlurmOptions(version, syntax, device_root, units, flag, plugin, args)
+    topology = "tree"
+    if "topology" in section:
+        topology = c.choice(section["topology"], _line_of(section, "topology"),
+                            "slurm.topology", ("tree", "block")) or topology
+        if topology == "block" and "version" in section and release_tuple(version) < (24, 5):
+            c.error(_line_of(section, "topology"),
+                    f"slurm.topology: block needs Slurm 24.05 or later (BlockSizes, --segment); "
+                    f"slurm.version is {version}")
+    imex = False
+    if "imex" in section:
+        value = section["imex"]
+        if not isinstance(value, bool):
+            c.error(_line_of(section, "imex"), "slurm.imex must be true or false")
+        elif value and "version" in section and release_tuple(version) < (24, 5):
+            c.error(_line_of(section, "imex"),
+                    f"slurm.imex needs Slurm 24.05 or later (switch/nvidia_imex); "
+                    f"slurm.version is {version}")
+        else:
+            imex = value
+    return SlurmOptions(version, syntax, device_root, units, flag, plugin, args,
+                        version_given="version" in section and version == text,
+                        topology=topology, imex=imex)
 
 
 def _plugin_args(c: _Checker, raw: Any, line: int) -> tuple[tuple[str, str], ...]:

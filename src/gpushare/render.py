@@ -17,8 +17,15 @@ import jinja2
 
 from gpushare.inventory import Gpu, Inventory
 from gpushare.mig_profiles import caps_minors, gi_id_for_placement
-from gpushare.plan import GpuPlan, NodeGroup, Plan
-from gpushare.topology import build_switches, node_domains
+from gpushare.plan import (
+    GpuPlan,
+    NodeGroup,
+    Plan,
+    gres_syntax_of,
+    release_tuple,
+    with_slurm_version,
+)
+from gpushare.topology import build_blocks, build_switches, node_domains
 
 __all__ = [
     "GresDevice",
@@ -206,6 +213,40 @@ def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
     return rows
 
 
+def for_installed_slurm(plan: Plan, installed: Optional[str]) -> tuple[Plan, str]:
+    """The plan to render for this machine's Slurm ``installed`` (None: none here), and a
+    note for the admin ("" when there is nothing to say).
+
+    A plan without ``slurm.version`` takes the installed release; one that names a release
+    whose request strings differ from the installed one's (``gres:gpu:1`` before 23.11,
+    ``gres/gpu:1`` after) is refused: facts in the wrong syntax make slurmctld reject the
+    jobs the hooks rewrite.
+    """
+    if not plan.slurm.version_given:
+        if installed is None:
+            return plan, (f"the plan has no slurm.version and no Slurm is installed here: "
+                          f"rendering for Slurm {plan.slurm.version}")
+        if (plan.slurm.topology == "block" or plan.slurm.imex) and \
+                release_tuple(installed) < (24, 5):
+            raise RenderError(
+                f"{plan.path}: slurm.topology: block and slurm.imex need Slurm 24.05 or later "
+                f"(topology/block with BlockSizes, --segment, switch/nvidia_imex); this "
+                f"machine runs Slurm {installed}")
+        return with_slurm_version(plan, installed), ""
+    if installed is not None and gres_syntax_of(installed) != plan.slurm.gres_syntax:
+        raise RenderError(
+            f"{plan.path}: slurm.version is {plan.slurm.version}, but this machine runs Slurm "
+            f"{installed}, whose request strings differ ({_example(plan.slurm.gres_syntax)} "
+            f"against {_example(gres_syntax_of(installed))}): set slurm.version to "
+            f"\"{'.'.join(installed.split('.')[:2])}\" (or remove it), or render where the "
+            f"plan's Slurm runs")
+    return plan, ""
+
+
+def _example(syntax: str) -> str:
+    return "gres:gpu:1" if syntax == "22.05" else "gres/gpu:1"
+
+
 def check_autodetect_off(plan: Plan, group: NodeGroup) -> None:
     """Refuse a MIG layout that Slurm 22.05 cannot index from an AutoDetect=off gres.conf.
 
@@ -290,9 +331,25 @@ def slurm_node_gres(group: NodeGroup) -> str:
 
 def render_topology(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None
                     ) -> str:
+    if plan.slurm.topology == "block":
+        blocks, sizes = build_blocks(plan, inventory_by_node)
+        return _render("topology.conf.j2", plan_path=plan.path, version=plan.version,
+                       blocks=blocks, block_sizes=",".join(map(str, sizes)), switches=[])
     switches = build_switches(plan, inventory_by_node)
     return _render("topology.conf.j2", plan_path=plan.path, version=plan.version,
-                   switches=switches)
+                   switches=switches, blocks=[])
+
+
+def render_slurm_conf(plan: Plan) -> str:
+    """The slurm.conf lines the plan implies: the topology plugin for its NVLink domains,
+    and the IMEX channel allocation of multi-node NVLink jobs (slurm.imex)."""
+    lines = [f"# slurm.conf lines rendered by gpushare from {plan.path}"]
+    if plan.domains or plan.domains_from_fabric:
+        lines.append(f"TopologyPlugin=topology/{plan.slurm.topology}")
+    if plan.slurm.imex:
+        lines.append("# An IMEX channel per job for multi-node NVLink (Slurm 24.05 or later)")
+        lines.append("SwitchType=switch/nvidia_imex")
+    return "\n".join(lines) + "\n"
 
 
 def _mig_layouts(plan: Plan) -> list[tuple[str, NodeGroup, list[dict[str, Any]]]]:
@@ -394,7 +451,7 @@ def render_facts(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]
         sizes = [len(nodes_of[type_name].intersection(members)) for members in domains.values()]
         types[type_name] = {"nodes": len(nodes_of[type_name]), "per_node": per_node[type_name],
                             "domain_sizes": sorted((s for s in sizes if s), reverse=True)}
-    return {
+    facts: dict[str, Any] = {
         "version": 2,
         "gres_syntax": plan.slurm.gres_syntax,
         "mps_units_per_gpu": plan.slurm.mps_units_per_gpu,
@@ -410,6 +467,9 @@ def render_facts(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]
             "untyped_gpu": plan.policy.untyped_gpu,
         },
     }
+    if plan.slurm.topology != "tree":  # absent means tree: older hooks read the file too
+        facts["topology"] = plan.slurm.topology
+    return facts
 
 
 def render_facts_json(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None

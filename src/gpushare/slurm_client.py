@@ -20,6 +20,7 @@ __all__ = [
     "SlurmClient",
     "SlurmClientError",
     "SlurmNode",
+    "installed_release",
     "open_client",
     "parse_node_gres",
     "parse_scontrol_nodes",
@@ -28,6 +29,28 @@ __all__ = [
 
 DEFAULT_SINFO = "/usr/bin/sinfo"
 DEFAULT_SCONTROL = "/usr/bin/scontrol"
+SLURM_DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+
+
+_RELEASE_RE = re.compile(r"^slurm(?:-wlm)? (\d+\.\d+(?:\.\d+)?)", re.MULTILINE)
+
+
+def installed_release(sinfo: str = DEFAULT_SINFO, timeout: float = 10.0) -> Optional[str]:
+    """The release of this machine's Slurm ("24.11.5"), or None when none is installed.
+
+    The daemons answer ``-V`` without a configuration; the clients only with one, so
+    ``sinfo`` is asked last (a login node has no daemons).
+    """
+    for command in (*SLURM_DAEMONS, sinfo):
+        try:
+            done = subprocess.run([command, "-V"], capture_output=True, text=True,
+                                  timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = _RELEASE_RE.search(done.stdout)
+        if match and done.returncode == 0:
+            return match.group(1)
+    return None
 
 
 class SlurmClientError(RuntimeError):

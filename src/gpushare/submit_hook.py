@@ -13,6 +13,7 @@ job is handled by the facts' ``policy.on_error``: accepted unchanged, or rejecte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Any
 
@@ -34,13 +35,34 @@ log = get_logger("gpushare.submit")
 _lock = threading.Lock()
 _facts_path: str | None = None
 _facts: Facts | None = None
+_running_syntax: str | None = None  # the GRES syntax of the slurmctld we run in
 
 
-def init(facts_path: str) -> int:
-    """Remember where the facts live and load them; always returns SLURM_SUCCESS."""
-    global _facts_path
+def syntax_of_version_number(number: int) -> str:
+    """"22.05" (``gres:gpu:1``) before Slurm 23.11 (0x170b00), else "23.11" (``gres/``)."""
+    return "22.05" if number < 0x170B00 else "23.11"
+
+
+def init(facts_path: str, slurm_version_number: int | None = None) -> int:
+    """Remember where the facts live and which Slurm runs us, and load the facts; always
+    returns SLURM_SUCCESS."""
+    global _facts_path, _running_syntax
     _facts_path = facts_path
+    if slurm_version_number is not None:
+        _running_syntax = syntax_of_version_number(slurm_version_number)
     return reload()
+
+
+def _for_running_slurm(facts: Facts) -> Facts:
+    """Facts whose request syntax is this slurmctld's: items the rules create from nothing
+    (``--gpu-share`` alone) use it, and slurmctld rejects the other one. A mismatch means the
+    facts were rendered for another Slurm: said loudly, and corrected."""
+    if _running_syntax is None or facts.gres_syntax == _running_syntax:
+        return facts
+    log.error("submit hook: %s says gres_syntax %s, but this slurmctld writes requests in "
+              "%s syntax; using %s. Render the facts again for this Slurm (slurm.version in "
+              "the plan)", _facts_path, facts.gres_syntax, _running_syntax, _running_syntax)
+    return dataclasses.replace(facts, gres_syntax=_running_syntax)
 
 
 def reload() -> int:
@@ -58,6 +80,7 @@ def reload() -> int:
     except Exception:  # never into slurmctld
         log.exception("submit hook: loading %s failed", _facts_path)
         return SLURM_SUCCESS
+    facts = _for_running_slurm(facts)
     with _lock:
         _facts = facts
     log.info("submit hook: loaded cluster facts from %s", _facts_path)

@@ -472,6 +472,8 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
                       f"has {have}", f"ask for at most -N {have}")
     if not sizes:
         return changes, notes  # PCIe nodes: no NVLink domain to keep the job in
+    if facts.topology == "block":
+        return changes, _segment(job, nodes, what, sizes, changes, notes)
     req = _number(job.get("req_switch"))
     wait = _number(job.get("wait4switch"))
     policy = facts.policy
@@ -501,6 +503,43 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
             notes.append(f"--switches={_switches(req, wait)} -> "
                          f"--switches={_switches(new_req, new_wait)} ({', '.join(reasons)})")
     return changes, notes
+
+
+NO_VAL16 = 0xFFFE
+
+
+def _segment(job: dict[str, Any], nodes: int, what: str, sizes: tuple[int, ...],
+             changes: dict[str, Any], notes: list[str]) -> list[str]:
+    """topology/block: ``--segment`` keeps each segment of the job's nodes in one block
+    (NVLink domain); ``--switches`` means nothing there. Only where the job_desc has
+    ``segment_size`` (the job_submit/gpushare plugin on Slurm 24.11+); a segment the user
+    gave is kept."""
+    if "segment_size" not in job:
+        return notes  # job_submit.lua before 25.11: Slurm's block placement alone
+    given = _number(job.get("segment_size"))
+    if given is not None and given not in (0, NO_VAL16):
+        return notes
+    if nodes > sum(sizes):
+        notes.append(f"no --segment: {what} are more than the NVLink domains hold "
+                     f"({sum(sizes)} nodes)")
+        return notes
+    block = min(sizes)  # a segment must fit in a block (24.11: the base block size)
+    if nodes <= sizes[0]:
+        segment = nodes if nodes <= block else max(
+            d for d in range(1, block + 1) if nodes % d == 0)
+    else:
+        segment = max(d for d in range(1, block + 1) if nodes % d == 0)
+    if segment <= 1:
+        notes.append(f"no --segment: {what} do not split evenly into NVLink domains of "
+                     f"{block} nodes")
+        return notes
+    changes["segment_size"] = segment
+    if segment == nodes:
+        notes.append(f"--segment={segment} ({what} fit in one NVLink domain)")
+    else:
+        notes.append(f"--segment={segment} ({what} in segments of {segment}, each in one "
+                     f"NVLink domain of {block} nodes)")
+    return notes
 
 
 def _gpu_total(job: dict[str, Any], fields: dict[str, list[GresItem]]) -> int:

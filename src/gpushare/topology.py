@@ -97,6 +97,33 @@ def build_switches(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventor
                             "--switches=1")]
 
 
+def build_blocks(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None
+                 ) -> tuple[list[Switch], list[int]]:
+    """topology/block: one block per NVLink domain, and BlockSizes: the base size (the
+    smallest domain: every block must hold at least that many nodes) and its power-of-two
+    aggregates up to all the blocks' nodes."""
+    domains = node_domains(plan, inventory_by_node)
+    if not domains:
+        raise TopologyError(f"{plan.path}: slurm.topology: block needs NVLink domains "
+                            "(domains:) to make blocks of")
+    placed = {node for nodes in domains.values() for node in nodes}
+    outside = [node for node in plan.nodes if node not in placed]
+    if outside:
+        raise TopologyError(
+            f"{plan.path}: slurm.topology: block: {hostlist.collect_hostlist(outside)} "
+            "are in no NVLink domain, and topology/block places jobs only on nodes of a "
+            "block: add them to a domain, or use slurm.topology: tree")
+    blocks = [Switch(name, nodes=hostlist.collect_hostlist(nodes),
+                     comment=f"NVLink domain {name}: {len(nodes)} nodes")
+              for name, nodes in domains.items()]
+    base = min(len(nodes) for nodes in domains.values())
+    total = sum(len(nodes) for nodes in domains.values())
+    sizes = [base]
+    while sizes[-1] * 2 <= total:
+        sizes.append(sizes[-1] * 2)
+    return blocks, sizes
+
+
 def _free_name(base: str, taken: set[str]) -> str:
     name, suffix = base[:MAX_SWITCH_NAME], 1
     while name in taken:

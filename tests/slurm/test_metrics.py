@@ -165,8 +165,10 @@ def test_status_cluster_from_the_real_slurmctld(clean_bed):
     try:
         for job_id in (whole, shared, mig):
             bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
-        # What slurmctld says of the MPS job, in GresUsed: mps:h100:<units>(IDX:<gpu>).
-        mps = re.search(r"mps:h100:(\d+)\(IDX:([0-9,-]+)\)", gres_used(bed, "n1"))
+        # What slurmctld says of the MPS job, in GresUsed: mps:h100:<units>(IDX:<gpu>) on
+        # 22.05, mps:h100:<units>(<used>/<total>,...) per GPU on 24.11.
+        mps = re.search(r"mps:h100:(\d+)\((IDX:[0-9,-]+|[0-9]+/[0-9/,]+)\)",
+                        gres_used(bed, "n1"))
         assert mps, gres_used(bed, "n1")
         for backend in ("sinfo", "scontrol"):
             nodes = status(bed, "--backend", backend)

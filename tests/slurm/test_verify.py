@@ -118,13 +118,13 @@ def test_rendered_gres_conf_is_what_slurmd_runs_with(bed):
     from gpushare.gresconf import load_gres_conf, parse_gres_conf
     from gpushare.plan import load_plan
     from gpushare.render import slurm_node_gres
-    from gpushare.slurm_client import parse_node_gres
+    from gpushare.slurm_client import parse_node_gres, parse_sinfo_json
 
-    states = {n["name"]: n for n in json.loads(bed.run(["sinfo", "--json"]).stdout)["nodes"]}
+    # sinfo --json: a "nodes" list on 22.05, groups of alike nodes ("sinfo") on 24.11.
+    states = {n.name: n for n in parse_sinfo_json(bed.run(["sinfo", "--json"]).stdout)}
     assert sorted(states) == sorted(node.name for node in bed.nodes)
     for node in states.values():
-        state = node["state"]
-        assert (state if isinstance(state, str) else "+".join(state)).lower() == "idle", node
+        assert node.states == ("IDLE",), node
     show = bed.node_state(MIG_NODE)
     for gres_type in ("1g.10gb", "a100"):
         assert f"gpu:{gres_type}:" in show["Gres"], show
@@ -144,11 +144,11 @@ def test_rendered_gres_conf_is_what_slurmd_runs_with(bed):
     for name, node in states.items():
         counts = Counter(d.type for d in conf.devices(name))
         want = {f"gpu:{t}:{n}" for t, n in counts.items()}
-        have = {g for g in node["gres"].split(",") if g.startswith("gpu:")}
-        assert have == want, (name, node["gres"])
+        have = {g for g in node.gres.split(",") if g.startswith("gpu:")}
+        assert have == want, (name, node.gres)
         # slurmctld names a node's mps after its GPU type (mps:h100:800): same total count.
         planned = parse_node_gres(slurm_node_gres(plan.group_of(name)))
-        actual = parse_node_gres(node["gres"])
+        actual = parse_node_gres(node.gres)
         for kind in ("gpu", "mps", "shard"):
             assert {k: v for k, v in actual.items() if k[0] == kind and kind == "gpu"} == \
                 {k: v for k, v in planned.items() if k[0] == kind and kind == "gpu"}, name

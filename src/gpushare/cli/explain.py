@@ -22,6 +22,8 @@ __all__ = ["client_refusal", "flags_to_job", "register", "time_str2secs", "untyp
 # the request never reaches slurmctld, so no submit hook sees it
 # (tests/slurm/test_submit.py compares this with the real clients).
 CLIENT_GRES_ERROR = "error: Invalid generic resource (gres) specification"
+# Slurm 24.11's answer (from slurmctld, before the hooks) to an item it cannot parse.
+CTLD_TRES_ERROR = "error: Invalid Trackable RESource (TRES) specification"
 
 
 class FlagError(ValueError):
@@ -143,13 +145,16 @@ def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[s
     return job, ignored
 
 
-def client_refusal(flags: list[str]) -> str | None:
+def client_refusal(flags: list[str], facts: Facts | None = None) -> str | None:
     """Slurm's own answer when sbatch/srun refuse the --gres before sending the job, or None.
 
     Measured on Slurm 22.05: the clients refuse a --gres item they cannot parse (``gpu:::``,
     ``gpu:h100:-1``, ``:1``) and a --gres asking for gpu and mps together
     (``gpu:1,mps:25``). ``gpu:1g.10gb`` (a type starting with a digit, no count) passes the
-    clients and reaches the hooks, which refuse it with their own message.
+    clients and reaches the hooks, which refuse it with their own message. Measured on 24.11
+    (facts in 23.11 syntax): the clients pass unparsable items on; slurmctld refuses them
+    before the hooks ("Invalid Trackable RESource"), except an item without a name (``:1``),
+    which reaches the hooks; gpu with mps is still refused by the clients.
     """
     args, _ = _flag_parser().parse_known_args(flags)
     items = []
@@ -158,8 +163,12 @@ def client_refusal(flags: list[str]) -> str | None:
             try:
                 items.extend(parse_field(part))
             except GresError as err:
-                if not err.count_missing:
+                if err.count_missing:
+                    continue
+                if facts is None or facts.gres_syntax == "22.05":
                     return CLIENT_GRES_ERROR
+                if not part.startswith(":"):
+                    return CTLD_TRES_ERROR
     names = {item.name for item in items if item.is_gres}
     if {"gpu", "mps"} <= names:
         return CLIENT_GRES_ERROR
@@ -203,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"gpushare explain: {err}")
         return 2
     job["user_id"] = os.getuid() if args.uid is None else args.uid
-    refused = client_refusal(flags)
+    refused = client_refusal(flags, facts)
     decision = apply(job, facts)
     if args.json:
         print(json.dumps({"facts": path, "job": job, "ignored": ignored,
@@ -213,7 +222,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"facts: {path}")
     print(f"untyped GPU requests: {untyped_policy(facts)}")
     if refused:
-        print("result: refused by sbatch/srun themselves, before any submit hook runs")
+        print("result: refused by Slurm itself (sbatch/srun, or slurmctld on 24.11), before "
+              "any submit hook runs")
         print(f"the user sees: sbatch: {refused}")
         if decision.reject:
             print(f"(gpushare's hooks never see it; they would say: {decision.messages[0]})")

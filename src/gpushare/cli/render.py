@@ -10,17 +10,20 @@ from typing import Optional
 from gpushare.cli import write_atomically
 from gpushare.inventory import Inventory
 
-TARGETS = ("gres", "topology", "mig-parted", "plugstack", "facts")
+TARGETS = ("gres", "topology", "mig-parted", "plugstack", "facts", "slurm-conf")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "render",
-        help="render gres.conf, topology.conf, mig-parted config, plugstack line or facts",
+        help="render gres.conf, topology.conf, mig-parted config, plugstack line, facts or "
+        "slurm.conf lines",
         description="Render configuration from the ownership plan. Only what the plan gives "
         "Slurm goes into gres.conf; the mig-parted config is the Kubernetes side's MIG layout; "
-        "topology.conf makes each NVLink domain a leaf switch; facts is the JSON the submit "
-        "hooks read.",
+        "topology.conf makes each NVLink domain a leaf switch (slurm.topology: tree) or a block "
+        "(block); facts is the JSON the submit hooks read; slurm-conf is the TopologyPlugin= "
+        "and SwitchType= lines the plan implies. A plan without slurm.version is rendered for "
+        "the installed Slurm; one whose request syntax differs from it is refused.",
         epilog="examples:\n"
         "  gpushare render gres --plan /etc/gpushare/plan.yaml --output /etc/slurm/gres.conf\n"
         "  gpushare render gres --plan plan.yaml --node a100-01 --source nvml\n"
@@ -55,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare import render
     from gpushare.nvml import InventoryError
     from gpushare.plan import PlanError, load_plan
+    from gpushare.slurm_client import installed_release
     from gpushare.topology import TopologyError
 
     if args.device_root is not None and not args.device_root.startswith("/"):
@@ -62,7 +66,10 @@ def _run(args: argparse.Namespace) -> int:
               f"{args.device_root!r}", file=sys.stderr)
         return 2
     try:
-        plan = load_plan(args.plan)
+        plan, note = render.for_installed_slurm(load_plan(args.plan),
+                                                installed_release())
+        if note:
+            print(f"gpushare render: {note}", file=sys.stderr)
         inventories = _inventory(args)
         if args.target == "gres":
             text = render.render_gres_conf(plan, inventories, args.device_root, args.node)
@@ -72,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
             text = render.render_mig_parted(plan)
         elif args.target == "plugstack":
             text = render.render_plugstack(plan)
+        elif args.target == "slurm-conf":
+            text = render.render_slurm_conf(plan)
         else:
             text = render.render_facts_json(plan, inventories)
     except PlanError as err:

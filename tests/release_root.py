@@ -1,0 +1,412 @@
+"""The other Slurm release, for `make test`: a cached Debian root and runs inside it.
+
+gpushare is tested on two Slurm releases: the machine's own (Debian 12: 22.05, Debian 13:
+24.11) and the other one, which runs in a Debian root of the other release built here with
+debootstrap from the Debian mirror apt already uses. The root is cached under
+``/var/cache/gpushare-test/<codename>/root`` and rebuilt when it is missing or when its recipe
+(release, mirror, packages) changes.
+
+Each run gets its own mount and pid namespaces and a throw-away overlay over the cached root,
+so nothing it does reaches the cache, another run, or processes and cgroups outside it: the
+overlay has no cgroup hierarchy and the run sees only its own processes. The working tree is
+mounted at ``/src/gpushare``; the other release's plugin build and virtual environment live in
+``build/release-<codename>/`` and are mounted over ``build/`` and ``.venv`` there.
+
+    python3 tests/release_root.py ensure          build the cached root when needed
+    python3 tests/release_root.py run -- CMD...   run CMD in a fresh overlay of it
+    python3 tests/release_root.py test            the other release's build and whole suite
+    python3 tests/release_root.py make-test PY    the suite on this machine's Slurm (with PY),
+                                                  then on the other release; one summary
+                                                  line per release; fails if either fails
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("GPUSHARE_RELEASE_CACHE", "/var/cache/gpushare-test")
+# Ports of the bed in the other release's root (the network is shared with this machine).
+BED_PORT = os.environ.get("GPUSHARE_RELEASE_BED_PORT", "18500")
+INSIDE = "/src/gpushare"
+# Which release the other root holds, by this machine's Debian codename.
+OTHER = {"bookworm": "trixie", "trixie": "bookworm"}
+SLURM_OF = {"bookworm": "22.05", "trixie": "24.11"}
+# Everything the build, the suite and the RPM test need in the root (slurmbed.APT_PACKAGES,
+# plus the tools `make build venv` and scripts/build_rpm.sh use).
+PACKAGES = (
+    "slurmctld", "slurmd", "slurm-client", "munge", "libslurm-dev", "slurm-wlm-basic-plugins",
+    "python3-cffi", "python3-dev", "python3-setuptools", "python3-jinja2", "python3-yaml",
+    "python3-pip", "python3-venv", "python3-rpm", "lua5.1", "gcc", "libc6-dev", "make", "rpm",
+    "ca-certificates", "procps",
+)
+TEST_USERS = ("gpushare-u1", "gpushare-u2")
+RECIPE_VERSION = "1"  # bump when the build steps below change
+
+
+class RootError(RuntimeError):
+    """The other release's root could not be built or used."""
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """Where this machine's apt gets Debian and its security updates."""
+
+    main: str
+    security: str
+
+
+def host_codename() -> str:
+    with open("/etc/os-release") as handle:
+        for line in handle:
+            key, _, value = line.strip().partition("=")
+            if key == "VERSION_CODENAME":
+                return value.strip('"')
+    raise RootError("/etc/os-release names no VERSION_CODENAME: not a Debian release")
+
+
+def other_codename(host: str) -> str:
+    if host not in OTHER:
+        raise RootError(f"this machine runs Debian {host!r}; gpushare tests two Slurm releases "
+                        f"on {' or '.join(sorted(OTHER))} only")
+    return OTHER[host]
+
+
+def host_mirror(codename: str) -> Mirror:
+    """The mirrors apt uses for ``codename`` and its security suite (``apt-cache policy``)."""
+    policy = subprocess.run(["apt-cache", "policy"], capture_output=True, text=True,
+                            check=True).stdout
+    main = security = ""
+    for match in re.finditer(r"^\s*\d+\s+(\S+)\s+(\S+)/main\s", policy, re.MULTILINE):
+        uri, suite = match.group(1), match.group(2)
+        if suite == codename and not main:
+            main = uri
+        elif suite == f"{codename}-security" and not security:
+            security = uri
+    if not main:
+        raise RootError(f"apt knows no mirror for {codename}/main (see `apt-cache policy`); "
+                        "add one to /etc/apt/sources.list.d and run apt-get update")
+    if not security:
+        security = main.rstrip("/") + "-security" if main.rstrip("/").endswith("/debian") \
+            else main
+    return Mirror(main=main.rstrip("/"), security=security.rstrip("/"))
+
+
+def recipe(codename: str, mirror: Mirror) -> str:
+    return "\n".join((RECIPE_VERSION, codename, mirror.main, mirror.security, *PACKAGES))
+
+
+def cache_dir(codename: str) -> str:
+    return os.path.join(CACHE, codename)
+
+
+def root_of(codename: str) -> str:
+    return os.path.join(cache_dir(codename), "root")
+
+
+@contextlib.contextmanager
+def locked(codename: str, exclusive: bool) -> Iterator[None]:
+    """Builders hold the root's lock alone; runs share it, so no rebuild pulls it away."""
+    os.makedirs(CACHE, mode=0o755, exist_ok=True)
+    with open(os.path.join(CACHE, f"{codename}.lock"), "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _stamp(codename: str) -> str:
+    return os.path.join(cache_dir(codename), "recipe.sha256")
+
+
+def is_current(codename: str, wanted: str) -> bool:
+    digest = hashlib.sha256(wanted.encode()).hexdigest()
+    try:
+        with open(_stamp(codename)) as handle:
+            have = handle.read().strip()
+    except FileNotFoundError:
+        return False
+    return have == digest and os.path.isfile(os.path.join(root_of(codename), "usr/sbin/slurmd"))
+
+
+def _run(argv: Sequence[str], log: Optional[str] = None, **kwargs: object) -> None:
+    """Run a build step; on failure show its output and say which step failed."""
+    result = subprocess.run(list(argv), capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    if log is not None:
+        with open(log, "a") as handle:
+            handle.write(f"$ {' '.join(argv)}\n{result.stdout}{result.stderr}\n")
+    if result.returncode != 0:
+        raise RootError(f"`{' '.join(argv)}` exited {result.returncode}:\n"
+                        f"{(result.stdout + result.stderr)[-4000:]}")
+
+
+def build_root(codename: str, mirror: Mirror, wanted: str) -> None:
+    """debootstrap the release, then its Slurm and build tools; replaces the cached root."""
+    if shutil.which("debootstrap") is None:
+        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"],
+             env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    top = cache_dir(codename)
+    os.makedirs(top, mode=0o755, exist_ok=True)
+    new = os.path.join(top, "root.new")
+    log = os.path.join(top, "build.log")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(log)
+    shutil.rmtree(new, ignore_errors=True)
+    started = time.monotonic()
+    print(f"release_root: building a Debian {codename} root from {mirror.main} in {new}",
+          flush=True)
+    _run(["debootstrap", "--variant=minbase", codename, new, mirror.main], log)
+    with open(os.path.join(new, "etc/apt/sources.list"), "w") as handle:
+        handle.write(f"deb {mirror.main} {codename} main\n"
+                     f"deb {mirror.main} {codename}-updates main\n"
+                     f"deb {mirror.security} {codename}-security main\n")
+    # Daemons are started by the tests, never by package scripts.
+    with open(os.path.join(new, "usr/sbin/policy-rc.d"), "w") as handle:
+        handle.write("#!/bin/sh\nexit 101\n")
+    os.chmod(os.path.join(new, "usr/sbin/policy-rc.d"), 0o755)
+    _copy_host_files(new)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+           "LANG": "C.UTF-8", "HOME": "/root"}
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy"):
+        if var in os.environ:
+            env[var] = os.environ[var]
+    with _mounted_for_build(new):
+        _run(["chroot", new, "apt-get", "update", "-qq"], log, env=env)
+        _run(["chroot", new, "apt-get", "install", "-y", "-qq", "--no-install-recommends",
+              *PACKAGES], log, env=env)
+        _run(["chroot", new, "update-ca-certificates"], log, env=env)
+        for user in TEST_USERS:
+            _run(["chroot", new, "useradd", "--create-home", "--shell", "/bin/bash", user],
+                 log, env=env)
+        _run(["chroot", new, "apt-get", "clean"], log, env=env)
+    old = os.path.join(top, "root.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(root_of(codename)):
+        os.rename(root_of(codename), old)
+    os.rename(new, root_of(codename))
+    shutil.rmtree(old, ignore_errors=True)
+    with open(_stamp(codename), "w") as handle:
+        handle.write(hashlib.sha256(wanted.encode()).hexdigest() + "\n")
+    print(f"release_root: {codename} root ready in {time.monotonic() - started:.0f}s", flush=True)
+
+
+def _copy_host_files(root: str) -> None:
+    """Name resolution and the certificate authorities (a TLS proxy's) this machine trusts."""
+    for name in ("/etc/hosts", "/etc/resolv.conf"):
+        if os.path.exists(name):
+            shutil.copyfile(name, os.path.join(root, name.lstrip("/")))
+    local_ca = "/usr/local/share/ca-certificates"
+    if os.path.isdir(local_ca):
+        dest = os.path.join(root, local_ca.lstrip("/"))
+        os.makedirs(dest, exist_ok=True)
+        for entry in os.listdir(local_ca):
+            if entry.endswith(".crt"):
+                shutil.copyfile(os.path.join(local_ca, entry), os.path.join(dest, entry))
+
+
+@contextlib.contextmanager
+def _mounted_for_build(root: str) -> Iterator[None]:
+    """/proc and /dev for package scripts; unmounted again even when a step fails."""
+    mounts = []
+    try:
+        for source, target, args in (("proc", "proc", ["-t", "proc"]),
+                                     ("/dev", "dev", ["--rbind"])):
+            path = os.path.join(root, target)
+            _run(["mount", *args, source, path])
+            mounts.append(path)
+            if target == "dev":
+                _run(["mount", "--make-rslave", path])
+        yield
+    finally:
+        for path in reversed(mounts):
+            subprocess.run(["umount", "-R", path], check=False)
+
+
+def ensure(codename: str) -> str:
+    """The cached root of ``codename``, built first when missing or out of date."""
+    mirror = host_mirror(host_codename())
+    wanted = recipe(codename, mirror)
+    if is_current(codename, wanted):
+        return root_of(codename)
+    with locked(codename, exclusive=True):
+        if not is_current(codename, wanted):
+            build_root(codename, mirror, wanted)
+    return root_of(codename)
+
+
+# ---- runs ---------------------------------------------------------------------------------
+
+# Runs as root in a new mount and pid namespace (unshare): the overlay, the working tree and
+# the release's own build/ and .venv, /proc of the new pid namespace, /sys without cgroups.
+INNER = r"""
+set -euo pipefail
+lower=$1 scratch=$2 repo=$3 builddir=$4 venvdir=$5; shift 5
+merged=$scratch/merged
+mkdir -p "$scratch/upper" "$scratch/work" "$merged"
+layers="lowerdir=$lower,upperdir=$scratch/upper,workdir=$scratch/work"
+mount -t overlay overlay -o "$layers" "$merged"
+mount -t proc proc "$merged/proc"
+mount --rbind /sys "$merged/sys"
+umount -R "$merged/sys/fs/cgroup" 2>/dev/null || true
+mount --rbind /dev "$merged/dev"
+mount -t tmpfs -o mode=1777 tmpfs "$merged/dev/shm"
+mkdir -p "$merged/src/gpushare"
+mount --bind "$repo" "$merged/src/gpushare"
+mount --bind "$builddir" "$merged/src/gpushare/build"
+mkdir -p "$merged/src/gpushare/.venv"
+mount --bind "$venvdir" "$merged/src/gpushare/.venv"
+for f in /etc/hosts /etc/resolv.conf /etc/pip.conf; do
+    if [ -f "$f" ]; then cp "$f" "$merged$f"; fi
+done
+if [ -f /root/.config/pip/pip.conf ]; then
+    mkdir -p "$merged/root/.config/pip" && cp /root/.config/pip/pip.conf "$merged/root/.config/pip/"
+fi
+exec chroot "$merged" "$@"
+"""
+
+
+def run_inside(codename: str, argv: Sequence[str], env: Optional[dict[str, str]] = None,
+               repo: str = REPO) -> int:
+    """Run ``argv`` (in /src/gpushare) in a fresh overlay of the cached root; its exit status."""
+    lower = ensure(codename)
+    state = os.path.join(repo, "build", f"release-{codename}")
+    builddir, venvdir = os.path.join(state, "build"), os.path.join(state, "venv")
+    for path in (builddir, venvdir):
+        os.makedirs(path, exist_ok=True)
+    os.makedirs(os.path.join(repo, "build"), exist_ok=True)
+    inner_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                 "HOME": "/root", "LANG": "C.UTF-8", "TERM": os.environ.get("TERM", "dumb")}
+    for key, value in os.environ.items():
+        if key.startswith("PIP_") or key.lower() in ("http_proxy", "https_proxy", "no_proxy"):
+            inner_env[key] = value
+    inner_env.update(env or {})
+    command = ["env", "-i", *(f"{k}={v}" for k, v in inner_env.items()),
+               "bash", "-c", 'cd "$0" && exec "$@"', INSIDE, *argv]
+    with locked(codename, exclusive=False):
+        scratch = tempfile.mkdtemp(prefix=f"gpushare-release-{codename}-", dir="/var/tmp")
+        try:
+            return subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
+                 "--kill-child=SIGKILL",
+                 "bash", "-c", INNER, "inner", lower, scratch, repo, builddir, venvdir,
+                 *command]).returncode
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def suite_inside(codename: str, pytest_args: Sequence[str]) -> int:
+    """The other release's `make build venv`, then the whole suite against its Slurm."""
+    script = (
+        "set -o pipefail; make -s build venv >/tmp/build.log 2>&1 || "
+        "{ cat /tmp/build.log; echo 'release_root: make build venv failed'; exit 2; }; "
+        'exec .venv/bin/python -m pytest -p no:cacheprovider "$@"'
+    )
+    env = {"GPUSHARE_BED_ROOT": f"/tmp/gpushare-bed-{codename}",
+           "GPUSHARE_BED_PORT": BED_PORT, "GPUSHARE_BED_CGROUP": "no"}
+    return run_inside(codename, ["bash", "-c", script, "suite", *pytest_args], env=env)
+
+
+# ---- make test ----------------------------------------------------------------------------
+
+def slurm_release(root: str = "/") -> str:
+    """The Slurm release whose headers are installed under ``root`` (e.g. 24.11.5)."""
+    path = os.path.join(root, "usr/include/slurm/slurm_version.h")
+    try:
+        with open(path) as handle:
+            number = int(re.search(r"#define SLURM_VERSION_NUMBER (0x[0-9a-fA-F]+)",
+                                   handle.read()).group(1), 16)  # type: ignore[union-attr]
+    except (OSError, AttributeError):
+        return "?"
+    return f"{number >> 16 & 255}.{number >> 8 & 255:02d}.{number & 255}"
+
+
+def _tee(argv: Sequence[str], run: object = None) -> tuple[int, str]:
+    """Run ``argv``, echoing its output; exit status and pytest's last summary line."""
+    process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    last = ""
+    assert process.stdout is not None
+    for line in process.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        stripped = line.strip().strip("=").strip()
+        if re.search(r"\b(passed|failed|error|errors|skipped|no tests ran)\b.* in [\d.]+s",
+                     stripped):
+            last = stripped
+    return process.wait(), last
+
+
+def make_test(host_python: str, pytest_args: Sequence[str]) -> int:
+    host = host_codename()
+    other = other_codename(host)
+    results = []
+    started = time.monotonic()
+    print(f"==== Slurm {slurm_release()} (this machine, Debian {host})", flush=True)
+    rc, line = _tee([host_python, "-m", "pytest", *pytest_args])
+    results.append((f"Slurm {slurm_release()} (Debian {host}, this machine)", rc, line,
+                    time.monotonic() - started))
+    started = time.monotonic()
+    print(f"==== Slurm {SLURM_OF[other]} (Debian {other} root)", flush=True)
+    try:
+        root = ensure(other)
+    except RootError as error:
+        print(f"release_root: {error}", flush=True)
+        results.append((f"Slurm {SLURM_OF[other]} (Debian {other} root)", 2,
+                        "the root could not be built", time.monotonic() - started))
+    else:
+        me = [sys.executable, os.path.abspath(__file__), "suite", "--", *pytest_args]
+        rc, line = _tee(me)
+        results.append((f"Slurm {slurm_release(root)} (Debian {other} root)", rc,
+                        line or "no pytest summary", time.monotonic() - started))
+    print()
+    for name, rc, line, seconds in results:
+        verdict = "ok" if rc == 0 else f"FAILED (exit {rc})"
+        print(f"{name}: {verdict}: {line} [{seconds:.0f}s with setup]")
+    return 0 if all(rc == 0 for _n, rc, _l, _s in results) else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="release_root.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("ensure", help="build the other release's root when missing or outdated")
+    run = sub.add_parser("run", help="run a command in a fresh overlay of the root")
+    run.add_argument("argv", nargs="+")
+    suite = sub.add_parser("suite", help="the other release's build and pytest (args to pytest)")
+    suite.add_argument("pytest_args", nargs="*")
+    both = sub.add_parser("make-test", help="the suite on this machine's Slurm, then the other")
+    both.add_argument("host_python")
+    both.add_argument("pytest_args", nargs="*")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("release_root: run as root (debootstrap, mounts, the test Slurm)", file=sys.stderr)
+        return 1
+    try:
+        other = other_codename(host_codename())
+        if args.command == "ensure":
+            print(ensure(other))
+            return 0
+        if args.command == "run":
+            return run_inside(other, args.argv)
+        if args.command == "suite":
+            return suite_inside(other, args.pytest_args or ["tests", "-q", "-ra"])
+        return make_test(args.host_python, args.pytest_args or ["tests", "-q", "-ra"])
+    except RootError as error:
+        print(f"release_root: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
