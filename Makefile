@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The oldest Python the core supports (RHEL 9's python3), when this machine has one.
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
-.PHONY: all deps build venv test unit unit39 lint demo bench rpm clean
+.PHONY: all deps build venv test unit unit39 lint demo bench rpm slurm-testsuite clean
 
 all: build
 
@@ -54,6 +54,12 @@ demo: build venv
 
 bench: build venv
 	@$(PY) bench/run_all.py
+
+# Slurm's own GRES/MPS/SPANK tests without and with gpushare, and their A/B table
+# (docs/transparency.md; about 20 minutes, not part of `make test`). SLURM_SOURCE: a Slurm
+# git mirror, source tree or tarball holding the installed release (else GitHub is tried).
+slurm-testsuite: build
+	@$(SYSTEM_PYTHON) scripts/slurm_testsuite.py $(if $(SLURM_SOURCE),--source $(SLURM_SOURCE)) $(SLURM_TESTSUITE_ARGS)
 
 # The RPM (build/rpmbuild/RPMS): both plugins built against the installed Slurm.
 rpm: deps
