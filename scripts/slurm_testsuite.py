@@ -356,8 +356,9 @@ def make_bed(layout: str, side: str, root: str, port: int, prefix: str):
     if layout == "tty0":
         gres = "AutoDetect=off\nName=gpu File=/dev/tty0\nName=mps Count=100\n"
     else:
-        gres = ("AutoDetect=off\nName=gpu File=@ROOT@/dev/nvidia0\n"
-                "Name=mps Count=100 File=@ROOT@/dev/nvidia0\n")
+        # mps without File=, as in Slurm's own form: Slurm then sets CUDA_VISIBLE_DEVICES
+        # for mps jobs (with File= on the mps line 22.05 leaves it empty).
+        gres = "AutoDetect=off\nName=gpu File=@ROOT@/dev/nvidia0\nName=mps Count=100\n"
     topology = (f"SwitchName=s0 Nodes={names[0]},{names[1]}\n"
                 f"SwitchName=s1 Nodes={names[2]},{names[3]}\nSwitchName=top Switches=s[0-1]\n")
     kwargs: dict[str, object] = {}
@@ -374,9 +375,27 @@ def make_bed(layout: str, side: str, root: str, port: int, prefix: str):
                       job_submit_lua=os.path.join(REPO, "submit_hooks", "job_submit.lua"))
     else:
         kwargs["plugstack"] = ""
-    return slurmbed.SlurmBed(root=root, nodes=nodes, gres_conf=gres, topology_conf=topology,
-                             cluster="slurmts", ctld_port=port, cgroup=False, device_count=1,
-                             **kwargs)
+    return _bed_class(slurmbed)(root=root, nodes=nodes, gres_conf=gres,
+                                topology_conf=topology, cluster="slurmts", ctld_port=port,
+                                cgroup=False, device_count=1, **kwargs)
+
+
+def _bed_class(slurmbed):
+    class TestsuiteBed(slurmbed.SlurmBed):
+        """The project's bed with the GRES types Slurm's tests expect: with shard among
+        them, Slurm 22.05 sets no CUDA_VISIBLE_DEVICES for mps jobs, and its MPS tests fail
+        without any add-on."""
+
+        def _write_configs(self) -> None:
+            super()._write_configs()
+            with open(self.conf) as handle:
+                text = handle.read()
+            if "\nGresTypes=gpu,mps,shard\n" not in text:
+                raise RuntimeError(f"{self.conf}: no GresTypes=gpu,mps,shard line to replace")
+            with open(self.conf, "w") as handle:
+                handle.write(text.replace("\nGresTypes=gpu,mps,shard\n", "\nGresTypes=gpu,mps\n"))
+
+    return TestsuiteBed
 
 
 # ---- running -----------------------------------------------------------------------------
