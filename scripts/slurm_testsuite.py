@@ -236,6 +236,16 @@ def _difference(a: Outcome, b: Outcome) -> str:
     return "; ".join(parts) or "results differ"
 
 
+def plugin_activity(debug_lines: Sequence[str]) -> str:
+    """What gpushare's core did in B, from its debug log: proof that it was not idle."""
+    jobs = {m.group(1) for m in (re.search(r" py job=(\d+) ", line) for line in debug_lines)
+            if m}
+    shared = {m.group(1) for m in (re.search(r" py job=(\d+) info (?:shared|private) MPS, ",
+                                             line) for line in debug_lines) if m}
+    return (f"its core ran for {len(jobs)} job(s) and gave {len(shared)} of them an MPS "
+            "daemon")
+
+
 def verdict_exit(rows: Sequence[Row]) -> int:
     """0 when every row is the same or allowed, else 1."""
     return 1 if any(r.verdict in ("differs", "missing") for r in rows) else 0
@@ -456,6 +466,9 @@ class Runner:
                 self._write_suite_conf()
                 for item in (i for i in items if i.layout == layout):
                     outcomes.update(self.run_item(item))
+                if self.side == "B":
+                    print(f"[B] gpushare on layout {layout}: "
+                          f"{plugin_activity(self.bed.debug_lines())}", flush=True)
             finally:
                 self.bed.stop()
         return outcomes

@@ -169,3 +169,11 @@ def test_release_tag(version, tag):
 def test_item_keys_are_unique():
     keys = [i.key for i in ts.ITEMS]
     assert len(keys) == len(set(keys))
+
+
+def test_plugin_activity_counts_jobs_and_mps_jobs():
+    lines = ["1 pid=2 uid=0 py job=7 warning GRES gpu index 0 (/dev/tty0) is not an NVIDIA GPU",
+             "1 pid=2 uid=0 py job=8 info shared MPS, 50% of GPU 0, daemon u1-GPU-x",
+             "1 pid=2 uid=0 py job=8 debug record written",
+             "1 pid=3 uid=0 c job=9 no GPU, core not loaded"]
+    assert ts.plugin_activity(lines) == "its core ran for 2 job(s) and gave 1 of them an MPS daemon"
