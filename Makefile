@@ -56,7 +56,7 @@ bench: build venv
 	@$(PY) bench/run_all.py
 
 # Slurm's own GRES/MPS/SPANK tests without and with gpushare, and their A/B table
-# (docs/transparency.md; about 20 minutes, not part of `make test`). SLURM_SOURCE: a Slurm
+# (docs/transparency.md; about 15 minutes, not part of `make test`). SLURM_SOURCE: a Slurm
 # git mirror, source tree or tarball holding the installed release (else GitHub is tried).
 slurm-testsuite: build
 	@$(SYSTEM_PYTHON) scripts/slurm_testsuite.py $(if $(SLURM_SOURCE),--source $(SLURM_SOURCE)) $(SLURM_TESTSUITE_ARGS)

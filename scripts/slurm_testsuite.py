@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -332,7 +333,10 @@ def extract_testsuite(source: Optional[str], tag: str, version: str, dest: str) 
         with tarfile.open(source) as tar:
             wanted = []
             for member in tar.getmembers():
-                _top, _, rest = member.name.partition("/")
+                top_dir, _, rest = member.name.partition("/")
+                if not re.search(rf"(?<![\d.]){re.escape(version)}(?![\d.])", top_dir):
+                    raise SourceError(f"{source}: {top_dir}/ is not Slurm {version}, the "
+                                      "installed release")
                 if ".." in rest.split("/") or not rest.startswith("testsuite/"):
                     continue
                 if member.isreg() or member.isdir():
@@ -356,7 +360,7 @@ def _check_meta(meta: str, version: str) -> None:
     with open(meta) as handle:
         fields = dict(re.findall(r"^\s*(\w+):\s*(\S+)", handle.read(), re.MULTILINE))
     found = ".".join(fields.get(k, "?") for k in ("Major", "Minor", "Micro"))
-    if found != ".".join(str(int(p)) if p.isdigit() else p for p in version.split(".")):
+    if [p.lstrip("0") for p in found.split(".")] != [p.lstrip("0") for p in version.split(".")]:
         raise SourceError(f"the source tree is Slurm {found}, the installed Slurm {version}")
 
 
@@ -457,13 +461,12 @@ class Runner:
         outcomes: dict[str, Outcome] = {}
         for layout in dict.fromkeys(i.layout for i in items):
             self.bed = make_bed(layout, self.side, os.path.join(self.top, "bed"), self.port,
-                                self.prefix)
+                                self.prefix)  # testsuite.conf names <top>/bed/etc
             self.bed.keep = self.keep
             print(f"[{self.side}] cluster up: layout {layout}, "
                   f"{'gpushare loaded' if self.side == 'B' else 'no gpushare'}", flush=True)
             self.bed.start()
             try:
-                self._write_suite_conf()
                 for item in (i for i in items if i.layout == layout):
                     outcomes.update(self.run_item(item))
                 if self.side == "B":
@@ -472,15 +475,6 @@ class Runner:
             finally:
                 self.bed.stop()
         return outcomes
-
-    def _write_suite_conf(self) -> None:
-        for user in ("root", "test"):
-            suite = self.suite(user)
-            with open(suite + "/testsuite.conf", "w") as handle:
-                handle.write(f"SlurmSourceDir={os.path.dirname(suite)}\n"
-                             f"SlurmBuildDir={os.path.dirname(suite)}/build\n"
-                             "SlurmInstallDir=/usr\n"
-                             f"SlurmConfigDir={self.bed.path('etc')}\n")
 
     def run_item(self, item: Item) -> dict[str, Outcome]:
         self.settle()
@@ -507,7 +501,9 @@ class Runner:
         if item.kind == "expect":
             found = {item.key: parse_expect_log(proc.stdout, item.name)}
         elif os.path.exists(junit):
-            with open(junit) as handle:
+            # The test user may own this directory: never follow a link planted there.
+            fd = os.open(junit, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as handle:
                 found = parse_junit(handle.read(), item.key)
         else:
             found = {item.key: Outcome("ERROR", reason=f"pytest wrote no report (rc "
@@ -555,13 +551,17 @@ class Runner:
 
 def prepare_suites(top: str, source: Optional[str], tag: str, version: str) -> str:
     """Two copies of the testsuite plus the shims Debian's installed Slurm needs."""
+    os.makedirs(top, mode=0o755, exist_ok=True)
+    info = os.lstat(top)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise SourceError(f"{top} must be a directory owned by root and writable only by it; "
+                          "remove it or choose another --root")
     slurmbed = _bed_module()
     slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, *EXTRA_PACKAGES))
     user = slurmbed.ensure_user(TEST_USER)
     shutil.rmtree(os.path.join(top, "suite-root"), ignore_errors=True)
     shutil.rmtree(os.path.join(top, "suite-user"), ignore_errors=True)
     os.makedirs(os.path.join(top, "bin"), exist_ok=True)
-    os.chmod(top, 0o755)
     note = extract_testsuite(source, tag, version, os.path.join(top, "suite-root"))
     shutil.copytree(os.path.join(top, "suite-root"), os.path.join(top, "suite-user"),
                     symlinks=True)
@@ -578,6 +578,10 @@ def prepare_suites(top: str, source: Optional[str], tag: str, version: str) -> s
             handle.write("#define HAVE_LUA 1\n")  # no HAVE_NVML: NVML tests skip
         with open(os.path.join(base, "testsuite", "expect", "globals.local"), "w") as handle:
             handle.write(f"set testsuite_colorize false\nset scontrol \"{shim}\"\n")
+        # Written before the test user owns its copy: root never writes into it after.
+        with open(os.path.join(base, "testsuite", "testsuite.conf"), "w") as handle:
+            handle.write(f"SlurmSourceDir={base}\nSlurmBuildDir={base}/build\n"
+                         f"SlurmInstallDir=/usr\nSlurmConfigDir={top}/bed/etc\n")
     for dirpath, _dirs, files in os.walk(os.path.join(top, "suite-user")):
         for entry in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
             os.lchown(entry, user.pw_uid, user.pw_gid)
@@ -598,7 +602,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         note = prepare_suites(args.root, args.source, tag, version)
     except (SourceError, subprocess.CalledProcessError) as err:
-        print(f"cannot get Slurm's testsuite: {err}", file=sys.stderr)
+        print(f"cannot prepare Slurm's testsuite: {err}", file=sys.stderr)
         return 2
     print(f"Slurm {version}: testsuite from {note}", flush=True)
     sides = ("A", "B") if args.side == "both" else (args.side,)
