@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
 .PHONY: all deps build venv test test-host test-other release-root unit unit39 lint demo bench \
-	rpm clean
+	rpm slurm-testsuite clean
 
 all: build
 
@@ -70,6 +70,12 @@ demo: build venv
 
 bench: build venv
 	@$(PY) bench/run_all.py
+
+# Slurm's own GRES/MPS/SPANK tests without and with gpushare, and their A/B table
+# (docs/transparency.md; about 15 minutes, not part of `make test`). SLURM_SOURCE: a Slurm
+# git mirror, source tree or tarball holding the installed release (else GitHub is tried).
+slurm-testsuite: build
+	@$(SYSTEM_PYTHON) scripts/slurm_testsuite.py $(if $(SLURM_SOURCE),--source $(SLURM_SOURCE)) $(SLURM_TESTSUITE_ARGS)
 
 # The RPM (build/rpmbuild/RPMS): both plugins built against the installed Slurm.
 rpm: deps

@@ -136,6 +136,9 @@ class _Verifier:
         names = [os.path.basename(f) for f in dev.files]
         gpu_minors = sorted({int(m.group(1)) for m in map(_GPU_FILE.match, names) if m})
         caps = {int(m.group(1)) for m in map(_CAP_FILE.match, names) if m}
+        if names and not any(name.startswith("nvidia") for name in names):
+            self.not_nvidia(dev, where)
+            return None
         if len(gpu_minors) != 1:
             self.error(f"{_label(dev)} names {len(gpu_minors)} GPU device files "
                        "(/dev/nvidiaN); a GRES device must name exactly one GPU", where,
@@ -168,6 +171,24 @@ class _Verifier:
                        "regenerate gres.conf from the node's MIG layout "
                        "(gpushare render gres) or recreate the missing slice")
         return None
+
+    def not_nvidia(self, dev: GresDevice, where: str) -> None:
+        """A GRES device with no NVIDIA file at all (another vendor's GPU, or Slurm's own
+        test layout ``File=/dev/tty0``): nothing NVML can say about it. A whole device is
+        left to Slurm with a warning; an MPS share cannot run on it, which is an error."""
+        if dev.name == "mps":
+            self.error(f"{_label(dev)} is not an NVIDIA GPU (no /dev/nvidiaN file), so "
+                       "gpushare cannot run MPS on it", where,
+                       "give gres/mps the same File=/dev/nvidiaN as the node's gres/gpu "
+                       "lines, or remove gpushare's plugstack line from nodes without NVIDIA "
+                       "GPUs",
+                       brief=f"{_short_label(dev)} is not an NVIDIA GPU "
+                       f"({','.join(dev.files)}); MPS cannot run on it")
+        else:
+            self.error(f"{_label(dev)} is not an NVIDIA GPU (no /dev/nvidiaN file); gpushare "
+                       "neither verifies nor shares it", where,
+                       "nothing if it is another kind of device; if it is an NVIDIA GPU, name "
+                       "its /dev/nvidiaN file in gres.conf", severity="warning")
 
     def check_device(self, dev: Optional[GresDevice], gpu: Gpu,
                      mig: Optional[MigDevice]) -> None:
