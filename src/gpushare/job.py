@@ -207,8 +207,11 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
 
 def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     """Run at job start on each node; returns the record written, if the job shares."""
-    devices = verify_devices(config, request)
-    if not uses_sharing(request):
+    sharing = uses_sharing(request)
+    # root's shared job is refused before the devices are checked: a refusal of the request
+    # must never become a drain of the node on what the check finds.
+    devices = verify_devices(config, request) if not (sharing and request.uid == 0) else []
+    if not sharing:
         log.debug("no sharing asked")
         return None
     store = JobStore(config.state_dir)

@@ -226,3 +226,17 @@ def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, mo
     script.chmod(0o755)
     monkeypatch.setattr(job, "SLURM_CHECK_TIMEOUT", 0.2)
     assert job.lost_jobs(config, store, "n1", force=True, squeue=str(script)) == set()
+
+
+def test_roots_shared_job_is_refused_before_its_devices_are_checked(tmp_path):
+    """A device the check would fail (here: no inventory at all) must not turn root's
+    refused request into a drain."""
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=strict",
+                                "inventory=sim:/nonexistent/profile.json"])
+    env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    rec = job.prolog(config, request(uid=0, gid=0, env=env))
+    assert rec is not None and "never run as root" in rec.error
+    with pytest.raises(job.NodeError):  # the same devices for another user: a node problem
+        job.prolog(config, request(env=env))
