@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 # gpushare: one entry point. Every target works as root on a fresh Debian 12 machine.
 SHELL := /bin/bash
 SYSTEM_PYTHON := /usr/bin/python3

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Packaging for gpushare: the Python core, its templates and the `gpushare` CLI.
 
 The SPANK plugin and the job_submit plugin are built separately (``spank/build.py``)

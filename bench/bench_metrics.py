@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What ``gpushare metrics`` costs on a busy node, and whether a prolog ever waits for it.
 
 The node: 8 GPUs, 64 shared jobs (8 per GPU, four of each of two users: 16 running

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Wall time gpushare's MPS acquire + release adds to a job, with the stand-in daemon.
 
 Scenarios, each repeated ``--iterations`` times, as root with a test user:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Packing: 64 short jobs asking 25 % of a GPU vs 64 asking a whole GPU, on one 8-GPU node.
 
 A real slurmctld schedules both batches (a job array each, ``sleep`` of a fixed time, one

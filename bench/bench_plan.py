@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Render and check a 10 000-node plan; prints a table of times (goal: 2 s in all).
 
 Run from the repository root: python3 bench/bench_plan.py

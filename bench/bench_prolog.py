@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Wall time gpushare adds to the prolog and epilog of an MPS job (stand-in daemon).
 
 One local Slurm node; ``srun --gres=mps:25 printenv SLURM_JOB_ID`` is run, interleaved, with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """sbatch throughput with and without the submit hook: real submissions to a real slurmctld,
 for job_submit.lua and for the job_submit/gpushare plugin (the Python rules).
 

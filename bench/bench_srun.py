@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What a user waits for: ``srun``/``salloc`` with and without gpushare, in one run.
 
 A local Slurm of the test plan's nodes (tests/plans/bed.yaml: four 8-GPU H100 nodes and a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Per-request cost of the submit hooks in-process: job_submit.lua (lupa, Lua 5.1 where
 available) and the Python rules, p50/p99 in microseconds per kind of request.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Run >= 10^5 generated job_descs through the Python submit rules and count what happened;
 compare a sample with job_submit.lua (in-process). Prints a table; exit 1 on any failure.
 

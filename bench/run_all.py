@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Run every benchmark in bench/ one after another and print their tables (``make bench``).
 
 Each benchmark compares with and without gpushare in one run and prints ratios; this

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare demo: a local Slurm with simulated GPUs doing the product's main job.
 
 Five nodes rendered from tests/plans/bed.yaml (n1-n4: 8 simulated H100 each in two NVLink

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: GPL-2.0-or-later
 # Build the gpushare RPM on this machine (`make rpm`): the source tarball from this tree, the
 # pinned source archives of the bundled pynvml.py/hostlist.py (scripts/vendored.sh), then
 # rpmbuild with _topdir build/rpmbuild for the Slurm release of the installed headers.

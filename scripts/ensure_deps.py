@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Install the Debian packages and create the test users that builds, tests and the demo need."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Slurm's own regression tests as a transparency check for gpushare.
 
 Runs a chosen set of Slurm's GRES/MPS/SPANK expect tests and ATF (pytest) items, taken from

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: GPL-2.0-or-later
 # The two pure-Python modules gpushare bundles (pynvml.py from nvidia-ml-py, hostlist.py
 # from python-hostlist), taken from their source archives at the versions and SHA-256 sums
 # packaging/gpushare.spec pins. Only the archives' own files are used, so the result does not

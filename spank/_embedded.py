@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Python side of the SPANK plugin's core, run once per process on the first callback.
 
 It only puts the gpushare package on sys.path (from ``pythonpath=``) and hands every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Build the SPANK plugin: spank_gpushare.so and, next to it, spank_gpushare_core.so.
 
 The plugin is plain C and does not link libpython; the core is a cffi embedding module

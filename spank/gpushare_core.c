@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * spank_gpushare_core.so: the embedded Python core of the SPANK plugin (cffi embedding).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * gpushare SPANK plugin: the C glue in front of the Python core.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * Starting the embedded Python, shared by the SPANK plugin and the job_submit plugin.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * What the SPANK plugin lends the Python core for one callback: the SPANK handle and the
  * few SPANK calls the core makes. The plugin (no libpython) loads the core

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Python side of job_submit/gpushare: find the core, then hand every call to it.
 
 ``PYTHONPATH`` (the core's install directory) is prepended by build.py: the embedded

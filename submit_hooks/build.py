@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Build job_submit_gpushare.so: slurmctld's job_submit plugin running the Python rules.
 
     /usr/bin/python3 submit_hooks/build.py --pythonpath /usr/lib64/gpushare/python \

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: GPL-2.0-or-later
 --[[
 gpushare job_submit.lua: make GPU requests right at submit time, or say why they cannot be.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * job_submit/gpushare: slurmctld's job_submit plugin running the Python submit rules
  * (gpushare.submit_hook), for sites that prefer them to job_submit.lua.

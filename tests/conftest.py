@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Make the core (src/) and the test bed (tests/slurmbed.py) importable in every test."""
 
 import errno

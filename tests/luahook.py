@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Run submit_hooks/job_submit.lua in-process (lupa) the way slurmctld's job_submit/lua does.
 
 A fake ``slurm`` table records ``log_user``/``log_info``/``log_error``; job_desc is a plain Lua

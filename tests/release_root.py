@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The other Slurm release, for `make test`: a cached Debian root and runs inside it.
 
 gpushare is tested on two Slurm releases: the machine's own (Debian 12: 22.05, Debian 13:

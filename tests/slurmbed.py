@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """A real local Slurm for tests, the demo and the benchmarks.
 
 Debian's slurmctld/slurmd/munge, installed if missing, run under one private root:

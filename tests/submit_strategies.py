@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Hypothesis strategies for job_desc fields as slurmctld hands them to job_submit.
 
 Shared by the fuzz test, the Lua/Python agreement test and bench/fuzz_submit.py. The

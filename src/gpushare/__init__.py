@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare: safe, automatic GPU sharing for Slurm (MPS, MIG verification, NVLink placement).
 
 Every job_prolog and job_epilog starts a fresh interpreter inside slurmstepd, so whatever

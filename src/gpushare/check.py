@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare check``: does this node's gres.conf, its real GPUs and the plan agree?
 
 Each disagreement is a ``Finding`` that says what is wrong, where (file:line, GPU, slice) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The cluster's GPU sharing at a glance, from slurmctld's view (``gpushare status --cluster``).
 
 Per node, from its configured GRES and what is in use (GresUsed): for each GPU type the

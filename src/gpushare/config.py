@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Plugin arguments from the plugstack.conf line: one declarative table, parsed once, validated.
 
 The same table is compiled into the C glue at build time (``spank/build.py``) so that the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Event counters the plugin keeps in the node's state directory, for ``gpushare metrics``.
 
 Every job_prolog and job_epilog runs in a fresh interpreter, so nothing can be kept in

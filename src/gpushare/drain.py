@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Draining this node with gpushare's reason, from a failing prolog or ``gpushare check``.
 
 Light on purpose: a prolog that fails on a node problem imports only this and ``proc``,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The cluster facts file (docs/cluster-facts.md): loaded once, validated, then read-only.
 
 The submit rules run inside slurmctld under its locks, so everything they need about the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """GRES request strings as slurmctld hands them to job_submit, parsed and written back.
 
 A ``tres_per_*`` field is a comma list. Slurm before 23.11 writes each GRES item as

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Slurm's gres.conf, read the way slurmd reads it: per node, each device with its GRES index.
 
 Verification needs Slurm's own numbering: ``SLURM_JOB_GPUS`` (and integer

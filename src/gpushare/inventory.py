@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The node's GPUs as NVML reports them: one data model shared by check, verify, MPS and render.
 
 Collection (``collect``) goes through the NVML seam in ``gpushare.nvml``; everything else in

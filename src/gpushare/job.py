@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What gpushare does for one job on one node: prolog, task environment, epilog.
 
 The SPANK adapter calls these with plain values; nothing here knows about cffi. Errors

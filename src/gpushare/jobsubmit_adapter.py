@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Thin adapter from the ``job_submit/gpushare`` C plugin to ``gpushare.submit_hook``.
 
 It copies the job_desc fields the rules read into a dict, runs the rules, and writes the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Logging for the code the plugins run: into Slurm's log (through the plugin) and the debug log.
 
 Inside slurmstepd and slurmctld there is no stderr worth writing to; every message must

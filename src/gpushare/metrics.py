@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """This node's GPU sharing in Prometheus' text exposition format (``gpushare metrics``).
 
 Two sources, both read without taking a lock a prolog waits on:

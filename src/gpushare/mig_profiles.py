@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Which MIG layouts each GPU model can hold, from NVIDIA's placement rules.
 
 A MIG GPU has 8 memory slices (4 on A30) and 7 compute slices (4 on A30). Every GPU-instance

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """MPS control daemon lifecycle: start on first use, reference-count, stop on last release.
 
 Why one daemon per key: a control daemon runs one server per user and serialises users, so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The node's MPS daemons as an administrator needs to see them (``gpushare mps``).
 
 Each daemon record is checked against the node: is the recorded daemon alive and ours, do

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The one seam where GPU facts enter gpushare: the real pynvml module, or a simulated node.
 
 Which one is used is configuration (the plugin's ``inventory=`` argument, the CLI's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """A simulated node behind the NVML seam: pynvml's function names, answered from a JSON profile.
 
 Tests, the local Slurm of the test suite and demos run gpushare's real inventory code against

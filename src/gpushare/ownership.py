@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Who owns a GPU or MIG slice on a node, from the ownership plan, compiled once per plan.
 
 The plan names GPUs by index and slices by profile; NVML names them by UUID. A slice's

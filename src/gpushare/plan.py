@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The ownership plan: one YAML file saying who owns every GPU and MIG slice of the cluster.
 
 Slurm's gres.conf, the Kubernetes MIG manager's layout, topology.conf, the plugstack line and

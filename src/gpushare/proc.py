@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Run an external command with a hard time limit, optionally as another user.
 
 The plugin runs inside slurmd/slurmstepd: a hung or daemonising child must never hang it.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Render what Slurm and Kubernetes are told about GPUs from the one ownership plan.
 
 The device lists are built as data first (``expected_gres``), so that ``gpushare check``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Root-side file operations that never follow a path a user could have placed.
 
 Every directory is reached from ``/`` one component at a time with

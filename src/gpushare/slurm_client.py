@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What slurmctld believes about its nodes, behind one small interface: ``nodes()``.
 
 pyslurm is used when a build matching the installed Slurm imports; otherwise ``sinfo --json``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Which jobs slurmctld still runs on this node: the one answer gpushare's own records
 cannot give when an epilog was lost (slurmd killed between a cancel and the epilog).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Thin adapters from the SPANK callbacks (C glue) to the core in ``gpushare.job``.
 
 ``bind`` is called once per process by the embedded init code with cffi's ``ffi``/``lib``;

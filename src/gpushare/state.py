@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Per-job state records: what job_prolog decided, read by task_init, removed by job_epilog.
 
 Records live in ``<state_dir>/jobs/<job_id>.json``, root-owned, mode 0600, written

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The Python job_submit entry that the ``job_submit/gpushare`` C plugin calls in slurmctld.
 
 The C glue calls ``init(facts_path)`` once when slurmctld loads the plugin, ``reload()`` on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The submit rules: a job_desc in, the fields to rewrite or a rejection out.
 
 Pure functions over the job's fields and the cluster facts, so that the Python hook, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """NVLink domains as Slurm's topology/tree sees them: one leaf switch per domain, one spine.
 
 ``--switches=1`` then means "inside one NVLink domain". Domains come from the plan, or from the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Check, at job start, that the devices Slurm gave a job are what Slurm believes they are.
 
 Slurm names a job's devices by its own GRES indices (``SLURM_JOB_GPUS``; integer

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Compare ``gpushare inventory --json`` (real NVML) with ``nvidia-smi`` on a machine with a GPU.
 
 Usage: python3 tests/gpu/check_inventory.py RESULTS.json [--source nvml|sim:PATH]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Drive gpushare's MPS lifecycle with the real nvidia-cuda-mps-control and a PyTorch client.
 
 Usage: python3 tests/gpu/check_mps.py RESULTS.json [--mps-control PATH] [--python PATH]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0-or-later
 # Every real-GPU check in one run (as root, from the repository root, on a GPU machine).
 # Results go to $OUT when set (a lent device machine), else to tests/gpu/results/.
 # Neither check changes the GPU's settings (compute mode, MIG mode, clocks).

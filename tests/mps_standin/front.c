@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * Front end of the nvidia-cuda-mps-control stand-in (tests and demo only, never shipped).
  *

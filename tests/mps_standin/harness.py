@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Install the stand-in where root may run it, create test users, set faults, clean up.
 
 Shared by the unit tests, the Slurm tests and ``bench/bench_mps.py``.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Stand-in for nvidia-cuda-mps-control on machines without a GPU (tests and demo only).
 
 Installed beside its C front end (``front.c``, built as ``nvidia-cuda-mps-control``), which

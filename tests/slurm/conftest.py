@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """One real local Slurm for the whole session, stopped at the end: munge, slurmctld and five
 slurmd whose GPUs, gres.conf and topology come from tests/plans/bed.yaml.
 

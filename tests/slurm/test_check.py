@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare check`` on a node of the real local Slurm and against its slurmctld."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Every example in etc/ runs as shipped, against a real local Slurm.
 
 For each ownership plan ``etc/*plan*.yaml`` a bed is started with every node of the plan

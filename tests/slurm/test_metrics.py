@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare metrics after real jobs on the local Slurm (the counts are what ran), and
 gpushare status --cluster against its real slurmctld (22.05)."""
 

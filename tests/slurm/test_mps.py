@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """MPS sharing inside the real local Slurm: daemons shared per user and GPU, isolated between
 users, stopped at the last job's end, cleaned up after cancel and slurmd crashes, and every
 fault of the control program ending in a defined outcome."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """`make build`'s plugins: spank/build.py and submit_hooks/build.py harden both plugins and
 add the distribution's CPPFLAGS, CFLAGS and LDFLAGS from the environment, once each, for
 the plain C plugin and the cffi-built ones alike (the RPM's case is in test_rpm.py)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The SPANK plugin inside a real Slurm: every context, isolation, errors, options, fast path."""
 
 from __future__ import annotations

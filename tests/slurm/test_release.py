@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What only Slurm 24.11 and later offer, on their own beds: NVLink domains as blocks of
 topology/block (GB200 NVL72 racks) with ``--segment`` set by job_submit/gpushare, and several
 MIG profiles Slurm owns on one node. On 22.05 these tests are skipped: it has neither.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The RPM: built by `make rpm`, lint-clean, and complete: installed into a scratch root, its
 own plugin, Python, submit hook and command run a real Slurm's shared, MIG and multi-node
 jobs, with nothing taken from the repository. Its Release: names the Slurm release, its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The submit hooks inside the real slurmctld: job_submit.lua and the job_submit/gpushare
 plugin (the Python rules), each in its own bed rendered from tests/plans/bed.yaml.
 

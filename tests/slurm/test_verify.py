@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Device verification at job start against the real local Slurm: the rendered gres.conf is
 what slurmd runs with, healthy MIG and whole-GPU jobs run, and a slice that disagrees with the
 node's (simulated) NVML, a Kubernetes-owned device or a foreign process stops the job in the

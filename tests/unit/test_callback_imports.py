@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What job_prolog and job_epilog import is paid by every job on every node (each starts a
 fresh interpreter): the libraries the package docstring names stay out of it."""
 

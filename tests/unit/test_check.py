@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare check: gres.conf, inventory and plan compared; findings, exit status, draining."""
 
 from __future__ import annotations

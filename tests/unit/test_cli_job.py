@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare job``: the task environment read back, and the daemon probe against the stand-in."""
 
 from __future__ import annotations

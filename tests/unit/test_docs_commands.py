@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """README.md and docs/ against the code: every ``gpushare`` command line they show parses,
 every option they name exists, every plugstack key they document is the plugin's with its
 default, and every sub-command is documented."""

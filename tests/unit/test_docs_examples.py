@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The examples in etc/ and the node profiles ``gpushare simulate`` generates from a plan.
 
 A generated profile must be what the plan describes, so that every node of a plan checks

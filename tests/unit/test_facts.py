@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The facts file: the documented example loads; each bad key is named in the error."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The real-GPU MPS check runs end to end in its dry-run mode (stand-in daemon, emulated
 client), so the script that answers the hardware questions is known to work before a
 machine with a GPU is lent to run it for real."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """GRES request strings: both syntaxes, every field's shape, counts, and bad items."""
 
 from __future__ import annotations

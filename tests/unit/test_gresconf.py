@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gres.conf parsing: Slurm's per-node device order and indices, and line-numbered errors."""
 
 from __future__ import annotations

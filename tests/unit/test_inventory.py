@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Inventory collected through the simulator equals what each profile says, field by field."""
 
 from __future__ import annotations

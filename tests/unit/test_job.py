@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The job-level decisions of job_prolog: mode, share, refusals, the task's environment."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The plugins' logging: into Slurm (through a sink) and the debug log, or to `logging`."""
 
 import logging

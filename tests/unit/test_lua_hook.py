@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """job_submit.lua in-process (lupa, Lua 5.1 where available): every vector, identical to
 Python; the facts loaded once; load failures and internal errors never reach slurmctld."""
 

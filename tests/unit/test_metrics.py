@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare metrics: the plugin's counters, the node's state in Prometheus' text format (read
 back with prometheus_client's parser), the atomic textfile, and the Grafana dashboard."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """MPS daemon lifecycle against the stand-in daemon, run for real as two test users."""
 
 from __future__ import annotations

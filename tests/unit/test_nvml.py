@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The NVML seam: source selection, the simulator's fidelity to pynvml, and clear errors."""
 
 from __future__ import annotations

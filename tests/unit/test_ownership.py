@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The plan's owners for one node: compiled once, read back cheaply, refused when unsafe."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The ownership plan parser: valid plans parse, every mistake names its line."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Fuzzing the plan parser: whatever the input, the answer is a Plan or a PlanError."""
 
 from __future__ import annotations

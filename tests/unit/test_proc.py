@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Timed external commands: exact environment, timeouts, missing programs, other users."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """What differs between Slurm releases: request syntax chosen for the installed Slurm, 24.11's
 per-GPU MPS use, topology/block rendering and --segment, and the plugin's job_desc fields."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Rendering from the plan: gres.conf, topology.conf, mig-parted, plugstack, facts."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Root-side directory and file operations refuse symlinks and user-placed entries."""
 
 from __future__ import annotations

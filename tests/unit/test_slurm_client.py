@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """slurmctld's view: sinfo --json and scontrol show -o parsing, and command failures."""
 
 from __future__ import annotations

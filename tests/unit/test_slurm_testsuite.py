@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """scripts/slurm_testsuite.py's parsing, comparison and table: no Slurm, no testsuite."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The nvidia-cuda-mps-control stand-in behaves like the real command line and pipe."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The MPS stand-in's harness leaves nothing behind in the temp directory: every test process
 that installs the stand-in builds its front end, and used to leave one build directory each."""
 

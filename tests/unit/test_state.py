@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Per-job records: root-owned, atomic, refused when a path could be a user's."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare status --cluster: slurmctld's GRES and GresUsed in the shapes of Slurm 22.05
 (openapi v0.0.38, captured from the test Slurm) and 24.11 (data_parser v0.0.42)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Every request the user docs show, through ``gpushare explain`` with the facts rendered
 from etc/plan.example.yaml: the docs say exactly what the hooks answer, so they cannot drift.
 

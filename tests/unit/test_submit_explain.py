@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare explain``: flags to job_desc fields the way sbatch fills them, then the rules."""
 
 from __future__ import annotations

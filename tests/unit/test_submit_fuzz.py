@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Generated job_descs through the Python rules: never an unhandled exception, and every
 result well formed (one gpushare line, a 2072 rejection naming a flag, or real changes)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The Python job_submit entry: facts once, reload, never raising, on_error policy."""
 
 from __future__ import annotations

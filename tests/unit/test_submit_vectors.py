@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Every conformance vector through the Python rules; plus rule properties vectors can't show."""
 
 from __future__ import annotations

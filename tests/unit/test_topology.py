@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """NVLink domains → topology/tree switches, from the plan or from the fabric clique."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """Job device verification: every CUDA_VISIBLE_DEVICES form, each mismatch kind, healthy jobs."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """A GRES device that is no NVIDIA GPU (another vendor's GPU, Slurm's test layout
 ``File=/dev/tty0``): whole devices are left to Slurm with a warning, MPS on it is an error."""
 

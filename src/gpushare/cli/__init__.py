@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The ``gpushare`` command: one sub-command module per concern, each with ``register()``."""
 
 from __future__ import annotations

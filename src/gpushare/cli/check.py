@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare check``: compare the node's gres.conf, its GPUs and the ownership plan (or, with
 ``--cluster``, slurmctld's view of every node); usable as slurm.conf's HealthCheckProgram."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare explain -- <sbatch/srun flags>``: what the submit hooks would do to a request.
 
 The flags are turned into job_desc fields the way sbatch fills them (in the cluster's GRES

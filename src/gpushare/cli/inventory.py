@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare inventory``: what NVML (or a simulated node) says this node's GPUs are."""
 
 from __future__ import annotations

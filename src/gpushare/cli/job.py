@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare job``: inside a job, what gpushare set up for it and whether its MPS daemon answers.
 
 Runs as the job's user, so it reads only what the user can read: the task environment the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare metrics``: this node's GPU sharing and the plugin's counters for Prometheus.
 
 Settings come from plugstack.conf's gpushare line, as for ``gpushare mps``. On stdout, or

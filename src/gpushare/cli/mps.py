@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare mps``: the node's MPS daemons, whom they serve, and what needs an administrator.
 
 Settings come from the gpushare line of plugstack.conf, so the command sees the state

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """The plugin's own settings for the node commands (``gpushare mps``, ``gpushare job``).
 
 They read the gpushare line of plugstack.conf, as slurmd does, so they look in the state

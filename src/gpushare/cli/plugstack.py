@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare plugstack``: validate the plugin arguments of a plugstack.conf line."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare render``: write gres.conf, topology.conf, the mig-parted config, the plugstack
 line or the submit hooks' facts from the ownership plan."""
 

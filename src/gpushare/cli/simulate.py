@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare simulate``: write simulated NVML node profiles from the ownership plan, so that a
 site can run its plan through gpushare (check, render, the plugin, a test Slurm) without
 the hardware."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
 """``gpushare status --cluster``: the cluster's GPU sharing at a glance, from slurmctld."""
 
 from __future__ import annotations
