@@ -137,8 +137,12 @@ def demo_two_users(bed: slurmbed.SlurmBed) -> None:
     say("Two users on the same GPU never share a daemon")
     a, _ = submit(bed, ALICE, ["--gres=mps:50", "-w", "n2"], ENV_SCRIPT)
     b, _ = submit(bed, BOB, ["--gres=mps:50", "-w", "n2"], ENV_SCRIPT)
-    time.sleep(3)
-    running = daemons(bed)
+    deadline = time.monotonic() + 30  # both prologs start their daemon, one after the other
+    while time.monotonic() < deadline:
+        running = [d for d in daemons(bed) if d.get("daemon_pid")]
+        if len(running) == 2:
+            break
+        time.sleep(0.2)
     # This bed runs several slurmd on one host: --node names the one whose state to read.
     listing = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node", "n2"],
                       check=False, env={"PYTHONPATH": bed.path("lib", "python")})
