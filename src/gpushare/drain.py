@@ -9,7 +9,7 @@ import os
 import re
 from typing import Optional
 
-from gpushare import proc
+from gpushare import proc, safefs
 
 __all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason"]
 
@@ -40,6 +40,10 @@ def drain_node(node: str, reason: str, scontrol: str = SCONTROL,
     """Drain ``node``; None on success, else why it failed (never raises)."""
     if not scontrol.startswith("/"):
         return f"{scontrol}: scontrol must be given as an absolute path"
+    try:  # run as root: only a program no user can replace
+        safefs.check_root_owned_file(scontrol)
+    except safefs.UnsafePathError as err:
+        return f"scontrol refused: {err}"
     argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     if os.environ.get("SLURM_CONF"):  # slurmd's own, passed to its prologs

@@ -8,7 +8,7 @@ Light on purpose: the prolog imports it, and it runs one bounded ``squeue``.
 import os
 from typing import Optional
 
-from gpushare import proc
+from gpushare import proc, safefs
 
 __all__ = ["ACTIVE_STATES", "SQUEUE", "jobs_on_node"]
 
@@ -26,6 +26,10 @@ def jobs_on_node(node: str, timeout: float, squeue: str = SQUEUE) -> Optional[se
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     if os.environ.get("SLURM_CONF"):
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    try:  # run as root: only a program no user can replace
+        safefs.check_root_owned_file(squeue)
+    except safefs.UnsafePathError:
+        return None
     argv = [squeue, "--noheader", f"--nodelist={node}", "--states=" + ",".join(ACTIVE_STATES),
             "--format=%A"]
     try:

@@ -145,7 +145,8 @@ def test_drain_runs_scontrol_with_fixed_arguments(tmp_path):
     assert out.read_text().splitlines() == ["update", "NodeName=a1", "State=DRAIN",
                                             "Reason=gpushare: bad"]
     assert "absolute path" in drain_node("a1", "r", "scontrol")
-    assert "not found" in drain_node("a1", "r", os.path.join(str(tmp_path), "none"))
+    assert "none does not exist; install it" in drain_node("a1", "r",
+                                                        os.path.join(str(tmp_path), "none"))
     slow = tmp_path / "slow"
     slow.write_text("#!/bin/sh\nsleep 5\n")
     slow.chmod(0o755)
@@ -180,3 +181,16 @@ def test_all_nodes_shares_verdicts_and_finds_the_odd_node():
     (finding,) = check_gres_all_nodes(plan, parse_gres_conf(text, "g.conf"))
     assert finding.what.startswith("nodes a[3-4]: gres.conf lists gpu:a100 /dev/nvidia1")
     assert finding.where == f"g.conf:{text.count(chr(10))}"
+
+
+def test_drain_never_runs_an_scontrol_a_user_could_replace(tmp_path):
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("root-owned programs need root")
+    script = tmp_path / "scontrol"
+    out = tmp_path / "ran"
+    script.write_text(f"#!/bin/sh\ntouch {out}\n")
+    script.chmod(0o777)
+    assert "scontrol refused: " in drain_node("a1", "r", str(script), timeout=5)
+    assert not out.exists()

@@ -241,3 +241,14 @@ def test_roots_shared_job_is_refused_before_its_devices_are_checked(tmp_path):
     assert rec is not None and "never run as root" in rec.error
     with pytest.raises(job.NodeError):  # the same devices for another user: a node problem
         job.prolog(config, request(env=env))
+
+
+def test_a_squeue_others_can_replace_is_never_run(tmp_path):
+    from gpushare.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    store = _records(config, 11)
+    squeue, calls = _fake_squeue(tmp_path, "")
+    os.chmod(squeue, 0o777)
+    assert job.lost_jobs(config, store, "n1", force=True, squeue=squeue) == set()
+    assert not calls.exists()
