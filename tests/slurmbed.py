@@ -708,6 +708,35 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     return bed
 
 
+PYTHON_HOOK_BUILD = os.path.join(REPO, "submit_hooks", "build.py")
+
+
+def build_python_hook(bed: SlurmBed) -> str:
+    """job_submit/gpushare compiled against this Slurm and the bed's own copy of the core,
+    into <root>/jobsubmit; returns that directory (for slurm.conf's PluginDir)."""
+    plugin_dir = bed.path("jobsubmit")
+    os.makedirs(plugin_dir, exist_ok=True)
+    subprocess.run(["/usr/bin/python3", PYTHON_HOOK_BUILD, "--pythonpath",
+                    bed.path("lib", "python"), "--out",
+                    os.path.join(plugin_dir, "job_submit_gpushare.so")],
+                   check=True, capture_output=True, text=True)
+    return plugin_dir
+
+
+def with_python_hook(bed: SlurmBed) -> SlurmBed:
+    """The bed with JobSubmitPlugins=gpushare, built when the bed is prepared."""
+    bed.job_submit = "gpushare"
+    bed.extra_conf = f"PluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:{bed.path('jobsubmit')}"
+    prepare = bed.prepare
+
+    def prepare_with_plugin() -> None:
+        prepare()
+        build_python_hook(bed)
+
+    bed.prepare = prepare_with_plugin  # type: ignore[method-assign]
+    return bed
+
+
 def uid_of(user: str) -> int:
     return pwd.getpwnam(user).pw_uid
 

@@ -41,7 +41,6 @@ PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200")) + 140
 ROOT = f"/tmp/gsbed-ex-{PORT}"
 ETC = os.path.join(slurmbed.REPO, "etc")
 PLANS = sorted(glob.glob(os.path.join(ETC, "*plan*.yaml")))
-BUILD_PLUGIN = os.path.join(slurmbed.REPO, "submit_hooks", "build.py")
 SLURM_PLUGINS = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
 USER = slurmbed.TEST_USERS[0]
 SCRIPT = ('echo "JOB_GPUS=${SLURM_JOB_GPUS-}"; echo "UUIDS=${GPUSHARE_GPU_UUIDS-}"; '
@@ -117,11 +116,7 @@ def example_bed(plan_path: str) -> slurmbed.SlurmBed:
         with open(bed.path("etc", "plugstack.conf.d", "gpushare.conf"), "w") as handle:
             handle.write(line + "\n")
         # JobSubmitPlugins=gpushare: the Python hook, compiled against the bed's core.
-        os.makedirs(bed.path("jobsubmit"))
-        subprocess.run(["/usr/bin/python3", BUILD_PLUGIN, "--pythonpath",
-                        bed.path("lib", "python"), "--out",
-                        bed.path("jobsubmit", "job_submit_gpushare.so")],
-                       check=True, capture_output=True, text=True)
+        slurmbed.build_python_hook(bed)
         # HealthCheckProgram: the RPM's gpushare-check (gpushare check --drain), with the
         # bed's plan, gres.conf and simulated NVML; each run leaves its exit status.
         check = bed.path("bin", "gpushare-check")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -23,7 +22,6 @@ pytestmark = pytest.mark.slurm
 ROOT = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed")
 PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
 BLOCK_PLAN = os.path.join(slurmbed.REPO, "tests", "plans", "block.yaml")
-BUILD_PLUGIN = os.path.join(slurmbed.REPO, "submit_hooks", "build.py")
 BLOCKS = {"rack0": {"blk1", "blk2"}, "rack1": {"blk3", "blk4"}, "rack2": {"blk5", "blk6"}}
 USER = slurmbed.TEST_USERS[0]
 
@@ -37,29 +35,10 @@ def needs_24_11():
                     "and indexes one MIG profile per node")
 
 
-def with_python_hook(bed: slurmbed.SlurmBed) -> slurmbed.SlurmBed:
-    """job_submit/gpushare, compiled against this Slurm's job_desc, in the bed's PluginDir."""
-    plugin_dir = bed.path("jobsubmit")
-    bed.job_submit = "gpushare"
-    bed.extra_conf = f"PluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:{plugin_dir}"
-    prepare = bed.prepare
-
-    def prepare_with_plugin() -> None:
-        prepare()
-        os.makedirs(plugin_dir)
-        subprocess.run(["/usr/bin/python3", BUILD_PLUGIN, "--pythonpath",
-                        bed.path("lib", "python"), "--out",
-                        os.path.join(plugin_dir, "job_submit_gpushare.so")],
-                       check=True, capture_output=True, text=True)
-
-    bed.prepare = prepare_with_plugin  # type: ignore[method-assign]
-    return bed
-
-
 @pytest.fixture(scope="module")
 def block_bed():
-    bed = with_python_hook(slurmbed.plan_bed(root=f"{ROOT}-block", port_base=PORT + 200,
-                                             plan_path=BLOCK_PLAN))
+    bed = slurmbed.with_python_hook(slurmbed.plan_bed(
+        root=f"{ROOT}-block", port_base=PORT + 200, plan_path=BLOCK_PLAN))
     bed.start()
     try:
         yield bed

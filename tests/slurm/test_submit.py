@@ -27,7 +27,6 @@ from slurmbed import stored
 ROOT = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed")
 PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
 LUA = os.path.join(slurmbed.REPO, "submit_hooks", "job_submit.lua")
-BUILD_PLUGIN = os.path.join(slurmbed.REPO, "submit_hooks", "build.py")
 VECTORS = os.path.join(slurmbed.REPO, "tests", "vectors")
 NO_VAL = 4294967294
 HOOKS = ("lua", "py")
@@ -40,23 +39,7 @@ def hook_bed(hook: str) -> slurmbed.SlurmBed:
     if hook == "lua":
         return slurmbed.plan_bed(root=root, port_base=PORT + 100, job_submit="lua",
                                  job_submit_lua=LUA)
-    plugin_dir = os.path.join(root, "jobsubmit")
-    bed = slurmbed.plan_bed(root=root, port_base=PORT + 130, job_submit="gpushare",
-                            extra_conf=f"PluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:"
-                                       f"{plugin_dir}")
-    prepare = bed.prepare
-
-    def prepare_with_plugin() -> None:
-        # The plugin compiles in where the core lives: the bed's own copy of it.
-        prepare()
-        os.makedirs(plugin_dir)
-        subprocess.run(["/usr/bin/python3", BUILD_PLUGIN, "--pythonpath",
-                        bed.path("lib", "python"), "--out",
-                        os.path.join(plugin_dir, "job_submit_gpushare.so")],
-                       check=True, capture_output=True, text=True)
-
-    bed.prepare = prepare_with_plugin  # type: ignore[method-assign]
-    return bed
+    return slurmbed.with_python_hook(slurmbed.plan_bed(root=root, port_base=PORT + 130))
 
 
 @pytest.fixture(scope="module", params=HOOKS)
