@@ -18,6 +18,7 @@
  * and GS_KNOWN_KEYS_TEXT.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -66,6 +67,7 @@ static int gs_args_ok = 0;
 static char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR; /* %n, %h expanded */
 static char gs_debug_log[PATH_MAX] = "";
 static char gs_pythonpath[PATH_MAX] = "";
+static char gs_imex_dir[PATH_MAX] = ""; /* imex_channels=: "" when not checked */
 
 static const char *gs_ctx_name(void)
 {
@@ -221,6 +223,9 @@ static int gs_parse_args(int ac, char **av)
                 return -1;
         } else if (strncmp(av[i], "pythonpath=", 11) == 0) {
             if (gs_copy_path(gs_pythonpath, eq + 1, "pythonpath") < 0)
+                return -1;
+        } else if (strncmp(av[i], "imex_channels=", 14) == 0) {
+            if (gs_copy_path(gs_imex_dir, eq + 1, "imex_channels") < 0)
                 return -1;
         }
     }
@@ -670,6 +675,50 @@ static int gs_apply_env_file(spank_t sp, char *text)
     return 0;
 }
 
+/*
+ * With switch/nvidia_imex, slurmstepd gives each step of a job its IMEX channel device
+ * (<dir>/channel<N>) before the tasks start; multi-node NVLink memory sharing fails
+ * without one. A GPU task that finds none is stopped here with the reason, instead of
+ * failing later inside CUDA.
+ */
+static int gs_check_imex(spank_t sp)
+{
+    char gpus[256];
+    struct dirent *entry;
+    struct stat st;
+    DIR *dir;
+    int fd, found = 0;
+
+    if (!gs_imex_dir[0])
+        return 0;
+    if (gs_getenv(sp, "SLURM_JOB_GPUS", gpus, sizeof(gpus)) < 0 &&
+        gs_getenv(sp, "CUDA_VISIBLE_DEVICES", gpus, sizeof(gpus)) < 0)
+        return 0; /* not a GPU job: no IMEX channel needed */
+    fd = open(gs_imex_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir && fd >= 0)
+        close(fd);
+    while (dir && !found && (entry = readdir(dir))) {
+        if (strncmp(entry->d_name, "channel", 7) != 0 || !entry->d_name[7] ||
+            entry->d_name[7 + strspn(entry->d_name + 7, "0123456789")] != '\0')
+            continue;
+        if (fstatat(dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISCHR(st.st_mode))
+            found = 1;
+    }
+    if (dir)
+        closedir(dir);
+    if (found) {
+        gs_debug(sp, "cb=task_init_privileged imex=found");
+        return 0;
+    }
+    slurm_spank_log("gpushare: this GPU job has no IMEX channel in %s, which multi-node "
+                    "NVLink needs: the node's Slurm must give each job one (slurm.conf "
+                    "SwitchType=switch/nvidia_imex, and the nvidia-caps-imex-channels "
+                    "driver device); tell your administrator", gs_imex_dir);
+    return -1;
+}
+
 GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
     static char text[GS_ENV_MAX];
@@ -677,6 +726,8 @@ GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
     int found;
 
     if (gs_parse_args(ac, av) < 0)
+        return -1;
+    if (gs_check_imex(sp) < 0)
         return -1;
     found = gs_read_env_file(sp, text, sizeof(text));
     if (found < 0)

@@ -134,6 +134,10 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "limit for every external command the plugin runs"),
     ArgSpec("debug_log", "", _optional_abs_path, "an absolute path or none",
             "append one line per plugin decision to this root-owned file (for debugging)"),
+    ArgSpec("imex_channels", "", _optional_abs_path, "an absolute directory or none",
+            "with SwitchType=switch/nvidia_imex: where every GPU task must find its job's "
+            "IMEX channel device (/dev/nvidia-caps-imex-channels); a task without one fails "
+            "with a message"),
     ArgSpec("show", "no", _choice("yes", "no"), "yes or no",
             "also print one gpushare: line into the first task's stderr saying what the job "
             "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "
@@ -141,7 +145,8 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
 )
 
 _SPECS_BY_KEY = {spec.key: spec for spec in ARG_SPECS}
-_PATH_KEYS = ("pythonpath", "state_dir", "mps_control", "inventory", "plan", "debug_log")
+_PATH_KEYS = ("pythonpath", "state_dir", "mps_control", "inventory", "plan", "debug_log",
+              "imex_channels")
 
 
 class PluginConfig(NamedTuple):
@@ -160,6 +165,7 @@ class PluginConfig(NamedTuple):
     plan: str = ""
     timeout: float = 10.0
     debug_log: str = ""
+    imex_channels: str = ""
     show: bool = False
 
     def for_node(self, node: str) -> "PluginConfig":
@@ -222,6 +228,7 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         plan=values["plan"],
         timeout=float(values["timeout"]),
         debug_log=values["debug_log"],
+        imex_channels=values["imex_channels"],
         show=values["show"] == "yes",
     )
 

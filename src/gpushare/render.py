@@ -412,9 +412,16 @@ def render_mig_parted(plan: Plan) -> str:
                    configs=configs)
 
 
+IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
+
+
 def render_plugstack(plan: Plan) -> str:
+    """The gpushare line; with ``slurm.imex`` each GPU task checks for its IMEX channel."""
+    args = list(plan.slurm.plugin_args)
+    if plan.slurm.imex and not any(key == "imex_channels" for key, _value in args):
+        args.append(("imex_channels", IMEX_CHANNELS))
     return _render("plugstack.conf.j2", plan_path=plan.path, plugin=plan.slurm.plugin,
-                   args=list(plan.slurm.plugin_args))
+                   args=args)
 
 
 def render_facts(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None

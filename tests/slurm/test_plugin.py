@@ -381,3 +381,26 @@ def test_show_yes_writes_one_line_into_the_first_tasks_stderr(clean_bed):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"gpushare: job {job_id}: CUDA_VISIBLE_DEVICES=0, 20% of the "
                                "GPU's SMs")
+
+
+def test_gpu_task_without_its_imex_channel_stops_with_the_reason(clean_bed):
+    """imex_channels=: a GPU task that finds no IMEX channel device fails, saying why."""
+    import stat
+
+    channels = clean_bed.path("imex")
+    subprocess.run(["rm", "-rf", channels], check=True)
+    os.makedirs(channels)
+    with open(os.path.join(channels, "channel1"), "w"):
+        pass  # a plain file is no channel
+    clean_bed.write_plugstack(clean_bed.plugstack_line().rstrip() +
+                              f" imex_channels={channels}\n")
+    refused = clean_bed.run(["srun", "-w", "n2", "--gres=gpu:1", "true"], user=USER,
+                            check=False)
+    assert refused.returncode != 0
+    assert f"gpushare: this GPU job has no IMEX channel in {channels}" in refused.stderr
+    assert "SwitchType=switch/nvidia_imex" in refused.stderr
+    # Jobs without GPUs need none.
+    assert clean_bed.run(["srun", "-w", "n2", "true"], user=USER).returncode == 0
+    os.mknod(os.path.join(channels, "channel7"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert clean_bed.run(["srun", "-w", "n2", "--gres=gpu:1", "true"], user=USER).returncode == 0
+    assert "DRAIN" not in clean_bed.node_state("n2")["State"]

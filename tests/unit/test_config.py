@@ -24,7 +24,7 @@ def test_every_key_is_accepted_with_a_good_value():
     good = {"pythonpath": "/opt/gs", "state_dir": "/run/x", "mps_control": "/usr/bin/m",
             "mem_limit": "16G", "verify": "warn", "inventory": "sim:/p/%n.json",
             "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
-            "show": "yes"}
+            "imex_channels": "/dev/nvidia-caps-imex-channels", "show": "yes"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"

@@ -176,4 +176,5 @@ def test_the_full_example_line_spells_out_every_default():
     for spec in ARG_SPECS:
         if spec.key in ("pythonpath", "plan", "debug_log"):
             continue
-        assert args.get(spec.key) == spec.default, spec.key
+        assert spec.key in args, spec.key
+        assert spec.check(args[spec.key]) == spec.check(spec.default), spec.key  # none is ""

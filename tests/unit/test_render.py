@@ -160,3 +160,11 @@ def test_facts_carry_domain_sizes_and_counts_per_type():
         "l40s": {"nodes": 16, "per_node": 4, "domain_sizes": []},
     }
     assert facts["policy"]["untyped_gpu"] == "whole"
+
+
+def test_plugstack_line_of_an_imex_cluster_checks_each_gpu_tasks_channel():
+    plan = load_plan(os.path.join(os.path.dirname(__file__), "..", "plans", "block.yaml"))
+    assert plan.slurm.imex
+    line = lines(render_plugstack(plan))[0]
+    assert line.endswith(" imex_channels=/dev/nvidia-caps-imex-channels")
+    assert "imex_channels" not in render_plugstack(parse_plan(MIXED))
