@@ -190,6 +190,21 @@ def _slurmd_log(bed, node: str) -> str:
         return handle.read()
 
 
+def _wait_for_log(bed, node: str, pattern: str, timeout: float = 60.0) -> None:
+    """Wait for a line of this job's failure: a drain alone may be another job's epilog."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, _slurmd_log(bed, node)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no line matching {pattern!r} in slurmd-{node}.log")
+
+
+def _cancel_and_wait(bed, job_id: int) -> None:
+    bed.run(["scancel", str(job_id)], check=False)
+    bed.wait_job(job_id)
+
+
 def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     """root's prolog must not import code from a directory a user can change."""
     marker = clean_bed.path("out", "imported-by-root")
@@ -204,22 +219,22 @@ def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
         f"pythonpath={clean_bed.path('lib', 'python')}", f"pythonpath={copy}")
     clean_bed.write_plugstack(line)
     job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+    _wait_for_log(clean_bed, "n4", rf"refusing pythonpath=: {re.escape(copy)}\S* is not "
+                  "owned by root")
     _wait_drained(clean_bed, "n4")
-    clean_bed.run(["scancel", str(job_id)], check=False)
+    _cancel_and_wait(clean_bed, job_id)  # its epilog fails the same way: let it end first
     assert not os.path.exists(marker)
-    assert re.search(rf"refusing pythonpath=: {re.escape(copy)}\S* is not owned by root",
-                     _slurmd_log(clean_bed, "n4"))
 
     # Root-owned but writable by others is refused as well, file by file.
     subprocess.run(["chown", "-R", "root", copy], check=True)
     os.chmod(init, 0o666)
     clean_bed.resume("n4")
     job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+    _wait_for_log(clean_bed, "n4",
+                  re.escape(f"refusing pythonpath=: {init} is writable by group or others"))
     _wait_drained(clean_bed, "n4")
-    clean_bed.run(["scancel", str(job_id)], check=False)
+    _cancel_and_wait(clean_bed, job_id)
     assert not os.path.exists(marker)
-    assert f"refusing pythonpath=: {init} is writable by group or others" in _slurmd_log(
-        clean_bed, "n4")
 
 
 def test_core_library_others_can_write_is_never_loaded(clean_bed):
@@ -227,12 +242,12 @@ def test_core_library_others_can_write_is_never_loaded(clean_bed):
     os.chmod(core, 0o777)
     try:
         job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
+        _wait_for_log(clean_bed, "n4", re.escape(
+            f"refusing the Python core: {core} is writable by group or others"))
         _wait_drained(clean_bed, "n4")
-        clean_bed.run(["scancel", str(job_id)], check=False)
+        _cancel_and_wait(clean_bed, job_id)
     finally:
         os.chmod(core, 0o755)
-    assert f"refusing the Python core: {core} is writable by group or others" in _slurmd_log(
-        clean_bed, "n4")
 
 
 def test_user_environment_cannot_steer_the_plugin(clean_bed, tmp_path):
