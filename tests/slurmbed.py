@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from mps_standin.harness import install_standin
 
@@ -735,6 +735,39 @@ def with_python_hook(bed: SlurmBed) -> SlurmBed:
 
     bed.prepare = prepare_with_plugin  # type: ignore[method-assign]
     return bed
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
+    """``check()``'s first true value, polled until ``timeout``; AssertionError naming
+    ``what`` after that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not true after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def readelf(*args: str) -> str:
+    return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def assert_hardened(plugin: str) -> tuple[str, str]:
+    """A plugin built as pyxis builds: BIND_NOW, RELRO, no executable stack, stack
+    protector and FORTIFY calls. Returns readelf's dynamic section and program headers."""
+    dynamic = readelf("-d", plugin)
+    assert re.search(r"\(FLAGS\)\s.*\bBIND_NOW\b", dynamic), (plugin, dynamic)
+    headers = readelf("-l", plugin)
+    assert re.search(r"^\s*GNU_RELRO\s", headers, re.M), (plugin, headers)
+    stack = [line.split() for line in headers.splitlines() if "GNU_STACK" in line]
+    assert len(stack) == 1 and "E" not in stack[0][6], (plugin, headers)
+    symbols = readelf("--dyn-syms", plugin)
+    assert "__stack_chk_fail" in symbols, plugin
+    assert re.search(r"\b__\w+_chk\b", symbols), (plugin, "no FORTIFY call")
+    return dynamic, headers
 
 
 def uid_of(user: str) -> int:

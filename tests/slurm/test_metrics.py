@@ -10,12 +10,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import slurmbed
+from slurmbed import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -41,17 +41,6 @@ def total(samples: dict[str, list], name: str, **labels: str) -> float:
     family = re.sub(r"_(total|bucket|sum|count)$", "", name)
     return sum(s.value for s in samples[family]
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
-def wait_until(what: str, check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not true after {timeout:.0f} s")
-        time.sleep(0.3)
 
 
 def finished(bed, job_id: int) -> str:

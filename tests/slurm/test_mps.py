@@ -10,12 +10,12 @@ import json
 import os
 import re
 import time
-from typing import Callable
 
 import pytest
 
 import slurmbed
 from mps_standin.harness import standin_processes
+from slurmbed import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -36,17 +36,6 @@ ENV_SCRIPT = (
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not true after {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def mps_dirs(bed) -> list[str]:

@@ -33,11 +33,6 @@ def unusable_reason() -> str:
 pytestmark = pytest.mark.skipif(bool(unusable_reason()), reason=unusable_reason())
 
 
-def readelf(*args: str) -> str:
-    return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True,
-                          check=True).stdout
-
-
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory):
     """Both build scripts run as `make build` and the spec run them, with probe flags."""
@@ -60,21 +55,13 @@ def plugins(tmp_path_factory):
 
 def test_plugins_are_hardened(plugins):
     for plugin in plugins:
-        dynamic = readelf("-d", plugin)
-        assert re.search(r"\(FLAGS\)\s.*\bBIND_NOW\b", dynamic), (plugin, dynamic)
-        headers = readelf("-l", plugin)
-        assert re.search(r"^\s*GNU_RELRO\s", headers, re.M), (plugin, headers)
-        stack = [line.split() for line in headers.splitlines() if "GNU_STACK" in line]
-        assert len(stack) == 1 and "E" not in stack[0][6], (plugin, headers)
-        symbols = readelf("--dyn-syms", plugin)
-        assert "__stack_chk_fail" in symbols, plugin
-        assert re.search(r"\b__\w+_chk\b", symbols), (plugin, "no FORTIFY call")
+        slurmbed.assert_hardened(plugin)
 
 
 def test_environment_flags_reach_compiler_and_linker_once(plugins):
     for plugin in plugins:
-        assert re.search(r"\(FLAGS\)\s.*\bORIGIN\b", readelf("-d", plugin)), plugin
-        switches = readelf("-p", ".GCC.command.line", plugin)
+        assert re.search(r"\(FLAGS\)\s.*\bORIGIN\b", slurmbed.readelf("-d", plugin)), plugin
+        switches = slurmbed.readelf("-p", ".GCC.command.line", plugin)
         assert "-fstack-protector-strong" in switches, (plugin, switches)
 
 
