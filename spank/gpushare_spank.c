@@ -29,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,6 +70,7 @@ static char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR; /* %n, %h expanded */
 static char gs_debug_log[PATH_MAX] = "";
 static char gs_pythonpath[PATH_MAX] = "";
 static char gs_imex_dir[PATH_MAX] = ""; /* imex_channels=: "" when not checked */
+static double gs_timeout = 10.0;         /* timeout=; its range is checked by Python */
 
 static const char *gs_ctx_name(void)
 {
@@ -88,13 +91,16 @@ static void gs_debug(spank_t sp, const char *fmt, ...)
     int off, fd;
     uint32_t job_id = 0;
     va_list ap;
+    struct timespec now;
 
     if (!gs_debug_log[0])
         return;
+    clock_gettime(CLOCK_REALTIME, &now);
     if (sp)
         (void)spank_get_item(sp, S_JOB_ID, &job_id);
-    off = snprintf(line, sizeof(line), "%ld pid=%d uid=%d ctx=%s job=%u ", (long)time(NULL),
-                   (int)getpid(), (int)getuid(), gs_ctx_name(), job_id);
+    off = snprintf(line, sizeof(line), "%ld.%06ld pid=%d uid=%d ctx=%s job=%u ",
+                   (long)now.tv_sec, now.tv_nsec / 1000L, (int)getpid(), (int)getuid(),
+                   gs_ctx_name(), job_id);
     va_start(ap, fmt);
     vsnprintf(line + off, sizeof(line) - off - 1, fmt, ap);
     va_end(ap);
@@ -227,6 +233,11 @@ static int gs_parse_args(int ac, char **av)
         } else if (strncmp(av[i], "imex_channels=", 14) == 0) {
             if (gs_copy_path(gs_imex_dir, eq + 1, "imex_channels") < 0)
                 return -1;
+        } else if (strncmp(av[i], "timeout=", 8) == 0) {
+            char *end = NULL;
+            double value = strtod(eq + 1, &end);
+            if (end && *end == '\0' && value >= 0.1 && value <= 600)
+                gs_timeout = value;
         }
     }
     gs_args_ok = 1;
@@ -403,6 +414,18 @@ static int gs_check_core(const char *path)
     return gs_check_parents("the Python core", real);
 }
 
+/* The core library and pythonpath=, checked before anything of them is loaded. */
+static int gs_core_trusted(char *path, size_t size)
+{
+    if (gs_core_path(path, size) < 0) {
+        slurm_error("gpushare: cannot find the directory of spank_gpushare.so");
+        return -1;
+    }
+    if (gs_check_core(path) < 0 || gs_check_pythonpath() < 0)
+        return -1;
+    return 0;
+}
+
 static int gs_load_core(spank_t sp)
 {
     char path[PATH_MAX];
@@ -418,11 +441,7 @@ static int gs_load_core(spank_t sp)
         return -1;
     }
     gs_core_failed = 1; /* until it has loaded */
-    if (gs_core_path(path, sizeof(path)) < 0) {
-        slurm_error("gpushare: cannot find the directory of spank_gpushare.so");
-        return -1;
-    }
-    if (gs_check_core(path) < 0 || gs_check_pythonpath() < 0)
+    if (gs_core_trusted(path, sizeof(path)) < 0)
         return -1;
     /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
     handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
@@ -505,6 +524,243 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
     return rc;
 }
 
+/* ---- the job's worker: the prolog's and epilog's Python off Slurm's path ---------- */
+/*
+ * Slurm holds a job's first step until the job prolog returns, and the next job on the
+ * node until the epilog returns. The Python work (checking the GPUs, starting, joining or
+ * stopping the MPS daemon, the job's record) runs instead in a worker forked before Python
+ * starts and detached from slurmd (its own session: Slurm kills the prolog's process group
+ * when it ends). A per-job lock, <state_dir>/jobs/<id>.lock, taken before the prolog
+ * returns and held by the worker until it ends, orders what follows: the job's tasks wait
+ * for it in task_init_privileged, bounded, and the epilog waits for it before undoing it.
+ * Epilog workers hold <state_dir>/epilogs.lock shared, and a prolog worker waits for them,
+ * so a GPU is handed to the next job only once the last one's daemon is stopped. Slurm no
+ * longer sees the worker's result, so the worker drains the node itself on a failure
+ * (gpushare.spank_adapter) and tells the tasks why through the job's record.
+ */
+
+/* The longest a task or an epilog waits for a worker: its commands are each bounded by
+ * timeout=, and it runs at most a few of them. */
+static double gs_wait_limit(void)
+{
+    return 4 * gs_timeout + 5;
+}
+
+static double gs_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec + now.tv_nsec / 1e9;
+}
+
+/* Refuse a state directory a user could have placed or can change (as gpushare.state). */
+static int gs_check_dir(const char *path)
+{
+    struct stat st;
+
+    if (lstat(path, &st) < 0) {
+        slurm_error("gpushare: state directory %s: %m", path);
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
+        slurm_error("gpushare: state directory %s must be a real directory owned by uid %d and "
+                    "not writable by group/others (owner %d, mode %o); fix it or remove it",
+                    path, (int)geteuid(), (int)st.st_uid, (unsigned)(st.st_mode & 07777));
+        return -1;
+    }
+    return 0;
+}
+
+/* <state_dir>/jobs, created root-owned (with its parents) when missing, then checked. */
+static int gs_jobs_dir(char *out, size_t size)
+{
+    char path[PATH_MAX];
+
+    if (snprintf(path, sizeof(path), "%s", gs_state_dir) >= (int)sizeof(path))
+        return -1;
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+            slurm_error("gpushare: cannot create %s: %m", path);
+            return -1;
+        }
+        *p = '/';
+    }
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+        slurm_error("gpushare: cannot create the state directory %s: %m", path);
+        return -1;
+    }
+    if (gs_check_dir(path) < 0)
+        return -1;
+    if (snprintf(out, size, "%s/jobs", path) >= (int)size)
+        return -1;
+    if (mkdir(out, 0700) < 0 && errno != EEXIST) {
+        slurm_error("gpushare: cannot create %s: %m", out);
+        return -1;
+    }
+    return gs_check_dir(out);
+}
+
+/* Open a root-owned lock file: -1 with errno ENOENT when absent and not created. */
+static int gs_open_lock(const char *path, int create)
+{
+    struct stat st;
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+
+    if (fd < 0)
+        return -1;
+    if (fd <= STDERR_FILENO) {
+        /* slurmstepd's prolog runs with stdin closed; the worker points 0-2 at /dev/null */
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+        close(fd);
+        if (high < 0)
+            return -1;
+        fd = high;
+    }
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        slurm_error("gpushare: refusing lock file %s: not a regular file of uid %d", path,
+                    (int)geteuid());
+        close(fd);
+        errno = EPERM;
+        return -1;
+    }
+    return fd;
+}
+
+static int gs_job_lock_path(spank_t sp, char *path, size_t size, int make_dirs)
+{
+    char jobs[PATH_MAX];
+    uint32_t job_id = 0;
+
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+        return -1;
+    if (make_dirs) {
+        if (gs_jobs_dir(jobs, sizeof(jobs)) < 0)
+            return -1;
+    } else if (snprintf(jobs, sizeof(jobs), "%s/jobs", gs_state_dir) >= (int)sizeof(jobs)) {
+        return -1;
+    }
+    return snprintf(path, size, "%s/%u.lock", jobs, job_id) >= (int)size ? -1 : 0;
+}
+
+/* flock() with a deadline; 0 when taken, -1 when still held by another at the deadline. */
+static int gs_flock_until(int fd, int operation, double deadline)
+{
+    while (flock(fd, operation | LOCK_NB) < 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        if (gs_now() > deadline)
+            return -1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+static void gs_epilogs_lock_path(char *path, size_t size)
+{
+    snprintf(path, size, "%s/epilogs.lock", gs_state_dir);
+}
+
+/* A prolog worker starts once the epilogs that ran before its prolog have finished. */
+static void gs_wait_for_epilogs(spank_t sp)
+{
+    char path[PATH_MAX + 32];
+    int fd;
+
+    gs_epilogs_lock_path(path, sizeof(path));
+    fd = gs_open_lock(path, 0);
+    if (fd < 0)
+        return;
+    if (gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0)
+        slurm_error("gpushare: an earlier job's epilog on this node still runs after %g s; "
+                    "setting up this job anyway (see slurmd's log)", gs_wait_limit());
+    else
+        gs_debug(sp, "cb=job_prolog epilogs=done");
+    close(fd);
+}
+
+/* A prolog worker that failed before its Python could say so: the tasks fail with
+ * ``text`` instead of starting unchecked. An env file already written is left alone. */
+static void gs_fail_tasks(spank_t sp, const char *text)
+{
+    char jobs[PATH_MAX], path[PATH_MAX + 32], tmp[PATH_MAX + 64];
+    uint32_t job_id = 0;
+    int fd;
+
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+        gs_jobs_dir(jobs, sizeof(jobs)) < 0)
+        return;
+    snprintf(path, sizeof(path), "%s/%u.env", jobs, job_id);
+    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+    if (access(path, F_OK) == 0)
+        return;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (dprintf(fd, "#error=%s\n", text) < 0 || fsync(fd) < 0 || rename(tmp, path) < 0)
+        (void)unlink(tmp);
+    close(fd);
+}
+
+static int gs_in_place(const char *callback, spank_t sp, int ac, char **av,
+                       const char *unlink_at_end)
+{
+    int rc = gs_call_python(callback, sp, ac, av);
+    if (unlink_at_end)
+        (void)unlink(unlink_at_end);
+    return rc;
+}
+
+/* Run the callback's Python in a detached worker; it inherits the locks the caller holds
+ * (opened O_CLOEXEC: the MPS daemons it starts do not). */
+static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
+                            const char *unlink_at_end)
+{
+    pid_t child, worker;
+    int status = 0, rc, null_fd;
+
+    child = fork();
+    if (child < 0) {
+        slurm_error("gpushare: cannot fork the %s worker: %m; running it in place", callback);
+        return gs_in_place(callback, sp, ac, av, unlink_at_end);
+    }
+    if (child == 0) {
+        if (setsid() < 0)
+            _exit(1);
+        worker = fork();
+        if (worker != 0)
+            _exit(worker < 0 ? 1 : 0);
+        /* Nothing of Slurm's pipes stays open: Slurm reads the prolog's output to EOF. */
+        null_fd = open("/dev/null", O_RDWR);
+        if (null_fd >= 0) {
+            dup2(null_fd, STDIN_FILENO);
+            dup2(null_fd, STDOUT_FILENO);
+            dup2(null_fd, STDERR_FILENO);
+            if (null_fd > STDERR_FILENO)
+                close(null_fd);
+        }
+        if (strcmp(callback, "job_prolog") == 0)
+            gs_wait_for_epilogs(sp);
+        rc = gs_call_python(callback, sp, ac, av);
+        if (rc != 0 && strcmp(callback, "job_prolog") == 0)
+            gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log "
+                          "says why); tell your administrator");
+        if (unlink_at_end)
+            (void)unlink(unlink_at_end);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        slurm_error("gpushare: cannot start the %s worker; running it in place", callback);
+        return gs_in_place(callback, sp, ac, av, unlink_at_end);
+    }
+    gs_debug(sp, "cb=%s detached", callback);
+    return 0;
+}
+
 /* ---- the fast path: does this job use gpushare at all? ---------------------------- */
 
 static int gs_job_record_exists(spank_t sp)
@@ -566,26 +822,79 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
 
 GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
+    char lock[PATH_MAX + 32], core[PATH_MAX];
+    int fd, rc;
+
     if (gs_parse_args(ac, av) < 0)
         return -1;
+    gs_debug(sp, "cb=job_prolog begin");
     if (!gs_env_set("SLURM_JOB_GPUS") && !gs_env_set("CUDA_VISIBLE_DEVICES") &&
         !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") && !gs_job_options_used(sp)) {
         gs_debug(sp, "cb=job_prolog python=skip reason=no-gpu");
         return 0;
     }
-    return gs_call_python("job_prolog", sp, ac, av);
+    if (gs_job_lock_path(sp, lock, sizeof(lock), 1) < 0 || (fd = gs_open_lock(lock, 1)) < 0) {
+        slurm_error("gpushare: job prolog: cannot create the job's lock in %s/jobs: %m "
+                    "(check plugstack state_dir=)", gs_state_dir);
+        return -1;
+    }
+    if (gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0) {
+        slurm_error("gpushare: job prolog: %s is held by another process: %m", lock);
+        close(fd);
+        return -1;
+    }
+    /* What the worker will load is checked here, so that Slurm drains the node for it. */
+    if (gs_core_trusted(core, sizeof(core)) < 0) {
+        close(fd);
+        return -1;
+    }
+    rc = gs_call_detached("job_prolog", sp, ac, av, NULL);
+    close(fd);
+    return rc;
 }
 
 GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
+    char lock[PATH_MAX + 32], epilogs[PATH_MAX + 32], jobs[PATH_MAX];
+    int fd = -1, epilogs_fd, rc;
+
     if (gs_parse_args(ac, av) < 0)
         return -1;
+    /* The job's prolog worker first: what it set up is what this epilog undoes. */
+    if (gs_job_lock_path(sp, lock, sizeof(lock), 0) == 0)
+        fd = gs_open_lock(lock, 0);
+    if (fd >= 0 && gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0) {
+        slurm_error("gpushare: job epilog: the job's prolog worker still runs after %g s (a "
+                    "hung MPS daemon or NVML?); see slurmd's log and `gpushare mps` on this "
+                    "node", gs_wait_limit());
+        close(fd);
+        return -1;
+    }
     if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
         !gs_job_options_used(sp)) {
+        if (fd >= 0) {
+            /* a prolog worker that failed early may have left the tasks a message */
+            snprintf(epilogs, sizeof(epilogs), "%.*s.env", (int)(strlen(lock) - 5), lock);
+            (void)unlink(epilogs);
+            (void)unlink(lock);
+            close(fd);
+        }
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
         return 0;
     }
-    return gs_call_python("job_epilog", sp, ac, av);
+    gs_epilogs_lock_path(epilogs, sizeof(epilogs));
+    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 || (epilogs_fd = gs_open_lock(epilogs, 1)) < 0) {
+        slurm_error("gpushare: job epilog: cannot open %s: %m; running the epilog in place",
+                    epilogs);
+        rc = gs_in_place("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
+    } else {
+        (void)flock(epilogs_fd, LOCK_SH); /* prologs hold it only for an instant */
+        rc = gs_call_detached("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
+        close(epilogs_fd);
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 /*
@@ -719,6 +1028,36 @@ static int gs_check_imex(spank_t sp)
     return -1;
 }
 
+/*
+ * The job's prolog worker may still run when its first task starts: wait for its result
+ * (the env file, or the lock given back), bounded. No lock: no worker (no GPUs, or a prolog
+ * of an older gpushare), nothing to wait for.
+ */
+static int gs_wait_for_prolog(spank_t sp)
+{
+    char lock[PATH_MAX + 32], env[PATH_MAX + 32];
+    double deadline = gs_now() + gs_wait_limit();
+    int fd, waited = 0;
+
+    if (gs_job_lock_path(sp, lock, sizeof(lock), 0) < 0 || (fd = gs_open_lock(lock, 0)) < 0)
+        return 0;
+    snprintf(env, sizeof(env), "%.*s.env", (int)(strlen(lock) - 5), lock);
+    while (access(env, F_OK) < 0 && flock(fd, LOCK_SH | LOCK_NB) < 0) {
+        if (gs_now() > deadline) {
+            close(fd);
+            slurm_spank_log("gpushare: this job's set-up on the node (GPU check, MPS daemon) "
+                            "did not finish within %g s; tell your administrator (slurmd's "
+                            "log says why)", gs_wait_limit());
+            return -1;
+        }
+        waited++;
+        usleep(500);
+    }
+    close(fd);
+    gs_debug(sp, "cb=task_init_privileged prolog=done waited=%d", waited);
+    return 0;
+}
+
 GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
     static char text[GS_ENV_MAX];
@@ -727,9 +1066,15 @@ GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
+    gs_debug(sp, "cb=task_init_privileged begin");
     if (gs_check_imex(sp) < 0)
         return -1;
     found = gs_read_env_file(sp, text, sizeof(text));
+    if (found == 0) {
+        if (gs_wait_for_prolog(sp) < 0)
+            return -1;
+        found = gs_read_env_file(sp, text, sizeof(text));
+    }
     if (found < 0)
         return -1;
     if (found == 0) {

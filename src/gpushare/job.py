@@ -9,6 +9,7 @@ are split by who must act:
     not be drained for a user's typo); every task of the job then fails with the message.
 """
 
+import contextlib
 import os
 import time
 from types import MappingProxyType
@@ -226,8 +227,9 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
         log.info("request refused: %s", err)
         counters.refused(str(err))
         return record
-    # The record goes down first, so an epilog always finds what a prolog may have started.
-    store.write(record)
+    # The record goes down first, so an epilog always finds what a prolog may have started;
+    # the tasks' environment only once the daemon answers.
+    store.write(record, tasks=False)
     manager = MpsManager(config)
     try:
         # References of jobs whose epilog never ran go first: their record is gone, or
@@ -247,6 +249,19 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record
+
+
+def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: str,
+                   message: str) -> None:
+    """Leave the job's tasks a record that fails them with ``message``; what the prolog
+    set up stays recorded (the epilog undoes it)."""
+    store = JobStore(config.state_dir)
+    record = store.read(job_id)
+    if record is None:
+        record = JobRecord(job_id=job_id, uid=uid, gid=gid, node=node, mode="error",
+                           share_percent=0)
+    record.error = message
+    store.write(record)
 
 
 def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[MpsDevice]:
@@ -357,8 +372,11 @@ def _alive(store: JobStore, lost: "Collection[int]" = ()) -> Callable[[int], boo
 
 
 def _forget(store: JobStore, lost: "Iterable[int]") -> None:
+    """Remove what a lost job's epilog would have: its record and its prolog's lock file."""
     for job_id in lost:
         store.remove(job_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(store.path(job_id, ".lock"))
 
 
 def reap_mps(config: PluginConfig, node: str) -> tuple[list[str], set[int]]:

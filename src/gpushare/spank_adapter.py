@@ -103,6 +103,8 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         config = configure(args)
     except ConfigError as err:
         logger.error("%s; fix the gpushare line in plugstack.conf", err)
+        _failed(name, spank, None, "bad gpushare line in plugstack.conf",
+                "the node's gpushare configuration is wrong")
         return -1
     callback = CALLBACKS.get(name)
     if callback is None:
@@ -114,12 +116,13 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
     except job.NodeError as err:
         logger.error("%s: %s", name, err)
         counters.failed(name, str(err))
-        if err.drain:
-            _drain(err.brief, config)
+        _failed(name, spank, config, err.brief, str(err))
         return -1
     except Exception:
         logger.exception("%s: internal error", name)
         counters.failed(name, "")
+        _failed(name, spank, config, f"internal error in {name}, see slurmd's log",
+                "an internal error (slurmd's log has the details)")
         return -1
     finally:
         # No Python thread may outlive a callback: a thread holding the GIL across
@@ -129,11 +132,31 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         logger.debug("%s done, threads=%d", name, threading.active_count() if threading else 1)
 
 
-def _drain(reason: str, config: PluginConfig) -> None:
-    """Drain this node with gpushare's reason (Slurm's own would only say the prolog failed)."""
+def _failed(name: str, spank: Spank, config: Optional[PluginConfig], reason: str,
+            detail: str) -> None:
+    """What Slurm did for a failing prolog or epilog when it waited for them, gpushare now
+    does: they run in a worker Slurm does not wait for. The node is drained with the cause,
+    and a prolog leaves the job's tasks a record that fails them with it."""
+    _drain(reason, config)
+    if name != "job_prolog" or config is None:
+        return
+    try:
+        job_id, uid, gid = spank.ids()
+        job.record_failure(config, job_id, uid, gid, job.node_name(os.environ),
+                           f"could not set up this job on node "
+                           f"{job.node_name(os.environ)}: {detail}. The node was drained; "
+                           "submit the job again")
+    except Exception as err:  # the drain above is what matters; the tasks time out
+        logger.error("cannot record the failure for the job's tasks: %s", err)
+
+
+def _drain(reason: str, config: Optional[PluginConfig]) -> None:
+    """Drain this node with gpushare's reason, the cause first."""
     from gpushare.drain import drain_node, fit_reason  # only on this rare path
 
-    failure = drain_node(job.node_name(os.environ), fit_reason(reason), timeout=config.timeout)
+    timeout = config.timeout if config else PluginConfig().timeout
+    failure = drain_node(job.node_name(os.environ), fit_reason(reason),
+                         timeout=timeout)
     if failure:
         logger.error("could not drain the node: %s", failure)
 

@@ -145,12 +145,17 @@ class JobStore:
     def path(self, job_id: int, suffix: str = ".json") -> str:
         return os.path.join(self.jobs_dir, f"{int(job_id)}{suffix}")
 
-    def write(self, record: JobRecord, show: str = "") -> None:
-        """Write the record and the task environment file, each atomically."""
+    def write(self, record: JobRecord, show: str = "", tasks: bool = True) -> None:
+        """Write the record and, with ``tasks``, the task environment file, each atomically.
+
+        The environment file is the prolog's last word: the job's tasks wait for it (or for
+        the prolog's worker to end) and then start with what it says.
+        """
         ensure_root_dir(self.state_dir)
         ensure_root_dir(self.jobs_dir, 0o700)
         self._write_atomic(self.path(record.job_id), record.to_json())
-        self._write_atomic(self.path(record.job_id, ".env"), record.to_env_file(show))
+        if tasks:
+            self._write_atomic(self.path(record.job_id, ".env"), record.to_env_file(show))
 
     @staticmethod
     def _write_atomic(final: str, text: str) -> None:

@@ -294,30 +294,61 @@ def test_bad_plugstack_value_fails_gpu_job_with_a_named_key(clean_bed):
     clean_bed.run(["scancel", str(job_id)], check=False)
 
 
-def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
-    # A state directory that is a symlink is refused by the job store: a real internal
-    # error. (Without plan=, which would refuse it earlier with a plain message.)
+def _wait_node_drained(bed, node: str) -> dict[str, str]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "DRAIN" not in bed.node_state(node)["State"]:
+        time.sleep(0.2)
+    return bed.node_state(node)
+
+
+def test_a_state_directory_that_is_a_symlink_fails_the_prolog_naming_it(clean_bed):
     bad = clean_bed.path("state-link")
     if not os.path.lexists(bad):
         os.symlink("/tmp", bad)
     line = clean_bed.plugstack_line().replace(f"state_dir={clean_bed.state_of('%n')}",
                                               f"state_dir={bad}")
-    line = re.sub(r" plan=\S+", "", line)
-    assert f"state_dir={bad}" in line and " plan=" not in line
+    assert f"state_dir={bad}" in line
     clean_bed.write_plugstack(line)
     job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", user=USER)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "DRAIN" not in clean_bed.node_state("n3")["State"]:
-        time.sleep(0.2)
-    state = clean_bed.node_state("n3")
-    assert "DRAIN" in state["State"]
+    assert "DRAIN" in _wait_node_drained(clean_bed, "n3")["State"]
     with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
         log = handle.read()
-    assert f"gpushare: job {job_id}: job_prolog: internal error" in log
-    assert "Traceback" in log and "StateError" in log
-    # slurmd survived and still answers.
+    assert f"state directory {bad} must be a real directory owned by uid 0" in log
     assert clean_bed.run(["scontrol", "ping"]).returncode == 0
+    clean_bed.write_plugstack(clean_bed.plugstack_line())  # its epilog must not drain again
     clean_bed.run(["scancel", str(job_id)], check=False)
+    clean_bed.wait_job(job_id)
+
+
+def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
+    # The job's record path is a directory: writing the record fails inside the core, a
+    # real internal error. The prolog runs in a worker Slurm does not wait for, so the
+    # worker drains the node itself and the job's task fails with a message.
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", "--hold", user=USER)
+    jobs = os.path.join(clean_bed.state_of("n3"), "jobs")
+    os.makedirs(os.path.join(jobs, f"{job_id}.json"))
+    try:
+        clean_bed.run(["scontrol", "release", str(job_id)])
+        state = _wait_node_drained(clean_bed, "n3")
+        assert "DRAIN" in state["State"]
+        # the prolog's reason, or the epilog's: the record path is still a directory then
+        assert state["Reason"].startswith("gpushare: internal error in job_"), state
+        info = clean_bed.wait_job(job_id)
+        assert info["JobState"] != "COMPLETED", info
+        with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
+            log = handle.read()
+        assert f"gpushare: job {job_id}: job_prolog: internal error" in log
+        assert "Traceback" in log and "IsADirectoryError" in log
+        assert "gpushare: could not set up this job on " in clean_bed.output(job_id)
+        # slurmd survived and still answers.
+        assert clean_bed.run(["scontrol", "ping"]).returncode == 0
+        # The epilog's worker fails on the same path, and drains the node again.
+        slurmbed.wait_until("the epilog's worker", lambda: any(
+            f"job={job_id} cb=job_epilog python rc=" in line
+            for line in clean_bed.debug_lines()))
+    finally:
+        clean_bed.run(["scancel", str(job_id)], check=False)
+        os.rmdir(os.path.join(jobs, f"{job_id}.json"))
 
 
 def test_slurmd_never_loads_python(clean_bed):
