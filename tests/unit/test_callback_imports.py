@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-VERIFYING_PROLOG = ["gpushare.spank_adapter", "gpushare.verify", "gpushare.inventory",
-                    "gpushare.gresconf", "gpushare.nvml", "gpushare.nvml_sim"]
+VERIFYING_PROLOG = ["gpushare.node.spank_adapter", "gpushare.node.verify",
+                    "gpushare.gpu.inventory", "gpushare.gpu.gresconf", "gpushare.gpu.nvml",
+                    "gpushare.gpu.nvml_sim"]
 HEAVY = ("dataclasses", "inspect", "logging", "subprocess", "hashlib", "textwrap", "yaml")
 
 
@@ -22,7 +23,7 @@ def loaded_after(modules):
 
 
 def test_the_epilog_imports_none_of_them():
-    assert loaded_after(["gpushare.spank_adapter"]) == []
+    assert loaded_after(["gpushare.node.spank_adapter"]) == []
 
 
 def test_a_verifying_prolog_imports_none_of_them():
@@ -31,8 +32,8 @@ def test_a_verifying_prolog_imports_none_of_them():
 
 
 def test_the_check_itself_can_fail():
-    assert loaded_after(["gpushare.spank_adapter", "dataclasses"]) == ["dataclasses",
-                                                                       "inspect"]
+    assert loaded_after(["gpushare.node.spank_adapter", "dataclasses"]) == ["dataclasses",
+                                                                            "inspect"]
 
 
 def compiles_during_import(modules, path=()):

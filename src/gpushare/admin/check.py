@@ -15,12 +15,12 @@ from typing import Any, Iterable, Optional
 
 import hostlist
 
-from gpushare.drain import drain_node, fit_reason
-from gpushare.gresconf import GresConf
-from gpushare.inventory import Gpu, Inventory
-from gpushare.plan import NodeGroup, Plan, PlanError, check_mig_change
-from gpushare.render import GresDevice, RenderError, expected_gres, slurm_node_gres
-from gpushare.slurm_client import SlurmNode, parse_node_gres
+from gpushare.admin.plan import NodeGroup, Plan, PlanError, check_mig_change
+from gpushare.admin.render import GresDevice, RenderError, expected_gres, slurm_node_gres
+from gpushare.admin.slurm_client import SlurmNode, parse_node_gres
+from gpushare.gpu.gresconf import GresConf
+from gpushare.gpu.inventory import Gpu, Inventory
+from gpushare.node.drain import drain_node, fit_reason
 
 __all__ = [
     "ERROR",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple, Optional, Sequence
 
-from gpushare.slurm_client import _COUNT_RE, _SUFFIX, SlurmNode
+from gpushare.admin.slurm_client import _COUNT_RE, _SUFFIX, SlurmNode
 
 __all__ = ["NodeSharing", "TypeSharing", "node_sharing", "summary", "used_indexes"]
 

@@ -3,17 +3,17 @@
 
 Two sources, both read without taking a lock a prolog waits on:
 
-* the node's state as ``gpushare mps`` sees it (``gpushare.mps_report``): per GPU or MIG
+* the node's state as ``gpushare mps`` sees it (``gpushare.admin.mps_report``): per GPU or MIG
   slice the MPS daemons, their users, the jobs sharing it with the sum of their shares,
   each daemon's caps; per node the daemons by status and the job records by mode;
-* the counters the plugin keeps (``gpushare.counters``): prologs and epilogs by result,
+* the counters the plugin keeps (``gpushare.node.counters``): prologs and epilogs by result,
   refusals and drains by reason, daemon starts, stop failures, timeouts, reaps, and the
   prolog and epilog time histograms.
 
 Every per-device series carries ``node``, ``gpu`` (NVML index of the GPU), ``uuid``,
 ``mig_profile`` ("" for a whole GPU) and ``owner`` (from the ownership plan; "unknown"
 without one). Label values are bounded: devices, users with daemons on the node, and the
-fixed reason sets of ``gpushare.counters``; never job ids.
+fixed reason sets of ``gpushare.node.counters``; never job ids.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import math
 import os
 from typing import Callable, NamedTuple, Optional, Sequence
 
-from gpushare import counters
-from gpushare.config import PluginConfig, parse_size
-from gpushare.mps_report import DaemonView
+from gpushare.admin.mps_report import DaemonView
+from gpushare.node import counters
+from gpushare.node.config import PluginConfig, parse_size
 
 __all__ = ["Family", "collect", "render", "write_textfile"]
 
@@ -149,7 +149,7 @@ def _owners(config: PluginConfig, node: str) -> Callable[[int, str], str]:
     """``owner(gpu index, MIG profile)`` from the plan ("unknown" without a usable one)."""
     if not config.plan:
         return lambda _gpu, _profile: "unknown"
-    from gpushare.ownership import OwnersError, node_owners, owner_of
+    from gpushare.node.ownership import OwnersError, node_owners, owner_of
 
     try:
         planned = node_owners(config.plan, node, config.state_dir)
@@ -162,7 +162,7 @@ def _owners(config: PluginConfig, node: str) -> Callable[[int, str], str]:
 
 def _device_profiles(config: PluginConfig) -> tuple[dict[str, str], dict[str, int]]:
     """MIG profile by device UUID from the job records, and the records' count by mode."""
-    from gpushare.state import JobStore, StateError
+    from gpushare.node.state import JobStore, StateError
 
     store = JobStore(config.state_dir)
     profiles: dict[str, str] = {}
@@ -285,9 +285,9 @@ def collect(config: PluginConfig, node: str, check_processes: bool) -> tuple[
 
     ``check_processes`` (root only) tells running daemons from gone ones through /proc.
     """
-    from gpushare.mps import MpsError
-    from gpushare.mps_report import inspect_daemons
-    from gpushare.state import StateError
+    from gpushare.admin.mps_report import inspect_daemons
+    from gpushare.node.mps import MpsError
+    from gpushare.node.state import StateError
 
     problem = None
     views: list[DaemonView] = []
@@ -315,7 +315,7 @@ def write_textfile(path: str, text: str) -> None:
     collector ignores (it reads ``*.prom``). As root, every directory on the way must be
     root-owned and not writable by others, so no user can redirect the write.
     """
-    from gpushare import safefs
+    from gpushare.common import safefs
 
     if not os.path.isabs(path):
         raise ValueError(f"{path}: give the textfile as an absolute path")

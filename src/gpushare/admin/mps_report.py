@@ -4,7 +4,7 @@
 Each daemon record is checked against the node: is the recorded daemon alive and ours, do
 the jobs it counts still have a gpushare record (their epilog has not run), did a stop
 fail. Every problem says what to do. Nothing here takes a lock or changes state; reaping
-is ``gpushare.job.reap_mps``, the same step a shared job's prolog takes.
+is ``gpushare.node.job.reap_mps``, the same step a shared job's prolog takes.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pwd
 from typing import Any, NamedTuple, Optional, Sequence
 
-from gpushare.config import PluginConfig
-from gpushare.mps import MpsDevice, MpsManager
-from gpushare.state import JobStore
+from gpushare.node.config import PluginConfig
+from gpushare.node.mps import MpsDevice, MpsManager
+from gpushare.node.state import JobStore
 
 __all__ = ["DaemonView", "exit_status", "inspect_daemons"]
 
@@ -133,7 +133,7 @@ def inspect_daemons(config: PluginConfig, check_processes: bool = True,
                     lost: set[int] | None = None) -> list[DaemonView]:
     """Every MPS daemon key under the state directory. ``check_processes`` needs root: only
     root can read another user's /proc environ, which tells a daemon from a stranger.
-    ``lost``: jobs slurmctld no longer runs on this node (``gpushare.job.lost_jobs``)."""
+    ``lost``: jobs slurmctld no longer runs on this node (``gpushare.node.job.lost_jobs``)."""
     entries = MpsManager(config).snapshot(check_processes=check_processes)
     # Job records are listed after the daemon records are read: a prolog writes its job's
     # record before the daemon's record names the job, so a job just starting is never

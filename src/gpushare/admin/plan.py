@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 import hostlist
 import yaml
 
-from gpushare.mig_profiles import GpuModel, find_model, model_names, place_slices
+from gpushare.admin.mig_profiles import GpuModel, find_model, model_names, place_slices
 
 __all__ = [
     "OWNERS",
@@ -443,7 +443,7 @@ def _slurm_options(c: _Checker, raw: Any, line: int) -> SlurmOptions:
 
 
 def _plugin_args(c: _Checker, raw: Any, line: int) -> tuple[tuple[str, str], ...]:
-    from gpushare.config import ConfigError, parse_plugin_args
+    from gpushare.node.config import ConfigError, parse_plugin_args
 
     if not isinstance(raw, _Map):
         c.error(line, "slurm.plugin_args must be a mapping such as {verify: strict}")

@@ -3,7 +3,7 @@
 
 The device lists are built as data first (``expected_gres``), so that ``gpushare check``
 compares a node's real gres.conf with exactly what would be rendered; the jinja2 templates in
-``gpushare/templates`` only lay that data out.
+``gpushare/admin/templates`` only lay that data out.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any, Mapping, Optional
 import hostlist
 import jinja2
 
-from gpushare.inventory import Gpu, Inventory
-from gpushare.mig_profiles import caps_minors, gi_id_for_placement
-from gpushare.plan import (
+from gpushare.admin.mig_profiles import caps_minors, gi_id_for_placement
+from gpushare.admin.plan import (
     GpuPlan,
     NodeGroup,
     Plan,
@@ -26,7 +25,8 @@ from gpushare.plan import (
     release_tuple,
     with_slurm_version,
 )
-from gpushare.topology import build_blocks, build_switches, node_domains
+from gpushare.admin.topology import build_blocks, build_switches, node_domains
+from gpushare.gpu.inventory import Gpu, Inventory
 
 __all__ = [
     "GresDevice",

@@ -13,8 +13,8 @@ from typing import Mapping, Optional
 
 import hostlist
 
-from gpushare.inventory import Inventory
-from gpushare.plan import MAX_SWITCH_NAME, Plan
+from gpushare.admin.plan import MAX_SWITCH_NAME, Plan
+from gpushare.gpu.inventory import Inventory
 
 __all__ = ["Switch", "TopologyError", "build_switches", "domains_from_fabric", "node_domains"]
 

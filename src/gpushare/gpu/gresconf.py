@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import hostlist
 
-from gpushare.inventory import Inventory
+from gpushare.gpu.inventory import Inventory
 
 __all__ = [
     "AUTODETECT_VALUES",

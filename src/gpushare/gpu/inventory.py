@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """The node's GPUs as NVML reports them: one data model shared by check, verify, MPS and render.
 
-Collection (``collect``) goes through the NVML seam in ``gpushare.nvml``; everything else in
+Collection (``collect``) goes through the NVML seam in ``gpushare.gpu.nvml``; everything else in
 gpushare reads these records and never calls NVML itself. They are NamedTuples: a job's
 prolog collects them, and importing ``dataclasses`` would cost it about 5 ms of CPU.
 
@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any, NamedTuple, Optional, Sequence
 
-from gpushare.nvml import (
+from gpushare.gpu.nvml import (
     SIM_PREFIX,
     InventoryError,
     describe_nvml_error,
@@ -407,7 +407,7 @@ def collect(nvml: Any, source: str, mig_minors_text: Optional[str] = None,
             topology: bool = True) -> Inventory:
     """Read every GPU, MIG slice, NVLink, fabric state and process through ``nvml``.
 
-    ``nvml`` is what ``gpushare.nvml.load_nvml`` returned; ``mig_minors_text`` is the content of
+    ``nvml`` is what ``gpushare.gpu.nvml.load_nvml`` returned; ``mig_minors_text`` is the content of
     /proc/driver/nvidia-caps/mig-minors (None: MIG slices get no caps files). Without
     ``topology`` the NVLinks and fabric state are not read (18 links per GPU are most of the
     NVML calls, and a job's prolog verifies devices, not links).

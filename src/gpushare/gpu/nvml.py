@@ -6,7 +6,7 @@ Which one is used is configuration (the plugin's ``inventory=`` argument, the CL
 and has no driver fails loudly instead of quietly pretending to be a simulated node.
 
 Both answer the same pynvml function names, constants and ``NVMLError`` classes, so
-``gpushare.inventory.collect`` runs exactly the same code against either.
+``gpushare.gpu.inventory.collect`` runs exactly the same code against either.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def load_nvml(source: str) -> Any:
             ) from None
         return pynvml
     if source.startswith(SIM_PREFIX):
-        from gpushare import nvml_sim
+        from gpushare.gpu import nvml_sim
 
         return nvml_sim.SimNvml(nvml_sim.load_profile(source[len(SIM_PREFIX):]))
     raise InventoryError(

@@ -61,10 +61,10 @@ import string
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from gpushare.nvml import InventoryError
+from gpushare.gpu.nvml import InventoryError
 
 if TYPE_CHECKING:
-    from gpushare.plan import Plan
+    from gpushare.admin.plan import Plan
 
 __all__ = ["PROFILE_FORMAT", "SIM_MODELS", "ProfileError", "SimNvml", "load_profile",
            "profile_from_plan", "standard_mig_minors"]
@@ -616,7 +616,7 @@ class SimNvml:
 
 
 class _SimModel:
-    """What NVML reports for one GPU model of ``gpushare.mig_profiles.GPU_MODELS``.
+    """What NVML reports for one GPU model of ``gpushare.admin.mig_profiles.GPU_MODELS``.
 
     A plain class: this module is imported by prologs under ``inventory=sim:``, and a
     NamedTuple would compile its annotations there (see ``gpushare/__init__.py``).
@@ -724,7 +724,7 @@ def profile_from_plan(plan: Plan, node: str) -> dict[str, Any]:
     capability files, are those ``gpushare render gres`` writes. A site can run its own plan
     through gpushare (``inventory=sim:``, ``--source sim:``) before touching hardware.
     """
-    from gpushare.mig_profiles import gi_id_for_placement
+    from gpushare.admin.mig_profiles import gi_id_for_placement
 
     group = plan.group_of(node)
     if group is None:

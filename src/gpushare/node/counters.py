@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any, Optional
 
-from gpushare.log import get_logger
+from gpushare.common.log import get_logger
 
 LOG = get_logger("gpushare.counters")
 
@@ -46,7 +46,7 @@ DRAIN_REASONS = ("device_check", "verify_error", "plan", "no_device", "mps_start
 TIMEOUTS = ("lock", "command", "daemon_start", "daemon_quit")
 EVENTS = ("mps_daemon_starts", "mps_stop_failures", "mps_reaped_references")
 
-# What a refusal's message starts with or holds (the UserErrors of gpushare.job), in order.
+# What a refusal's message starts with or holds (the UserErrors of gpushare.node.job), in order.
 _REFUSALS = (
     ("--gpu-mps runs a private", "private_with_share"),
     ("--gpu-mps needs whole GPUs", "private_without_gpu"),
@@ -57,7 +57,7 @@ _REFUSALS = (
     ("ask for different shares", "share_mismatch"),
     ("never run as root", "root"),
 )
-# The NodeErrors of gpushare.job, by the start of their message.
+# The NodeErrors of gpushare.node.job, by the start of their message.
 _FAILURES = (
     ("ownership plan ", "plan"),
     ("cannot verify the job's GPUs", "verify_error"),
@@ -157,7 +157,7 @@ def count(callback: str, rc: int, config: Any) -> int:
 
 def add(state_dir: str, keys: list[str], amounts: Optional[dict[str, int]] = None) -> None:
     """Add one per key (and ``amounts``) to the node's counters, under the file's lock."""
-    from gpushare import safefs  # the callbacks have it loaded already (gpushare.mps)
+    from gpushare.common import safefs  # the callbacks have it loaded already (gpushare.node.mps)
 
     dir_fd = safefs.open_root_dir(state_dir)
     try:
@@ -213,7 +213,7 @@ def _parse(data: Optional[bytes]) -> dict[str, int]:
 def read(state_dir: str) -> dict[str, int]:
     """The node's counters ({} before the first callback), read under a shared lock that
     is held for one read of a few kilobytes."""
-    from gpushare import safefs
+    from gpushare.common import safefs
 
     try:
         dir_fd = safefs.open_root_dir(state_dir, create=False)

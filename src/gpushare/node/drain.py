@@ -9,7 +9,7 @@ import os
 import re
 from typing import Optional
 
-from gpushare import proc, safefs
+from gpushare.common import proc, safefs
 
 __all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason"]
 

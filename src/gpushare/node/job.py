@@ -14,16 +14,16 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from gpushare import counters
-from gpushare.config import PluginConfig, beside_slurm_conf
-from gpushare.log import get_logger
-from gpushare.mps import MpsDevice, MpsError, MpsManager
-from gpushare.state import JobRecord, JobStore
+from gpushare.common.log import get_logger
+from gpushare.node import counters
+from gpushare.node.config import PluginConfig, beside_slurm_conf
+from gpushare.node.mps import MpsDevice, MpsError, MpsManager
+from gpushare.node.state import JobRecord, JobStore
 
 if TYPE_CHECKING:
     from typing import Collection, Iterable
 
-    from gpushare.verify import ResolvedDevice
+    from gpushare.node.verify import ResolvedDevice
 
 log = get_logger("gpushare.job")
 
@@ -177,17 +177,17 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
         return []
     # Imported here, not at the top: the epilog (and a job that needs no check) never uses
     # them, and every prolog and epilog starts a fresh interpreter.
-    from gpushare.gresconf import GresConfError, load_gres_conf
-    from gpushare.inventory import open_inventory
-    from gpushare.nvml import InventoryError
-    from gpushare.verify import verify_job_devices
+    from gpushare.gpu.gresconf import GresConfError, load_gres_conf
+    from gpushare.gpu.inventory import open_inventory
+    from gpushare.gpu.nvml import InventoryError
+    from gpushare.node.verify import verify_job_devices
 
     try:
         inventory = open_inventory(config.for_node(request.node).inventory, topology=False)
         gres = load_gres_conf(gres_conf_path(request.env))
         owner = None
         if config.plan:
-            from gpushare.ownership import OwnersError, node_owners, owner_lookup
+            from gpushare.node.ownership import OwnersError, node_owners, owner_lookup
 
             try:
                 planned = node_owners(config.plan, request.node, config.state_dir)
@@ -313,7 +313,7 @@ def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterab
     taken for a lost one. Nothing is lost when slurmctld cannot answer. Without ``force``
     slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
     """
-    from gpushare import slurm_jobs
+    from gpushare.node import slurm_jobs
 
     recorded = set(store.job_ids()) - set(exclude)
     if not recorded or not (force or _check_due(config.state_dir)):

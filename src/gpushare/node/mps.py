@@ -22,7 +22,7 @@ that device. No client can then take more than its user was granted. The cap is 
 jobs come and go. The pinned device memory limit follows the same rule (``mem_limit``:
 proportional to the share, a fixed size, or off).
 
-Every external command runs with a timeout (``gpushare.proc``); failures raise ``MpsError``
+Every external command runs with a timeout (``gpushare.common.proc``); failures raise ``MpsError``
 whose message names the device and daemon and says what to do; the caller logs it once.
 Recovered trouble (a daemon ignoring ``quit``) is logged as a warning on ``gpushare.mps``.
 """
@@ -37,9 +37,10 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
-from gpushare import counters, proc, safefs
-from gpushare.config import PluginConfig, parse_size
-from gpushare.log import get_logger
+from gpushare.common import proc, safefs
+from gpushare.common.log import get_logger
+from gpushare.node import counters
+from gpushare.node.config import PluginConfig, parse_size
 
 __all__ = ["MpsDevice", "MpsError", "MpsLease", "MpsManager"]
 

@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from gpushare import safefs
+from gpushare.common import safefs
 
 __all__ = ["GpuOwners", "OwnersError", "compile_node", "node_owners", "owner_lookup",
            "owner_of"]
@@ -110,7 +110,7 @@ def node_owners(plan_path: str, node: str, state_dir: str) -> "Optional[list[Gpu
             return None if gpus is None else [GpuOwners(g[0], g[1]) for g in gpus]
         # Imported only here: PyYAML and the plan's checks are the slowest imports a
         # prolog could make, and only the first job after a plan change needs them.
-        from gpushare.plan import PlanError, load_plan
+        from gpushare.admin.plan import PlanError, load_plan
 
         try:
             gpus = compile_node(load_plan(plan_path), node)

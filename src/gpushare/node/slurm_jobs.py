@@ -8,7 +8,7 @@ Light on purpose: the prolog imports it, and it runs one bounded ``squeue``.
 import os
 from typing import Optional
 
-from gpushare import proc, safefs
+from gpushare.common import proc, safefs
 
 __all__ = ["ACTIVE_STATES", "SQUEUE", "jobs_on_node"]
 

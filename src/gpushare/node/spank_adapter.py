@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""Thin adapters from the SPANK callbacks (C glue) to the core in ``gpushare.job``.
+"""Thin adapters from the SPANK callbacks (C glue) to the core in ``gpushare.node.job``.
 
 ``bind`` is called once per process by the embedded init code with cffi's ``ffi``/``lib``;
 ``dispatch`` gets the callback's name and the host calls the plugin lends (struct
@@ -13,9 +13,9 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from gpushare import counters, job
-from gpushare import log as gslog
-from gpushare.config import ConfigError, PluginConfig, parse_plugin_args
+from gpushare.common import log as gslog
+from gpushare.node import counters, job
+from gpushare.node.config import ConfigError, PluginConfig, parse_plugin_args
 
 logger = gslog.get_logger("gpushare.spank")
 
@@ -131,7 +131,7 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
 
 def _drain(reason: str, config: PluginConfig) -> None:
     """Drain this node with gpushare's reason (Slurm's own would only say the prolog failed)."""
-    from gpushare.drain import drain_node, fit_reason  # only on this rare path
+    from gpushare.node.drain import drain_node, fit_reason  # only on this rare path
 
     failure = drain_node(job.node_name(os.environ), fit_reason(reason), timeout=config.timeout)
     if failure:

@@ -17,8 +17,8 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any, Callable, NamedTuple, Optional
 
-from gpushare.gresconf import GresConf, GresDevice
-from gpushare.inventory import Gpu, Inventory, MigDevice
+from gpushare.gpu.gresconf import GresConf, GresDevice
+from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
 
 __all__ = ["Finding", "ResolvedDevice", "VerifyResult", "profile_of_gres_type",
            "verify_job_devices"]

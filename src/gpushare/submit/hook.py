@@ -18,9 +18,9 @@ import dataclasses
 import threading
 from typing import Any
 
-from gpushare.facts import Facts, FactsError, load_facts
-from gpushare.log import get_logger
-from gpushare.submit_rules import apply, apply_modify
+from gpushare.common.log import get_logger
+from gpushare.submit.facts import Facts, FactsError, load_facts
+from gpushare.submit.rules import apply, apply_modify
 
 __all__ = ["SLURM_ERROR", "SLURM_SUCCESS", "init", "job_modify", "job_submit", "reload"]
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""Thin adapter from the ``job_submit/gpushare`` C plugin to ``gpushare.submit_hook``.
+"""Thin adapter from the ``job_submit/gpushare`` C plugin to ``gpushare.submit.hook``.
 
 It copies the job_desc fields the rules read into a dict, runs the rules, and writes the
 changed fields back (strings through slurmctld's own allocator, via the C glue).
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpushare import log as gslog
-from gpushare import submit_hook
+from gpushare.common import log as gslog
+from gpushare.submit import hook as submit_hook
 
 FACTS_DEFAULT = "/etc/slurm/gpushare-facts.json"
 STRING_FIELDS = ("tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",

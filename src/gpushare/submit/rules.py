@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare.facts import Facts
-from gpushare.gres import (
+from gpushare.submit.facts import Facts
+from gpushare.submit.gres import (
     GRES_FIELDS,
     GresError,
     GresItem,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpushare.check import (
+from gpushare.admin.check import (
     ERROR,
     WARNING,
     Finding,
@@ -17,11 +17,11 @@ from gpushare.check import (
     drain_reason,
     exit_status,
 )
-from gpushare.gresconf import parse_gres_conf
-from gpushare.inventory import Gpu, GpuProcess, Inventory, MigDevice
-from gpushare.plan import parse_plan
-from gpushare.render import render_gres_conf
-from gpushare.slurm_client import SlurmNode
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.render import render_gres_conf
+from gpushare.admin.slurm_client import SlurmNode
+from gpushare.gpu.gresconf import parse_gres_conf
+from gpushare.gpu.inventory import Gpu, GpuProcess, Inventory, MigDevice
 
 PLAN = """\
 version: 1

@@ -13,14 +13,15 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare import counters, job, metrics, spank_adapter
-from gpushare import log as gslog
+from gpushare.admin import metrics
 from gpushare.cli import main as cli_main
-from gpushare.config import PluginConfig
-from gpushare.mps import MpsDevice, MpsManager
-from gpushare.state import JobRecord, JobStore
+from gpushare.common import log as gslog
+from gpushare.node import counters, job, spank_adapter
+from gpushare.node.config import PluginConfig
+from gpushare.node.mps import MpsDevice, MpsManager
+from gpushare.node.state import JobRecord, JobStore
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DASHBOARD = os.path.join(REPO, "etc", "grafana", "gpushare.json")
 GPU0 = MpsDevice("GPU-11111111-2222-3333-4444-555555555555", 0, 80 << 30, "GPU 0")
 GPU1 = MpsDevice("GPU-66666666-7777-8888-9999-000000000000", 1, 80 << 30, "GPU 1")

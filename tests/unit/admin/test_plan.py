@@ -8,11 +8,11 @@ import textwrap
 
 import pytest
 
-from gpushare.inventory import Gpu, Inventory
-from gpushare.mig_profiles import caps_minors, find_model, gi_id_for_placement, place_slices
-from gpushare.plan import PlanError, check_mig_change, load_plan, parse_plan
+from gpushare.admin.mig_profiles import caps_minors, find_model, gi_id_for_placement, place_slices
+from gpushare.admin.plan import PlanError, check_mig_change, load_plan, parse_plan
+from gpushare.gpu.inventory import Gpu, Inventory
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "plan.example.yaml")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "etc", "plan.example.yaml")
 
 
 def plan_text(layout: str, model: str = "a100-40gb", gpus: int = 4, nodes: str = "n[1-4]",

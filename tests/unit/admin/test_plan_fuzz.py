@@ -7,7 +7,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpushare.plan import Plan, PlanError, parse_plan
+from gpushare.admin.plan import Plan, PlanError, parse_plan
 
 KEYS = ["version", "slurm", "policy", "domains", "node_groups", "name", "nodes", "gpu_model",
         "gpus", "layout", "all", "owner", "mps", "shard", "mig", "profile", "count",

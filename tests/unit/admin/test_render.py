@@ -8,11 +8,8 @@ import os
 import pytest
 import yaml
 
-from gpushare.facts import facts_from_dict
-from gpushare.gresconf import parse_gres_conf
-from gpushare.inventory import Gpu, Inventory, MigDevice
-from gpushare.plan import load_plan, parse_plan
-from gpushare.render import (
+from gpushare.admin.plan import load_plan, parse_plan
+from gpushare.admin.render import (
     RenderError,
     expected_gres,
     mig_parted_config,
@@ -23,8 +20,11 @@ from gpushare.render import (
     render_topology,
     slurm_node_gres,
 )
+from gpushare.gpu.gresconf import parse_gres_conf
+from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
+from gpushare.submit.facts import facts_from_dict
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "plan.example.yaml")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "etc", "plan.example.yaml")
 
 MIXED = """\
 version: 1
@@ -163,7 +163,7 @@ def test_facts_carry_domain_sizes_and_counts_per_type():
 
 
 def test_plugstack_line_of_an_imex_cluster_checks_each_gpu_tasks_channel():
-    plan = load_plan(os.path.join(os.path.dirname(__file__), "..", "plans", "block.yaml"))
+    plan = load_plan(os.path.join(os.path.dirname(__file__), "..", "..", "plans", "block.yaml"))
     assert plan.slurm.imex
     line = lines(render_plugstack(plan))[0]
     assert line.endswith(" imex_channels=/dev/nvidia-caps-imex-channels")

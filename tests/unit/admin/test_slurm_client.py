@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpushare.slurm_client import (
+from gpushare.admin.slurm_client import (
     ScontrolClient,
     SinfoClient,
     SlurmClientError,

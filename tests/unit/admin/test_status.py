@@ -9,14 +9,14 @@ import os
 
 import pytest
 
-from gpushare.cli import main as cli_main
-from gpushare.cluster_status import node_sharing, summary, totals, used_indexes
-from gpushare.slurm_client import (
+from gpushare.admin.cluster_status import node_sharing, summary, totals, used_indexes
+from gpushare.admin.slurm_client import (
     SlurmClientError,
     SlurmNode,
     parse_scontrol_nodes,
     parse_sinfo_json,
 )
+from gpushare.cli import main as cli_main
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_json")
 

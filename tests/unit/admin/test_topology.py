@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.inventory import FabricInfo, Gpu, Inventory
-from gpushare.plan import parse_plan
-from gpushare.render import render_facts, render_topology
-from gpushare.topology import TopologyError, build_switches, domains_from_fabric
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.render import render_facts, render_topology
+from gpushare.admin.topology import TopologyError, build_switches, domains_from_fabric
+from gpushare.gpu.inventory import FabricInfo, Gpu, Inventory
 
 PLAN = """\
 version: 1

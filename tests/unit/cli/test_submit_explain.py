@@ -9,8 +9,8 @@ import pytest
 
 from gpushare.cli import main
 from gpushare.cli.explain import FlagError, flags_to_job, time_str2secs
-from gpushare.facts import load_facts
-from gpushare.submit_rules import NO_VAL
+from gpushare.submit.facts import load_facts
+from gpushare.submit.rules import NO_VAL
 from luahook import facts_path
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gpushare import log as gslog
+from gpushare.common import log as gslog
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpushare import proc
+from gpushare.common import proc
 
 ENV = {"PATH": "/usr/bin:/bin"}
 

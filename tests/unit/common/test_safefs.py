@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from gpushare import safefs
+from gpushare.common import safefs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checks root ownership")
 NOBODY = 65534

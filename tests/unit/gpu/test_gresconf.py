@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from gpushare.gresconf import GresConfError, load_gres_conf, parse_gres_conf, slurm_gpu_type
-from gpushare.inventory import open_inventory
+from gpushare.gpu.gresconf import GresConfError, load_gres_conf, parse_gres_conf, slurm_gpu_type
+from gpushare.gpu.inventory import open_inventory
 
-PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src",
-                                           "gpushare", "profiles"))
+PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",
+                                           "gpushare", "gpu", "profiles"))
 
 CONF = """\
 # mixed node

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from gpushare.inventory import (
+from gpushare.gpu.inventory import (
     Inventory,
     collect,
     mig_caps_files,
@@ -19,9 +19,10 @@ from gpushare.inventory import (
     open_inventory,
     parse_mig_minors,
 )
-from gpushare.nvml import load_nvml
+from gpushare.gpu.nvml import load_nvml
 
-PROFILE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "src", "gpushare", "profiles")
+PROFILE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src", "gpushare", "gpu",
+                           "profiles")
 PROFILES = sorted(os.path.abspath(p) for p in glob.glob(os.path.join(PROFILE_DIR, "*.json")))
 MIB = 1 << 20
 

@@ -10,12 +10,12 @@ import os
 import pytest
 
 from gpushare.cli import main
-from gpushare.inventory import InventoryError, open_inventory
-from gpushare.nvml import load_nvml
-from gpushare.nvml_sim import ProfileError, SimNvml, load_profile, standard_mig_minors
+from gpushare.gpu.inventory import InventoryError, open_inventory
+from gpushare.gpu.nvml import load_nvml
+from gpushare.gpu.nvml_sim import ProfileError, SimNvml, load_profile, standard_mig_minors
 
-PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src",
-                                           "gpushare", "profiles"))
+PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",
+                                           "gpushare", "gpu", "profiles"))
 A100 = os.path.join(PROFILE_DIR, "a100-mig-mixed.json")
 H100 = os.path.join(PROFILE_DIR, "h100-8x-nvswitch.json")
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from gpushare.config import (
+from gpushare.node.config import (
     ARG_SPECS,
     ConfigError,
     PluginConfig,

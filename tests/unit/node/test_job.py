@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from gpushare import job
-from gpushare.state import JobRecord
+from gpushare.node import job
+from gpushare.node.state import JobRecord
 
 
 def request(**extra):
@@ -98,7 +98,7 @@ def test_lease_environment_wins():
 
 
 def test_jobs_without_sharing_write_nothing(tmp_path):
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     assert job.prolog(config, request(env={"SLURM_JOB_GPUS": "0"})) is None
@@ -106,8 +106,8 @@ def test_jobs_without_sharing_write_nothing(tmp_path):
 
 
 def test_user_error_is_recorded_not_raised(tmp_path):
-    from gpushare.config import parse_plugin_args
-    from gpushare.state import JobStore
+    from gpushare.node.config import parse_plugin_args
+    from gpushare.node.state import JobStore
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     rec = job.prolog(config, request(gpu_share="25"))
@@ -131,9 +131,9 @@ def test_describe_is_one_line():
 
 def test_epilog_hands_the_leases_daemon_to_release_and_survives_a_bad_record(tmp_path,
                                                                             monkeypatch):
-    from gpushare.config import parse_plugin_args
-    from gpushare.mps import MpsManager
-    from gpushare.state import JobStore
+    from gpushare.node.config import parse_plugin_args
+    from gpushare.node.mps import MpsManager
+    from gpushare.node.state import JobStore
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     hints = []
@@ -161,7 +161,7 @@ def _fake_squeue(tmp_path, output: str, status: int = 0):
 
 
 def _records(config, *job_ids):
-    from gpushare.state import JobStore
+    from gpushare.node.state import JobStore
 
     store = JobStore(config.state_dir)
     for job_id in job_ids:
@@ -171,7 +171,7 @@ def _records(config, *job_ids):
 
 
 def test_jobs_slurmctld_no_longer_runs_here_are_lost(tmp_path):
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11, 12, 13, 14)
@@ -184,7 +184,7 @@ def test_jobs_slurmctld_no_longer_runs_here_are_lost(tmp_path):
 
 @pytest.mark.parametrize("output, status", [("", 1), ("12 oops\\n", 0)])
 def test_nothing_is_lost_when_slurmctld_cannot_answer(tmp_path, output, status):
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11, 12)
@@ -195,7 +195,7 @@ def test_nothing_is_lost_when_slurmctld_cannot_answer(tmp_path, output, status):
 
 
 def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch):
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11, 12)
@@ -218,7 +218,7 @@ def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch
 
 
 def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, monkeypatch):
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off", "timeout=30"])
     store = _records(config, 11)
@@ -232,7 +232,7 @@ def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, mo
 def test_roots_shared_job_is_refused_before_its_devices_are_checked(tmp_path):
     """A device the check would fail (here: no inventory at all) must not turn root's
     refused request into a drain."""
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=strict",
                                 "inventory=sim:/nonexistent/profile.json"])
@@ -244,7 +244,7 @@ def test_roots_shared_job_is_refused_before_its_devices_are_checked(tmp_path):
 
 
 def test_a_squeue_others_can_replace_is_never_run(tmp_path):
-    from gpushare.config import parse_plugin_args
+    from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11)

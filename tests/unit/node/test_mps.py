@@ -15,11 +15,11 @@ import time
 
 import pytest
 
+from gpushare.admin.mps_report import inspect_daemons
 from gpushare.cli import main as cli_main
-from gpushare.config import PluginConfig
-from gpushare.mps import MpsDevice, MpsError, MpsLease, MpsManager, daemon_key, format_size
-from gpushare.mps_report import inspect_daemons
-from gpushare.state import JobRecord, JobStore
+from gpushare.node.config import PluginConfig
+from gpushare.node.mps import MpsDevice, MpsError, MpsLease, MpsManager, daemon_key, format_size
+from gpushare.node.state import JobRecord, JobStore
 from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
 
 REASON = unusable_reason()
@@ -522,7 +522,7 @@ def test_a_start_that_fails_keeps_the_daemon_logs_last_lines_in_the_message(bed,
 
 
 def test_a_hung_start_is_a_short_drain_reason_with_the_cause_first(bed, users):
-    from gpushare.drain import DRAIN_REASON_MAX, fit_reason
+    from gpushare.node.drain import DRAIN_REASON_MAX, fit_reason
 
     u1 = users[0]
     bed.standin.set_faults("hang_start")
@@ -884,7 +884,7 @@ def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
     for path in (tmp_path, state):
         path.chmod(0o755)
     (state / "mps").chmod(0o700)
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
     result = subprocess.run(
         ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-m", "gpushare.cli", "mps",
          "--state-dir", str(state)], capture_output=True, text=True, timeout=60,

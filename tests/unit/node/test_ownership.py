@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from gpushare.ownership import OwnersError, compile_node, node_owners, owner_of
-from gpushare.plan import load_plan
+from gpushare.admin.plan import load_plan
+from gpushare.node.ownership import OwnersError, compile_node, node_owners, owner_of
 
-REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+REPO = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 EXAMPLE = os.path.join(REPO, "etc", "plan.example.yaml")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the plan must be root's")
@@ -50,9 +50,9 @@ def test_the_node_part_is_compiled_once_and_recompiled_when_the_plan_changes(tmp
     compiled = tmp_path / "state" / "owners-a100-01.json"
     assert json.loads(compiled.read_text())["gpus"][2][1]["1g.5gb"] == "slurm"
     # Read back without the plan's parser: a prolog pays neither PyYAML nor the checks.
-    code = ("import sys; from gpushare.ownership import node_owners; "
+    code = ("import sys; from gpushare.node.ownership import node_owners; "
             f"print(node_owners({plan!r}, 'a100-01', {state!r})[2]); "
-            "print('gpushare.plan' in sys.modules, 'yaml' in sys.modules)")
+            "print('gpushare.admin.plan' in sys.modules, 'yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "src")))
     assert out.stdout.splitlines()[-1] == "False False", out.stdout

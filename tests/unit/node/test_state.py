@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gpushare.state import JobRecord, JobStore, StateError, check_root_dir
+from gpushare.node.state import JobRecord, JobStore, StateError, check_root_dir
 
 
 def record(**extra):

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from gpushare.gresconf import parse_gres_conf
-from gpushare.inventory import GpuProcess, open_inventory
-from gpushare.verify import profile_of_gres_type, verify_job_devices
+from gpushare.gpu.gresconf import parse_gres_conf
+from gpushare.gpu.inventory import GpuProcess, open_inventory
+from gpushare.node.verify import profile_of_gres_type, verify_job_devices
 
-PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src",
-                                           "gpushare", "profiles"))
+PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",
+                                           "gpushare", "gpu", "profiles"))
 A100 = os.path.join(PROFILE_DIR, "a100-mig-mixed.json")
 GIB = 1 << 30
 

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from gpushare.gresconf import parse_gres_conf
-from gpushare.inventory import open_inventory
-from gpushare.verify import verify_job_devices
+from gpushare.gpu.gresconf import parse_gres_conf
+from gpushare.gpu.inventory import open_inventory
+from gpushare.node.verify import verify_job_devices
 
-PROFILE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src",
-                                       "gpushare", "profiles", "h100-8x-nvswitch.json"))
+PROFILE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",
+                                       "gpushare", "gpu", "profiles", "h100-8x-nvswitch.json"))
 TTY0 = parse_gres_conf("AutoDetect=off\nName=gpu File=/dev/tty0\nName=mps Count=100\n",
                        "/etc/slurm/gres.conf")
 

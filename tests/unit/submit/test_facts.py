@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from gpushare.facts import FactsError, facts_from_dict, load_facts
+from gpushare.submit.facts import FactsError, facts_from_dict, load_facts
 
 GOOD = {
     "version": 2, "gres_syntax": "22.05", "mps_units_per_gpu": 100,
@@ -96,7 +96,7 @@ def test_load_errors_name_the_file(tmp_path):
 def test_documented_example_loads():
     import os
     import re
-    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cluster-facts.md")
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "cluster-facts.md")
     with open(doc, encoding="utf-8") as handle:
         block = re.search(r"```json\n(.*?)```", handle.read(), re.S).group(1)
     assert facts_from_dict(json.loads(block)).version == 2
@@ -104,7 +104,7 @@ def test_documented_example_loads():
 
 # ---- one validation: every facts-loading vector through both hooks ------------------------
 
-LOADING = os.path.join(os.path.dirname(__file__), "..", "vectors", "loading",
+LOADING = os.path.join(os.path.dirname(__file__), "..", "..", "vectors", "loading",
                        "facts_loading.json")
 
 

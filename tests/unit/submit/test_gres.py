@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.gres import (
+from gpushare.submit.gres import (
     GresError,
     GresItem,
     format_field,

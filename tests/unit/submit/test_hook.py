@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from gpushare import submit_hook
+from gpushare.submit import hook as submit_hook
 from luahook import facts_path
 
 

@@ -10,8 +10,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from gpushare.facts import load_facts
-from gpushare.submit_rules import apply
+from gpushare.submit.facts import load_facts
+from gpushare.submit.rules import apply
 from luahook import HOOK, LuaHook, facts_path, load_vectors
 from submit_strategies import job_desc
 

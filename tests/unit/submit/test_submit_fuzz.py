@@ -8,10 +8,10 @@ import os
 
 from hypothesis import HealthCheck, given, settings
 
-from gpushare.facts import load_facts
-from gpushare.gres import parse_field
-from gpushare.submit_hook import job_submit
-from gpushare.submit_rules import apply
+from gpushare.submit.facts import load_facts
+from gpushare.submit.gres import parse_field
+from gpushare.submit.hook import job_submit
+from gpushare.submit.rules import apply
 from luahook import facts_path
 from submit_strategies import job_desc
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.facts import load_facts
-from gpushare.submit_rules import (
+from gpushare.submit.facts import load_facts
+from gpushare.submit.rules import (
     NO_VAL,
     apply,
     apply_modify,
