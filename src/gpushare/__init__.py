@@ -17,7 +17,8 @@ only where they are used. The
 modules declaring those NamedTuples do without ``from __future__ import annotations``
 (forward references are quoted by hand): typing.NamedTuple compiles every string
 annotation into a ForwardRef, which cost a verifying prolog over 100 ``compile()`` calls.
-``tests/unit/test_callback_imports.py`` keeps it so.
+``tests/unit/test_callback_imports.py`` keeps it so, for every module of ``node``, ``gpu``
+and ``common``, none of which imports ``admin``, ``submit`` or ``cli`` when it loads.
 """
 
 __version__ = "0.1.0"
