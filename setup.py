@@ -14,7 +14,7 @@ setup(
     license_files=["LICENSE"],
     package_dir={"": "src"},
     packages=find_packages("src"),
-    package_data={"gpushare": ["templates/*.j2", "profiles/*.json", "py.typed"]},
+    package_data={"gpushare": ["admin/templates/*.j2", "gpu/profiles/*.json", "py.typed"]},
     python_requires=">=3.9",
     install_requires=[
         "jinja2>=2.11",

@@ -31,10 +31,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]
 
-from gpushare import counters, metrics  # noqa: E402
-from gpushare.config import PluginConfig  # noqa: E402
-from gpushare.mps import MpsDevice, MpsManager  # noqa: E402
-from gpushare.state import JobRecord, JobStore  # noqa: E402
+from gpushare.admin import metrics  # noqa: E402
+from gpushare.node import counters  # noqa: E402
+from gpushare.node.config import PluginConfig  # noqa: E402
+from gpushare.node.mps import MpsDevice, MpsManager  # noqa: E402
+from gpushare.node.state import JobRecord, JobStore  # noqa: E402
 from mps_standin.harness import (  # noqa: E402
     StandinInstall,
     ensure_users,

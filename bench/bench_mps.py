@@ -25,8 +25,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]
 
-from gpushare.config import PluginConfig  # noqa: E402
-from gpushare.mps import MpsDevice, MpsManager  # noqa: E402
+from gpushare.node.config import PluginConfig  # noqa: E402
+from gpushare.node.mps import MpsDevice, MpsManager  # noqa: E402
 from mps_standin.harness import (  # noqa: E402
     StandinInstall,
     ensure_users,

@@ -12,16 +12,16 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from gpushare.check import check_cluster, check_gres_all_nodes, check_node
-from gpushare.gresconf import parse_gres_conf
-from gpushare.plan import parse_plan
-from gpushare.render import (
+from gpushare.admin.check import check_cluster, check_gres_all_nodes, check_node
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.render import (
     render_facts_json,
     render_gres_conf,
     render_topology,
     slurm_node_gres,
 )
-from gpushare.slurm_client import SlurmNode
+from gpushare.admin.slurm_client import SlurmNode
+from gpushare.gpu.gresconf import parse_gres_conf
 
 GOAL_S = 2.0
 

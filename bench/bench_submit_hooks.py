@@ -19,9 +19,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]
 
-from gpushare.facts import load_facts  # noqa: E402
-from gpushare.submit_hook import init, job_submit  # noqa: E402
-from gpushare.submit_rules import NO_VAL, apply  # noqa: E402
+from gpushare.submit.facts import load_facts  # noqa: E402
+from gpushare.submit.hook import init, job_submit  # noqa: E402
+from gpushare.submit.rules import NO_VAL, apply  # noqa: E402
 from luahook import LuaHook, facts_path  # noqa: E402
 
 BATCH = 100

@@ -19,8 +19,8 @@ sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from gpushare.facts import load_facts  # noqa: E402
-from gpushare.submit_rules import apply  # noqa: E402
+from gpushare.submit.facts import load_facts  # noqa: E402
+from gpushare.submit.rules import apply  # noqa: E402
 from luahook import LuaHook, facts_path  # noqa: E402
 from submit_strategies import job_desc  # noqa: E402
 

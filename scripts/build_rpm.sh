@@ -48,7 +48,7 @@ trap 'rm -rf "$WORK"' EXIT
 # Source0: what the spec builds and installs, without caches or simulated profiles.
 SRC=$WORK/gpushare-$VERSION
 mkdir -p "$SRC"
-(cd "$REPO" && tar cf - --exclude=__pycache__ --exclude='*.pyc' --exclude='src/gpushare/profiles' \
+(cd "$REPO" && tar cf - --exclude=__pycache__ --exclude='*.pyc' --exclude='src/gpushare/gpu/profiles' \
     LICENSE README.md setup.py spank submit_hooks src/gpushare etc docs packaging) |
     tar xf - -C "$SRC"
 tar czf "$TOP/SOURCES/gpushare-$VERSION.tar.gz" -C "$WORK" "gpushare-$VERSION"

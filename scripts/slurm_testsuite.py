@@ -377,7 +377,7 @@ def make_bed(layout: str, side: str, root: str, port: int, prefix: str):
     """4 nodes, one GPU each (gpu:1,mps:100): Slurm's MPS tests' shape."""
     slurmbed = _bed_module()
     names = [f"{prefix}{i}" for i in range(1, 5)]
-    profile = os.path.join(REPO, "src", "gpushare", "profiles", "h100-8x-nvswitch.json")
+    profile = os.path.join(REPO, "src", "gpushare", "gpu", "profiles", "h100-8x-nvswitch.json")
     nodes = [slurmbed.Node(name=n, port=port + i, cpus=6, gres="gpu:1,mps:100",
                            profile=profile) for i, n in enumerate(names, start=1)]
     if layout == "tty0":
@@ -396,7 +396,7 @@ def make_bed(layout: str, side: str, root: str, port: int, prefix: str):
                  "policy": {"switch_wait_s": 300, "max_switch_wait_s": 3600,
                             "on_error": "accept", "untyped_gpu": "whole"}}
         sys.path.insert(0, os.path.join(REPO, "src"))
-        from gpushare.facts import facts_from_dict
+        from gpushare.submit.facts import facts_from_dict
         facts_from_dict(facts)  # the hook would ignore a bad file silently: refuse it here
         kwargs.update(job_submit="lua", facts_json=json.dumps(facts),
                       job_submit_lua=os.path.join(REPO, "submit_hooks", "job_submit.lua"))

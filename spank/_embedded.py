@@ -2,7 +2,7 @@
 """Python side of the SPANK plugin's core, run once per process on the first callback.
 
 It only puts the gpushare package on sys.path (from ``pythonpath=``) and hands every
-callback, with the host calls the plugin lends, to ``gpushare.spank_adapter``; anything
+callback, with the host calls the plugin lends, to ``gpushare.node.spank_adapter``; anything
 that goes wrong is logged through the plugin, never raised.
 """
 import sys
@@ -20,7 +20,7 @@ def _load_adapter(args):
                 path = arg[len("pythonpath="):]
                 if path not in sys.path:
                     sys.path.insert(0, path)
-        from gpushare import spank_adapter
+        from gpushare.node import spank_adapter
 
         spank_adapter.bind(ffi, lib)
         _adapter = spank_adapter

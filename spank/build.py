@@ -7,7 +7,7 @@ python3-cffi (the interpreter the core will embed), never a venv or pyenv one:
 
     /usr/bin/python3 spank/build.py --out build/spank_gpushare.so
 
-The plugstack keys and default state directory are taken from gpushare.config, so the C
+The plugstack keys and default state directory are taken from gpushare.node.config, so the C
 glue and the Python core agree on them. ``compile_embedded`` is shared with the
 job_submit plugin's build (submit_hooks/build.py).
 
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 import cffi  # noqa: E402
 
 import gpushare  # noqa: E402
-from gpushare.config import ARG_SPECS, PluginConfig  # noqa: E402
+from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 
 CORE_NAME = "spank_gpushare_core.so"
 

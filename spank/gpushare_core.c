@@ -4,7 +4,7 @@
  *
  * Loaded by spank_gpushare.so with dlopen() only for jobs that use gpushare, so jobs that
  * do not never map libpython. It starts Python isolated (gs_embed.h) and runs each
- * callback in gpushare.spank_adapter through the host calls the plugin lends it.
+ * callback in gpushare.node.spank_adapter through the host calls the plugin lends it.
  *
  * This file is #included into the cffi-generated module (spank/build.py).
  */

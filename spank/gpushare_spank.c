@@ -6,7 +6,7 @@
  *   - the SPANK symbols and the user option table (--gpu-share, --gpu-mps), with the
  *     option values validated here so srun/sbatch never start Python;
  *   - the plugstack arguments checked against the key list generated from
- *     gpushare.config at build time (an unknown key refuses to run);
+ *     gpushare.node.config at build time (an unknown key refuses to run);
  *   - a fast exit for jobs that do not use gpushare, decided without Python: this file
  *     does not link libpython, and loads the core (spank_gpushare_core.so, next to it)
  *     only when a job needs it, never inside slurmd;
@@ -206,7 +206,7 @@ static int gs_copy_path(char *dst, const char *value, const char *key)
 
 /*
  * Parse the plugstack arguments once per process. The key list comes from
- * gpushare.config; values other than the two paths C needs are checked by Python.
+ * gpushare.node.config; values other than the two paths C needs are checked by Python.
  */
 static int gs_parse_args(int ac, char **av)
 {

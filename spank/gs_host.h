@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-/* Log levels of gs_host.log; gpushare.log maps Python's levels onto them. */
+/* Log levels of gs_host.log; gpushare.common.log maps Python's levels onto them. */
 enum { GS_LOG_ERROR = 0, GS_LOG_INFO = 1, GS_LOG_VERBOSE = 2, GS_LOG_DEBUG = 3, GS_LOG_USER = 4 };
 
 struct gs_host {

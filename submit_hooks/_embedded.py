@@ -18,7 +18,7 @@ def _load():
         for path in PYTHONPATH:  # noqa: F821 - prepended by build.py
             if path not in sys.path:
                 sys.path.insert(0, path)
-        from gpushare import jobsubmit_adapter
+        from gpushare.submit import jobsubmit_adapter
 
         jobsubmit_adapter.bind(ffi, lib)
         _adapter = jobsubmit_adapter

@@ -2,7 +2,7 @@
 --[[
 gpushare job_submit.lua: make GPU requests right at submit time, or say why they cannot be.
 
-The same rules as the Python package (gpushare.submit_rules); both pass the conformance
+The same rules as the Python package (gpushare.submit.rules); both pass the conformance
 vectors in tests/vectors/. Lua 5.1 syntax, valid through 5.4: no goto, no integer division,
 numbers always written with %d.
 
@@ -14,7 +14,7 @@ job. Slurm's Lua has no JSON library, so a strict JSON decoder lives below: it r
 Python's json module refuses (bad numbers, raw control characters in strings, NaN), keeps
 numbers written with a fraction or exponent apart from integers, and null apart from a
 missing key. The facts are then validated by the same checks, in the same order and with
-the same messages, as gpushare.facts (tests/vectors/facts_loading.json runs both).
+the same messages, as gpushare.submit.facts (tests/vectors/facts_loading.json runs both).
 
 Return codes: 2072 (ESLURM_INVALID_GRES) for every rejection the rules make (they all
 concern the GPU request); slurm.ERROR only when policy.on_error is "reject" and the hook
@@ -199,7 +199,7 @@ end
 -- Facts: loaded and checked once.
 ---------------------------------------------------------------------------------------------
 
--- The checks of gpushare.facts.facts_from_dict, in its order, with its messages.
+-- The checks of gpushare.submit.facts.facts_from_dict, in its order, with its messages.
 local MAX_INT = 4294967293
 local MAX_WAIT_S = 7 * 86400
 
@@ -385,7 +385,7 @@ local function load_facts(path)
 end
 
 ---------------------------------------------------------------------------------------------
--- GRES strings (gpushare.gres).
+-- GRES strings (gpushare.submit.gres).
 ---------------------------------------------------------------------------------------------
 
 local function parse_count(text)
@@ -486,7 +486,7 @@ local function user_form(field, items)
 end
 
 ---------------------------------------------------------------------------------------------
--- The rules (gpushare.submit_rules).
+-- The rules (gpushare.submit.rules).
 ---------------------------------------------------------------------------------------------
 
 local function reject(flag, reason, fix)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * job_submit/gpushare: slurmctld's job_submit plugin running the Python submit rules
- * (gpushare.submit_hook), for sites that prefer them to job_submit.lua.
+ * (gpushare.submit.hook), for sites that prefer them to job_submit.lua.
  *
  * The glue only exports the plugin symbols, starts the embedded Python once (isolated,
  * see gs_embed.h), and turns any Python failure into a logged error plus the configured

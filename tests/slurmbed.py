@@ -49,7 +49,7 @@ _RELEASE: list[tuple[int, int]] = []
 def slurm_release() -> tuple[int, int]:
     """(major, minor) of the Slurm this machine runs (the tests' beds run it)."""
     if not _RELEASE:
-        from gpushare.slurm_client import installed_release
+        from gpushare.admin.slurm_client import installed_release
 
         found = installed_release()
         if found is None:
@@ -623,7 +623,7 @@ def default_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     A second bed running beside another one needs its own ``prefix``: Slurm names its
     cgroups after the node (``slurm_<node>``).
     """
-    profile = os.path.join(REPO, "src", "gpushare", "profiles", "h100-8x-nvswitch.json")
+    profile = os.path.join(REPO, "src", "gpushare", "gpu", "profiles", "h100-8x-nvswitch.json")
     names = [f"{prefix}{i}" for i in range(1, node_count + 1)]
     nodes = [Node(name=name, port=port_base + i, gres="gpu:h100:8,mps:800",
                   profile=profile if os.path.exists(profile) else "")
@@ -635,8 +635,8 @@ def default_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
 
 BED_PLAN = os.path.join(REPO, "tests", "plans", "bed.yaml")
 PROFILES = {  # the simulated NVML profile of each node group of the bed plan
-    "train": os.path.join(REPO, "src", "gpushare", "profiles", "h100-8x-nvswitch.json"),
-    "mig": os.path.join(REPO, "src", "gpushare", "profiles", "a100-mig-mixed.json"),
+    "train": os.path.join(REPO, "src", "gpushare", "gpu", "profiles", "h100-8x-nvswitch.json"),
+    "mig": os.path.join(REPO, "src", "gpushare", "gpu", "profiles", "a100-mig-mixed.json"),
 }
 
 
@@ -663,19 +663,19 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     (default: the bed plan's) and gres.conf from it. ``node_prefix`` renames the plan's
     nodes n1.. to <prefix>1.. (the plan is copied to ``<root>.plan.yaml``).
     """
-    from gpushare.gresconf import parse_gres_conf
-    from gpushare.inventory import collect
-    from gpushare.nvml import load_nvml
-    from gpushare.nvml_sim import profile_from_plan
-    from gpushare.plan import load_plan
-    from gpushare.render import (
+    from gpushare.admin.plan import load_plan
+    from gpushare.admin.render import (
         for_installed_slurm,
         render_facts,
         render_gres_conf,
         render_topology,
         slurm_node_gres,
     )
-    from gpushare.slurm_client import installed_release
+    from gpushare.admin.slurm_client import installed_release
+    from gpushare.gpu.gresconf import parse_gres_conf
+    from gpushare.gpu.inventory import collect
+    from gpushare.gpu.nvml import load_nvml
+    from gpushare.gpu.nvml_sim import profile_from_plan
 
     if node_prefix:
         plan_path = renamed_plan(plan_path, node_prefix, root.rstrip("/") + ".plan.yaml")

@@ -5,7 +5,7 @@ Usage: python3 tests/gpu/check_mps.py RESULTS.json [--mps-control PATH] [--pytho
                                      [--gpu INDEX] [--dry-run]
 
 Run as root on a machine with an NVIDIA GPU. It creates two system users if missing, starts
-daemons through ``gpushare.mps.MpsManager`` (the code job_prolog runs) and answers:
+daemons through ``gpushare.node.mps.MpsManager`` (the code job_prolog runs) and answers:
 
   side by side   two users' daemons on one GPU (separate pipe dirs) both serve a busy
                  client at the same time: neither waits for the other
@@ -39,9 +39,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path[:0] = [os.path.join(REPO, "src"), os.path.join(REPO, "tests")]
 
-from gpushare import proc  # noqa: E402
-from gpushare.config import PluginConfig  # noqa: E402
-from gpushare.mps import MpsDevice, MpsError, MpsLease, MpsManager  # noqa: E402
+from gpushare.common import proc  # noqa: E402
+from gpushare.node.config import PluginConfig  # noqa: E402
+from gpushare.node.mps import MpsDevice, MpsError, MpsLease, MpsManager  # noqa: E402
 from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir  # noqa: E402
 
 MIB = 1 << 20

@@ -145,7 +145,7 @@ def example(request):
         pytest.skip("the local Slurm needs root")
     if not os.path.exists(os.path.join(slurmbed.BUILD, "spank_gpushare.so")):
         subprocess.run(["make", "-C", slurmbed.REPO, "build"], check=True)
-    from gpushare.plan import load_plan
+    from gpushare.admin.plan import load_plan
 
     bed = example_bed(request.param)
     started = time.monotonic()
@@ -176,7 +176,7 @@ def health_log(bed: slurmbed.SlurmBed, node: str) -> str:
 
 def job_devices(bed: slurmbed.SlurmBed, node: str, job_id: int) -> list[Any]:
     """The gres.conf devices Slurm gave the job (SLURM_JOB_GPUS are their indices)."""
-    from gpushare.gresconf import load_gres_conf
+    from gpushare.gpu.gresconf import load_gres_conf
 
     text = bed.output(job_id)
     match = re.search(r"^JOB_GPUS=(.*)$", text, re.MULTILINE)
@@ -289,7 +289,7 @@ def test_whole_gpus_run_where_the_plan_gives_them(example):
 
 def test_every_slurm_mig_slice_runs_mixed_gpus_included(example):
     """Slurm's slices of a GPU the plan splits with Kubernetes (owner mixed) run too."""
-    from gpushare.mig_profiles import caps_minors, gi_id_for_placement
+    from gpushare.admin.mig_profiles import caps_minors, gi_id_for_placement
 
     bed, plan = example
     requests, wanted = [], []
@@ -348,7 +348,7 @@ def test_mps_shares_run_on_every_shared_gpu(example):
 
 def test_a_job_runs_on_every_node(example):
     """Every node of the plan starts a job on what it gives Slurm: no node drains."""
-    from gpushare.render import slurm_node_gres
+    from gpushare.admin.render import slurm_node_gres
 
     bed, plan = example
     requests = []
@@ -364,7 +364,7 @@ def test_a_job_runs_on_every_node(example):
 
 
 def test_kubernetes_devices_cannot_be_had_from_slurm(example):
-    from gpushare.render import slurm_node_gres
+    from gpushare.admin.render import slurm_node_gres
 
     bed, plan = example
     tried = 0

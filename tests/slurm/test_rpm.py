@@ -97,8 +97,8 @@ def test_package_holds_the_product_and_no_test_parts(built):
     for wanted in ("/usr/lib64/slurm/spank_gpushare.so", "/usr/lib64/slurm/spank_gpushare_core.so",
                    "/usr/lib64/slurm/job_submit_gpushare.so",
                    "/usr/bin/gpushare", "/usr/bin/gpushare-check",
-                   "/usr/lib64/gpushare/python/gpushare/job.py",
-                   "/usr/lib64/gpushare/python/gpushare/templates/gres.conf.j2",
+                   "/usr/lib64/gpushare/python/gpushare/node/job.py",
+                   "/usr/lib64/gpushare/python/gpushare/admin/templates/gres.conf.j2",
                    "/usr/lib64/gpushare/python/pynvml.py", "/usr/lib64/gpushare/python/hostlist.py",
                    "/usr/share/gpushare/job_submit.lua",
                    "/etc/slurm/plugstack.conf.d/gpushare.conf"):

@@ -116,10 +116,10 @@ def mig_bed(clean_bed):
 
 
 def test_rendered_gres_conf_is_what_slurmd_runs_with(bed):
-    from gpushare.gresconf import load_gres_conf, parse_gres_conf
-    from gpushare.plan import load_plan
-    from gpushare.render import slurm_node_gres
-    from gpushare.slurm_client import parse_node_gres, parse_sinfo_json
+    from gpushare.admin.plan import load_plan
+    from gpushare.admin.render import slurm_node_gres
+    from gpushare.admin.slurm_client import parse_node_gres, parse_sinfo_json
+    from gpushare.gpu.gresconf import load_gres_conf, parse_gres_conf
 
     # sinfo --json: a "nodes" list on 22.05, groups of alike nodes ("sinfo") on 24.11.
     states = {n.name: n for n in parse_sinfo_json(bed.run(["sinfo", "--json"]).stdout)}
@@ -291,7 +291,7 @@ def test_foreign_process_on_the_slice_is_refused(mig_bed):
 
 
 def test_inventory_of_the_mig_node_matches_the_plan(bed):
-    from gpushare.plan import load_plan
+    from gpushare.admin.plan import load_plan
 
     result = gpushare("inventory", "--json", "--source",
                       "sim:" + bed.path("nodes", f"{MIG_NODE}.json"))
@@ -305,7 +305,7 @@ def test_inventory_of_the_mig_node_matches_the_plan(bed):
         assert Counter(m["profile"] for m in gpu["mig_devices"]) == \
             Counter(s.profile for s in planned.slices), gpu["index"]
     # Every device file slurmd was given for n5 is one NVML reports (re-rooted to the bed).
-    from gpushare.gresconf import load_gres_conf
+    from gpushare.gpu.gresconf import load_gres_conf
 
     reported = {os.path.basename(path) for gpu in inventory["gpus"]
                 for path in [gpu["device_dir"] + f"/nvidia{gpu['minor']}"]

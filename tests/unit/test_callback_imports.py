@@ -1,28 +1,65 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """What job_prolog and job_epilog import is paid by every job on every node (each starts a
-fresh interpreter): the libraries the package docstring names stay out of it."""
+fresh interpreter): the libraries the package docstring names stay out of it.
 
+The rule holds per subpackage: every module of ``node``, ``gpu`` and ``common`` loads none
+of them, and none of them loads ``admin``, ``submit`` or ``cli`` (the layers above) when
+it is imported."""
+
+import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-VERIFYING_PROLOG = ["gpushare.spank_adapter", "gpushare.verify", "gpushare.inventory",
-                    "gpushare.gresconf", "gpushare.nvml", "gpushare.nvml_sim"]
+VERIFYING_PROLOG = ["gpushare.node.spank_adapter", "gpushare.node.verify",
+                    "gpushare.gpu.inventory", "gpushare.gpu.gresconf", "gpushare.gpu.nvml",
+                    "gpushare.gpu.nvml_sim"]
 HEAVY = ("dataclasses", "inspect", "logging", "subprocess", "hashlib", "textwrap", "yaml")
+HOT_SUBPACKAGES = ("node", "gpu", "common")
+HIGHER = ("gpushare.admin", "gpushare.submit", "gpushare.cli")
+
+
+def hot_modules():
+    """Every module of the subpackages the prolog and epilog may import, and the packages."""
+    names = []
+    for sub in HOT_SUBPACKAGES:
+        names.append(f"gpushare.{sub}")
+        names += [f"gpushare.{sub}.{entry[:-3]}"
+                  for entry in sorted(os.listdir(os.path.join(SRC, "gpushare", sub)))
+                  if entry.endswith(".py") and entry != "__init__.py"]
+    return names
+
+
+HOT_MODULES = hot_modules()
+
+
+def imported(modules):
+    """The HEAVY modules and the modules of HIGHER loaded once ``modules`` are imported."""
+    path = [SRC, *(p for p in sys.path if p)]  # python-hostlist, pynvml: this venv's
+    code = (f"import sys; sys.path[:] = {path!r}; import {', '.join(modules)}; "
+            f"import json; heavy = [m for m in {HEAVY!r} if m in sys.modules]; "
+            f"higher = sorted(m for m in sys.modules if m.startswith({HIGHER!r})); "
+            "print(json.dumps([heavy, higher]))")
+    # -I -S: no site, no user paths, as the plugin's embedded interpreter runs.
+    heavy, higher = json.loads(subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+        check=True).stdout)
+    return heavy, higher
 
 
 def loaded_after(modules):
-    path = [SRC, *(p for p in sys.path if p)]  # python-hostlist, pynvml: this venv's
-    code = (f"import sys; sys.path[:] = {path!r}; import {', '.join(modules)}; "
-            f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
-    # -I -S: no site, no user paths, as the plugin's embedded interpreter runs.
-    return subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
-                          text=True, check=True).stdout.split()
+    return imported(modules)[0]
+
+
+def higher_after(modules):
+    return imported(modules)[1]
 
 
 def test_the_epilog_imports_none_of_them():
-    assert loaded_after(["gpushare.spank_adapter"]) == []
+    assert loaded_after(["gpushare.node.spank_adapter"]) == []
 
 
 def test_a_verifying_prolog_imports_none_of_them():
@@ -31,8 +68,24 @@ def test_a_verifying_prolog_imports_none_of_them():
 
 
 def test_the_check_itself_can_fail():
-    assert loaded_after(["gpushare.spank_adapter", "dataclasses"]) == ["dataclasses",
-                                                                       "inspect"]
+    assert loaded_after(["gpushare.node.spank_adapter", "dataclasses"]) == ["dataclasses",
+                                                                            "inspect"]
+
+
+def test_every_hot_path_subpackage_is_checked():
+    for module in ("gpushare.node.spank_adapter", "gpushare.gpu.nvml", "gpushare.common.log"):
+        assert module in HOT_MODULES
+    assert not [m for m in HOT_MODULES if m.startswith(HIGHER)]
+
+
+@pytest.mark.parametrize("module", HOT_MODULES)
+def test_a_hot_path_module_imports_no_heavy_library_and_no_higher_layer(module):
+    assert imported([module]) == ([], [])
+
+
+def test_the_layer_check_can_fail():
+    assert higher_after(["gpushare.node.job", "gpushare.submit.gres"]) == [
+        "gpushare.submit", "gpushare.submit.gres"]
 
 
 def compiles_during_import(modules, path=()):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.cli import build_parser
-from gpushare.config import ARG_SPECS
+from gpushare.node.config import ARG_SPECS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/admin.md", "docs/troubleshooting.md", "docs/users.md",
@@ -95,7 +95,7 @@ def test_documented_plugstack_keys_are_the_plugins(name):
 
 
 def test_admin_guide_names_every_path_argument_that_takes_percent_n():
-    from gpushare.config import ConfigError, plugin_arg_values
+    from gpushare.node.config import ConfigError, plugin_arg_values
 
     text = (REPO / "docs/admin.md").read_text()
     sentence = re.search(r"^Path arguments \((.*?)\) take `%n`", text, re.MULTILINE | re.DOTALL)

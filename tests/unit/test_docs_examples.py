@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.admin.mig_profiles import GPU_MODELS
+from gpushare.admin.plan import load_plan, parse_plan
 from gpushare.cli import main
-from gpushare.config import parse_plugin_args
-from gpushare.mig_profiles import GPU_MODELS
-from gpushare.nvml_sim import SIM_MODELS, ProfileError, load_profile, profile_from_plan
-from gpushare.plan import load_plan, parse_plan
+from gpushare.gpu.nvml_sim import SIM_MODELS, ProfileError, load_profile, profile_from_plan
+from gpushare.node.config import parse_plugin_args
 
 REPO = Path(__file__).resolve().parents[2]
 ETC = REPO / "etc"
@@ -169,7 +169,7 @@ def test_plugstack_lines_in_etc_are_valid(name, line, capsys):
 
 def test_the_full_example_line_spells_out_every_default():
     """plugstack.conf.example says its line holds the defaults but pythonpath, plan, debug_log."""
-    from gpushare.config import ARG_SPECS
+    from gpushare.node.config import ARG_SPECS
 
     (line,) = [text for name, text in plugstack_lines() if name == "plugstack.conf.example"]
     args = dict(arg.split("=", 1) for arg in shlex.split(line)[2:])

@@ -11,18 +11,18 @@ import subprocess
 import pytest
 
 import slurmbed
-from gpushare import submit_hook
-from gpushare.cluster_status import used_indexes
-from gpushare.facts import FactsError, facts_from_dict, load_facts
-from gpushare.plan import PlanError, load_plan, with_slurm_version
-from gpushare.render import (
+from gpushare.admin.cluster_status import used_indexes
+from gpushare.admin.plan import PlanError, load_plan, with_slurm_version
+from gpushare.admin.render import (
     RenderError,
     for_installed_slurm,
     render_facts,
     render_slurm_conf,
     render_topology,
 )
-from gpushare.submit_rules import apply
+from gpushare.submit import hook as submit_hook
+from gpushare.submit.facts import FactsError, facts_from_dict, load_facts
+from gpushare.submit.rules import apply
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK_PLAN = os.path.join(REPO, "tests", "plans", "block.yaml")
@@ -65,7 +65,7 @@ def test_a_plan_for_the_other_syntax_is_refused(tmp_path):
 
 def test_several_slurm_mig_profiles_render_on_24_11_only(tmp_path):
     """The bed's n5 with GPU 1's 3g.40gb, 2g.20gb and 1g.10gb slices Slurm's as well."""
-    from gpushare.render import render_gres_conf
+    from gpushare.admin.render import render_gres_conf
 
     with open(slurmbed.BED_PLAN) as handle:
         text = handle.read()

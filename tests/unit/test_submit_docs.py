@@ -16,10 +16,10 @@ import shlex
 
 import pytest
 
+from gpushare.admin.plan import load_plan
+from gpushare.admin.render import render_facts
 from gpushare.cli import main
-from gpushare.facts import facts_from_dict
-from gpushare.plan import load_plan
-from gpushare.render import render_facts
+from gpushare.submit.facts import facts_from_dict
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 EXAMPLE_PLAN = os.path.join(REPO, "etc", "plan.example.yaml")
@@ -103,7 +103,7 @@ def test_facts_doc_example_is_what_the_example_plan_renders():
 
 
 def test_facts_doc_names_the_fixed_default_path():
-    from gpushare.facts import DEFAULT_FACTS_PATH
+    from gpushare.submit.facts import DEFAULT_FACTS_PATH
     with open(FACTS_DOC, encoding="utf-8") as handle:
         text = handle.read()
     assert f"Its default path is `{DEFAULT_FACTS_PATH}`" in text

@@ -60,11 +60,11 @@ def _fail(message: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpushare import check
-    from gpushare.gresconf import GresConfError, load_gres_conf
-    from gpushare.nvml import InventoryError
-    from gpushare.plan import PlanError, load_plan
-    from gpushare.slurm_client import SlurmClientError, open_client
+    from gpushare.admin import check
+    from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.slurm_client import SlurmClientError, open_client
+    from gpushare.gpu.gresconf import GresConfError, load_gres_conf
+    from gpushare.gpu.nvml import InventoryError
 
     for option, path in (("--scontrol", args.scontrol), ("--sinfo", args.sinfo)):
         if not path.startswith("/"):
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
                                           "fix gres.conf or render it from the plan"))
     if args.source != "none":
         try:
-            from gpushare.inventory import open_inventory
+            from gpushare.gpu.inventory import open_inventory
 
             inventory = open_inventory(args.source)
         except InventoryError as err:
@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, node: str, findings: list[Any], source: str) -> int:
-    from gpushare import check
+    from gpushare.admin import check
 
     status = check.exit_status(findings)
     drained = None

@@ -13,9 +13,9 @@ import os
 import re
 from typing import Any
 
-from gpushare.facts import DEFAULT_FACTS_PATH, FACTS_ENV, Facts, FactsError, load_facts
-from gpushare.gres import GresError, parse_field
-from gpushare.submit_rules import NO_VAL, SPANK_OPTION_PREFIX, apply, format_wait
+from gpushare.submit.facts import DEFAULT_FACTS_PATH, FACTS_ENV, Facts, FactsError, load_facts
+from gpushare.submit.gres import GresError, parse_field
+from gpushare.submit.rules import NO_VAL, SPANK_OPTION_PREFIX, apply, format_wait
 
 __all__ = ["client_refusal", "flags_to_job", "register", "time_str2secs", "untyped_policy"]
 

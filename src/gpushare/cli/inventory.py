@@ -8,7 +8,7 @@ import json
 import sys
 
 from gpushare.cli import text_table
-from gpushare.inventory import MIG_MINORS_PATH, Inventory, InventoryError, open_inventory
+from gpushare.gpu.inventory import MIG_MINORS_PATH, Inventory, InventoryError, open_inventory
 
 GIB = 1 << 30
 

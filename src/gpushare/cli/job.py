@@ -15,9 +15,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional
 
-from gpushare import proc
 from gpushare.cli import nodeconf
-from gpushare.config import ConfigError
+from gpushare.common import proc
+from gpushare.node.config import ConfigError
 
 __all__ = ["DaemonProbe", "JobView", "format_view", "job_view", "probe_daemon", "register"]
 
@@ -86,7 +86,7 @@ def job_view(env: Mapping[str, str]) -> JobView:
     if not pipe_dir:
         mps = "none"
     elif os.path.basename(os.path.dirname(pipe_dir.rstrip("/"))).startswith("job"):
-        mps = "private"  # private daemons are keyed job<id> (gpushare.mps.daemon_key)
+        mps = "private"  # private daemons are keyed job<id> (gpushare.node.mps.daemon_key)
     else:
         mps = "shared"
     if share is not None and mps == "none":

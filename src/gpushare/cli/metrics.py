@@ -13,7 +13,7 @@ import os
 import sys
 
 from gpushare.cli import nodeconf
-from gpushare.config import ConfigError
+from gpushare.node.config import ConfigError
 
 __all__ = ["register"]
 
@@ -50,7 +50,7 @@ def _fail(message: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpushare import metrics
+    from gpushare.admin import metrics
 
     try:
         config, _source = nodeconf.load(args)  # as gpushare mps

@@ -17,10 +17,10 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from gpushare.cli import nodeconf, text_table
-from gpushare.config import ConfigError
+from gpushare.node.config import ConfigError
 
 if TYPE_CHECKING:
-    from gpushare.mps_report import DaemonView
+    from gpushare.admin.mps_report import DaemonView
 
 __all__ = ["format_views", "register"]
 
@@ -96,8 +96,8 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpushare.mps import MpsError
-    from gpushare.mps_report import exit_status, inspect_daemons
+    from gpushare.admin.mps_report import exit_status, inspect_daemons
+    from gpushare.node.mps import MpsError
 
     try:
         config, source = nodeconf.load(args)
@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.reap:
         if not is_root:
             return _fail("--reap stops other users' daemons: run it as root")
-        from gpushare.job import reap_mps
+        from gpushare.node.job import reap_mps
 
         try:
             reaped, forgotten = reap_mps(config, node)
@@ -119,8 +119,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         lost: set[int] = set()
         if is_root:  # only root reads the job records; slurmctld is asked once
-            from gpushare.job import lost_jobs
-            from gpushare.state import JobStore
+            from gpushare.node.job import lost_jobs
+            from gpushare.node.state import JobStore
 
             lost = lost_jobs(config, JobStore(config.state_dir), node, force=True)
         views = inspect_daemons(config, check_processes=is_root, lost=lost)

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Optional
 
-from gpushare.config import (
+from gpushare.node.config import (
     PLUGIN_LIBRARY,
     ConfigError,
     PluginConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpushare.config import ARG_SPECS, ConfigError, plugin_arg_values
+from gpushare.node.config import ARG_SPECS, ConfigError, plugin_arg_values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ import sys
 from typing import Optional
 
 from gpushare.cli import write_atomically
-from gpushare.inventory import Inventory
+from gpushare.gpu.inventory import Inventory
 
 TARGETS = ("gres", "topology", "mig-parted", "plugstack", "facts", "slurm-conf")
 
@@ -49,18 +49,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _inventory(args: argparse.Namespace) -> Optional[dict[str, Inventory]]:
     if not args.source:
         return None
-    from gpushare.inventory import open_inventory
+    from gpushare.gpu.inventory import open_inventory
 
     inventory = open_inventory(args.source)
     return {args.node or inventory.hostname: inventory}
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpushare import render
-    from gpushare.nvml import InventoryError
-    from gpushare.plan import PlanError, load_plan
-    from gpushare.slurm_client import installed_release
-    from gpushare.topology import TopologyError
+    from gpushare.admin import render
+    from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.slurm_client import installed_release
+    from gpushare.admin.topology import TopologyError
+    from gpushare.gpu.nvml import InventoryError
 
     if args.device_root is not None and not args.device_root.startswith("/"):
         print(f"gpushare render: --device-root must be an absolute directory, not "

@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpushare.nvml_sim import ProfileError, profile_from_plan
-    from gpushare.plan import PlanError, load_plan
+    from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.gpu.nvml_sim import ProfileError, profile_from_plan
 
     if args.output and not args.node:
         print("gpushare simulate: --output goes with --node (--output-dir writes every node)",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpushare.cli import add_slurm_arguments, text_table
 
 if TYPE_CHECKING:
-    from gpushare.cluster_status import NodeSharing
+    from gpushare.admin.cluster_status import NodeSharing
 
 __all__ = ["format_status", "register"]
 
@@ -83,8 +83,8 @@ def format_status(nodes: list[NodeSharing], totals: dict[str, Any], backend: str
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpushare.cluster_status import summary, totals
-    from gpushare.slurm_client import SlurmClientError, open_client
+    from gpushare.admin.cluster_status import summary, totals
+    from gpushare.admin.slurm_client import SlurmClientError, open_client
 
     if not args.cluster:
         return _fail("say --cluster (the cluster from slurmctld's view); for this node's "

@@ -1,0 +1,485 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""Render what Slurm and Kubernetes are told about GPUs from the one ownership plan.
+
+The device lists are built as data first (``expected_gres``), so that ``gpushare check``
+compares a node's real gres.conf with exactly what would be rendered; the jinja2 templates in
+``gpushare/admin/templates`` only lay that data out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import hostlist
+import jinja2
+
+from gpushare.admin.mig_profiles import caps_minors, gi_id_for_placement
+from gpushare.admin.plan import (
+    GpuPlan,
+    NodeGroup,
+    Plan,
+    gres_syntax_of,
+    release_tuple,
+    with_slurm_version,
+)
+from gpushare.admin.topology import build_blocks, build_switches, node_domains
+from gpushare.gpu.inventory import Gpu, Inventory
+
+__all__ = [
+    "GresDevice",
+    "RenderError",
+    "expected_gres",
+    "mig_parted_config",
+    "render_facts",
+    "render_gres_conf",
+    "render_mig_parted",
+    "render_plugstack",
+    "render_topology",
+    "slurm_node_gres",
+]
+
+_TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+_ENV: Optional[jinja2.Environment] = None
+
+
+class RenderError(ValueError):
+    """The plan cannot be rendered for this node (e.g. the inventory disagrees with it)."""
+
+
+@dataclass(frozen=True)
+class GresDevice:
+    """One gres.conf device as Slurm will count it (before whole GPUs are folded into ranges)."""
+
+    name: str  # gpu | mps | shard
+    type: str  # "h100", "3g.20gb", "" for mps/shard
+    files: tuple[str, ...]
+    multiple_files: bool  # MIG: the GPU, its GI cap and its CI cap make one device
+    count: int = 0  # mps/shard Count=; 0: not written
+    flags: str = ""
+    gpu_index: int = -1
+    comment: str = ""
+
+
+def _env() -> jinja2.Environment:
+    global _ENV
+    if _ENV is None:
+        _ENV = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(_TEMPLATE_DIR),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
+    return _ENV
+
+
+def _render(template: str, **values: Any) -> str:
+    return _env().get_template(template).render(**values)
+
+
+def _dev(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}"
+
+
+def _rebase(path: str, root: str) -> str:
+    """Move an inventory path under /dev to the device root the gres.conf is written for."""
+    if path.startswith("/dev/"):
+        return _dev(root, path[len("/dev/"):])
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# gres.conf
+
+
+def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] = None,
+                  device_root: Optional[str] = None, owner: str = "slurm") -> list[GresDevice]:
+    """Every device ``owner`` owns on one node of ``group``, in GPU order (as gres.conf lines;
+    ``owner="kubernetes"`` lets ``gpushare check`` recognise a slice listed by mistake).
+
+    With the node's inventory the files are the real ones (GPU minors, MIG capability files);
+    without it the GPU minor is its index and the MIG capability minors follow the standard
+    mig-minors numbering for the placements the plan gives or solves.
+    """
+    root = device_root or plan.slurm.device_root
+    real: dict[int, Gpu] = {}
+    if inventory is not None:
+        real = {gpu.index: gpu for gpu in inventory.gpus}
+        missing = [gpu.index for gpu in group.gpus if gpu.index not in real]
+        if missing:
+            raise RenderError(f"node {inventory.hostname}: the plan has GPU "
+                              f"{', '.join(map(str, missing))} but the node shows "
+                              f"{len(real)} GPUs; run `gpushare check` on the node")
+    flags = plan.slurm.sharing_flag
+    devices: list[GresDevice] = []
+    for gpu in group.gpus:
+        minor = real[gpu.index].minor if real else gpu.index
+        gpu_file = _dev(root, f"nvidia{minor}")
+        if not gpu.mig:
+            if gpu.owner != owner:
+                continue
+            devices.append(GresDevice("gpu", group.model.gres_type, (gpu_file,), False,
+                                      gpu_index=gpu.index))
+            if gpu.mps and owner == "slurm":
+                devices.append(GresDevice("mps", "", (gpu_file,), False, gpu.mps, flags,
+                                          gpu.index))
+            if gpu.shard and owner == "slurm":
+                devices.append(GresDevice("shard", "", (gpu_file,), False, gpu.shard, flags,
+                                          gpu.index))
+            continue
+        slices = _owned_slices(group, gpu, real.get(gpu.index), minor, root, owner)
+        devices.extend(GresDevice("gpu", profile, (gpu_file, gi_file, ci_file), True,
+                                  gpu_index=gpu.index, comment=comment)
+                       for profile, gi_file, ci_file, comment in slices)
+    return devices
+
+
+def _owned_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: int, root: str,
+                  owner: str) -> list[tuple[str, str, str, str]]:
+    mine = gpu.slices_of(owner)
+    if not mine:
+        return []
+    caps = _dev(root, "nvidia-caps/nvidia-cap")
+    if real is None:
+        rows = []
+        for mig_slice in sorted(mine, key=lambda s: s.placement):
+            profile = group.model.profile(mig_slice.profile)
+            assert profile is not None  # the plan parser checked it
+            gi = gi_id_for_placement(group.model, mig_slice.placement, profile.memory_slices)
+            gi_minor, ci_minor = caps_minors(minor, gi, 0)
+            rows.append((mig_slice.profile, f"{caps}{gi_minor}", f"{caps}{ci_minor}",
+                         f"GPU {gpu.index} slice {mig_slice.profile} (GPU instance {gi})"))
+        return rows
+    wanted: dict[str, int] = {}
+    for mig_slice in mine:
+        wanted[mig_slice.profile] = wanted.get(mig_slice.profile, 0) + 1
+    rows: list[tuple[tuple[int, int], str, str, str, str]] = []
+    for profile_name, count in wanted.items():
+        found = sorted((d for d in real.mig_devices if d.profile == profile_name),
+                       key=lambda d: (d.gi_id, d.ci_id))
+        if len(found) != count:
+            raise RenderError(f"GPU {gpu.index}: the plan gives {owner} {count} × {profile_name} "
+                              f"but the GPU has {len(found)}; apply the MIG layout first, then "
+                              "render again (`gpushare check` shows the difference)")
+        for device in found:
+            if len(device.caps_files) >= 2:
+                gi_file, ci_file = (_rebase(f, root) for f in device.caps_files[:2])
+            else:
+                gi_minor, ci_minor = caps_minors(real.minor, device.gi_id, device.ci_id)
+                gi_file, ci_file = f"{caps}{gi_minor}", f"{caps}{ci_minor}"
+            rows.append(((device.gi_id, device.ci_id), profile_name, gi_file, ci_file,
+                         f"GPU {gpu.index} slice {profile_name} {device.uuid}"))
+    return [row[1:] for row in sorted(rows)]
+
+
+def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
+    """Template rows in Slurm's index order: whole GPUs by GPU (consecutive ones of one type
+    folded into ``File=/dev/nvidia[0-7]``), then MIG slices, then mps, then shard lines."""
+    rows: list[dict[str, Any]] = []
+    run: list[str] = []
+    run_type = ""
+
+    def close_run() -> None:
+        if run:
+            rows.append({"name": "gpu", "type": run_type, "count": 0, "multiple_files": False,
+                         "files": hostlist.collect_hostlist(run), "flags": "",
+                         "comment": f"{len(run)} whole {run_type} GPU"
+                                    + ("s" if len(run) > 1 else "")})
+            run.clear()
+
+    # Whole GPUs before MIG slices: slurmd 22.05 without AutoDetect splits every
+    # MultipleFiles line into one GPU per file, so Slurm's indices stay right only when the
+    # slices come last (and are of one type; see check_autodetect_off).
+    ordered = sorted(devices, key=lambda d: (d.name != "gpu" or d.multiple_files))
+    for name in ("gpu", "mps", "shard"):
+        for device in ordered:
+            if device.name != name:
+                continue
+            if name == "gpu" and not device.multiple_files:
+                if run and run_type != device.type:
+                    close_run()
+                run_type = device.type
+                run.extend(device.files)
+                continue
+            close_run()
+            rows.append({"name": device.name, "type": device.type, "count": device.count,
+                         "multiple_files": device.multiple_files,
+                         "files": ",".join(device.files), "flags": device.flags,
+                         "comment": device.comment})
+        close_run()
+    return rows
+
+
+def for_installed_slurm(plan: Plan, installed: Optional[str]) -> tuple[Plan, str]:
+    """The plan to render for this machine's Slurm ``installed`` (None: none here), and a
+    note for the admin ("" when there is nothing to say).
+
+    A plan without ``slurm.version`` takes the installed release; one that names a release
+    whose request strings differ from the installed one's (``gres:gpu:1`` before 23.11,
+    ``gres/gpu:1`` after) is refused: facts in the wrong syntax make slurmctld reject the
+    jobs the hooks rewrite.
+    """
+    if not plan.slurm.version_given:
+        if installed is None:
+            return plan, (f"the plan has no slurm.version and no Slurm is installed here: "
+                          f"rendering for Slurm {plan.slurm.version}")
+        if (plan.slurm.topology == "block" or plan.slurm.imex) and \
+                release_tuple(installed) < (24, 5):
+            raise RenderError(
+                f"{plan.path}: slurm.topology: block and slurm.imex need Slurm 24.05 or later "
+                f"(topology/block with BlockSizes, --segment, switch/nvidia_imex); this "
+                f"machine runs Slurm {installed}")
+        return with_slurm_version(plan, installed), ""
+    if installed is not None and gres_syntax_of(installed) != plan.slurm.gres_syntax:
+        raise RenderError(
+            f"{plan.path}: slurm.version is {plan.slurm.version}, but this machine runs Slurm "
+            f"{installed}, whose request strings differ ({_example(plan.slurm.gres_syntax)} "
+            f"against {_example(gres_syntax_of(installed))}): set slurm.version to "
+            f"\"{'.'.join(installed.split('.')[:2])}\" (or remove it), or render where the "
+            f"plan's Slurm runs")
+    return plan, ""
+
+
+def _example(syntax: str) -> str:
+    return "gres:gpu:1" if syntax == "22.05" else "gres/gpu:1"
+
+
+def check_autodetect_off(plan: Plan, group: NodeGroup) -> None:
+    """Refuse a MIG layout that Slurm 22.05 cannot index from an AutoDetect=off gres.conf.
+
+    Measured on 22.05.8: slurmd splits each ``MultipleFiles`` line into one GPU per file, so
+    a second MIG type on a node is allocated under the first one's indices and every step
+    fails with "Invalid generic resource (gres) specification".
+    """
+    if not plan.slurm.version.startswith(("21.", "22.")):
+        return
+    profiles = sorted({s.profile for gpu in group.gpus for s in gpu.slices_of("slurm")})
+    if len(profiles) > 1:
+        raise RenderError(
+            f"{plan.path}:{group.line}: node group {group.name} gives Slurm MIG slices of "
+            f"{len(profiles)} profiles ({', '.join(profiles)}); Slurm "
+            f"{plan.slurm.version} with AutoDetect=off indexes only one MIG profile per node "
+            "correctly: give Slurm one profile per node group, or upgrade Slurm")
+
+
+def render_gres_conf(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None,
+                     device_root: Optional[str] = None, node: Optional[str] = None) -> str:
+    """gres.conf for the whole cluster, or for ``node`` alone.
+
+    Groups without inventories get one block for all their nodes; a node with an inventory gets
+    its own block built from its real device files.
+    """
+    inventories = dict(inventory_by_node or {})
+    blocks = []
+    groups = plan.groups
+    if node is not None:
+        group = plan.group_of(node)
+        if group is None:
+            raise RenderError(f"{plan.path}: node {node} is in no node group")
+        groups = (group,)
+    for group in groups:
+        check_autodetect_off(plan, group)
+        members = [node] if node is not None else [n for n in group.nodes if n in inventories]
+        for member in members:
+            lines = _fold(expected_gres(plan, group, inventories.get(member), device_root))
+            if lines:
+                blocks.append({"title": f"node {member} (group {group.name}, "
+                                        f"{group.model.name})", "nodes": member, "lines": lines})
+        if node is None:
+            rest = [n for n in group.nodes if n not in inventories]
+            if rest:
+                lines = _fold(expected_gres(plan, group, None, device_root))
+                if lines:
+                    blocks.append({"title": f"node group {group.name} ({group.model.name})",
+                                   "nodes": hostlist.collect_hostlist(rest), "lines": lines})
+    caps_note = ""
+    if any(group.has_mig for group in groups) and not inventories:
+        caps_note = ("MIG capability files follow the standard mig-minors numbering for the "
+                     "plan's placements; render on the node (--source) to use the real ones.")
+    return _render("gres.conf.j2", plan_path=plan.path, version=plan.version, blocks=blocks,
+                   caps_note=caps_note)
+
+
+def slurm_node_gres(group: NodeGroup) -> str:
+    """The ``Gres=`` value of slurm.conf's NodeName line for a node of this group."""
+    counts: dict[tuple[str, str], int] = {}
+    for gpu in group.gpus:
+        if not gpu.mig:
+            if gpu.owner == "slurm":
+                key = ("gpu", group.model.gres_type)
+                counts[key] = counts.get(key, 0) + 1
+                for name, value in (("mps", gpu.mps), ("shard", gpu.shard)):
+                    if value:
+                        counts[(name, "")] = counts.get((name, ""), 0) + value
+            continue
+        for mig_slice in gpu.slices_of("slurm"):
+            key = ("gpu", mig_slice.profile)
+            counts[key] = counts.get(key, 0) + 1
+    # Whole GPUs first, in the same order as the gres.conf lines (see _fold).
+    whole = {group.model.gres_type}
+    order = sorted(counts, key=lambda key: (key[0] != "gpu", key[1] not in whole))
+    return ",".join(f"{name}:{gres_type}:{counts[(name, gres_type)]}" if gres_type
+                    else f"{name}:{counts[(name, gres_type)]}" for name, gres_type in order)
+
+
+# --------------------------------------------------------------------------------------------
+# topology.conf, mig-parted, plugstack, facts
+
+
+def render_topology(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None
+                    ) -> str:
+    if plan.slurm.topology == "block":
+        blocks, sizes = build_blocks(plan, inventory_by_node)
+        return _render("topology.conf.j2", plan_path=plan.path, version=plan.version,
+                       blocks=blocks, block_sizes=",".join(map(str, sizes)), switches=[])
+    switches = build_switches(plan, inventory_by_node)
+    return _render("topology.conf.j2", plan_path=plan.path, version=plan.version,
+                   switches=switches, blocks=[])
+
+
+def render_slurm_conf(plan: Plan) -> str:
+    """The slurm.conf lines the plan implies: the topology plugin for its NVLink domains,
+    and the IMEX channel allocation of multi-node NVLink jobs (slurm.imex)."""
+    lines = [f"# slurm.conf lines rendered by gpushare from {plan.path}"]
+    if plan.domains or plan.domains_from_fabric:
+        lines.append(f"TopologyPlugin=topology/{plan.slurm.topology}")
+    if plan.slurm.imex:
+        lines.append("# An IMEX channel per job for multi-node NVLink (Slurm 24.05 or later)")
+        lines.append("SwitchType=switch/nvidia_imex")
+    return "\n".join(lines) + "\n"
+
+
+def _mig_layouts(plan: Plan) -> list[tuple[str, NodeGroup, list[dict[str, Any]]]]:
+    """One named config per group that uses MIG or gives GPUs to Kubernetes; every GPU of the
+    node is listed (so `nvidia-mig-parted assert` covers the node), equal layouts merged."""
+    configs: list[tuple[str, NodeGroup, list[dict[str, Any]]]] = []
+    for group in plan.groups:
+        if not group.has_mig and all(gpu.owner == "slurm" for gpu in group.gpus):
+            continue
+        entries: list[dict[str, Any]] = []
+        layout_of: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for gpu in group.gpus:
+            counts: dict[str, int] = {}
+            for mig_slice in gpu.slices:
+                counts[mig_slice.profile] = counts.get(mig_slice.profile, 0) + 1
+            owners = tuple(sorted({(s.profile, s.owner) for s in gpu.slices}))
+            key = (gpu.mig, tuple(counts.items()), owners, gpu.owner)
+            entry = layout_of.get(key)
+            if entry is None:
+                entry = {"devices": [], "mig-enabled": gpu.mig,
+                         "mig-devices": dict(counts), "_owners": owners, "_owner": gpu.owner}
+                layout_of[key] = entry
+                entries.append(entry)
+            entry["devices"].append(gpu.index)
+        for entry in entries:
+            if len(entry["devices"]) == len(group.gpus):
+                entry["devices"] = "all"
+        configs.append((f"{plan.mig_config_prefix}-{group.name}", group, entries))
+    return configs
+
+
+def mig_parted_config(plan: Plan) -> dict[str, Any]:
+    """The mig-parted v1 config as data (what ``render_mig_parted`` writes as YAML)."""
+    configs = {name: [{key: value for key, value in entry.items() if not key.startswith("_")}
+                      for entry in entries]
+               for name, _group, entries in _mig_layouts(plan)}
+    return {"version": "v1", "mig-configs": configs}
+
+
+def render_mig_parted(plan: Plan) -> str:
+    configs = []
+    for name, group, entries in _mig_layouts(plan):
+        rows = []
+        for entry in entries:
+            if entry["mig-enabled"]:
+                comment = "slices: " + ", ".join(f"{profile} → {owner}"
+                                                 for profile, owner in entry["_owners"])
+            else:
+                comment = f"whole GPU owned by {entry['_owner']}"
+            devices = entry["devices"]
+            rows.append({"devices": devices if devices == "all"
+                         else "[" + ", ".join(map(str, devices)) + "]",
+                         "mig_enabled": entry["mig-enabled"],
+                         "mig_devices": list(entry["mig-devices"].items()),
+                         "comment": comment})
+        configs.append({"name": name, "group": group.name, "nodes": group.nodes_expr,
+                        "entries": rows})
+    return _render("mig-parted.yaml.j2", plan_path=plan.path, version=plan.version,
+                   configs=configs)
+
+
+IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
+
+
+def render_plugstack(plan: Plan) -> str:
+    """The gpushare line; with ``slurm.imex`` each GPU task checks for its IMEX channel."""
+    args = list(plan.slurm.plugin_args)
+    if plan.slurm.imex and not any(key == "imex_channels" for key, _value in args):
+        args.append(("imex_channels", IMEX_CHANNELS))
+    return _render("plugstack.conf.j2", plan_path=plan.path, plugin=plan.slurm.plugin,
+                   args=args)
+
+
+def render_facts(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None
+                 ) -> dict[str, Any]:
+    """The submit hooks' facts file (docs/cluster-facts.md, version 2) as a dict.
+
+    ``types`` gives, per GRES type Slurm owns (whole GPU model or MIG profile), how many
+    nodes offer it, the most one node offers, and the node counts of the NVLink domains
+    those nodes sit in: PCIe nodes outside every domain add none, so a job on them gets no
+    ``--switches``.
+    """
+    gpu_types: set[str] = set()
+    mig_types: dict[str, None] = {}
+    gpus_per_node: dict[str, int] = {}
+    per_node: dict[str, int] = {}
+    nodes_of: dict[str, set[str]] = {}
+    for group in plan.groups:
+        offered: dict[str, int] = {}
+        whole = sum(1 for gpu in group.gpus if not gpu.mig and gpu.owner == "slurm")
+        if whole:
+            gpu_types.add(group.model.gres_type)
+            offered[group.model.gres_type] = whole
+        for gpu in group.gpus:
+            for mig_slice in gpu.slices_of("slurm"):
+                mig_types.setdefault(mig_slice.profile, None)
+                offered[mig_slice.profile] = offered.get(mig_slice.profile, 0) + 1
+        for type_name, count in offered.items():
+            per_node[type_name] = max(per_node.get(type_name, 0), count)
+            nodes_of.setdefault(type_name, set()).update(group.nodes)
+        for node in group.nodes:
+            gpus_per_node[node] = whole
+    domains = node_domains(plan, inventory_by_node)
+    types = {}
+    for type_name in sorted(nodes_of):
+        sizes = [len(nodes_of[type_name].intersection(members)) for members in domains.values()]
+        types[type_name] = {"nodes": len(nodes_of[type_name]), "per_node": per_node[type_name],
+                            "domain_sizes": sorted((s for s in sizes if s), reverse=True)}
+    facts: dict[str, Any] = {
+        "version": 2,
+        "gres_syntax": plan.slurm.gres_syntax,
+        "mps_units_per_gpu": plan.slurm.mps_units_per_gpu,
+        "gpu_types": sorted(gpu_types),
+        "mig_types": sorted(mig_types),
+        "types": types,
+        "domains": domains,
+        "gpus_per_node": gpus_per_node,
+        "policy": {
+            "switch_wait_s": plan.policy.switch_wait_s,
+            "max_switch_wait_s": plan.policy.max_switch_wait_s,
+            "on_error": plan.policy.on_error,
+            "untyped_gpu": plan.policy.untyped_gpu,
+        },
+    }
+    if plan.slurm.topology != "tree":  # absent means tree: older hooks read the file too
+        facts["topology"] = plan.slurm.topology
+    return facts
+
+
+def render_facts_json(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]] = None
+                      ) -> str:
+    return json.dumps(render_facts(plan, inventory_by_node), indent=2) + "\n"

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The one seam where GPU facts enter gpushare: the real pynvml module, or a simulated node.
+
+Which one is used is configuration (the plugin's ``inventory=`` argument, the CLI's
+``--source``), never a guess about whether a GPU is present: a node that is configured for NVML
+and has no driver fails loudly instead of quietly pretending to be a simulated node.
+
+Both answer the same pynvml function names, constants and ``NVMLError`` classes, so
+``gpushare.gpu.inventory.collect`` runs exactly the same code against either.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+__all__ = [
+    "SIM_PREFIX",
+    "InventoryError",
+    "describe_nvml_error",
+    "is_unsupported",
+    "load_nvml",
+    "nvml_call",
+    "text",
+]
+
+SIM_PREFIX = "sim:"
+
+
+
+class InventoryError(RuntimeError):
+    """The node's GPUs could not be read; the message says why and what to do."""
+
+
+def load_nvml(source: str) -> Any:
+    """Return the NVML implementation named by ``source``: ``nvml`` or ``sim:/abs/profile.json``."""
+    if source == "nvml":
+        try:
+            import pynvml
+        except ImportError:
+            raise InventoryError(
+                "the nvidia-ml-py package (module pynvml) is not installed for this Python; "
+                "install it with: pip install nvidia-ml-py"
+            ) from None
+        return pynvml
+    if source.startswith(SIM_PREFIX):
+        from gpushare.gpu import nvml_sim
+
+        return nvml_sim.SimNvml(nvml_sim.load_profile(source[len(SIM_PREFIX):]))
+    raise InventoryError(
+        f"unknown GPU inventory source {source!r}; use nvml (the node's NVIDIA driver) or "
+        "sim:<absolute path of a simulated node profile>"
+    )
+
+
+def _error_name(nvml: Any, value: int) -> str:
+    for name in dir(nvml):
+        if name.startswith("NVML_ERROR_") and getattr(nvml, name) == value:
+            return name
+    return f"NVML error {value}"
+
+
+def describe_nvml_error(nvml: Any, err: BaseException, what: str) -> str:
+    """Turn an NVMLError raised while doing ``what`` into a message that says what to do."""
+    value = getattr(err, "value", None)
+    if value == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
+        return (
+            "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); "
+            "on a node without GPUs use inventory=sim:<profile> only for tests"
+        )
+    if value == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
+        return (
+            "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded); "
+            "load it (modprobe nvidia) and check dmesg for why it failed"
+        )
+    if value == getattr(nvml, "NVML_ERROR_NO_PERMISSION", object()):
+        return (
+            f"no permission to {what} (NVML: Insufficient Permissions); "
+            "run as root or as a user allowed to open /dev/nvidiactl and /dev/nvidia*"
+        )
+    if value == getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", object()):
+        return (
+            "the NVML library and the loaded NVIDIA kernel module have different versions "
+            "(driver upgraded without reboot); reboot the node or reload the nvidia module"
+        )
+    if value == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", object()):
+        return (
+            f"a GPU fell off the bus while trying to {what} (NVML: GPU is lost); "
+            "drain the node and reset or reboot it"
+        )
+    if value is None:
+        return f"could not {what}: {err}"
+    return f"could not {what}: NVML says {err} ({_error_name(nvml, value)})"
+
+
+def is_unsupported(nvml: Any, err: BaseException) -> bool:
+    """True for errors meaning "this GPU or driver has no such feature" — not a failure."""
+    return getattr(err, "value", None) in (
+        getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", object()),
+        getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", object()),
+    )
+
+
+def nvml_call(nvml: Any, what: str, fn: Callable[..., T], *args: Any) -> T:
+    """Call an NVML function; an NVMLError becomes an ``InventoryError`` naming ``what``."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError as err:
+        raise InventoryError(describe_nvml_error(nvml, err, what)) from None
+
+
+def text(value: Any) -> str:
+    """NVML strings arrive as ``str`` or ``bytes`` depending on the call and pynvml version."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

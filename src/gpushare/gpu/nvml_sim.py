@@ -1,0 +1,776 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""A simulated node behind the NVML seam: pynvml's function names, answered from a JSON profile.
+
+Tests, the local Slurm of the test suite and demos run gpushare's real inventory code against
+these profiles (``inventory=sim:/abs/path.json``); nothing here is used unless configured.
+
+Profile format (``"format": 1``; sizes in MiB; every key below is required unless marked)::
+
+    {
+      "format": 1,
+      "description": "free text",                        (optional)
+      "hostname": "node01",                              (optional; default: this host's name)
+      "driver_version": "550.90.07",
+      "cuda_driver_version": 12040,                      (NVML's encoding: 12.4 -> 12040)
+      "device_dir": "/dev",                              (optional; holds nvidiaN, nvidia-caps/)
+      "mig_minors": "config 1\\nmonitor 2\\n...",         (optional; default: the driver's layout)
+      "errors": {"nvmlInit": "LIBRARY_NOT_FOUND"},       (optional; NVML function -> error it
+                                                          raises, NVML_ERROR_ name without prefix)
+      "gpus": [                                          (NVML index = position in this list)
+        {
+          "minor": 0,                                    (the N of /dev/nvidiaN)
+          "uuid": "GPU-...",
+          "name": "NVIDIA H100 80GB HBM3",
+          "memory_mib": 81559,
+          "pci_bus_id": "00000000:18:00.0",
+          "compute_mode": "default",                     (default|exclusive_process|prohibited;
+                                                          null: NVML answers NOT_SUPPORTED)
+          "mig": {"current": true, "pending": true},     (null: GPU without MIG support)
+          "mig_devices": [                               (optional; only when mig.current)
+            {"gi_id": 7, "ci_id": 0, "uuid": "MIG-...", "profile": "1g.10gb",
+             "memory_mib": 9728,
+             "gi_slices": 1, "ci_slices": 1,             (optional; derived from "profile")
+             "name": "...",                              (optional; "<gpu name> MIG <profile>")
+             "processes": [...]}                         (optional)
+          ],
+          "nvlinks": [{"active": true, "remote_pci_bus_id": "00000000:05:00.0"}, ...],
+                                                         (link N = position; null: no NVLink)
+          "fabric": {"state": "completed", "cluster_uuid": "<uuid>", "clique_id": 1,
+                     "status": "success"},               (null: NOT_SUPPORTED)
+          "processes": [{"pid": 4242, "used_memory_mib": 1024, "kind": "compute"}]
+                                                         (kind compute|mps; null: NOT_SUPPORTED)
+        }
+      ]
+    }
+
+``load_profile(path, device_root=...)`` moves the device files under another root (a test's
+fake ``/dev``): ``device_dir`` becomes ``<device_root>/<device_dir>``.
+
+Without ``mig_minors`` the simulator writes the driver's own numbering: ``config 1``,
+``monitor 2``, then for GPU minor ``g``, GPU instance ``i`` (0-14) and compute instance ``c``
+(0-7): ``gpu<g>/gi<i>/access`` = 3 + 135·g + 9·i and ``…/ci<c>/access`` that + 1 + c.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import string
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from gpushare.gpu.nvml import InventoryError
+
+if TYPE_CHECKING:
+    from gpushare.admin.plan import Plan
+
+__all__ = ["PROFILE_FORMAT", "SIM_MODELS", "ProfileError", "SimNvml", "load_profile",
+           "profile_from_plan", "standard_mig_minors"]
+
+PROFILE_FORMAT = 1
+MIB = 1 << 20
+
+# The NVML constants the simulator answers with, valued as in pynvml (nvidia-ml-py).
+NVML_SUCCESS = 0
+NVML_ERRORS = {
+    "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3, "NO_PERMISSION": 4,
+    "ALREADY_INITIALIZED": 5, "NOT_FOUND": 6, "INSUFFICIENT_SIZE": 7, "DRIVER_NOT_LOADED": 9,
+    "TIMEOUT": 10, "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13, "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16, "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "NO_DATA": 21,
+    "UNKNOWN": 999,
+}
+_ERROR_TEXT = {
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
+    5: "Already Initialized", 6: "Not Found", 7: "Insufficient Size", 9: "Driver Not Loaded",
+    10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found",
+    15: "GPU is lost", 16: "GPU requires restart",
+    18: "RM has detected an NVML/RM version mismatch.", 19: "In use", 21: "No data",
+    999: "Unknown Error",
+}
+_COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+_FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+_PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:\+\w+)?$")
+_NOT_IN_MIG = 0xFFFFFFFF
+
+
+class NVMLError(Exception):
+    """Same shape as pynvml's: ``.value`` holds the code; ``NVMLError(code)`` picks the subclass."""
+
+    _value_class: ClassVar[dict[int, type]] = {}
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._value_class.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        return _ERROR_TEXT.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return getattr(other, "value", None) == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def _make_error_classes() -> dict[str, type]:
+    classes = {}
+    for name, value in NVML_ERRORS.items():
+        class_name = "NVMLError_" + string.capwords(name, "_").replace("_", "")
+        cls = type(class_name, (NVMLError,), {})
+        NVMLError._value_class[value] = cls
+        classes[class_name] = cls
+    return classes
+
+
+_ERROR_CLASSES = _make_error_classes()
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8)]
+
+
+class c_nvmlGpuFabricInfoV_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16),
+                ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
+                ("state", ctypes.c_uint8), ("healthMask", ctypes.c_uint32)]
+
+    def __init__(self) -> None:
+        super().__init__(version=0x02000024)
+
+
+class ProfileError(InventoryError):
+    """A simulated node profile is malformed; the message names the file and the field."""
+
+
+_MISSING = object()
+
+
+class _Reader:
+    """Typed access to a profile's JSON with error messages that name the field."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, where: str, expected: str) -> ProfileError:
+        return ProfileError(f"simulated node profile {self.path}: {where}: expected {expected}")
+
+    def get(self, obj: dict[str, Any], key: str, kind: Any, where: str,
+            default: Any = _MISSING, nullable: bool = False) -> Any:
+        if key not in obj:
+            if default is _MISSING:
+                raise self.fail(f"{where}.{key}" if where else key, "a value (it is missing)")
+            return default
+        value = obj[key]
+        if value is None and nullable:
+            return None
+        if kind is int and isinstance(value, bool):
+            raise self.fail(f"{where}.{key}" if where else key, "an integer")
+        if not isinstance(value, kind):
+            names = {str: "a string", int: "an integer", bool: "true or false", list: "a list",
+                     dict: "an object"}
+            label = names.get(kind, getattr(kind, "__name__", str(kind)))
+            null = " or null" if nullable else ""
+            raise self.fail(f"{where}.{key}" if where else key, label + null)
+        return value
+
+
+def _slices(profile: str) -> Optional[tuple[int, int]]:
+    match = _PROFILE_RE.match(profile)
+    if not match:
+        return None
+    gi = int(match.group(2))
+    return (int(match.group(1)) if match.group(1) else gi), gi
+
+
+def _processes(r: _Reader, raw: Any, where: str) -> Optional[list[dict[str, Any]]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise r.fail(where, "a list of processes or null")
+    procs = []
+    for i, p in enumerate(raw):
+        w = f"{where}[{i}]"
+        if not isinstance(p, dict):
+            raise r.fail(w, "an object")
+        kind = r.get(p, "kind", str, w, "compute")
+        if kind not in ("compute", "mps"):
+            raise r.fail(f"{w}.kind", "compute or mps")
+        procs.append({"pid": r.get(p, "pid", int, w),
+                      "used_memory_mib": r.get(p, "used_memory_mib", int, w, 0),
+                      "kind": kind})
+    return procs
+
+
+def _gpu(r: _Reader, raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise r.fail(where, "an object")
+    gpu: dict[str, Any] = {
+        "minor": r.get(raw, "minor", int, where),
+        "uuid": r.get(raw, "uuid", str, where),
+        "name": r.get(raw, "name", str, where),
+        "memory_mib": r.get(raw, "memory_mib", int, where),
+        "pci_bus_id": r.get(raw, "pci_bus_id", str, where),
+        "compute_mode": r.get(raw, "compute_mode", str, where, "default", nullable=True),
+        "processes": _processes(r, raw.get("processes", []), f"{where}.processes"),
+    }
+    if not gpu["uuid"].startswith("GPU-"):
+        raise r.fail(f"{where}.uuid", "a UUID starting with GPU-")
+    if gpu["compute_mode"] is not None and gpu["compute_mode"] not in _COMPUTE_MODES:
+        raise r.fail(f"{where}.compute_mode", "one of " + ", ".join(_COMPUTE_MODES))
+    mig = r.get(raw, "mig", dict, where, None, nullable=True)
+    if mig is not None:
+        mig = {"current": r.get(mig, "current", bool, f"{where}.mig"),
+               "pending": r.get(mig, "pending", bool, f"{where}.mig")}
+    gpu["mig"] = mig
+    gpu["mig_devices"] = []
+    raw_migs = r.get(raw, "mig_devices", list, where, [])
+    if raw_migs and not (mig and mig["current"]):
+        raise r.fail(f"{where}.mig_devices", "no MIG devices unless mig.current is true")
+    for i, m in enumerate(raw_migs):
+        w = f"{where}.mig_devices[{i}]"
+        if not isinstance(m, dict):
+            raise r.fail(w, "an object")
+        profile = r.get(m, "profile", str, w)
+        derived = _slices(profile)
+        if derived is None:
+            raise r.fail(f"{w}.profile", "a MIG profile such as 1g.10gb or 1c.3g.40gb")
+        dev = {
+            "gi_id": r.get(m, "gi_id", int, w),
+            "ci_id": r.get(m, "ci_id", int, w),
+            "uuid": r.get(m, "uuid", str, w),
+            "profile": profile,
+            "memory_mib": r.get(m, "memory_mib", int, w),
+            "ci_slices": r.get(m, "ci_slices", int, w, derived[0]),
+            "gi_slices": r.get(m, "gi_slices", int, w, derived[1]),
+            "name": r.get(m, "name", str, w, f"{gpu['name']} MIG {profile}"),
+            "processes": _processes(r, m.get("processes", []), f"{w}.processes"),
+        }
+        if not dev["uuid"].startswith("MIG-"):
+            raise r.fail(f"{w}.uuid", "a UUID starting with MIG-")
+        gpu["mig_devices"].append(dev)
+    links = r.get(raw, "nvlinks", list, where, None, nullable=True)
+    if links is not None:
+        parsed = []
+        for i, link in enumerate(links):
+            w = f"{where}.nvlinks[{i}]"
+            if not isinstance(link, dict):
+                raise r.fail(w, "an object")
+            parsed.append({"active": r.get(link, "active", bool, w),
+                           "remote_pci_bus_id": r.get(link, "remote_pci_bus_id", str, w, "")})
+        links = parsed
+    gpu["nvlinks"] = links
+    fabric = r.get(raw, "fabric", dict, where, None, nullable=True)
+    if fabric is not None:
+        w = f"{where}.fabric"
+        state = r.get(fabric, "state", str, w)
+        if state not in _FABRIC_STATES:
+            raise r.fail(f"{w}.state", "one of " + ", ".join(_FABRIC_STATES))
+        status = r.get(fabric, "status", str, w, "success")
+        if status != "success" and status.upper() not in NVML_ERRORS:
+            raise r.fail(f"{w}.status", "success or an NVML error name such as NOT_READY")
+        cluster = r.get(fabric, "cluster_uuid", str, w, "")
+        try:
+            cluster_bytes = bytes.fromhex(cluster.replace("-", "")) if cluster else bytes(16)
+        except ValueError:
+            cluster_bytes = b""
+        if len(cluster_bytes) != 16:
+            raise r.fail(f"{w}.cluster_uuid", "a UUID (32 hex digits)")
+        fabric = {"state": state, "status": status, "cluster_uuid": cluster_bytes,
+                  "clique_id": r.get(fabric, "clique_id", int, w, 0)}
+    gpu["fabric"] = fabric
+    return gpu
+
+
+def load_profile(path: str, device_root: Optional[str] = None) -> dict[str, Any]:
+    """Read and check a simulated node profile; ``device_root`` re-roots its device files."""
+    if not os.path.isabs(path):
+        raise ProfileError(f"simulated node profile path {path!r} must be absolute")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except OSError as err:
+        raise ProfileError(f"cannot read simulated node profile {path}: {err.strerror}") from None
+    except ValueError as err:
+        raise ProfileError(f"simulated node profile {path} is not valid JSON: {err}") from None
+    r = _Reader(path)
+    if not isinstance(raw, dict):
+        raise r.fail("top level", "a JSON object")
+    if raw.get("format") != PROFILE_FORMAT:
+        raise r.fail("format", f"{PROFILE_FORMAT} (this gpushare reads profile format "
+                     f"{PROFILE_FORMAT})")
+    gpus = r.get(raw, "gpus", list, "")
+    profile: dict[str, Any] = {
+        "path": path,
+        "description": r.get(raw, "description", str, "", ""),
+        "hostname": r.get(raw, "hostname", str, "", ""),
+        "driver_version": r.get(raw, "driver_version", str, ""),
+        "cuda_driver_version": r.get(raw, "cuda_driver_version", int, ""),
+        "device_dir": r.get(raw, "device_dir", str, "", "/dev"),
+        "mig_minors": r.get(raw, "mig_minors", str, "", None, nullable=True),
+        "errors": {},
+        "gpus": [_gpu(r, g, f"gpus[{i}]") for i, g in enumerate(gpus)],
+    }
+    for fn, name in r.get(raw, "errors", dict, "", {}).items():
+        if not isinstance(name, str) or name.upper() not in NVML_ERRORS:
+            raise r.fail(f"errors.{fn}", "an NVML error name such as NO_PERMISSION")
+        profile["errors"][fn] = NVML_ERRORS[name.upper()]
+    if not profile["device_dir"].startswith("/"):
+        raise r.fail("device_dir", "an absolute path")
+    if device_root is not None:
+        profile["device_dir"] = os.path.join(device_root, profile["device_dir"].lstrip("/"))
+    profile["device_dir"] = os.path.normpath(profile["device_dir"])
+    uuids = [g["uuid"] for g in profile["gpus"]] + [
+        m["uuid"] for g in profile["gpus"] for m in g["mig_devices"]]
+    if len(set(uuids)) != len(uuids):
+        raise r.fail("gpus", "every GPU and MIG UUID to be different")
+    minors = [g["minor"] for g in profile["gpus"]]
+    if len(set(minors)) != len(minors):
+        raise r.fail("gpus", "every GPU minor number to be different")
+    return profile
+
+
+def standard_mig_minors(gpu_minors: list[int]) -> str:
+    """The mig-minors file the NVIDIA driver writes, for GPUs with these minor numbers."""
+    lines = ["config 1", "monitor 2"]
+    for g in sorted(gpu_minors):
+        for gi in range(15):
+            base = 3 + 135 * g + 9 * gi
+            lines.append(f"gpu{g}/gi{gi}/access {base}")
+            lines.extend(f"gpu{g}/gi{gi}/ci{ci}/access {base + 1 + ci}" for ci in range(8))
+    return "\n".join(lines) + "\n"
+
+
+class _GpuHandle:
+    def __init__(self, index: int, data: dict[str, Any]) -> None:
+        self.index = index
+        self.data = data
+        self.migs = [_MigHandle(self, m) for m in data["mig_devices"]]
+
+
+class _MigHandle:
+    def __init__(self, parent: _GpuHandle, data: dict[str, Any]) -> None:
+        self.parent = parent
+        self.data = data
+
+
+def _proc(p: dict[str, Any], gi: int = _NOT_IN_MIG, ci: int = _NOT_IN_MIG) -> SimpleNamespace:
+    return SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory_mib"] * MIB or None,
+                           gpuInstanceId=gi, computeInstanceId=ci)
+
+
+class SimNvml:
+    """Answers the pynvml calls gpushare makes from a loaded profile, with pynvml's errors."""
+
+    NVMLError = NVMLError
+    NVML_SUCCESS = NVML_SUCCESS
+    NVML_FEATURE_DISABLED = 0
+    NVML_FEATURE_ENABLED = 1
+    NVML_DEVICE_MIG_DISABLE = 0
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_NVLINK_MAX_LINKS = 36
+    NVML_COMPUTEMODE_DEFAULT = 0
+    NVML_COMPUTEMODE_PROHIBITED = 2
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+    NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+    NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+    NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+    NVML_GPU_FABRIC_STATE_COMPLETED = 3
+    c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
+    c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfoV_t
+
+    def __init__(self, profile: dict[str, Any]) -> None:
+        self.profile = profile
+        self.hostname: str = profile["hostname"]
+        self.device_dir: str = profile["device_dir"]
+        self._gpus = [_GpuHandle(i, g) for i, g in enumerate(profile["gpus"])]
+        self._errors: dict[str, int] = profile["errors"]
+        self._initialised = 0
+        for name, value in NVML_ERRORS.items():
+            setattr(self, f"NVML_ERROR_{name}", value)
+        for name, cls in _ERROR_CLASSES.items():
+            setattr(self, name, cls)
+
+    @property
+    def mig_minors_text(self) -> str:
+        """What /proc/driver/nvidia-caps/mig-minors would hold on this node."""
+        text = self.profile["mig_minors"]
+        return text if text is not None else standard_mig_minors(
+            [g["minor"] for g in self.profile["gpus"]])
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = object.__getattribute__(self, name)
+        if name.startswith("nvml") and callable(attr):
+            errors = object.__getattribute__(self, "_errors")
+            if name in errors:
+                code = errors[name]
+
+                def failing(*_args: Any, **_kwargs: Any) -> Any:
+                    raise NVMLError(code)
+
+                return failing
+            if name not in ("nvmlInit", "nvmlInitWithFlags") and \
+                    not object.__getattribute__(self, "_initialised"):
+                def uninitialised(*_args: Any, **_kwargs: Any) -> Any:
+                    raise NVMLError(NVML_ERRORS["UNINITIALIZED"])
+
+                return uninitialised
+        return attr
+
+    # --- library -------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._initialised += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self._initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._initialised = max(0, self._initialised - 1)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.profile["driver_version"]
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.profile["cuda_driver_version"]
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.profile["cuda_driver_version"]
+
+    # --- handles -------------------------------------------------------------------------
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _GpuHandle:
+        if not 0 <= index < len(self._gpus):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        return self._gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> Any:
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self._gpus:
+            if gpu.data["uuid"] == uuid:
+                return gpu
+            for mig in gpu.migs:
+                if mig.data["uuid"] == uuid:
+                    return mig
+        raise NVMLError(NVML_ERRORS["NOT_FOUND"])
+
+    @staticmethod
+    def _gpu(handle: Any) -> _GpuHandle:
+        if not isinstance(handle, _GpuHandle):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        return handle
+
+    @staticmethod
+    def _mig(handle: Any) -> _MigHandle:
+        if not isinstance(handle, _MigHandle):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        return handle
+
+    @staticmethod
+    def _data(handle: Any) -> dict[str, Any]:
+        if not isinstance(handle, (_GpuHandle, _MigHandle)):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        return handle.data
+
+    # --- identity ------------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._data(handle)["uuid"]
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._data(handle)["name"]
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        if isinstance(handle, _MigHandle):
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        return self._gpu(handle).data["minor"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> SimpleNamespace:
+        total = self._data(handle)["memory_mib"] * MIB
+        procs = self._data(handle)["processes"] or []
+        used = sum(p["used_memory_mib"] for p in procs) * MIB
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> SimpleNamespace:
+        bus_id = self._data(handle.parent if isinstance(handle, _MigHandle) else handle)[
+            "pci_bus_id"].encode()
+        return SimpleNamespace(busId=bus_id, busIdLegacy=bus_id)
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        mode = self._gpu(handle).data["compute_mode"]
+        if mode is None:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        return _COMPUTE_MODES[mode]
+
+    # --- MIG -----------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        mig = self._gpu(handle).data["mig"]
+        if mig is None:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        return [int(mig["current"]), int(mig["pending"])]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        mig = self._gpu(handle).data["mig"]
+        return 7 if mig and mig["current"] else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> _MigHandle:
+        gpu = self._gpu(handle)
+        if index >= self.nvmlDeviceGetMaxMigDeviceCount(gpu):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        if index >= len(gpu.migs):
+            raise NVMLError(NVML_ERRORS["NOT_FOUND"])
+        return gpu.migs[index]
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
+        return int(isinstance(handle, _MigHandle))
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig(handle).data["gi_id"]
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig(handle).data["ci_id"]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> _GpuHandle:
+        return self._mig(handle).parent
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> SimpleNamespace:
+        if isinstance(handle, _GpuHandle):
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        data = self._mig(handle).data
+        return SimpleNamespace(gpuInstanceSliceCount=data["gi_slices"],
+                               computeInstanceSliceCount=data["ci_slices"],
+                               memorySizeMB=data["memory_mib"])
+
+    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    # --- NVLink and fabric ---------------------------------------------------------------
+    def _link(self, handle: Any, link: int) -> dict[str, Any]:
+        links = self._gpu(handle).data["nvlinks"]
+        if links is None:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        if not 0 <= link < min(len(links), self.NVML_NVLINK_MAX_LINKS):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        return int(self._link(handle, link)["active"])
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> SimpleNamespace:
+        bus_id = self._link(handle, link)["remote_pci_bus_id"].encode()
+        return SimpleNamespace(busId=bus_id, busIdLegacy=bus_id)
+
+    def _fill_fabric(self, handle: Any, ref: Any) -> int:
+        fabric = self._gpu(handle).data["fabric"]
+        if fabric is None:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        info = ref._obj
+        info.state = _FABRIC_STATES[fabric["state"]]
+        info.cliqueId = fabric["clique_id"]
+        status = fabric["status"]
+        info.status = NVML_SUCCESS if status == "success" else NVML_ERRORS[status.upper()]
+        ctypes.memmove(info.clusterUuid, fabric["cluster_uuid"], 16)
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, ref: Any) -> int:
+        return self._fill_fabric(handle, ref)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, ref: Any) -> int:
+        return self._fill_fabric(handle, ref)
+
+    # --- processes -----------------------------------------------------------------------
+    def _processes(self, handle: Any, kind: str) -> list[SimpleNamespace]:
+        if isinstance(handle, _MigHandle):
+            procs = handle.data["processes"]
+            if procs is None:
+                raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+            return [_proc(p, handle.data["gi_id"], handle.data["ci_id"])
+                    for p in procs if p["kind"] == kind]
+        gpu = self._gpu(handle)
+        procs = gpu.data["processes"]
+        if procs is None:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        found = [_proc(p) for p in procs if p["kind"] == kind]
+        for mig in gpu.migs:  # the parent handle aggregates its slices' processes
+            found.extend(_proc(p, mig.data["gi_id"], mig.data["ci_id"])
+                         for p in mig.data["processes"] or [] if p["kind"] == kind)
+        return found
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        return self._processes(handle, "compute")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        return self._processes(handle, "mps")
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles generated from an ownership plan
+
+
+class _SimModel:
+    """What NVML reports for one GPU model of ``gpushare.admin.mig_profiles.GPU_MODELS``.
+
+    A plain class: this module is imported by prologs under ``inventory=sim:``, and a
+    NamedTuple would compile its annotations there (see ``gpushare/__init__.py``).
+    """
+
+    __slots__ = ("driver", "fabric", "links", "memory_mib", "nvml_name", "wiring")
+
+    def __init__(self, nvml_name: str, memory_mib: int, links: int, wiring: str, fabric: bool,
+                 driver: tuple[str, int] = ("550.90.07", 12040)) -> None:
+        self.nvml_name = nvml_name
+        self.memory_mib = memory_mib
+        self.links = links  # NVLinks per GPU (0: none, NVML answers NOT_SUPPORTED)
+        # "nvswitch", "direct" (all-to-all among the node's GPUs), "pairs" (NVLink bridges),
+        # "fabric" (multi-node NVLink: switch trays outside the host), "" (none)
+        self.wiring = wiring
+        self.fabric = fabric  # the GPU reports a fabric state (Hopper and later)
+        self.driver = driver  # driver version, CUDA driver version (NVML's encoding)
+
+
+# Keyed by the plan's model names; a test keeps this table complete.
+SIM_MODELS: dict[str, _SimModel] = {
+    "a100-40gb": _SimModel("NVIDIA A100-SXM4-40GB", 40960, 12, "direct", False,
+                           ("535.183.01", 12020)),
+    "a100-80gb": _SimModel("NVIDIA A100-SXM4-80GB", 81920, 12, "direct", False,
+                           ("535.183.01", 12020)),
+    "a30-24gb": _SimModel("NVIDIA A30", 24576, 4, "pairs", False, ("535.183.01", 12020)),
+    "h100-80gb": _SimModel("NVIDIA H100 80GB HBM3", 81559, 18, "nvswitch", True),
+    "h100-94gb": _SimModel("NVIDIA H100 NVL", 95830, 12, "pairs", False),
+    "h200-141gb": _SimModel("NVIDIA H200", 143771, 18, "nvswitch", True),
+    "b200-180gb": _SimModel("NVIDIA B200", 183359, 18, "nvswitch", True, ("570.133.20", 12080)),
+    "gb200-186gb": _SimModel("NVIDIA GB200", 189471, 18, "fabric", True, ("570.133.20", 12080)),
+    "l40s": _SimModel("NVIDIA L40S", 46068, 0, "", False),
+    "l40": _SimModel("NVIDIA L40", 46068, 0, "", False),
+    "l4": _SimModel("NVIDIA L4", 23034, 0, "", False),
+}
+# Generated UUIDs are uuid5 names in this namespace (uuid is imported only to generate:
+# prologs under inventory=sim: import this module).
+_SIM_NAMESPACE = "6f1c1d55-6a7e-4b7e-9a51-3c0d9f1e5b21"
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def _sim_uuid(prefix: str, *parts: object) -> str:
+    """Stable per node, GPU and slice, so that rendering twice gives the same profile."""
+    import uuid
+
+    return prefix + str(uuid.uuid5(uuid.UUID(_SIM_NAMESPACE), "/".join(map(str, parts))))
+
+
+def _bus_id(index: int) -> str:
+    """A distinct PCI bus id per GPU, none of them an NVSwitch's (buses 05-08)."""
+    return f"{index // 8:08X}:{0x18 + 0x20 * (index % 8):02X}:00.0"
+
+
+def _nvlinks(sim: _SimModel, index: int, count: int) -> Optional[list[dict[str, Any]]]:
+    if not sim.links:
+        return None
+    if sim.wiring == "nvswitch":  # the baseboard's four NVSwitches, links spread over them
+        remotes = [f"00000000:{5 + link * 4 // sim.links:02X}:00.0" for link in range(sim.links)]
+    elif sim.wiring == "fabric":  # switch trays of the rack: not PCI devices of this host
+        remotes = [""] * sim.links
+    elif sim.wiring == "pairs":  # an NVLink bridge to the neighbouring GPU, if there is one
+        peer = index ^ 1
+        if peer >= count:
+            return [{"active": False, "remote_pci_bus_id": ""} for _ in range(sim.links)]
+        remotes = [_bus_id(peer)] * sim.links
+    else:  # direct: the links split evenly among the node's other GPUs
+        peers = [i for i in range(count) if i != index]
+        if not peers:
+            return [{"active": False, "remote_pci_bus_id": ""} for _ in range(sim.links)]
+        per_peer = sim.links // len(peers)
+        remotes = [_bus_id(peer) for peer in peers for _ in range(per_peer)]
+        remotes += [""] * (sim.links - len(remotes))
+    return [{"active": bool(remote) or sim.wiring == "fabric", "remote_pci_bus_id": remote}
+            for remote in remotes]
+
+
+def _fabric(sim: _SimModel, plan: Plan, node: str, group_name: str) -> Optional[dict[str, Any]]:
+    if not sim.fabric:
+        return None
+    if sim.wiring != "fabric":  # NVSwitch inside the node: registered, no multi-node domain
+        return {"state": "completed", "status": "success", "cluster_uuid": _ZERO_UUID,
+                "clique_id": 0}
+    # Multi-node NVLink: the plan's domain of the node is its clique; without one, its group.
+    clique, key = 1, f"group/{group_name}"
+    for position, domain in enumerate(plan.domains, start=1):
+        if node in domain.nodes:
+            clique, key = position, f"domain/{domain.name}"
+    return {"state": "completed", "status": "success",
+            "cluster_uuid": _sim_uuid("", key), "clique_id": clique}
+
+
+def _slice_memory_mib(profile: str, gpu_memory_mib: int) -> int:
+    """About what NVML reports for a slice: its nominal GB less the driver's reserve."""
+    match = re.search(r"\.(\d+)gb", profile)
+    nominal = int(match.group(1)) * 1024 if match else gpu_memory_mib // 8
+    return min(nominal, gpu_memory_mib) * 95 // 100 // 128 * 128
+
+
+def profile_from_plan(plan: Plan, node: str) -> dict[str, Any]:
+    """A simulated node profile for ``node`` exactly as the plan lays it out.
+
+    Every GPU of the node's group, with the model's NVML name, memory, NVLinks and fabric
+    state; each MIG GPU holds every slice the plan describes (whoever owns it) at the
+    placement the plan gives or solves, so that the GPU-instance ids, and with them the
+    capability files, are those ``gpushare render gres`` writes. A site can run its own plan
+    through gpushare (``inventory=sim:``, ``--source sim:``) before touching hardware.
+    """
+    from gpushare.admin.mig_profiles import gi_id_for_placement
+
+    group = plan.group_of(node)
+    if group is None:
+        raise ProfileError(f"{plan.path}: node {node} is in no node group of the plan")
+    sim = SIM_MODELS.get(group.model.name)
+    if sim is None:
+        raise ProfileError(f"gpushare cannot simulate GPU model {group.model.name} yet")
+    gpus = []
+    for gpu in group.gpus:
+        mig: Optional[dict[str, bool]] = None
+        if group.model.mig_capable:
+            mig = {"current": gpu.mig, "pending": gpu.mig}
+        entry: dict[str, Any] = {
+            "minor": gpu.index,
+            "uuid": _sim_uuid("GPU-", node, gpu.index),
+            "name": sim.nvml_name,
+            "memory_mib": sim.memory_mib,
+            "pci_bus_id": _bus_id(gpu.index),
+            "compute_mode": "default",
+            "mig": mig,
+        }
+        if gpu.mig:
+            devices = []
+            for mig_slice in sorted(gpu.slices, key=lambda s: s.placement):
+                spec = group.model.profile(mig_slice.profile)
+                assert spec is not None  # the plan parser checked it
+                gi = gi_id_for_placement(group.model, mig_slice.placement, spec.memory_slices)
+                devices.append({"gi_id": gi, "ci_id": 0,
+                                "uuid": _sim_uuid("MIG-", node, gpu.index, gi),
+                                "profile": mig_slice.profile,
+                                "memory_mib": _slice_memory_mib(mig_slice.profile,
+                                                                sim.memory_mib),
+                                "processes": []})
+            entry["mig_devices"] = sorted(devices, key=lambda d: d["gi_id"])
+        entry["nvlinks"] = _nvlinks(sim, gpu.index, len(group.gpus))
+        entry["fabric"] = _fabric(sim, plan, node, group.name)
+        entry["processes"] = []
+        gpus.append(entry)
+    owners = ", ".join(sorted({gpu.owner for gpu in group.gpus}))
+    return {
+        "format": PROFILE_FORMAT,
+        "description": f"node {node} of group {group.name} in {plan.path}: {len(gpus)}x "
+                       f"{sim.nvml_name} ({owners}), generated from the ownership plan",
+        "hostname": node,
+        "driver_version": sim.driver[0],
+        "cuda_driver_version": sim.driver[1],
+        "device_dir": "/dev",
+        "gpus": gpus,
+    }

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""Draining this node with gpushare's reason, from a failing prolog or ``gpushare check``.
+
+Light on purpose: a prolog that fails on a node problem imports only this and ``proc``,
+not the plan, PyYAML or jinja2 that ``gpushare check`` needs.
+"""
+
+import os
+import re
+from typing import Optional
+
+from gpushare.common import proc, safefs
+
+__all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason"]
+
+# What `sinfo -R` shows without cutting: the cause must come first and fit.
+DRAIN_REASON_MAX = 100
+SCONTROL = "/usr/bin/scontrol"
+_PREFIX = "gpushare: "
+
+
+def fit_reason(text: str, more: str = "") -> str:
+    """``gpushare: <text><more>`` on one line of at most DRAIN_REASON_MAX characters.
+
+    The text should say the cause first and identifiers last: what does not fit is cut
+    from the end. Double quotes become single ones (scontrol's argument syntax).
+    """
+    if text.startswith(_PREFIX):
+        text = text[len(_PREFIX):]
+    text = re.sub(r"\s+", " ", "".join(ch if ch.isprintable() else " " for ch in text))
+    text = text.strip().replace('"', "'")
+    budget = DRAIN_REASON_MAX - len(_PREFIX) - len(more)
+    if len(text) > budget:
+        text = text[:budget - 3].rstrip() + "..."
+    return f"{_PREFIX}{text}{more}"
+
+
+def drain_node(node: str, reason: str, scontrol: str = SCONTROL,
+               timeout: float = 10.0) -> Optional[str]:
+    """Drain ``node``; None on success, else why it failed (never raises)."""
+    if not scontrol.startswith("/"):
+        return f"{scontrol}: scontrol must be given as an absolute path"
+    try:  # run as root: only a program no user can replace
+        safefs.check_root_owned_file(scontrol)
+    except safefs.UnsafePathError as err:
+        return f"scontrol refused: {err}"
+    argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if os.environ.get("SLURM_CONF"):  # slurmd's own, passed to its prologs
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    try:
+        done = proc.run(argv, timeout=timeout, env=env)
+    except proc.CommandNotFound as err:
+        return f"{scontrol} cannot be run: {err}"
+    except proc.CommandTimeout:
+        return f"scontrol did not answer within {timeout:g} s"
+    except proc.ProcError as err:
+        return str(err)
+    if done.returncode != 0:
+        detail = done.output.splitlines()
+        return f"scontrol failed (exit {done.returncode}): {detail[-1] if detail else ''}"
+    return None

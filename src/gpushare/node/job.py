@@ -1,0 +1,399 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""What gpushare does for one job on one node: prolog, task environment, epilog.
+
+The SPANK adapter calls these with plain values; nothing here knows about cffi. Errors
+are split by who must act:
+  * ``NodeError``: the node is wrong (GPUs disagree with Slurm, a daemon cannot be
+    stopped). The prolog/epilog fails and Slurm drains the node with the reason.
+  * ``UserError``: the request is wrong. The prolog records it and succeeds (a node must
+    not be drained for a user's typo); every task of the job then fails with the message.
+"""
+
+import contextlib
+import os
+import time
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
+
+from gpushare.common.log import get_logger
+from gpushare.node import counters
+from gpushare.node.config import PluginConfig, beside_slurm_conf
+from gpushare.node.mps import MpsDevice, MpsError, MpsManager
+from gpushare.node.state import JobRecord, JobStore
+
+if TYPE_CHECKING:
+    from typing import Collection, Iterable
+
+    from gpushare.node.verify import ResolvedDevice
+
+log = get_logger("gpushare.job")
+
+SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+class NodeError(RuntimeError):
+    """The node cannot run the job correctly; Slurm should drain it.
+
+    ``drain`` asks the caller to drain the node itself with this message as the reason, so
+    the sysadmin reads gpushare's words in ``sinfo -R`` rather than Slurm's generic one.
+    """
+
+    def __init__(self, message: str, drain: bool = False, brief: str = "") -> None:
+        super().__init__(message)
+        self.drain = drain
+        self.brief = brief or message  # the drain reason: the cause first, short
+
+
+class UserError(ValueError):
+    """The job's request cannot be honoured; the message says what to type instead."""
+
+
+class JobRequest(NamedTuple):
+    """The facts job_prolog has about one job, all from Slurm (env and SPANK items)."""
+
+    job_id: int
+    uid: int
+    gid: int
+    node: str
+    gpu_share: Optional[str] = None  # --gpu-share value as the job carries it (user text)
+    private_mps: bool = False  # --gpu-mps
+    env: Mapping[str, str] = MappingProxyType({})
+
+    @property
+    def slurm_gpus(self) -> list[str]:
+        return _split(self.env.get("SLURM_JOB_GPUS", ""))
+
+    @property
+    def visible_devices(self) -> list[str]:
+        return _split(self.env.get("CUDA_VISIBLE_DEVICES", ""))
+
+    @property
+    def slurm_share(self) -> Optional[int]:
+        """The share Slurm's gres/mps computed for this job, if it is an mps job."""
+        value = self.env.get(SHARE_ENV, "")
+        return int(value) if value.isdigit() and 1 <= int(value) <= 100 else None
+
+
+def _split(value: str) -> list[str]:
+    return [token for token in value.split(",") if token]
+
+
+def parse_share(text: str) -> int:
+    """Validate ``--gpu-share`` again on the node: the value is user-controlled."""
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise UserError(f"--gpu-share={text} is invalid: give a whole percent of one GPU from "
+                        "1 to 100, e.g. --gpu-share=25")
+    return int(text)
+
+
+def share_matches(asked: int, granted: int) -> bool:
+    """Whether Slurm's percentage for an mps job is ``--gpu-share=asked`` as the submit
+    hooks turn it into mps units (``asked * units // 100``), which Slurm turns back into
+    ``count * 100 // units``. The node does not know the units per GPU; with 100 or more
+    (the plan's default is 100) the round trip gives ``asked`` or ``asked - 1``."""
+    return granted in (asked, asked - 1)
+
+
+def uses_sharing(request: JobRequest) -> bool:
+    return request.gpu_share is not None or request.private_mps or request.slurm_share is not None
+
+
+def plan_job(request: JobRequest, devices: "Sequence[ResolvedDevice]" = ()) -> JobRecord:
+    """Decide mode, share and task environment; raise UserError for an impossible request."""
+    asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
+    granted = request.slurm_share
+    gpus = request.slurm_gpus
+    if request.uid == 0:
+        # A request, not the node, is wrong: the job fails, the node stays in service.
+        raise UserError("MPS daemons never run as root, so a job of root cannot share a GPU "
+                        "(--gres=mps, --gpu-share, --gpu-mps); submit it as a normal user, "
+                        "or ask for whole GPUs (--gres=gpu:N) without sharing")
+    if request.private_mps:
+        if granted is not None or asked is not None:
+            raise UserError("--gpu-mps runs a private MPS daemon over whole GPUs; it cannot be "
+                            "combined with a share (--gpu-share or --gres=mps). Ask for "
+                            "--gres=gpu:N --gpu-mps, or only a share")
+        if not gpus:
+            raise UserError("--gpu-mps needs whole GPUs on every node: add --gres=gpu:N")
+        mode, share = "private", 100
+    else:
+        if not gpus:
+            raise UserError(f"--gpu-share={request.gpu_share} got no GPU on this node: the "
+                            "share was not turned into an MPS request at submit time. Ask "
+                            f"--gres=mps:{asked or 100} (or enable gpushare's submit hook)")
+        if len(gpus) != 1:
+            raise UserError(f"a share runs on one GPU, but Slurm gave {len(gpus)} "
+                            f"({','.join(gpus)}); ask whole GPUs with --gres=gpu:N instead")
+        if granted is None:
+            # The submit hooks refuse a share beside whole GPUs; so does the node.
+            raise UserError(f"--gpu-share={request.gpu_share} is a share of one GPU and "
+                            "cannot be combined with whole GPUs (--gres=gpu:N); ask for the "
+                            "share alone (--gpu-share or --gres=mps), or for whole GPUs alone")
+        if asked is not None and not share_matches(asked, granted):
+            raise UserError(f"--gpu-share={asked} and the job's --gres=mps ({granted}% of a "
+                            f"GPU) ask for different shares; give only one of them, e.g. "
+                            f"--gpu-share={asked}")
+        share = granted
+        mode = "shared"
+    record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
+                       node=request.node, mode=mode, share_percent=share,
+                       slurm_gpus=gpus, visible_devices=request.visible_devices,
+                       devices=[device.to_dict() for device in devices])
+    record.env = task_environment(record)
+    return record
+
+
+def task_environment(record: JobRecord) -> dict[str, str]:
+    """The variables every task of the job gets; the MPS lease's take precedence.
+
+    The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuids>`` and numbers its devices
+    from 0, so the task sees 0..n-1; ``GPUSHARE_GPUS`` (Slurm's indices on the node) and
+    ``GPUSHARE_GPU_UUIDS`` say which devices those are.
+    """
+    devices = ",".join(str(i) for i in range(len(record.slurm_gpus)))
+    # Which of the node's GPUs these are: Slurm tells an mps job's tasks nothing of it.
+    env = {"CUDA_VISIBLE_DEVICES": devices, "GPUSHARE_GPUS": ",".join(record.slurm_gpus)}
+    uuids = [str(d.get("uuid")) for d in record.devices if d.get("uuid")]
+    if uuids:
+        env["GPUSHARE_GPU_UUIDS"] = ",".join(uuids)
+    if record.mode == "shared":
+        env[SHARE_ENV] = str(record.share_percent)
+    if record.mps:
+        env.update(record.mps.get("env", {}))
+    return env
+
+
+def gres_conf_path(env: Mapping[str, str]) -> str:
+    return beside_slurm_conf(env, "gres.conf")
+
+
+def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedDevice]":
+    """Resolve the job's devices through NVML and check them against Slurm and the plan.
+
+    Sharing needs the devices' UUIDs and memory, so they are resolved even with
+    ``verify=off``; only the findings are then ignored. NodeError when strict and wrong.
+    """
+    wanted = config.verify != "off" or uses_sharing(request)
+    if not wanted or not (request.slurm_gpus or request.visible_devices):
+        return []
+    # Imported here, not at the top: the epilog (and a job that needs no check) never uses
+    # them, and every prolog and epilog starts a fresh interpreter.
+    from gpushare.gpu.gresconf import GresConfError, load_gres_conf
+    from gpushare.gpu.inventory import open_inventory
+    from gpushare.gpu.nvml import InventoryError
+    from gpushare.node.verify import verify_job_devices
+
+    try:
+        inventory = open_inventory(config.for_node(request.node).inventory, topology=False)
+        gres = load_gres_conf(gres_conf_path(request.env))
+        owner = None
+        if config.plan:
+            from gpushare.node.ownership import OwnersError, node_owners, owner_lookup
+
+            try:
+                planned = node_owners(config.plan, request.node, config.state_dir)
+            except OwnersError as err:
+                raise NodeError(str(err)) from None
+            owner = owner_lookup(planned, inventory)
+        result = verify_job_devices(request.env, request.node, gres, inventory, owner)
+    except (InventoryError, GresConfError, OSError) as err:
+        raise NodeError(f"cannot verify the job's GPUs: {err}") from None
+    if config.verify == "off":
+        return result.devices
+    for finding in result.findings:
+        log.warning("%s (%s); fix: %s", finding.what, finding.where, finding.fix)
+    if not result.ok and config.verify == "strict":
+        raise NodeError(result.reason(), drain=True)  # reason(): the cause first already
+    return result.devices
+
+
+def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
+    """Run at job start on each node; returns the record written, if the job shares."""
+    sharing = uses_sharing(request)
+    # root's shared job is refused before the devices are checked: a refusal of the request
+    # must never become a drain of the node on what the check finds.
+    devices = verify_devices(config, request) if not (sharing and request.uid == 0) else []
+    if not sharing:
+        log.debug("no sharing asked")
+        return None
+    store = JobStore(config.state_dir)
+    try:
+        record = plan_job(request, devices)
+    except UserError as err:
+        record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
+                           node=request.node, mode="error", share_percent=0,
+                           slurm_gpus=request.slurm_gpus, error=str(err))
+        store.write(record)
+        log.info("request refused: %s", err)
+        counters.refused(str(err))
+        return record
+    # The record goes down first, so an epilog always finds what a prolog may have started;
+    # the tasks' environment only once the daemon answers.
+    store.write(record, tasks=False)
+    manager = MpsManager(config)
+    try:
+        # References of jobs whose epilog never ran go first: their record is gone, or
+        # slurmctld no longer runs them here (asked at most every SLURM_CHECK_INTERVAL s).
+        lost = lost_jobs(config, store, request.node, exclude={record.job_id})
+        manager.reap_stale(_alive(store, lost))
+        _forget(store, lost)
+        lease = manager.acquire(record.job_id, record.uid, record.gid,
+                                mps_devices(record, devices), mode=record.mode,
+                                share_percent=record.share_percent)
+    except MpsError as err:
+        raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True,
+                        brief=err.brief) from None
+    record.mps = lease.to_record()
+    record.env = task_environment(record)
+    store.write(record, show=describe(record.env, record.job_id) if config.show else "")
+    log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
+             record.share_percent, ",".join(record.slurm_gpus), lease.key)
+    return record
+
+
+def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: str,
+                   message: str) -> None:
+    """Leave the job's tasks a record that fails them with ``message``; what the prolog
+    set up stays recorded (the epilog undoes it)."""
+    store = JobStore(config.state_dir)
+    record = store.read(job_id)
+    if record is None:
+        record = JobRecord(job_id=job_id, uid=uid, gid=gid, node=node, mode="error",
+                           share_percent=0)
+    record.error = message
+    store.write(record)
+
+
+def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[MpsDevice]:
+    """The job's GPUs or MIG slices as the MPS daemon addresses them (by UUID)."""
+    if not devices:
+        raise NodeError(f"job {record.job_id}: Slurm gave GPU {','.join(record.slurm_gpus)} "
+                        "but NVML resolved none of them; check gres.conf against "
+                        "`gpushare inventory`", drain=True)
+    return [MpsDevice(uuid=d.uuid, index=d.gpu_index, memory_total=d.memory_total,
+                      label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index}")
+            for d in devices]
+
+
+def describe(record_env: Mapping[str, str], job_id: int) -> str:
+    """One line a user reads in the job's output."""
+    parts = [f"CUDA_VISIBLE_DEVICES={record_env.get('CUDA_VISIBLE_DEVICES', '')}"]
+    if SHARE_ENV in record_env:
+        parts.append(f"{record_env[SHARE_ENV]}% of the GPU's SMs")
+    if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in record_env:
+        parts.append(f"pinned memory {record_env['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}")
+    if "CUDA_MPS_PIPE_DIRECTORY" in record_env:
+        parts.append(f"MPS pipe {record_env['CUDA_MPS_PIPE_DIRECTORY']}")
+    return f"gpushare: job {job_id}: " + ", ".join(parts)
+
+
+def epilog(config: PluginConfig, job_id: int) -> None:
+    """Run at job end on each node; idempotent (twice, or without a prolog, is fine).
+
+    A daemon that cannot be stopped is a NodeError naming the GPU and daemon: Slurm then
+    drains the node. The job's record goes either way; the MPS record keeps the failure.
+    """
+    store = JobStore(config.state_dir)
+    try:
+        # The lease names the job's daemon: only its record is read (a node may have dozens).
+        record = store.read(job_id)
+        hint = str(record.mps.get("key", "")) if record and record.mps else None
+    except Exception as err:  # only a shortcut: any doubt means looking everywhere
+        log.warning("job record unreadable (%s); looking for the job in every MPS record", err)
+        hint = None
+    try:
+        stopped = MpsManager(config).release(job_id, hint=hint)
+    except MpsError as err:
+        store.remove(job_id)
+        raise NodeError(str(err), drain=True, brief=err.brief) from None
+    removed = store.remove(job_id)
+    log.debug("record %s, daemons stopped: %s",
+              "removed" if removed else "absent", ", ".join(stopped) or "none")
+
+
+# How often a prolog asks slurmctld which jobs still run on its node (one squeue). A lost
+# epilog is rare; its job's share is given back within this time, or at once by
+# `gpushare mps --reap`.
+SLURM_CHECK_INTERVAL = 300.0
+SLURM_CHECK_TIMEOUT = 2.0  # seconds squeue may take before the prolog goes on without it
+_SLURM_CHECKED = "slurm-checked"  # its mtime: when this node last asked
+
+
+def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterable[int]" = (),
+              force: bool = False, squeue: Optional[str] = None) -> set[int]:
+    """Jobs with a gpushare record on this node that slurmctld no longer runs here: their
+    epilog will never come (slurmd was killed between the job's end and its epilog).
+
+    The records are listed before slurmctld is asked, so a job starting meanwhile is never
+    taken for a lost one. Nothing is lost when slurmctld cannot answer. Without ``force``
+    slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
+    """
+    from gpushare.node import slurm_jobs
+
+    recorded = set(store.job_ids()) - set(exclude)
+    if not recorded or not (force or _check_due(config.state_dir)):
+        return set()
+    # Bounded well below timeout=: a prolog must not wait long on a slow slurmctld for an
+    # answer that only tidies up; the next interval asks again.
+    running = slurm_jobs.jobs_on_node(node, min(config.timeout, SLURM_CHECK_TIMEOUT),
+                                      squeue or slurm_jobs.SQUEUE)
+    if running is None:
+        log.warning("cannot ask slurmctld which jobs run on %s (squeue failed): jobs whose "
+                    "epilog was lost stay counted until it answers", node)
+        return set()
+    lost = recorded - running
+    for job_id in sorted(lost):
+        log.info("job %d has a gpushare record on %s but slurmctld no longer runs it here "
+                 "(its epilog was lost): reaping it", job_id, node)
+    return lost
+
+
+def _check_due(state_dir: str) -> bool:
+    """True (and the time noted) when this node last asked slurmctld long enough ago."""
+    path = os.path.join(state_dir, _SLURM_CHECKED)
+    try:
+        if time.time() - os.lstat(path).st_mtime < SLURM_CHECK_INTERVAL:
+            return False
+    except FileNotFoundError:
+        pass
+    # The state directory is root's (JobStore checked it); O_NOFOLLOW refuses a link.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _alive(store: JobStore, lost: "Collection[int]" = ()) -> Callable[[int], bool]:
+    """Whether a job still runs here: its record outlives its epilog, unless slurmctld says
+    the job is gone (``lost``)."""
+    return lambda job_id: job_id not in lost and store.read(job_id) is not None
+
+
+def _forget(store: JobStore, lost: "Iterable[int]") -> None:
+    """Remove what a lost job's epilog would have: its record and its prolog's lock file."""
+    for job_id in lost:
+        store.remove(job_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(store.path(job_id, ".lock"))
+
+
+def reap_mps(config: PluginConfig, node: str) -> tuple[list[str], set[int]]:
+    """Do now what the node's next shared job's prolog does first: drop MPS references of
+    jobs without a record or that slurmctld no longer runs on ``node``, and stop the
+    daemons left without jobs (``gpushare mps --reap``); also stop MPS processes whose
+    daemon directory has lost its record.
+
+    Returns the keys of the daemons stopped and the lost jobs forgotten; MpsError names
+    any daemon that cannot be stopped.
+    """
+    store = JobStore(config.state_dir)
+    lost = lost_jobs(config, store, node, force=True)
+    stopped = MpsManager(config).reap_stale(_alive(store, lost), strays=True)
+    _forget(store, lost)
+    return stopped, lost
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    return env.get("SLURMD_NODENAME") or os.uname().nodename

@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""gpushare status --cluster: slurmctld's GRES and GresUsed in the shapes of Slurm 22.05
+(openapi v0.0.38, captured from the test Slurm) and 24.11 (data_parser v0.0.42)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gpushare.admin.cluster_status import node_sharing, summary, totals, used_indexes
+from gpushare.admin.slurm_client import (
+    SlurmClientError,
+    SlurmNode,
+    parse_scontrol_nodes,
+    parse_sinfo_json,
+)
+from gpushare.cli import main as cli_main
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_json")
+
+
+def fixture(name: str) -> str:
+    with open(os.path.join(DATA, name)) as handle:
+        return handle.read()
+
+
+def by_name(nodes):
+    return {node.name: node for node in nodes}
+
+
+def test_slurm_22_05_sinfo_json():
+    """Captured from the test Slurm: an MPS job and a 2-GPU job on n1, two MIG slices on
+    n5, n3 drained by hand with a gpushare reason."""
+    nodes = by_name(parse_sinfo_json(fixture("sinfo-22.05.json")))
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4", "n5"]
+    assert nodes["n3"].states == ("IDLE", "DRAIN") and nodes["n3"].draining
+    assert nodes["n3"].reason == "gpushare: test reason"
+    assert nodes["n1"].gres_used.startswith("gpu:h100:2(IDX:1-2),mps:h100:")
+    sharing = by_name(summary(list(nodes.values())))
+    (h100,) = sharing["n1"].types
+    mps_used = int(nodes["n1"].gres_used.split("mps:h100:")[1].split("(")[0])
+    # GPU 0 serves the MPS job, GPUs 1-2 the whole-GPU job: 5 of 8 free.
+    assert (h100.gpu_type, h100.total, h100.used, h100.mps_busy, h100.free) == (
+        "h100", 8, 2, 1, 5)
+    assert (h100.mps_used, h100.mps_total) == (mps_used, 800)
+    a100, slices = sharing["n5"].types
+    assert (a100.gpu_type, a100.free, a100.mps_total) == ("a100", 1, 0)
+    assert (slices.mig_profile, slices.total, slices.used, slices.free) == ("1g.10gb", 7, 2, 5)
+    assert sharing["n3"].drained_by_gpushare and not sharing["n2"].drained
+
+
+@pytest.mark.parametrize("name", ["sinfo-24.11.json", "scontrol-nodes-24.11.json"])
+def test_slurm_24_11_shapes(name):
+    """sinfo's grouped entries and scontrol's node list give the same nodes."""
+    nodes = by_name(parse_sinfo_json(fixture(name)))
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4", "n5"]  # n2 once, though in two partitions
+    assert nodes["n3"].states == ("IDLE", "DRAIN")
+    assert nodes["n3"].reason.startswith("gpushare: MPS control daemon")
+    assert nodes["n4"].states == ("DOWN", "DRAIN", "NOT_RESPONDING") and nodes["n4"].down
+    sharing = by_name(summary(list(nodes.values())))
+    (h100,) = sharing["n1"].types
+    assert (h100.total, h100.used, h100.mps_busy, h100.free) == (8, 2, 1, 5)
+    assert (h100.mps_used, h100.mps_total) == (25, 800)
+    assert [(t.mig_profile, t.free) for t in sharing["n5"].types] == [("", 1), ("1g.10gb", 5)]
+    assert sharing["n3"].drained_by_gpushare and not sharing["n4"].drained_by_gpushare
+    sums = totals(list(sharing.values()))
+    # Drained n3 and n4 offer nothing: n1 5 + n2 8.
+    assert sums["gpus"]["h100"] == {"total": 32, "free": 13, "mps_used": 25, "mps_total": 3200}
+    assert sums["mig"]["1g.10gb"] == {"total": 7, "free": 5}
+    assert (sums["drained_nodes"], sums["drained_by_gpushare"]) == (2, 1)
+
+
+def test_sinfo_groups_naming_several_nodes_are_expanded():
+    data = json.loads(fixture("sinfo-24.11.json"))
+    data["sinfo"][1]["nodes"]["nodes"] = ["n[2,6-7]"]
+    names = [node.name for node in parse_sinfo_json(json.dumps(data))]
+    assert names == ["n1", "n2", "n6", "n7", "n3", "n4", "n5"]
+
+
+def test_sinfo_reason_as_plain_text():
+    data = json.loads(fixture("sinfo-24.11.json"))
+    for entry in data["sinfo"]:
+        entry["reason"] = entry["reason"]["description"]
+    assert by_name(parse_sinfo_json(json.dumps(data)))["n3"].reason.startswith("gpushare:")
+
+
+def test_json_errors_say_which_command():
+    with pytest.raises(SlurmClientError, match="scontrol show nodes --json printed no JSON"):
+        parse_sinfo_json("scontrol: unrecognized option '--json'", "scontrol show nodes --json")
+    with pytest.raises(SlurmClientError, match="'nodes' or 'sinfo'"):
+        parse_sinfo_json('{"meta": {}}')
+    with pytest.raises(SlurmClientError, match="Unable to contact slurm controller"):
+        parse_sinfo_json('{"sinfo": [], "errors": [{"error": "Unable to contact slurm '
+                         'controller", "error_number": 1007}]}')
+
+
+def test_scontrol_detail_text_has_gres_used():
+    line = ("NodeName=n1 Arch=x86_64 CPUAlloc=2 Gres=gpu:h100:8,mps:h100:800 "
+            "GresDrain=N/A GresUsed=gpu:h100:2(IDX:1-2),mps:h100:25(IDX:0),shard:0 "
+            "State=MIXED Reason=(null)")
+    (node,) = parse_scontrol_nodes(line)
+    (h100,) = node_sharing(node).types
+    assert (h100.free, h100.mps_used) == (5, 25)
+
+
+def test_used_indexes():
+    assert used_indexes("IDX:0-2,5") == {0, 1, 2, 5}
+    assert used_indexes("IDX:N/A") == set()
+    assert used_indexes("S:0-1") == set()
+
+
+def test_node_without_gpus_is_left_out():
+    assert node_sharing(SlurmNode("cpu1", ("IDLE",), gres="")) is None
+    assert summary([SlurmNode("cpu1", ("IDLE",), gres="(null)")]) == []
+
+
+def test_untyped_mps_belongs_to_the_only_gpu_type():
+    node = SlurmNode("n1", ("MIXED",), gres="gpu:l40s:4,mps:400",
+                     gres_used="gpu:l40s:0(IDX:N/A),mps:60(IDX:1,3)")
+    (l40s,) = node_sharing(node).types
+    assert (l40s.mps_used, l40s.mps_total, l40s.mps_busy, l40s.free) == (60, 400, 2, 2)
+
+
+@pytest.fixture
+def fake_sinfo(tmp_path):
+    """An executable printing a fixture as sinfo --json would."""
+    def make(name: str) -> str:
+        script = tmp_path / "sinfo"
+        script.write_text(f"#!/bin/sh\ncat {os.path.join(DATA, name)}\n")
+        script.chmod(0o755)
+        return str(script)
+    return make
+
+
+def test_cli_table(fake_sinfo, capsys):
+    status = cli_main(["status", "--cluster", "--backend", "sinfo", "--sinfo",
+                       fake_sinfo("sinfo-24.11.json")])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "GPU sharing of 5 node(s), from slurmctld (sinfo-json)"
+    header = next(line for line in lines if line.startswith("NODE"))
+    assert header.split() == ["NODE", "STATE", "GPU", "TYPE", "WHOLE", "FREE", "MPS", "USED",
+                              "MIG", "FREE"]
+    n1 = next(line for line in lines if line.startswith("n1 "))
+    assert n1.split() == ["n1", "mixed", "h100", "5/8", "25/800", "-"]
+    n5 = next(line for line in lines if line.startswith("n5 "))
+    assert n5.split() == ["n5", "mixed", "a100", "1/1", "-", "1g.10gb:5/7"]
+    assert "Drained: 2 node(s), 1 by gpushare" in out
+    assert any(line.split()[:2] == ["n4", "Prolog"] for line in lines)
+    assert "h100 13/32 whole GPUs free, MPS 25/3200 used; 1g.10gb 5/7 slices free" in out
+
+
+def test_cli_json(fake_sinfo, capsys):
+    assert cli_main(["status", "--cluster", "--json", "--backend", "sinfo", "--sinfo",
+                     fake_sinfo("sinfo-22.05.json")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "sinfo-json"
+    n5 = next(node for node in report["nodes"] if node["name"] == "n5")
+    assert n5["mig"] == [{"type": "1g.10gb", "mig_profile": "1g.10gb", "total": 7, "used": 2,
+                          "mps_busy": 0, "free": 5, "mps_used": 0, "mps_total": 0}]
+    n3 = next(node for node in report["nodes"] if node["name"] == "n3")
+    assert n3["drained"] and n3["drained_by_gpushare"] and n3["state"] == ["IDLE", "DRAIN"]
+    assert report["totals"]["drained_nodes"] == 1
+
+
+def test_cli_needs_cluster_and_a_working_slurm(tmp_path, capsys):
+    assert cli_main(["status"]) == 2
+    assert "--cluster" in capsys.readouterr().err
+    assert cli_main(["status", "--cluster", "--backend", "sinfo", "--sinfo",
+                     str(tmp_path / "missing")]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare explain``: flags to job_desc fields the way sbatch fills them, then the rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpushare.cli import main
+from gpushare.cli.explain import FlagError, flags_to_job, time_str2secs
+from gpushare.submit.facts import load_facts
+from gpushare.submit.rules import NO_VAL
+from luahook import facts_path
+
+
+def test_flags_to_fields_2205():
+    facts = load_facts(facts_path("h100-2205"))
+    job, ignored = flags_to_job(
+        ["--gres=gpu:1g.10gb:1,shard:2", "--gpus=h100:4", "--gpus-per-task", "1",
+         "--gpus-per-socket=2", "-N", "2-4", "-n8", "--switches=1@5:00", "--array=1-10%2",
+         "--gpu-share=25", "--gpu-mps", "--mem=4G"], facts)
+    assert job["tres_per_node"] == "gres:gpu:1g.10gb:1,gres:shard:2"
+    assert job["tres_per_job"] == "gres:gpu:h100:4"
+    assert job["tres_per_task"] == "gres:gpu:1"
+    assert job["tres_per_socket"] == "gres:gpu:2"
+    assert (job["min_nodes"], job["max_nodes"], job["num_tasks"]) == (2, 4, 8)
+    assert (job["req_switch"], job["wait4switch"]) == (1, 300)
+    assert job["array_inx"] == "1-10%2"
+    assert job["spank_job_env"] == ["_SLURM_SPANK_OPTION_gpushare_gpu_share=25",
+                                    "_SLURM_SPANK_OPTION_gpushare_gpu_mps="]
+    assert ignored == ["--mem=4G"]
+
+
+def test_flags_to_fields_2311_and_defaults():
+    facts = load_facts(facts_path("a100-2311"))
+    job, _ = flags_to_job(["--gpus-per-task=a100:2", "--gpus-per-node=2"], facts)
+    assert job["tres_per_task"] == "gres/gpu:a100=2"
+    assert job["tres_per_node"] == "gres/gpu:2"
+    assert job["min_nodes"] == job["req_switch"] == job["wait4switch"] == NO_VAL
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("5", 300), ("5:30", 330), ("1:00:00", 3600), ("1-2", 93600), ("1-0:30", 88200),
+    ("1-00:00:10", 86410),
+])
+def test_time_str2secs(text, seconds):
+    assert time_str2secs(text) == seconds
+
+
+def test_bad_flags():
+    facts = load_facts(facts_path("h100-2205"))
+    for flags in (["-N", "two"], ["--switches=a"], ["--switches=1@soon"], ["-n", "x"]):
+        with pytest.raises(FlagError):
+            flags_to_job(flags, facts)
+
+
+def test_cli_words_and_json(capsys):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", "-N", "3", "--gres=gpu:h100:8"]) == 0
+    out = capsys.readouterr().out
+    assert "req_switch: (unset) -> 2" in out
+    assert ("the user sees: gpushare: --switches=2@5:00 (3 nodes need 2 NVLink domains of "
+            "at most 2 nodes)") in out
+    assert "untyped GPU requests: whole (written in as h100, never a MIG slice)" in out
+    assert main(["explain", "--facts", path, "--json", "--", "--gres=mps:150"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["decision"]["reject"]["code"] == 2072
+    assert main(["explain", "--facts", "/nonexistent/facts.json", "--", "-N2"]) == 2
+    assert "cannot read" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gres", ["gpu:1,mps:25", "gpu:::", "gpu:h100:-1", ":1", "mps:25,gpu:1"])
+def test_requests_the_clients_refuse_get_slurms_answer(capsys, gres):
+    """sbatch/srun refuse these before any hook runs: explain says what Slurm answers, not
+    a gpushare message the user never sees."""
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", f"--gres={gres}"]) == 1
+    out = capsys.readouterr().out
+    assert ("the user sees: sbatch: error: Invalid generic resource (gres) specification"
+            in out)
+    assert "the user sees: gpushare:" not in out
+    assert main(["explain", "--facts", path, "--json", "--", f"--gres={gres}"]) == 1
+    assert json.loads(capsys.readouterr().out)["client_refusal"] == (
+        "error: Invalid generic resource (gres) specification")
+
+
+def test_a_type_starting_with_a_digit_reaches_the_hooks(capsys):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", "--gres=gpu:1g.10gb"]) == 1
+    out = capsys.readouterr().out
+    assert ('the user sees: gpushare: --gres item "gpu:1g.10gb" has no count, and Slurm '
+            "reads a type that starts with a digit as a count; write the count after it, "
+            "e.g. --gres=gpu:1g.10gb:1") in out
+
+
+@pytest.mark.parametrize("uid, rc", [(0, 1), (1000, 0)])
+def test_root_share_is_refused(capsys, uid, rc):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--uid", str(uid), "--", "--gres=mps:10"]) == rc
+    out = capsys.readouterr().out
+    assert ("MPS daemons never run as root" in out) == (uid == 0)

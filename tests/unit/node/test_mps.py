@@ -1,0 +1,909 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""MPS daemon lifecycle against the stand-in daemon, run for real as two test users."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+
+import pytest
+
+from gpushare.admin.mps_report import inspect_daemons
+from gpushare.cli import main as cli_main
+from gpushare.node.config import PluginConfig
+from gpushare.node.mps import MpsDevice, MpsError, MpsLease, MpsManager, daemon_key, format_size
+from gpushare.node.state import JobRecord, JobStore
+from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
+
+REASON = unusable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+GPU0 = MpsDevice("GPU-11111111-2222-3333-4444-555555555555", 0, 80 << 30, "GPU 0")
+GPU1 = MpsDevice("GPU-66666666-7777-8888-9999-000000000000", 1, 80 << 30, "GPU 1")
+MIG = MpsDevice("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", 2, 10 << 30, "GPU 2 MIG 1g.10gb")
+
+
+class Bed:
+    """A traversable temp dir holding a root-owned stand-in and a state dir."""
+
+    def __init__(self) -> None:
+        self.base = traversable_tmpdir()
+        self.standin = StandinInstall(self.base)
+        self.state_dir = os.path.join(self.base, "state")
+
+    def config(self, **overrides) -> PluginConfig:
+        values = {"state_dir": self.state_dir, "mps_control": self.standin.program,
+                  "timeout": 2.0}
+        values.update(overrides)
+        return PluginConfig(**values)
+
+    def manager(self, **overrides) -> MpsManager:
+        return MpsManager(self.config(**overrides), lock_timeout=60)
+
+    @property
+    def mps_dir(self) -> str:
+        return os.path.join(self.state_dir, "mps")
+
+    def entries(self) -> list[str]:
+        return sorted(os.listdir(self.mps_dir)) if os.path.isdir(self.mps_dir) else []
+
+
+@pytest.fixture(scope="module")
+def users():
+    return ensure_users()
+
+
+@pytest.fixture
+def bed():
+    bed = Bed()
+    yield bed
+    leftovers = bed.standin.kill_all()
+    shutil.rmtree(bed.base)
+    assert leftovers == [], f"stand-in processes left running: {leftovers}"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def kill_and_wait(pid: int) -> None:
+    """SIGKILL a daemon behind gpushare's back and wait until the kernel has ended it."""
+    os.kill(pid, 9)
+    for _ in range(1000):
+        if not alive(pid):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} survived SIGKILL")
+
+
+def standin_state(lease: MpsLease) -> dict:
+    with open(os.path.join(lease.log_dir, "standin-state.json")) as handle:
+        return json.load(handle)
+
+
+def record(bed: Bed, key: str) -> dict:
+    with open(os.path.join(bed.mps_dir, key + ".json")) as handle:
+        return json.load(handle)
+
+
+def as_user(user, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/usr/bin/python3", "-c", code], user=user.pw_uid, group=user.pw_gid,
+                          extra_groups=[], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin"}, cwd="/")
+
+
+# --------------------------------------------------------------------------- start / env
+
+
+def test_acquire_starts_daemon_as_the_user_with_a_clean_environment(bed, users, monkeypatch):
+    u1 = users[0]
+    monkeypatch.setenv("GPUSHARE_TEST_SECRET", "must-not-leak")
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=11, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        mode="shared", share_percent=25)
+    key = daemon_key("shared", u1.pw_uid, 11, [GPU0])
+    assert lease.key == key
+    assert lease.pipe_dir == os.path.join(bed.mps_dir, key, "pipe")
+    assert lease.env == {
+        "CUDA_MPS_PIPE_DIRECTORY": lease.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": lease.log_dir,
+        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G",
+    }
+    state = standin_state(lease)
+    assert state["pid"] == lease.daemon_pid and alive(lease.daemon_pid)
+    assert (state["uid"], state["gid"], state["groups"]) == (u1.pw_uid, u1.pw_gid, [])
+    expected_env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CUDA_VISIBLE_DEVICES": GPU0.uuid,
+        "CUDA_MPS_PIPE_DIRECTORY": lease.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": lease.log_dir,
+    }
+    assert {k: state["env"].get(k) for k in expected_env} == expected_env
+    # Python's locale coercion may add LC_CTYPE; nothing of ours may leak in.
+    assert set(state["env"]) - set(expected_env) <= {"LC_CTYPE"}
+    assert state["default_active_thread_percentage"] == 25.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "20G"}
+    for name in ("pipe", "log"):
+        st = os.lstat(os.path.join(bed.mps_dir, key, name))
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (u1.pw_uid, u1.pw_gid, 0o700)
+    for path in (bed.state_dir, bed.mps_dir, os.path.join(bed.mps_dir, key)):
+        st = os.lstat(path)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+    assert MpsLease.from_record(json.loads(json.dumps(lease.to_record()))) == lease
+
+    assert mgr.release(11) == [key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
+def test_same_user_jobs_share_one_daemon_and_its_cap_follows_their_shares(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    leases = [mgr.acquire(job_id=j, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                          share_percent=share) for j, share in ((1, 25), (2, 25), (3, 30))]
+    assert len({lease.daemon_pid for lease in leases}) == 1
+    assert len({lease.pipe_dir for lease in leases}) == 1
+    assert [lease.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for lease in leases] == \
+        ["25", "25", "30"]
+    assert leases[2].env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24G"
+    rec = record(bed, leases[0].key)
+    assert sorted(rec["jobs"]) == ["1", "2", "3"]
+    state = standin_state(leases[0])
+    assert state["default_active_thread_percentage"] == 80.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "64G"}
+
+    assert mgr.release(2) == []
+    assert alive(leases[0].daemon_pid)
+    assert sorted(record(bed, leases[0].key)["jobs"]) == ["1", "3"]
+    assert standin_state(leases[0])["default_active_thread_percentage"] == 55.0
+    assert mgr.release(1) == []
+    assert mgr.release(3) == [leases[0].key]
+    assert not alive(leases[0].daemon_pid)
+    assert bed.entries() == []
+
+
+def test_cap_is_applied_to_running_servers_too(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=20)
+    started = subprocess.run([bed.standin.program], input=f"start_server -uid {u1.pw_uid}\n",
+                             env=first.env, user=u1.pw_uid, group=u1.pw_gid,
+                             capture_output=True, text=True, timeout=30, check=True)
+    server_pid = started.stdout.strip()
+    mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=30)
+    server = standin_state(first)["servers"][server_pid]
+    assert server["active_thread_percentage"] == 50.0
+    assert server["pinned"] == {"0": "40G"}
+    mgr.release(1)
+    mgr.release(2)
+    assert not alive(int(server_pid))
+    assert bed.entries() == []
+
+
+def test_two_users_on_one_gpu_get_separate_daemons_they_cannot_reach(bed, users):
+    u1, u2 = users
+    mgr = bed.manager()
+    a = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=50)
+    b = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0], share_percent=50)
+    assert a.daemon_pid != b.daemon_pid
+    assert a.pipe_dir != b.pipe_dir
+    assert standin_state(a)["uid"] == u1.pw_uid
+    assert standin_state(b)["uid"] == u2.pw_uid
+
+    listing = as_user(u1, f"import os; print(os.listdir({b.pipe_dir!r}))")
+    assert listing.returncode != 0 and "PermissionError" in listing.stderr
+    connect = as_user(u1, (
+        "import socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+        f"s.connect({os.path.join(b.pipe_dir, 'control')!r})"))
+    assert connect.returncode != 0 and "PermissionError" in connect.stderr
+    own = as_user(u2, f"import os; print(sorted(os.listdir({b.pipe_dir!r})))")
+    assert own.returncode == 0 and "control" in own.stdout
+
+    assert mgr.release(1) == [a.key]
+    assert alive(b.daemon_pid)
+    assert mgr.release(2) == [b.key]
+    assert bed.entries() == []
+
+
+def test_private_mode_one_daemon_over_the_jobs_gpus(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=77, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0, GPU1],
+                        mode="private")
+    assert lease.key == "job77"
+    assert lease.env == {
+        "CUDA_MPS_PIPE_DIRECTORY": lease.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": lease.log_dir,
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+    state = standin_state(lease)
+    assert state["env"]["CUDA_VISIBLE_DEVICES"] == f"{GPU0.uuid},{GPU1.uuid}"
+    assert state["default_device_pinned_mem_limit"] == {}
+    other = mgr.acquire(job_id=78, uid=u1.pw_uid, gid=u1.pw_gid, devices=[MIG],
+                        mode="private", share_percent=50)
+    assert other.daemon_pid != lease.daemon_pid
+    assert other.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert mgr.release(77) == ["job77"]
+    assert mgr.release(78) == ["job78"]
+    assert bed.entries() == []
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("16G", "0=10G"),        # a fixed size is capped at the slice's memory
+    ("4G", "0=4G"),
+    ("proportional", "0=2560M"),
+    ("off", None),
+])
+def test_pinned_memory_limit_setting(bed, users, setting, expected):
+    u1 = users[0]
+    mgr = bed.manager(mem_limit=setting)
+    lease = mgr.acquire(job_id=5, uid=u1.pw_uid, gid=u1.pw_gid, devices=[MIG],
+                        share_percent=25)
+    assert lease.env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == expected
+    mgr.release(5)
+
+
+def test_format_size():
+    assert format_size(20 << 30) == "20G"
+    assert format_size((20 << 30) + (512 << 20)) == "20992M"
+    assert format_size(100) == "1M"
+
+
+def test_acquire_and_release_are_idempotent(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    assert mgr.release(999) == []                       # epilog without prolog
+    first = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=40)
+    again = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=40)
+    assert again == first
+    assert list(record(bed, first.key)["jobs"]) == ["3"]
+    assert mgr.release(3) == [first.key]
+    assert mgr.release(3) == []                         # epilog twice
+    assert bed.entries() == []
+
+
+def test_release_reads_only_the_daemon_the_lease_names(bed, users, monkeypatch):
+    u1, u2 = users
+    mgr = bed.manager()
+    mine = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    other = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    scans = []
+    real_scan = MpsManager._keys_of_job
+    monkeypatch.setattr(MpsManager, "_keys_of_job",
+                        lambda self, fd, job: scans.append(job) or real_scan(self, fd, job))
+    assert mgr.release(1, hint=mine.key) == [mine.key]
+    assert scans == []                                   # the hint was enough
+    # A hint that does not hold the job (stale, or made up) falls back to the scan.
+    for hint in (mine.key, "../etc", "u0-GPU-nothing"):
+        assert mgr.release(2, hint=hint) in ([other.key], [])
+    assert scans == [2, 2, 2]
+    assert bed.entries() == []
+
+
+def test_bad_requests_are_refused_with_a_reason(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    cases = [
+        (dict(uid=0, gid=0, devices=[GPU0]), "root"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[]), "without any GPU"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[MpsDevice("../etc")]), "not a GPU"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=0), "1..100"),
+        (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], mode="x"), "shared or private"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(MpsError, match=words):
+            mgr.acquire(job_id=1, **kwargs)
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def _acquire_job(args):
+    state_dir, program, job_id, uid, gid = args
+    mgr = MpsManager(PluginConfig(state_dir=state_dir, mps_control=program, timeout=5.0),
+                     lock_timeout=120)
+    lease = mgr.acquire(job_id=job_id, uid=uid, gid=gid, devices=[GPU0], share_percent=10)
+    return lease.daemon_pid
+
+
+def _release_job(args):
+    state_dir, program, job_id = args
+    mgr = MpsManager(PluginConfig(state_dir=state_dir, mps_control=program, timeout=5.0),
+                     lock_timeout=120)
+    return mgr.release(job_id)
+
+
+def test_concurrent_prologs_and_epilogs_keep_counts_right(bed, users):
+    u1, u2 = users
+    jobs = [(j, u1 if j % 3 else u2) for j in range(1, 19)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(8) as pool:
+        pids = pool.map(_acquire_job, [(bed.state_dir, bed.standin.program, j, u.pw_uid,
+                                        u.pw_gid) for j, u in jobs])
+        by_user = {}
+        for (_j, u), pid in zip(jobs, pids):
+            by_user.setdefault(u.pw_uid, set()).add(pid)
+        assert {uid: len(p) for uid, p in by_user.items()} == {u1.pw_uid: 1, u2.pw_uid: 1}
+        for u in (u1, u2):
+            rec = record(bed, daemon_key("shared", u.pw_uid, 0, [GPU0]))
+            assert sorted(map(int, rec["jobs"])) == [j for j, ju in jobs if ju is u]
+        assert len(bed.standin.processes()) == 2
+        stopped = pool.map(_release_job, [(bed.state_dir, bed.standin.program, j)
+                                          for j, _ in jobs])
+    assert sorted(k for keys in stopped for k in keys) == sorted(
+        daemon_key("shared", u.pw_uid, 0, [GPU0]) for u in (u1, u2))
+    assert bed.standin.processes() == []
+    assert bed.entries() == []
+
+
+def test_interleaved_acquire_and_release_from_many_processes(bed, users):
+    u1 = users[0]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(6) as pool:
+        results = []
+        for round_ in range(3):
+            ids = [round_ * 100 + j for j in range(6)]
+            results.append(pool.map_async(_acquire_job, [
+                (bed.state_dir, bed.standin.program, j, u1.pw_uid, u1.pw_gid) for j in ids]))
+            if round_:
+                prev = [(round_ - 1) * 100 + j for j in range(6)]
+                results.append(pool.map_async(_release_job, [
+                    (bed.state_dir, bed.standin.program, j) for j in prev]))
+        for result in results:
+            result.get(timeout=300)
+        rec = record(bed, daemon_key("shared", u1.pw_uid, 0, [GPU0]))
+        live = sorted(map(int, rec["jobs"]))
+        assert set(live) >= {200 + j for j in range(6)}
+        pool.map(_release_job, [(bed.state_dir, bed.standin.program, j) for j in live])
+    assert bed.standin.processes() == []
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- stale state
+
+
+def test_reap_stale_drops_vanished_jobs_and_stops_unused_daemons(bed, users):
+    u1, u2 = users
+    mgr = bed.manager()
+    a1 = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=20)
+    mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=20)
+    b = mgr.acquire(job_id=3, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0], share_percent=20)
+    # a fresh manager, as after a slurmd restart: everything comes from the state dir
+    fresh = bed.manager()
+    assert fresh.reap_stale(lambda job_id: job_id == 2) == [b.key]
+    assert not alive(b.daemon_pid) and alive(a1.daemon_pid)
+    assert list(record(bed, a1.key)["jobs"]) == ["2"]
+    assert fresh.reap_stale(lambda job_id: False) == [a1.key]
+    assert not alive(a1.daemon_pid)
+    assert bed.entries() == []
+
+
+def test_a_daemon_that_died_is_restarted_for_the_next_job_and_reaped_cleanly(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=20)
+    kill_and_wait(first.daemon_pid)
+    second = mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                         share_percent=20)
+    assert second.daemon_pid != first.daemon_pid and alive(second.daemon_pid)
+    assert sorted(record(bed, first.key)["jobs"]) == ["1", "2"]
+    kill_and_wait(second.daemon_pid)
+    assert mgr.reap_stale(lambda job_id: False) == [first.key]
+    assert bed.entries() == []
+
+
+def test_leftover_directory_without_record_is_removed_by_reap(bed, users):
+    os.makedirs(os.path.join(bed.mps_dir, "u5-GPU-x", "pipe"), 0o755)
+    open(os.path.join(bed.mps_dir, "u5-GPU-x.lock"), "w").close()
+    assert bed.manager().reap_stale(lambda job_id: True) == []
+    assert bed.entries() == []
+
+
+def test_release_never_signals_a_process_that_is_not_the_daemon(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=20)
+    # A process of the same user with the daemon's pipe directory, but another program,
+    # recorded as the daemon (a forged or reused pid): it must survive the epilog.
+    bystander = subprocess.Popen(["/bin/sleep", "60"], env=lease.env, user=u1.pw_uid,
+                                 group=u1.pw_gid)
+    try:
+        path = os.path.join(bed.mps_dir, lease.key + ".json")
+        rec = record(bed, lease.key)
+        rec["daemon_pid"] = bystander.pid
+        with open(path, "w") as handle:
+            json.dump(rec, handle)
+        assert mgr.release(1) == [lease.key]
+        assert bystander.poll() is None
+        assert not alive(lease.daemon_pid)       # found by uid, program and pipe dir
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert bed.entries() == []
+
+
+def _fake_process(proc_root, pid, *, uid, environ, argv, state="S"):
+    base = proc_root / str(pid)
+    base.mkdir()
+    (base / "status").write_text(f"Name:\tx\nState:\t{state} (sleeping)\nUid:\t{uid}\t{uid}"
+                                 f"\t{uid}\t{uid}\n")
+    (base / "environ").write_bytes(b"\0".join(environ) + b"\0")
+    (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+
+
+def test_daemon_processes_are_matched_by_uid_pipe_dir_and_program_through_proc(tmp_path):
+    """Every /proc file is read whole, however large (an environ over 1 MiB is cut there)."""
+    proc_root = tmp_path / "proc"
+    proc_root.mkdir()
+    program = "/usr/bin/nvidia-cuda-mps-control"
+    mgr = MpsManager(PluginConfig(state_dir=str(tmp_path / "state"), mps_control=program),
+                     proc_root=str(proc_root))
+    rec = {"uid": 1234, "pipe_dir": "/run/gpushare/mps/k/pipe"}
+    pipe_var = b"CUDA_MPS_PIPE_DIRECTORY=/run/gpushare/mps/k/pipe"
+    padding = [b"PAD%d=%s" % (i, b"x" * 1000) for i in range(300)]   # ~300 KiB before it
+    _fake_process(proc_root, 10, uid=1234, environ=[*padding, pipe_var], argv=[program, "-d"])
+    _fake_process(proc_root, 11, uid=1234, environ=[pipe_var],
+                  argv=["/usr/bin/nvidia-cuda-mps-server"])
+    _fake_process(proc_root, 12, uid=1235, environ=[pipe_var], argv=[program, "-d"])
+    _fake_process(proc_root, 13, uid=1234, environ=[pipe_var], argv=["/bin/sleep", "60"])
+    _fake_process(proc_root, 14, uid=1234, environ=[pipe_var], argv=[program], state="Z")
+    _fake_process(proc_root, 15, uid=1234, environ=[b"X=" + b"y" * (1 << 20), pipe_var],
+                  argv=[program, "-d"])
+    (proc_root / "self").mkdir()
+    assert sorted(mgr._leftovers(rec)) == [10, 11]
+    assert mgr._is_ours(10, rec, daemon_only=True)
+    assert not mgr._is_ours(11, rec, daemon_only=True)
+    assert not mgr._alive(14) and not mgr._alive(99)
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_missing_program(bed, users):
+    u1 = users[0]
+    mgr = bed.manager(mps_control=os.path.join(bed.standin.bindir, "absent"))
+    with pytest.raises(MpsError, match=r"absent does not exist; install it or fix the path"):
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert bed.entries() == []
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("die_start", r"exited with status 1: An error occurred while starting"),
+    ("hang_start", r"no answer within 2 s"),
+    ("die_after_start", r"created no control socket .* within 2 s"),
+    ("hang_client", r"control command 'set_default_active_thread_percentage 25' failed: "
+                    r".*no answer within 2 s"),
+])
+def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, words):
+    u1 = users[0]
+    bed.standin.set_faults(fault)
+    mgr = bed.manager()
+    with pytest.raises(MpsError, match=words) as err:
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                    share_percent=25)
+    assert "GPU 0" in str(err.value) and GPU0.uuid in str(err.value)
+    assert bed.standin.processes() == []
+    assert bed.entries() == []
+    # The drain reason: the cause first, within what `sinfo -R` shows.
+    assert err.value.brief.startswith(("MPS start failed: ", "MPS ")), err.value.brief
+
+
+def test_a_start_that_fails_keeps_the_daemon_logs_last_lines_in_the_message(bed, users):
+    """The daemon's directory is removed with the failed start: no path to a deleted log."""
+    u1 = users[0]
+    bed.standin.set_faults("die_after_start")
+    with pytest.raises(MpsError) as err:
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                              share_percent=25)
+    assert "control.log ends: [stand-in] Failed to start the control daemon: no usable GPU" \
+        in str(err.value)
+    assert "see " not in str(err.value)
+    assert err.value.brief.startswith("MPS start failed: no control socket within 2 s (")
+
+
+def test_a_hung_start_is_a_short_drain_reason_with_the_cause_first(bed, users):
+    from gpushare.node.drain import DRAIN_REASON_MAX, fit_reason
+
+    u1 = users[0]
+    bed.standin.set_faults("hang_start")
+    with pytest.raises(MpsError) as err:
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                              share_percent=25)
+    reason = fit_reason(err.value.brief)
+    assert reason.startswith("gpushare: MPS start failed: no answer within 2 s, killed (")
+    assert len(reason) <= DRAIN_REASON_MAX
+
+
+def test_a_daemon_without_a_pid_file_is_found_through_proc(bed, users):
+    u1 = users[0]
+    bed.standin.set_faults("no_pid_file")
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    assert not os.path.exists(os.path.join(lease.pipe_dir, "nvidia-cuda-mps-control.pid"))
+    assert lease.daemon_pid == standin_state(lease)["pid"]
+    assert mgr.release(1) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
+def test_without_pidfds_daemons_are_still_waited_for_and_stopped(bed, users, no_pidfds):
+    """Kernels before 5.3 (RHEL 8's 4.18) have no pidfd_open: every wait polls instead."""
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    assert mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                       share_percent=25).key == lease.key
+    assert mgr.release(2) == []
+    bed.standin.set_faults("ignore_quit")  # the wait for quit runs out, then SIGTERM
+    assert mgr.release(1) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
+@pytest.mark.parametrize("fault", ["ignore_quit", "ignore_term", "hang_client"])
+def test_a_daemon_that_will_not_quit_is_ended_with_signals(bed, users, fault, caplog):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    bed.standin.set_faults(fault)
+    with caplog.at_level(logging.WARNING, logger="gpushare.mps"):
+        assert mgr.release(1) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert f"pid {lease.daemon_pid}" in caplog.text and "signals" in caplog.text
+    expected_signal = "SIGKILL" if fault == "ignore_term" else "SIGTERM"
+    assert expected_signal in caplog.text
+    assert bed.entries() == []
+
+
+def test_a_daemon_that_cannot_be_stopped_fails_release_naming_gpu_and_daemon(
+        bed, users, monkeypatch):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    bed.standin.set_faults("ignore_quit")
+    monkeypatch.setattr(mgr, "_send_signal", lambda pid, sig: None)  # signals have no effect
+    with pytest.raises(MpsError) as err:
+        mgr.release(1)
+    message = str(err.value)
+    for part in (f"pid {lease.daemon_pid}", lease.pipe_dir, "GPU 0", GPU0.uuid, "drain"):
+        assert part in message
+    assert alive(lease.daemon_pid)
+    assert record(bed, lease.key)["jobs"] == {}
+    monkeypatch.undo()
+    assert bed.manager().reap_stale(lambda job_id: False) == [lease.key]
+    assert not alive(lease.daemon_pid)
+    assert bed.entries() == []
+
+
+# --------------------------------------------------------------------------- unsafe paths
+
+
+def test_group_writable_program_is_refused(bed, users):
+    u1 = users[0]
+    os.chmod(bed.standin.program, 0o775)
+    with pytest.raises(MpsError, match=r"nvidia-cuda-mps-control must be owned by root and "
+                                       r"not writable by group or others.*chmod go-w"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert bed.entries() == []
+
+
+def test_program_in_a_user_owned_directory_is_refused(bed, users):
+    u1 = users[0]
+    os.chown(bed.standin.bindir, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"bin is not owned by root"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+
+
+def test_program_owned_by_a_user_is_refused(bed, users):
+    u1 = users[0]
+    os.chown(bed.standin.program, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"must be owned by root"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+
+
+def test_symlink_planted_at_the_daemon_directory_is_refused(bed, users):
+    u1 = users[0]
+    target = os.path.join(bed.base, "elsewhere")
+    os.mkdir(target)
+    os.makedirs(bed.mps_dir)
+    key = daemon_key("shared", u1.pw_uid, 1, [GPU0])
+    os.symlink(target, os.path.join(bed.mps_dir, key))
+    with pytest.raises(MpsError, match=r"symbolic link or not a directory; remove it"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert os.listdir(target) == []
+    assert os.path.islink(os.path.join(bed.mps_dir, key))
+    assert bed.standin.processes() == []
+
+
+def test_user_owned_directory_planted_at_the_daemon_directory_is_refused(bed, users):
+    u1 = users[0]
+    key = daemon_key("shared", u1.pw_uid, 1, [GPU0])
+    planted = os.path.join(bed.mps_dir, key)
+    os.makedirs(planted)
+    os.chown(planted, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"is not owned by root .*remove it"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert os.path.isdir(planted)
+
+
+def test_state_directory_writable_by_a_user_is_refused(bed, users):
+    u1 = users[0]
+    os.makedirs(bed.mps_dir)
+    os.chown(bed.mps_dir, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError, match=r"state directory refused: .*mps is not owned by root"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+
+
+def test_state_directory_reached_through_a_symlink_is_refused(bed, users):
+    u1 = users[0]
+    real = os.path.join(bed.base, "real-state")
+    os.mkdir(real, 0o755)
+    os.symlink(real, bed.state_dir)
+    with pytest.raises(MpsError, match=r"state directory refused: .*symbolic link"):
+        bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert os.listdir(real) == []
+
+
+# --------------------------------------------------------------------------- gpushare mps
+
+
+def run_mps_command(bed: Bed, tmp_path, *args: str, capsys) -> tuple[int, str]:
+    plugstack = tmp_path / "plugstack.conf"
+    plugstack.write_text(f"required /usr/lib64/slurm/spank_gpushare.so "
+                         f"state_dir={bed.state_dir} mps_control={bed.standin.program} "
+                         "timeout=2\n")
+    capsys.readouterr()
+    status = cli_main(["mps", "--plugstack", str(plugstack), *args])
+    return status, capsys.readouterr().out
+
+
+def write_job_record(bed: Bed, job_id: int, user) -> None:
+    JobStore(bed.state_dir).write(JobRecord(job_id=job_id, uid=user.pw_uid, gid=user.pw_gid,
+                                            node="n1", mode="shared", share_percent=25))
+
+
+def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
+        bed, users, tmp_path, capsys):
+    u1, u2 = users[:2]
+    mgr = bed.manager()
+    for job_id, user, device, share in ((1, u1, GPU0, 25), (2, u1, GPU0, 30),
+                                        (3, u2, GPU0, 50), (4, u1, GPU1, 20)):
+        mgr.acquire(job_id=job_id, uid=user.pw_uid, gid=user.pw_gid, devices=[device],
+                    share_percent=share)
+    for job_id, user in ((1, u1), (2, u1), (4, u1)):      # job 3's epilog "never ran"
+        write_job_record(bed, job_id, user)
+    gone = mgr.acquire(job_id=4, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
+                       share_percent=20)
+    kill_and_wait(gone.daemon_pid)
+
+    status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    data = json.loads(out)
+    assert status == data["status"] == 1
+    views = {view["key"]: view for view in data["daemons"]}
+    shared = views[daemon_key("shared", u1.pw_uid, 1, [GPU0])]
+    assert (shared["status"], shared["user"], shared["jobs"]) == (
+        "running", u1.pw_name, {"1": 25, "2": 30})
+    assert shared["cap_percent"] == 55 and shared["mem_limits"] == {"0": "44G"}
+    assert (shared["devices"], shared["device_uuids"]) == ([GPU0.label], [GPU0.uuid])
+    assert shared["problems"] == []
+    other = views[daemon_key("shared", u2.pw_uid, 3, [GPU0])]
+    assert (other["status"], other["stale_jobs"]) == ("running", ["3"])
+    assert "the daemon still counts job 3, gone without" in other["problems"][0]
+    dead = views[daemon_key("shared", u1.pw_uid, 4, [GPU1])]
+    assert dead["status"] == "not running"
+    assert f"daemon pid {gone.daemon_pid} is gone while it serves job 4:" in dead["problems"][0]
+    # While an epilog holds its lock (stopping it), the same daemon is changing, no alarm.
+    with mgr._mps_dir_fd() as mps_fd, mgr._locked(mps_fd, dead["key"]):
+        status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    changing = {view["key"]: view for view in json.loads(out)["daemons"]}[dead["key"]]
+    assert (changing["status"], changing["problems"]) == ("changing", [])
+
+    status, out = run_mps_command(bed, tmp_path, capsys=capsys)
+    assert status == 1
+    assert f"MPS daemons in {bed.mps_dir} (settings: {tmp_path}/plugstack.conf): 3" in out
+    assert re.search(rf"{shared['key']}\s+running\s+{shared['daemon_pid']}\s+\S+\s+"
+                     rf"{u1.pw_name}\s+shared\s+.*1:25% 2:30%\s+55% 0=44G", out), out
+    assert f"{other['key']}: the daemon still counts job 3" in out
+
+    # --reap stops what only the vanished job held; the dead daemon's job still runs.
+    status, out = run_mps_command(bed, tmp_path, "--reap", "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["reaped"] == [other["key"]] and status == 1
+    assert not alive(other["daemon_pid"])
+    assert sorted(view["key"] for view in data["daemons"]) == sorted([shared["key"],
+                                                                      dead["key"]])
+    for job_id in (1, 2, 4):
+        mgr.release(job_id)
+    status, out = run_mps_command(bed, tmp_path, capsys=capsys)
+    assert status == 0 and out.rstrip().endswith(": 0")
+
+
+def test_gpushare_mps_reports_failed_stops_unreadable_records_and_leftovers(
+        bed, users, tmp_path, capsys):
+    u1 = users[0]
+    mgr = bed.manager()
+    lease = mgr.acquire(job_id=7, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    rec = record(bed, lease.key)
+    rec["stop_failed"] = "cannot stop MPS control daemon x: pids 1 survive SIGKILL"
+    with open(os.path.join(bed.mps_dir, lease.key + ".json"), "w") as handle:
+        json.dump(rec, handle)
+    with open(os.path.join(bed.mps_dir, "u1-GPU-broken.json"), "w") as handle:
+        handle.write("{not json")
+    open(os.path.join(bed.mps_dir, "u2-GPU-orphan.lock"), "w").close()
+    # A key whose lock a prolog holds right now is changing, not a problem.
+    with mgr._mps_dir_fd() as mps_fd, mgr._locked(mps_fd, "u2-GPU-starting"):
+        status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    views = {view["key"]: view for view in json.loads(out)["daemons"]}
+    assert (views["u2-GPU-starting"]["status"], views["u2-GPU-starting"]["problems"]) == (
+        "changing", [])
+    assert status == 1
+    assert views[lease.key]["status"] == "stop failed"
+    assert views[lease.key]["problems"][0].startswith(rec["stop_failed"] + "; once the GPU")
+    assert views["u1-GPU-broken"]["status"] == "unreadable"
+    assert "is unreadable" in views["u1-GPU-broken"]["problems"][0]
+    assert views["u2-GPU-orphan"]["status"] == "no record"
+    # Without root's view of /proc, liveness is reported unknown, never guessed.
+    unknown = {view.key: view.status for view in inspect_daemons(bed.config(),
+                                                                 check_processes=False)}
+    assert unknown[lease.key] == "stop failed"
+    os.unlink(os.path.join(bed.mps_dir, "u1-GPU-broken.json"))
+    rec.pop("stop_failed")
+    with open(os.path.join(bed.mps_dir, lease.key + ".json"), "w") as handle:
+        json.dump(rec, handle)
+    assert {view.key: view.status for view in inspect_daemons(
+        bed.config(), check_processes=False)}[lease.key] == "unknown"
+    mgr.release(7)
+    status, out = run_mps_command(bed, tmp_path, "--reap", capsys=capsys)  # the orphan lock
+    assert status == 0 and bed.entries() == []
+
+
+def test_gpushare_mps_settings_errors(tmp_path, capsys):
+    missing = tmp_path / "plugstack.conf"
+    assert cli_main(["mps", "--plugstack", str(missing)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    missing.write_text("required /x/other.so\n")
+    assert cli_main(["mps", "--plugstack", str(missing)]) == 2
+    assert "has no line loading spank_gpushare.so" in capsys.readouterr().err
+    missing.write_text("required /x/spank_gpushare.so timeout=never\n")
+    assert cli_main(["mps", "--plugstack", str(missing)]) == 2
+    assert "timeout='never' is invalid" in capsys.readouterr().err
+
+
+def test_daemons_whose_state_was_removed_are_shown_and_stopped_by_reap(
+        bed, users, tmp_path, capsys, caplog):
+    u1, u2 = users[:2]
+    mgr = bed.manager()
+    kept = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                       share_percent=25)
+    write_job_record(bed, 1, u1)
+    lost = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
+                       share_percent=25)
+    gone = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
+                       share_percent=25)
+    os.unlink(os.path.join(bed.mps_dir, lost.key + ".json"))   # the record only
+    shutil.rmtree(os.path.join(bed.mps_dir, gone.key))          # everything: no pipe left
+    os.unlink(os.path.join(bed.mps_dir, gone.key + ".json"))
+    os.unlink(os.path.join(bed.mps_dir, gone.key + ".lock"))
+    assert alive(lost.daemon_pid) and alive(gone.daemon_pid)
+
+    status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
+    views = {view["key"]: view for view in json.loads(out)["daemons"]}
+    assert status == 1 and views[kept.key]["status"] == "running"
+    for lease in (lost, gone):
+        assert views[lease.key]["status"] == "untracked"
+        assert f"MPS processes {lease.daemon_pid} run in this daemon's directory" in \
+            views[lease.key]["problems"][0]
+
+    status, out = run_mps_command(bed, tmp_path, "--reap", "--json", capsys=capsys)
+    data = json.loads(out)
+    assert sorted(data["reaped"]) == sorted([lost.key, gone.key])
+    assert status == 0 and [view["key"] for view in data["daemons"]] == [kept.key]
+    assert not alive(lost.daemon_pid) and not alive(gone.daemon_pid)
+    # The one whose pipe directory is still there quits when asked; the other gets signals.
+    signalled = " ".join(r.getMessage() for r in caplog.records if "sending SIG" in
+                         r.getMessage())
+    assert gone.key in signalled and lost.key not in signalled
+    assert alive(kept.daemon_pid)
+    mgr.release(1)
+    assert bed.entries() == []
+
+
+def test_a_prolog_ends_what_runs_in_a_directory_without_record_before_removing_it(
+        bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    lost = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                       share_percent=25)
+    os.unlink(os.path.join(bed.mps_dir, lost.key + ".json"))
+    # The next job's prolog reaps first: the leftover directory's daemon is stopped, not
+    # cut off from its pipe directory and left running.
+    mgr.reap_stale(lambda job_id: True)
+    assert not alive(lost.daemon_pid)
+    assert bed.entries() == []
+
+
+def test_reap_never_acts_for_root_in_a_directory_without_record(bed, users):
+    """An MPS process of root's there is reported, not quit through a user's pipe."""
+    mgr = bed.manager()
+    mgr.reap_stale(lambda job_id: True)  # creates the state directories
+    key = "u0-" + GPU0.uuid
+    env = {"PATH": "/usr/bin:/bin",
+           "CUDA_MPS_PIPE_DIRECTORY": os.path.join(bed.mps_dir, key, "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(bed.base, "root-log")}
+    subprocess.run([bed.standin.program, "-d"], env=env, check=True, timeout=30)
+    pid = None
+    for _ in range(500):
+        pids = bed.standin.processes()
+        if pids:
+            pid = pids[0]
+            break
+        time.sleep(0.01)
+    assert pid is not None
+    try:
+        with pytest.raises(MpsError, match=rf"pid {pid} runs MPS as root in .*{key}/pipe"):
+            mgr.reap_stale(lambda job_id: True, strays=True)
+        assert alive(pid)
+    finally:
+        kill_and_wait(pid)
+        shutil.rmtree(os.path.join(bed.mps_dir, key), ignore_errors=True)
+
+
+def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
+    """The plugin's state is root's: a user is told to run the command as root, not shown a
+    traceback."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make root's state and run as another user")
+    state = tmp_path / "state"
+    (state / "mps").mkdir(parents=True)
+    (state / "mps" / "u1-GPU-x.json").write_text("{}")
+    for path in (tmp_path, state):
+        path.chmod(0o755)
+    (state / "mps").chmod(0o700)
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
+    result = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-m", "gpushare.cli", "mps",
+         "--state-dir", str(state)], capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": os.path.abspath(src), "PATH": os.environ["PATH"]}, cwd="/")
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert f"cannot read the plugin's state in {state}" in result.stderr
+    assert "run gpushare mps as root" in result.stderr
+
+
+def test_a_state_dir_too_long_for_the_control_socket_is_named_at_once(bed, users, tmp_path):
+    """The daemon could never listen on a socket path over 107 bytes: the start fails at
+    once with what to change, instead of after the whole timeout."""
+    u1 = users[0]
+    deep = str(tmp_path / ("s" * 60))
+    mgr = bed.manager(state_dir=deep)
+    with pytest.raises(MpsError, match=r"too close to the 107 a Unix socket path may have; give "
+                       r"plugstack.conf a state_dir= of at most \d+ characters") as err:
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    assert err.value.brief.startswith("MPS start failed: state_dir= too long")
+    assert bed.standin.processes() == []  # no daemon was started to wait for
+    assert not os.path.exists(os.path.join(deep, "mps", f"u{u1.pw_uid}-{GPU0.uuid}"))
