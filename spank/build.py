@@ -42,15 +42,6 @@ embedbuild = _load_embedbuild()
 
 CORE_NAME = "spank_gpushare_core.so"
 
-CDEF = """
-struct gs_host {
-    void *sp;
-    void (*log)(int level, const char *msg);
-    int (*job_ids)(void *sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid);
-    const char *(*getopt)(void *sp, const char *name);
-};
-"""
-
 EMBEDDING_API = """
 int gpushare_py_alive(void);
 int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
@@ -87,7 +78,8 @@ def build(out: str) -> list[str]:
     with open(os.path.join(HERE, "_embedded.py")) as src:
         init_code = src.read()
     core = os.path.join(os.path.dirname(os.path.abspath(out)), CORE_NAME)
-    embedbuild.compile_embedded("_gpushare_spank", EMBEDDING_API, CDEF, init_code,
+    cdef = embedbuild.header_struct(os.path.join(HERE, "gs_host.h"), "gs_host")
+    embedbuild.compile_embedded("_gpushare_spank", EMBEDDING_API, cdef, init_code,
                                 os.path.join(HERE, "gpushare_core.c"),
                                 embedbuild.python_defines(),
                                 os.path.join(HERE, "core_exports.map"), core)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -51,6 +52,17 @@ def c_wide_string(value: str) -> str:
         else:
             out.append(f"\\U{ord(ch):08x}")
     return 'L"' + "".join(out) + '"'
+
+
+def header_struct(header: str, name: str) -> str:
+    """``struct name { ... };`` as ``header`` declares it, for a cdef: the C code and cffi
+    read the one declaration."""
+    with open(header) as handle:
+        text = handle.read()
+    match = re.search(r"^struct " + re.escape(name) + r" \{\n.*?^\};$", text, re.M | re.S)
+    if match is None:
+        raise SystemExit(f"build: {header} declares no struct {name}")
+    return match.group(0)
 
 
 def isolated_module_paths() -> list[str]:
