@@ -41,6 +41,8 @@ def _load_embedbuild():
 embedbuild = _load_embedbuild()
 
 CORE_NAME = "spank_gpushare_core.so"
+CFFI_MODULE = "_gpushare_spank"
+ADAPTER = "gpushare.spank_adapter"  # the module every callback goes to
 
 EMBEDDING_API = """
 int gpushare_py_alive(void);
@@ -75,11 +77,10 @@ def build_plugin(out: str) -> str:
 
 def build(out: str) -> list[str]:
     """Both halves: the plugin at ``out`` and the core next to it."""
-    with open(os.path.join(HERE, "_embedded.py")) as src:
-        init_code = src.read()
+    init_code = embedbuild.init_code(CFFI_MODULE, ADAPTER, os.path.join(HERE, "_embedded.py"))
     core = os.path.join(os.path.dirname(os.path.abspath(out)), CORE_NAME)
     cdef = embedbuild.header_struct(os.path.join(HERE, "gs_host.h"), "gs_host")
-    embedbuild.compile_embedded("_gpushare_spank", EMBEDDING_API, cdef, init_code,
+    embedbuild.compile_embedded(CFFI_MODULE, EMBEDDING_API, cdef, init_code,
                                 os.path.join(HERE, "gpushare_core.c"),
                                 embedbuild.python_defines(),
                                 os.path.join(HERE, "core_exports.map"), core)

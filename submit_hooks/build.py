@@ -28,6 +28,9 @@ def _load_embedbuild():
 
 embedbuild = _load_embedbuild()
 
+CFFI_MODULE = "_gpushare_job_submit"
+ADAPTER = "gpushare.jobsubmit_adapter"  # the module every call goes to
+
 SLURM_VERSION_H = "/usr/include/slurm/slurm_version.h"
 CDEF = """
 #define SLURM_VERSION_NUMBER ...
@@ -77,11 +80,11 @@ int gpushare_submit_call(int what, void *job_desc, uint32_t uid, char **err_msg)
 
 
 def build(out: str, pythonpath: str) -> str:
-    with open(os.path.join(HERE, "_embedded.py")) as src:
-        init_code = f"PYTHONPATH = [{pythonpath!r}]\n" + src.read()
+    init_code = embedbuild.init_code(CFFI_MODULE, ADAPTER, os.path.join(HERE, "_embedded.py"),
+                                     [pythonpath])
     defines = embedbuild.python_defines()
     defines["GS_PYTHONPATH"] = embedbuild.c_string(pythonpath)
-    return embedbuild.compile_embedded("_gpushare_job_submit", EMBEDDING_API,
+    return embedbuild.compile_embedded(CFFI_MODULE, EMBEDDING_API,
                                        cdef_for(slurm_version_number()), init_code,
                                        os.path.join(HERE, "job_submit_gpushare.c"), defines,
                                        os.path.join(HERE, "exports.map"), out)

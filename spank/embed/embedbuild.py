@@ -21,8 +21,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from typing import Sequence
 
 import cffi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The hardening NVIDIA's pyxis builds its SPANK plugin with, in every build of both plugins.
 HARDENING_CFLAGS = ["-fPIC", "-fstack-protector-strong", "-Wall", "-Wformat",
@@ -103,6 +106,19 @@ def without_distribution_flags():
         yield
     finally:
         os.environ.update(saved)
+
+
+def init_code(cffi_module: str, adapter: str, externs: str,
+              pythonpath: Sequence[str] = ()) -> str:
+    """A core's Python: the names loader.py expects (``cffi_module``, the gpushare module
+    ``adapter`` every call goes to, ``pythonpath``), loader.py, then the plugin's extern
+    "Python" functions from the file ``externs``."""
+    parts = [f"CFFI_MODULE = {cffi_module!r}\nADAPTER = {adapter!r}\n"
+             f"PYTHONPATH = {list(pythonpath)!r}\n"]
+    for path in (os.path.join(HERE, "loader.py"), externs):
+        with open(path) as src:
+            parts.append(src.read())
+    return "\n".join(parts)
 
 
 def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path: str,
