@@ -35,7 +35,7 @@ build: deps
 	@$(SYSTEM_PYTHON) -m compileall -q build/pylib >/dev/null
 
 lint: venv
-	@$(VENV)/bin/ruff check src spank tests bench submit_hooks
+	@$(VENV)/bin/ruff check src spank tests bench submit_hooks scripts
 
 unit: venv
 	@$(PY) -m pytest tests/unit -q

@@ -26,7 +26,7 @@ BENCHMARKS = (
 
 def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]))
+        [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "scripts")]))
     failed = []
     for title, script, args in BENCHMARKS:
         path = os.path.join(HERE, script)

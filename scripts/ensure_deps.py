@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
-import slurmbed
+import slurmbed  # scripts/slurmbed.py, beside this script
 
 
 def main() -> int:

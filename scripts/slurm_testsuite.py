@@ -368,8 +368,8 @@ def _check_meta(meta: str, version: str) -> None:
 # ---- the bed -----------------------------------------------------------------------------
 
 def _bed_module():
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    import slurmbed  # the project's local Slurm (tests/slurmbed.py)
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import slurmbed  # the project's local Slurm (scripts/slurmbed.py)
     return slurmbed
 
 

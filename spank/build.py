@@ -8,21 +8,15 @@ python3-cffi (the interpreter the core will embed), never a venv or pyenv one:
     /usr/bin/python3 spank/build.py --out build/spank_gpushare.so
 
 The plugstack keys and default state directory are taken from gpushare.node.config, so the C
-glue and the Python core agree on them. ``compile_embedded`` is shared with the
-job_submit plugin's build (submit_hooks/build.py).
-
-Both plugins get pyxis's hardening (stack protector, FORTIFY, full RELRO, no executable
-stack) and then the distribution's CPPFLAGS, CFLAGS and LDFLAGS from the environment; the
-RPM spec sets those to %{optflags} and %{build_ldflags}.
+glue and the Python core agree on them. The flags, the embedded Python and the cffi
+compilation are those of embed/embedbuild.py, shared with the job_submit plugin's build
+(submit_hooks/build.py).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
+import importlib.util
 import os
-import shlex
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,30 +25,24 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-import cffi  # noqa: E402
-
 import gpushare  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 
+
+def _load_embedbuild():
+    """spank/embed/embedbuild.py, by its path."""
+    spec = importlib.util.spec_from_file_location(
+        "embedbuild", os.path.join(HERE, "embed", "embedbuild.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+embedbuild = _load_embedbuild()
+
 CORE_NAME = "spank_gpushare_core.so"
-
-# The hardening NVIDIA's pyxis builds its SPANK plugin with, in every build of both plugins.
-HARDENING_CFLAGS = ["-fPIC", "-fstack-protector-strong", "-Wall", "-Wformat",
-                    "-Werror=format-security", "-Werror=implicit-function-declaration"]
-HARDENING_FORTIFY = ["-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=2"]
-HARDENING_LDFLAGS = ["-Wl,-z,relro", "-Wl,-z,now", "-Wl,-z,noexecstack"]
-# The distribution's flags, as rpmbuild's %{optflags} and %{build_ldflags} (the spec exports
-# them) or dpkg-buildflags would give them.
-DISTRIBUTION_FLAG_VARS = ("CPPFLAGS", "CFLAGS", "LDFLAGS")
-
-CDEF = """
-struct gs_host {
-    void *sp;
-    void (*log)(int level, const char *msg);
-    int (*job_ids)(void *sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid);
-    const char *(*getopt)(void *sp, const char *name);
-};
-"""
+CFFI_MODULE = "_gpushare_spank"
+ADAPTER = "gpushare.node.spank_adapter"  # the module every callback goes to
 
 EMBEDDING_API = """
 int gpushare_py_alive(void);
@@ -62,103 +50,17 @@ int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
 """
 
 
-def c_string(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def c_wide_string(value: str) -> str:
-    """A C wide string literal (L"..."): escapes for quote and backslash, octal for control
-    characters, universal character names for the rest outside ASCII."""
-    out = []
-    for ch in value:
-        if ch in '\\"':
-            out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\{ord(ch):03o}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return 'L"' + "".join(out) + '"'
-
-
-def isolated_module_paths() -> list[str]:
-    """sys.path of this interpreter started isolated, as ``site`` would leave it."""
-    out = subprocess.run([sys.executable, "-I", "-c", "import json, sys; print(json.dumps("
-                          "[p for p in sys.path if p]))"], capture_output=True, text=True,
-                         check=True).stdout
-    return [str(path) for path in json.loads(out)]
-
-
-def python_defines() -> dict[str, str]:
-    """Which libpython to promote, its home and module path: this (system) interpreter's."""
-    if sys.prefix != sys.base_prefix:
-        raise SystemExit("build: run it with the system python3, not a virtual environment")
-    libpython = sysconfig.get_config_var("INSTSONAME")
-    if not libpython or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        raise SystemExit(f"build: {sys.executable} has no shared libpython to embed")
-    return {"GS_LIBPYTHON": c_string(libpython), "GS_PYTHONHOME": c_string(sys.base_prefix),
-            "GS_MODULE_PATHS": ", ".join(c_wide_string(p) for p in isolated_module_paths())}
-
-
-def build_flags() -> tuple[list[str], list[str]]:
-    """Compiler and linker flags for both plugins: the hardening, then the distribution's
-    CPPFLAGS, CFLAGS and LDFLAGS from the environment, last so that their choices (the
-    optimisation level, a FORTIFY level of their own) win."""
-    dist_c = shlex.split(os.environ.get("CPPFLAGS", "")) + shlex.split(os.environ.get("CFLAGS", ""))
-    dist_ld = shlex.split(os.environ.get("LDFLAGS", ""))
-    fortify = [] if any("_FORTIFY_SOURCE" in flag for flag in dist_c) else HARDENING_FORTIFY
-    return HARDENING_CFLAGS + fortify + dist_c, HARDENING_LDFLAGS + dist_ld
-
-
-@contextlib.contextmanager
-def without_distribution_flags():
-    """Hide CPPFLAGS/CFLAGS/LDFLAGS from setuptools while cffi compiles: build_flags() passes
-    them explicitly, in the same order as for the plain plugin, and only once."""
-    saved = {name: os.environ.pop(name) for name in DISTRIBUTION_FLAG_VARS if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-def compile_embedded(module: str, api: str, cdef: str, init_code: str, glue_path: str,
-                     defines: dict[str, str], exports: str, out: str) -> str:
-    """Compile one cffi embedding module whose C glue is ``glue_path``; copy it to ``out``."""
-    preamble = "\n".join(f"#define {k} {v}" for k, v in defines.items())
-    with open(glue_path) as src:
-        glue = src.read()
-    ffi = cffi.FFI()
-    ffi.embedding_api(api)
-    ffi.cdef(cdef)
-    ffi.embedding_init_code(init_code)
-    cflags, ldflags = build_flags()
-    ffi.set_source(
-        module,
-        preamble + "\n" + glue,
-        include_dirs=[HERE, os.path.dirname(glue_path)],
-        extra_compile_args=["-fvisibility=hidden", *cflags],
-        extra_link_args=["-Wl,-z,nodelete", "-Wl,--version-script=" + exports, *ldflags],
-    )
-    with tempfile.TemporaryDirectory() as tmp, without_distribution_flags():
-        built = ffi.compile(tmpdir=tmp, target=f"{module}.*", verbose=False)
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        shutil.copyfile(built, out)
-    os.chmod(out, 0o755)
-    return out
-
-
 def build_plugin(out: str) -> str:
     """The plain C plugin, compiled against the installed Slurm headers."""
     keys = [spec.key for spec in ARG_SPECS]
     defines = {
-        "GS_CORE_NAME": c_string(CORE_NAME),
-        "GS_DEFAULT_STATE_DIR": c_string(PluginConfig().state_dir),
-        "GS_KNOWN_KEYS": ", ".join(c_string(k) for k in keys),
-        "GS_KNOWN_KEYS_TEXT": c_string(", ".join(k + "=" for k in keys)),
-        "GS_VERSION": c_string(gpushare.__version__),
+        "GS_CORE_NAME": embedbuild.c_string(CORE_NAME),
+        "GS_DEFAULT_STATE_DIR": embedbuild.c_string(PluginConfig().state_dir),
+        "GS_KNOWN_KEYS": ", ".join(embedbuild.c_string(k) for k in keys),
+        "GS_KNOWN_KEYS_TEXT": embedbuild.c_string(", ".join(k + "=" for k in keys)),
+        "GS_VERSION": embedbuild.c_string(gpushare.__version__),
     }
-    cflags, ldflags = build_flags()
+    cflags, ldflags = embedbuild.build_flags()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".h") as header:
         header.write("".join(f"#define {k} {v}\n" for k, v in defines.items()))
@@ -175,12 +77,13 @@ def build_plugin(out: str) -> str:
 
 def build(out: str) -> list[str]:
     """Both halves: the plugin at ``out`` and the core next to it."""
-    with open(os.path.join(HERE, "_embedded.py")) as src:
-        init_code = src.read()
+    init_code = embedbuild.init_code(CFFI_MODULE, ADAPTER, os.path.join(HERE, "_embedded.py"))
     core = os.path.join(os.path.dirname(os.path.abspath(out)), CORE_NAME)
-    compile_embedded("_gpushare_spank", EMBEDDING_API, CDEF, init_code,
-                     os.path.join(HERE, "gpushare_core.c"), python_defines(),
-                     os.path.join(HERE, "core_exports.map"), core)
+    cdef = embedbuild.header_struct(os.path.join(HERE, "gs_host.h"), "gs_host")
+    embedbuild.compile_embedded(CFFI_MODULE, EMBEDDING_API, cdef, init_code,
+                                os.path.join(HERE, "gpushare_core.c"),
+                                embedbuild.python_defines(),
+                                os.path.join(HERE, "core_exports.map"), core)
     return [build_plugin(out), core]
 
 

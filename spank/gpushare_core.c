@@ -10,7 +10,7 @@
  */
 #include <slurm/spank.h>
 
-#include "gs_embed.h"
+#include "embed/gs_embed.h"
 #include "gs_host.h"
 
 #define GS_EXPORT __attribute__((visibility("default")))

@@ -12,6 +12,8 @@
 /* Log levels of gs_host.log; gpushare.common.log maps Python's levels onto them. */
 enum { GS_LOG_ERROR = 0, GS_LOG_INFO = 1, GS_LOG_VERBOSE = 2, GS_LOG_DEBUG = 3, GS_LOG_USER = 4 };
 
+/* The core's cffi cdef is this declaration, read from here by spank/build.py: keep it
+ * plain C declarations, with no comments or macros inside the braces. */
 struct gs_host {
     void *sp;
     void (*log)(int level, const char *msg);

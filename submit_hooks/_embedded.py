@@ -1,28 +1,10 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""Python side of job_submit/gpushare: find the core, then hand every call to it.
+# ruff: noqa: F821 - ffi, lib, load_adapter and traceback_lines come from embed/loader.py
+"""job_submit/gpushare's extern "Python" functions, after spank/embed/loader.py.
 
-``PYTHONPATH`` (the core's install directory) is prepended by build.py: the embedded
-interpreter is isolated and reads no PYTHON* variable of slurmctld's environment.
+Every call goes to the adapter (build.py names it and compiles in the core's install
+directory as PYTHONPATH); a failure is logged and the call returns 0.
 """
-import sys
-import traceback
-
-from _gpushare_job_submit import ffi, lib
-
-_adapter = None
-
-
-def _load():
-    global _adapter
-    if _adapter is None:
-        for path in PYTHONPATH:  # noqa: F821 - prepended by build.py
-            if path not in sys.path:
-                sys.path.insert(0, path)
-        from gpushare.submit import jobsubmit_adapter
-
-        jobsubmit_adapter.bind(ffi, lib)
-        _adapter = jobsubmit_adapter
-    return _adapter
 
 
 @ffi.def_extern()
@@ -33,8 +15,8 @@ def gpushare_submit_alive():
 @ffi.def_extern(error=0)
 def gpushare_submit_call(what, job_desc, uid, err_msg):
     try:
-        return int(_load().call(what, job_desc, uid, err_msg))
+        return int(load_adapter().call(what, job_desc, uid, err_msg))
     except BaseException:
-        for line in traceback.format_exc().rstrip().splitlines():
+        for line in traceback_lines():
             lib.gs_log(0, ("job_submit/gpushare: " + line).encode("utf-8", "replace"))
         return 0

@@ -11,13 +11,25 @@ job_submit plugin takes no arguments. The facts file is ``$GPUSHARE_FACTS`` or
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "spank"))
 
-from build import c_string, compile_embedded, python_defines  # noqa: E402
+
+def _load_embedbuild():
+    """spank/embed/embedbuild.py, by its path."""
+    spec = importlib.util.spec_from_file_location(
+        "embedbuild", os.path.join(HERE, "..", "spank", "embed", "embedbuild.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+embedbuild = _load_embedbuild()
+
+CFFI_MODULE = "_gpushare_job_submit"
+ADAPTER = "gpushare.submit.jobsubmit_adapter"  # the module every call goes to
 
 SLURM_VERSION_H = "/usr/include/slurm/slurm_version.h"
 CDEF = """
@@ -68,14 +80,14 @@ int gpushare_submit_call(int what, void *job_desc, uint32_t uid, char **err_msg)
 
 
 def build(out: str, pythonpath: str) -> str:
-    with open(os.path.join(HERE, "_embedded.py")) as src:
-        init_code = f"PYTHONPATH = [{pythonpath!r}]\n" + src.read()
-    defines = python_defines()
-    defines["GS_PYTHONPATH"] = c_string(pythonpath)
-    return compile_embedded("_gpushare_job_submit", EMBEDDING_API,
-                            cdef_for(slurm_version_number()), init_code,
-                            os.path.join(HERE, "job_submit_gpushare.c"), defines,
-                            os.path.join(HERE, "exports.map"), out)
+    init_code = embedbuild.init_code(CFFI_MODULE, ADAPTER, os.path.join(HERE, "_embedded.py"),
+                                     [pythonpath])
+    defines = embedbuild.python_defines()
+    defines["GS_PYTHONPATH"] = embedbuild.c_string(pythonpath)
+    return embedbuild.compile_embedded(CFFI_MODULE, EMBEDDING_API,
+                                       cdef_for(slurm_version_number()), init_code,
+                                       os.path.join(HERE, "job_submit_gpushare.c"), defines,
+                                       os.path.join(HERE, "exports.map"), out)
 
 
 def main() -> None:

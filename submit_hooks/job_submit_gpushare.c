@@ -25,7 +25,7 @@ extern char *slurm_xstrdup(const char *str);
 extern void slurm_xfree(void **ptr);
 extern slurm_conf_t slurm_conf; /* slurmctld's configuration (libslurmfull) */
 
-#include "gs_embed.h"
+#include "../spank/embed/gs_embed.h"
 
 #define GS_EXPORT __attribute__((visibility("default")))
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""Make the core (src/) and the test bed (tests/slurmbed.py) importable in every test."""
+"""Make the core (src/) and the test harness (scripts/: slurmbed.py, mps_standin, luahook,
+submit_strategies) importable in every test."""
 
 import errno
 import os
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for path in (os.path.join(HERE, "..", "src"), HERE):
+for path in (os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "scripts")):
     if path not in sys.path:
         sys.path.insert(0, path)
 

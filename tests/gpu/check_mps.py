@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path[:0] = [os.path.join(REPO, "src"), os.path.join(REPO, "tests")]
+sys.path[:0] = [os.path.join(REPO, "src"), os.path.join(REPO, "scripts")]
 
 from gpushare.common import proc  # noqa: E402
 from gpushare.node.config import PluginConfig  # noqa: E402

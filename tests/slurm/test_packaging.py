@@ -66,12 +66,16 @@ def test_environment_flags_reach_compiler_and_linker_once(plugins):
 
 
 def build_flags(env: dict[str, str]) -> dict[str, list[str]]:
-    """spank/build.py's flags and constants, from the system python3 that runs it."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import build; "
+    """The plugins' flags and constants (spank/embed/embedbuild.py, which both build scripts
+    use), from the system python3 that runs them."""
+    code = ("import importlib.util as u, json, sys; "
+            "s = u.spec_from_file_location('embedbuild', sys.argv[1]); "
+            "build = u.module_from_spec(s); s.loader.exec_module(build); "
             "c, ld = build.build_flags(); print(json.dumps({'c': c, 'ld': ld, "
             "'hc': build.HARDENING_CFLAGS, 'hf': build.HARDENING_FORTIFY, "
             "'hld': build.HARDENING_LDFLAGS}))")
-    result = subprocess.run([SYSTEM_PYTHON, "-c", code, os.path.join(slurmbed.REPO, "spank")],
+    helper = os.path.join(slurmbed.REPO, "spank", "embed", "embedbuild.py")
+    result = subprocess.run([SYSTEM_PYTHON, "-c", code, helper],
                             env=env, capture_output=True, text=True, check=True, timeout=60)
     return json.loads(result.stdout)
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 
 INSTALL_TWICE = """
 import sys
@@ -28,7 +28,7 @@ def test_a_process_installing_the_standin_leaves_its_temp_directory_empty(tmp_pa
     for path in (scratch, *bindirs):
         path.mkdir()
     result = subprocess.run([sys.executable, "-c", INSTALL_TWICE, *map(str, bindirs)],
-                            env=dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=TESTS),
+                            env=dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=SCRIPTS),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     programs = result.stdout.split()

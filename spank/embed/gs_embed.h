@@ -13,7 +13,7 @@
  * process ends.
  *
  * The including file defines GS_LIBPYTHON, GS_PYTHONHOME and GS_MODULE_PATHS (wide string
- * literals, comma separated) from build.py.
+ * literals, comma separated): embedbuild.python_defines() gives them.
  */
 #ifndef GS_EMBED_H
 #define GS_EMBED_H

@@ -103,7 +103,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-VECTORS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
+VECTORS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "vectors")
 
 
 def facts_path(name: str) -> str:
