@@ -83,7 +83,7 @@ def _check_inventory(plan: Plan, group: NodeGroup, node: str, inventory: Invento
                      ) -> list[Finding]:
     findings: list[Finding] = []
     source = f"node {node} ({inventory.source})"
-    real = {gpu.index: gpu for gpu in inventory.gpus}
+    real = {gpu.nvml_index: gpu for gpu in inventory.gpus}
     if len(real) != len(group.gpus):
         findings.append(Finding(
             ERROR, f"the node has {len(real)} GPUs, the plan's group {group.name} has "
@@ -120,7 +120,7 @@ def _check_inventory(plan: Plan, group: NodeGroup, node: str, inventory: Invento
                     f"plan has {_counts(want)}", where,
                     f"drain the node, then apply: nvidia-mig-parted apply -f <rendered config> "
                     f"-c {plan.mig_config_prefix}-{group.name}"))
-    busy = [gpu.index for gpu in inventory.gpus if _gpu_busy(gpu)]
+    busy = [gpu.nvml_index for gpu in inventory.gpus if _gpu_busy(gpu)]
     try:
         check_mig_change(plan, _Named(inventory, node), busy)
     except PlanError as err:
@@ -214,9 +214,9 @@ def _check_gres(plan: Plan, group: NodeGroup, node: str, gres: GresConf,
                     ERROR, f"{_describe(planned)} has Type={device.type or '(none)'} in "
                     f"gres.conf, the plan says {planned.type}", where,
                     f"set Type={planned.type}, or {render_hint}"))
-            if name != "gpu" and device.count != planned.count:
+            if name != "gpu" and device.gres_count != planned.count:
                 findings.append(Finding(
-                    ERROR, f"{_describe(planned)} has Count={device.count}, the plan says "
+                    ERROR, f"{_describe(planned)} has Count={device.gres_count}, the plan says "
                     f"{planned.count}", where, f"set Count={planned.count}, or {render_hint}"))
         for key, planned in want.items():
             if key not in seen:

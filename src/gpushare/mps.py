@@ -73,22 +73,23 @@ class MpsError(RuntimeError):
 
 
 class MpsDevice(NamedTuple):
-    """One GPU or MIG slice given to a job; ``index`` and ``label`` are for messages."""
+    """One GPU or MIG slice given to a job; ``gpu_index`` and ``label`` are for messages."""
 
     uuid: str
-    index: int = 0
+    gpu_index: int = 0  # NVML index of the (parent) GPU
     memory_total: int = 0
     label: str = ""
 
     def describe(self) -> str:
-        return f"{self.label or 'GPU ' + str(self.index)} ({self.uuid})"
+        return f"{self.label or 'GPU ' + str(self.gpu_index)} ({self.uuid})"
 
     def to_record(self) -> dict[str, Any]:
-        return self._asdict()
+        return {"uuid": self.uuid, "index": self.gpu_index, "memory_total": self.memory_total,
+                "label": self.label}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> "MpsDevice":
-        return cls(uuid=str(data["uuid"]), index=int(data.get("index", 0)),
+        return cls(uuid=str(data["uuid"]), gpu_index=int(data.get("index", 0)),
                    memory_total=int(data.get("memory_total", 0)),
                    label=str(data.get("label", "")))
 

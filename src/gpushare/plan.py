@@ -851,8 +851,9 @@ def check_mig_change(plan: Plan, inventory: Any, busy_gpus: Iterable[int]) -> li
     if group is None:
         raise PlanError([f"{plan.path}: node {inventory.hostname} is in no node group"])
     planned = {gpu.index: gpu for gpu in group.gpus}
-    changes = [gpu.index for gpu in inventory.gpus
-               if gpu.index in planned and planned[gpu.index].mig != bool(gpu.mig_current)]
+    changes = [gpu.nvml_index for gpu in inventory.gpus
+               if gpu.nvml_index in planned
+               and planned[gpu.nvml_index].mig != bool(gpu.mig_current)]
     busy = sorted(set(busy_gpus))
     if changes and busy:
         first = planned[changes[0]]

@@ -108,7 +108,7 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
     root = device_root or plan.slurm.device_root
     real: dict[int, Gpu] = {}
     if inventory is not None:
-        real = {gpu.index: gpu for gpu in inventory.gpus}
+        real = {gpu.nvml_index: gpu for gpu in inventory.gpus}
         missing = [gpu.index for gpu in group.gpus if gpu.index not in real]
         if missing:
             raise RenderError(f"node {inventory.hostname}: the plan has GPU "
