@@ -15,7 +15,7 @@ _adapter = None
 def _load():
     global _adapter
     if _adapter is None:
-        for path in PYTHONPATH:  # noqa: F821 - prepended by build.py
+        for path in PYTHONPATH:  # type: ignore[name-defined]  # noqa: F821 - prepended by build.py
             if path not in sys.path:
                 sys.path.insert(0, path)
         from gpushare import jobsubmit_adapter

@@ -100,10 +100,10 @@ def _check_inventory(plan: Plan, group: NodeGroup, node: str, inventory: Invento
                 where, f"set gpu_model for group {group.name} at {plan.path}:{group.line}"))
             continue
         if planned.mig != gpu.mig_current:
-            want = "on" if planned.mig else "off"
+            wanted = "on" if planned.mig else "off"
             findings.append(Finding(
                 ERROR, f"GPU {planned.index}: MIG is {'on' if gpu.mig_current else 'off'}, the "
-                f"plan wants it {want}", where,
+                f"plan wants it {wanted}", where,
                 f"drain the node, then apply the layout: nvidia-mig-parted apply -f "
                 f"<rendered config> -c {plan.mig_config_prefix}-{group.name}"))
         elif gpu.mig_pending != gpu.mig_current:
@@ -139,7 +139,7 @@ class _Named:
         self.gpus = inventory.gpus
 
 
-def _counts(counter: Counter) -> str:  # type: ignore[type-arg]
+def _counts(counter: Counter[str]) -> str:
     return " + ".join(f"{n} × {p}" for p, n in sorted(counter.items()))
 
 
@@ -161,11 +161,11 @@ def _check_gres(plan: Plan, group: NodeGroup, node: str, gres: GresConf,
     render_hint = f"gpushare render gres --plan {plan.path} --node {node}"
     mode = gres.autodetect(node)
     if mode in ("nvml", "nvidia"):
-        kube = any(g.owner != "slurm" for g in group.gpus)
+        kube_owned = any(g.owner != "slurm" for g in group.gpus)
         findings.append(Finding(
-            ERROR if kube else WARNING,
+            ERROR if kube_owned else WARNING,
             f"gres.conf uses AutoDetect={mode}: Slurm takes every GPU and MIG slice NVML "
-            "reports" + (", including those the plan gives to kubernetes" if kube else ""),
+            "reports" + (", including those the plan gives to kubernetes" if kube_owned else ""),
             gres.path, f"use the rendered gres.conf (AutoDetect=off): {render_hint}"))
     try:
         expected = expected_gres(plan, group, inventory, device_root)
@@ -249,8 +249,9 @@ def check_gres_all_nodes(plan: Plan, gres: GresConf, device_root: Optional[str] 
         assert group is not None
         classes.setdefault((group.name, tuple(positions)), []).append(node)
     findings: list[Finding] = []
-    for (_group, positions), nodes in classes.items():
-        subset = GresConf(gres.path, [gres.lines[i] for i in sorted(common + list(positions))])
+    for (_group, line_positions), nodes in classes.items():
+        subset = GresConf(gres.path,
+                          [gres.lines[i] for i in sorted(common + list(line_positions))])
         label = f"node {nodes[0]}" if len(nodes) == 1 else \
             f"nodes {hostlist.collect_hostlist(nodes)}"
         for finding in check_node(plan, nodes[0], subset, None, device_root):

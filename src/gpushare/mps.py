@@ -333,7 +333,7 @@ class MpsManager:
                         entry["strays"] = sorted(strays.get(key, []))
                         entry["busy"] = not entry["strays"] and self._lock_held(mps_fd, key)
                     if rec is not None and check_processes:
-                        pid = rec.get("daemon_pid")
+                        pid = rec.get("daemon_pid") or 0
                         entry["running"] = bool(pid) and self._is_ours(int(pid), rec,
                                                                        daemon_only=True)
                         entry["busy"] = not entry["running"] and self._lock_held(mps_fd, key)
@@ -847,8 +847,8 @@ class MpsManager:
                 raise MpsError(f"pid {pid} runs MPS as root in {self._path(key, 'pipe')}, "
                                "which gpushare never does; end it by hand")
             by_user.setdefault((int(uid.group(1)), int(gid.group(1))), []).append(pid)
-        for (uid, gid), group in sorted(by_user.items()):
-            rec: dict[str, Any] = {"key": key, "uid": uid, "gid": gid, "devices": [],
+        for (owner_uid, owner_gid), group in sorted(by_user.items()):
+            rec: dict[str, Any] = {"key": key, "uid": owner_uid, "gid": owner_gid, "devices": [],
                                    "pipe_dir": self._path(key, "pipe"),
                                    "log_dir": self._path(key, "log"), "daemon_pid": None}
             rec["daemon_pid"] = next((p for p in sorted(group)

@@ -237,7 +237,7 @@ class _Verifier:
                            brief=f"{short} belongs to {owner} in the ownership plan, not to "
                            f"slurm ({uuid})")
         if self.gres_name not in _SHARED:  # sharing GRES expect other jobs on the device
-            procs = mig.processes if mig is not None else gpu.processes
+            procs = list(mig.processes if mig is not None else gpu.processes)
             if mig is not None:
                 procs = procs + [p for p in gpu.processes if p.gi_id == mig.gi_id]
             foreign = sorted({p.pid for p in procs if p.pid not in self.job_pids})
