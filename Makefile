@@ -34,8 +34,15 @@ build: deps
 	@cp -r src/gpushare build/pylib/gpushare && find build/pylib -name __pycache__ -prune -exec rm -rf {} +
 	@$(SYSTEM_PYTHON) -m compileall -q build/pylib >/dev/null
 
+# ruff, then mypy (configured in pyproject.toml) for the oldest Python the core supports and
+# the newest one tested (Debian 13's python3).
+MYPY_PYTHONS := 3.9 3.13
 lint: venv
 	@$(VENV)/bin/ruff check src spank tests bench submit_hooks scripts
+	@for version in $(MYPY_PYTHONS); do \
+		printf 'mypy --python-version %s: ' $$version; \
+		$(VENV)/bin/mypy --python-version $$version || exit 1; \
+	done
 
 unit: venv
 	@$(PY) -m pytest tests/unit -q

@@ -22,8 +22,11 @@ setup(
         "nvidia-ml-py>=11.450",
         "python-hostlist>=1.21",
     ],
+    # The test and lint tools, pinned so that every machine runs the same checks: the newest
+    # releases that still install on Python 3.9 (`make unit39` installs this extra there too).
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "lupa>=2.0", "ruff>=0.4",
+        "test": ["pytest==8.4.2", "hypothesis==6.141.1", "lupa==2.8", "ruff==0.17.6",
+                 "mypy==1.19.1", "types-PyYAML==6.0.12.20250915",
                  "prometheus_client==0.21.1"],
     },
     entry_points={"console_scripts": ["gpushare=gpushare.cli:main"]},

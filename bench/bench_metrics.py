@@ -57,8 +57,8 @@ def populate(config: PluginConfig, users) -> None:
         user = users[job_id // len(GPUS) % len(users)]  # both users on every GPU
         lease = manager.acquire(job_id, user.pw_uid, user.pw_gid, [gpu], share_percent=12)
         store.write(JobRecord(job_id=job_id, uid=user.pw_uid, gid=user.pw_gid, node="bench",
-                              mode="shared", share_percent=12, slurm_gpus=[str(gpu.index)],
-                              devices=[{"uuid": gpu.uuid, "gpu_index": gpu.index,
+                              mode="shared", share_percent=12, slurm_gpus=[str(gpu.gpu_index)],
+                              devices=[{"uuid": gpu.uuid, "gpu_index": gpu.gpu_index,
                                         "profile": ""}], mps=lease.to_record()))
         counters.begin()
         counters.count("job_prolog", 0, config)

@@ -1,17 +1,26 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """Make the core (src/) and the test harness (scripts/: slurmbed.py, mps_standin, luahook,
-submit_strategies) importable in every test."""
+submit_strategies) importable in every test, and fix the examples the property-based tests
+try."""
 
 import errno
 import os
 import sys
 
 import pytest
+from hypothesis import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for path in (os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "scripts")):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+# Property-based tests: by default every run tries the same examples (a seed derived from
+# each test, no example database), so a failure reproduces and a pass means the same thing
+# everywhere. HYPOTHESIS_PROFILE=dev draws new examples each run and replays earlier failures.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

@@ -171,7 +171,7 @@ class Checker:
         return info
 
     def device(self) -> MpsDevice:
-        return MpsDevice(uuid=self.gpu["uuid"], index=self.gpu["index"],
+        return MpsDevice(uuid=self.gpu["uuid"], gpu_index=self.gpu["index"],
                          memory_total=self.gpu["memory_mib"] * MIB,
                          label=f"GPU {self.gpu['index']}")
 

@@ -83,7 +83,7 @@ def _check_inventory(plan: Plan, group: NodeGroup, node: str, inventory: Invento
                      ) -> list[Finding]:
     findings: list[Finding] = []
     source = f"node {node} ({inventory.source})"
-    real = {gpu.index: gpu for gpu in inventory.gpus}
+    real = {gpu.nvml_index: gpu for gpu in inventory.gpus}
     if len(real) != len(group.gpus):
         findings.append(Finding(
             ERROR, f"the node has {len(real)} GPUs, the plan's group {group.name} has "
@@ -100,10 +100,10 @@ def _check_inventory(plan: Plan, group: NodeGroup, node: str, inventory: Invento
                 where, f"set gpu_model for group {group.name} at {plan.path}:{group.line}"))
             continue
         if planned.mig != gpu.mig_current:
-            want = "on" if planned.mig else "off"
+            wanted = "on" if planned.mig else "off"
             findings.append(Finding(
                 ERROR, f"GPU {planned.index}: MIG is {'on' if gpu.mig_current else 'off'}, the "
-                f"plan wants it {want}", where,
+                f"plan wants it {wanted}", where,
                 f"drain the node, then apply the layout: nvidia-mig-parted apply -f "
                 f"<rendered config> -c {plan.mig_config_prefix}-{group.name}"))
         elif gpu.mig_pending != gpu.mig_current:
@@ -120,7 +120,7 @@ def _check_inventory(plan: Plan, group: NodeGroup, node: str, inventory: Invento
                     f"plan has {_counts(want)}", where,
                     f"drain the node, then apply: nvidia-mig-parted apply -f <rendered config> "
                     f"-c {plan.mig_config_prefix}-{group.name}"))
-    busy = [gpu.index for gpu in inventory.gpus if _gpu_busy(gpu)]
+    busy = [gpu.nvml_index for gpu in inventory.gpus if _gpu_busy(gpu)]
     try:
         check_mig_change(plan, _Named(inventory, node), busy)
     except PlanError as err:
@@ -139,7 +139,7 @@ class _Named:
         self.gpus = inventory.gpus
 
 
-def _counts(counter: Counter) -> str:  # type: ignore[type-arg]
+def _counts(counter: Counter[str]) -> str:
     return " + ".join(f"{n} × {p}" for p, n in sorted(counter.items()))
 
 
@@ -161,11 +161,11 @@ def _check_gres(plan: Plan, group: NodeGroup, node: str, gres: GresConf,
     render_hint = f"gpushare render gres --plan {plan.path} --node {node}"
     mode = gres.autodetect(node)
     if mode in ("nvml", "nvidia"):
-        kube = any(g.owner != "slurm" for g in group.gpus)
+        kube_owned = any(g.owner != "slurm" for g in group.gpus)
         findings.append(Finding(
-            ERROR if kube else WARNING,
+            ERROR if kube_owned else WARNING,
             f"gres.conf uses AutoDetect={mode}: Slurm takes every GPU and MIG slice NVML "
-            "reports" + (", including those the plan gives to kubernetes" if kube else ""),
+            "reports" + (", including those the plan gives to kubernetes" if kube_owned else ""),
             gres.path, f"use the rendered gres.conf (AutoDetect=off): {render_hint}"))
     try:
         expected = expected_gres(plan, group, inventory, device_root)
@@ -214,9 +214,9 @@ def _check_gres(plan: Plan, group: NodeGroup, node: str, gres: GresConf,
                     ERROR, f"{_describe(planned)} has Type={device.type or '(none)'} in "
                     f"gres.conf, the plan says {planned.type}", where,
                     f"set Type={planned.type}, or {render_hint}"))
-            if name != "gpu" and device.count != planned.count:
+            if name != "gpu" and device.gres_count != planned.count:
                 findings.append(Finding(
-                    ERROR, f"{_describe(planned)} has Count={device.count}, the plan says "
+                    ERROR, f"{_describe(planned)} has Count={device.gres_count}, the plan says "
                     f"{planned.count}", where, f"set Count={planned.count}, or {render_hint}"))
         for key, planned in want.items():
             if key not in seen:
@@ -249,8 +249,9 @@ def check_gres_all_nodes(plan: Plan, gres: GresConf, device_root: Optional[str] 
         assert group is not None
         classes.setdefault((group.name, tuple(positions)), []).append(node)
     findings: list[Finding] = []
-    for (_group, positions), nodes in classes.items():
-        subset = GresConf(gres.path, [gres.lines[i] for i in sorted(common + list(positions))])
+    for (_group, line_positions), nodes in classes.items():
+        subset = GresConf(gres.path,
+                          [gres.lines[i] for i in sorted(common + list(line_positions))])
         label = f"node {nodes[0]}" if len(nodes) == 1 else \
             f"nodes {hostlist.collect_hostlist(nodes)}"
         for finding in check_node(plan, nodes[0], subset, None, device_root):

@@ -67,7 +67,7 @@ class NodeSharing(NamedTuple):
 
 def _items(text: str) -> list[tuple[str, str, int, str]]:
     """``gpu:h100:2(IDX:1-2),mps:h100:25(IDX:0)`` → [(name, type, count, inside parens)]."""
-    items = []
+    items: list[tuple[str, str, int, str]] = []
     text = (text or "").strip()
     if text in ("", "(null)", "N/A"):
         return items

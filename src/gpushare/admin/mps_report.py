@@ -117,7 +117,7 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
     return DaemonView(
         key=key, status=status, mode=str(rec["mode"]), uid=int(rec["uid"]),
         user=_user_name(int(rec["uid"])),
-        devices=tuple(d.label or f"GPU {d.index}" for d in devices),
+        devices=tuple(d.label or f"GPU {d.gpu_index}" for d in devices),
         device_uuids=tuple(d.uuid for d in devices),
         jobs=jobs, stale_jobs=stale + gone, daemon_pid=None if pid is None else int(pid),
         started_at=rec.get("started_at"),
@@ -125,7 +125,7 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
         mem_limits=tuple(sorted((str(i), str(size)) for i, size in
                                 caps.get("mem", {}).items())),
         pipe_dir=str(rec["pipe_dir"]), problems=tuple(problems),
-        gpu_indexes=tuple(d.index for d in devices),
+        gpu_indexes=tuple(d.gpu_index for d in devices),
     )
 
 

@@ -181,14 +181,14 @@ class Plan:
 # YAML with line numbers
 
 
-class _Map(dict):  # type: ignore[type-arg]
+class _Map(dict):
     """A YAML mapping that remembers its own line and each key's line."""
 
     line = 0
     lines: dict[Any, int]
 
 
-class _Seq(list):  # type: ignore[type-arg]
+class _Seq(list):
     line = 0
     lines: list[int]
 
@@ -472,14 +472,14 @@ def _policy(c: _Checker, raw: Any, line: int) -> Policy:
     default = Policy()
     wait = default.switch_wait_s
     if "switch_wait_s" in section:
-        wait = c.integer(section["switch_wait_s"], _line_of(section, "switch_wait_s"),
-                         "policy.switch_wait_s", 0, 7 * 86400)
-        wait = default.switch_wait_s if wait is None else wait
+        given = c.integer(section["switch_wait_s"], _line_of(section, "switch_wait_s"),
+                          "policy.switch_wait_s", 0, 7 * 86400)
+        wait = default.switch_wait_s if given is None else given
     max_wait = default.max_switch_wait_s
     if "max_switch_wait_s" in section:
-        max_wait = c.integer(section["max_switch_wait_s"], _line_of(section, "max_switch_wait_s"),
-                             "policy.max_switch_wait_s", 0, 7 * 86400)
-        max_wait = default.max_switch_wait_s if max_wait is None else max_wait
+        given = c.integer(section["max_switch_wait_s"], _line_of(section, "max_switch_wait_s"),
+                          "policy.max_switch_wait_s", 0, 7 * 86400)
+        max_wait = default.max_switch_wait_s if given is None else given
     if wait > max_wait:
         c.error(section.line, f"policy.switch_wait_s ({wait}) is longer than "
                 f"policy.max_switch_wait_s ({max_wait})")
@@ -630,10 +630,10 @@ def _gpu_plan(c: _Checker, raw: Any, line: int, where: str, index: int, model: G
                     "slices of one profile on one GPU cannot be told apart by gres.conf or "
                     "the MIG manager, so give each owner a different profile or GPU")
             return None
-    key = (model.name, tuple(s[0] for s in slices), tuple(s[2] for s in slices))
-    if key not in cache:
-        cache[key] = place_slices(model, key[1], key[2])
-    placements = cache[key]
+    cache_key = (model.name, tuple(s[0] for s in slices), tuple(s[2] for s in slices))
+    if cache_key not in cache:
+        cache[cache_key] = place_slices(model, cache_key[1], cache_key[2])
+    placements = cache[cache_key]
     if placements is None:
         c.error(slice_line, f"{where} GPU {index}: a {model.name} cannot hold "
                 f"{' + '.join(s[0] for s in slices)}: {_why_not(model, slices)}")
@@ -851,8 +851,9 @@ def check_mig_change(plan: Plan, inventory: Any, busy_gpus: Iterable[int]) -> li
     if group is None:
         raise PlanError([f"{plan.path}: node {inventory.hostname} is in no node group"])
     planned = {gpu.index: gpu for gpu in group.gpus}
-    changes = [gpu.index for gpu in inventory.gpus
-               if gpu.index in planned and planned[gpu.index].mig != bool(gpu.mig_current)]
+    changes = [gpu.nvml_index for gpu in inventory.gpus
+               if gpu.nvml_index in planned
+               and planned[gpu.nvml_index].mig != bool(gpu.mig_current)]
     busy = sorted(set(busy_gpus))
     if changes and busy:
         first = planned[changes[0]]

@@ -108,7 +108,7 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
     root = device_root or plan.slurm.device_root
     real: dict[int, Gpu] = {}
     if inventory is not None:
-        real = {gpu.index: gpu for gpu in inventory.gpus}
+        real = {gpu.nvml_index: gpu for gpu in inventory.gpus}
         missing = [gpu.index for gpu in group.gpus if gpu.index not in real]
         if missing:
             raise RenderError(f"node {inventory.hostname}: the plan has GPU "
@@ -157,7 +157,7 @@ def _owned_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: in
     wanted: dict[str, int] = {}
     for mig_slice in mine:
         wanted[mig_slice.profile] = wanted.get(mig_slice.profile, 0) + 1
-    rows: list[tuple[tuple[int, int], str, str, str, str]] = []
+    keyed: list[tuple[tuple[int, int], str, str, str, str]] = []
     for profile_name, count in wanted.items():
         found = sorted((d for d in real.mig_devices if d.profile == profile_name),
                        key=lambda d: (d.gi_id, d.ci_id))
@@ -171,9 +171,9 @@ def _owned_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: in
             else:
                 gi_minor, ci_minor = caps_minors(real.minor, device.gi_id, device.ci_id)
                 gi_file, ci_file = f"{caps}{gi_minor}", f"{caps}{ci_minor}"
-            rows.append(((device.gi_id, device.ci_id), profile_name, gi_file, ci_file,
+            keyed.append(((device.gi_id, device.ci_id), profile_name, gi_file, ci_file,
                          f"GPU {gpu.index} slice {profile_name} {device.uuid}"))
-    return [row[1:] for row in sorted(rows)]
+    return [row[1:] for row in sorted(keyed)]
 
 
 def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:

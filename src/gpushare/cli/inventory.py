@@ -70,18 +70,18 @@ def format_inventory(inv: Inventory) -> str:
             fabric = f"{g.fabric.cluster_uuid[:8]}/clique {g.fabric.clique_id}"
         else:
             fabric = g.fabric.state
-        rows.append([str(g.index), str(g.minor), g.name, f"{g.memory_total / GIB:.1f} GiB",
+        rows.append([str(g.nvml_index), str(g.minor), g.name, f"{g.memory_total / GIB:.1f} GiB",
                      g.pci_bus_id, g.compute_mode, mig, nvlink, fabric, g.uuid])
     lines += text_table(rows)
     migs = [(g, m) for g in inv.gpus for m in g.mig_devices]
     if migs:
         rows = [["GPU", "GI", "CI", "PROFILE", "MEMORY", "CAPS FILES", "UUID"]]
-        rows += [[str(g.index), str(m.gi_id), str(m.ci_id), m.profile,
+        rows += [[str(g.nvml_index), str(m.gi_id), str(m.ci_id), m.profile,
                   f"{m.memory_total / GIB:.1f} GiB", ",".join(m.caps_files) or "-", m.uuid]
                  for g, m in migs]
         lines += ["", "MIG slices:", *text_table(rows)]
-    procs = [(g.index, "", p) for g in inv.gpus for p in g.processes if p.gi_id is None]
-    procs += [(g.index, f"{m.gi_id}/{m.ci_id}", p) for g, m in migs for p in m.processes]
+    procs = [(g.nvml_index, "", p) for g in inv.gpus for p in g.processes if p.gi_id is None]
+    procs += [(g.nvml_index, f"{m.gi_id}/{m.ci_id}", p) for g, m in migs for p in m.processes]
     if procs:
         rows = [["GPU", "GI/CI", "PID", "KIND", "MEMORY"]]
         rows += [[str(i), s or "-", str(p.pid), p.kind, f"{p.used_memory >> 20} MiB"]

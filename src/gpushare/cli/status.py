@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpushare.cli import add_slurm_arguments, text_table
 
 if TYPE_CHECKING:
-    from gpushare.admin.cluster_status import NodeSharing
+    from gpushare.admin.cluster_status import NodeSharing, TypeSharing
 
 __all__ = ["format_status", "register"]
 
@@ -55,7 +55,7 @@ def format_status(nodes: list[NodeSharing], totals: dict[str, Any], backend: str
         return head + ": no node has GPUs or MPS in its GRES"
     rows = [["NODE", "STATE", "GPU TYPE", "WHOLE FREE", "MPS USED", "MIG FREE"]]
     for node in nodes:
-        whole = [t for t in node.types if not t.mig_profile] or [None]
+        whole: list[TypeSharing | None] = [t for t in node.types if not t.mig_profile] or [None]
         mig = " ".join(f"{t.mig_profile}:{t.free}/{t.total}"
                        for t in node.types if t.mig_profile) or "-"
         for i, item in enumerate(whole):

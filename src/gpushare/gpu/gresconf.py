@@ -56,7 +56,7 @@ class GresLine(NamedTuple):
     type: str = ""
     files: Sequence[str] = ()
     multiple_files: bool = False
-    count: Optional[int] = None
+    gres_count: Optional[int] = None  # Count=
     flags: Sequence[str] = ()
     cores: str = ""
     links: str = ""
@@ -71,13 +71,14 @@ class GresLine(NamedTuple):
 
 
 class GresDevice(NamedTuple):
-    """One device as Slurm numbers it on a node: ``index`` is its place among ``name`` devices."""
+    """One device as Slurm numbers it on a node: ``slurm_index`` is its place among ``name``
+    devices."""
 
     name: str  # gpu | mps | shard | ...
-    index: int
+    slurm_index: int
     type: str
     files: Sequence[str]
-    count: int  # 1 for a gpu; this device's share count for mps/shard
+    gres_count: int  # 1 for a gpu; this device's share count for mps/shard
     line: int  # gres.conf line it came from (0: AutoDetect)
     flags: Sequence[str] = ()
 
@@ -151,7 +152,8 @@ def _explicit_devices(lines: list[GresLine]) -> list[GresDevice]:
                                           line.line, list(line.flags)))
         else:
             devices.append(GresDevice(line.name, len(devices), line.type, [],
-                                      line.count if line.count is not None else 1, line.line,
+                                      line.gres_count if line.gres_count is not None else 1,
+                                      line.line,
                                       list(line.flags)))
     return devices
 
@@ -167,7 +169,7 @@ def _shared_devices(name: str, lines: list[GresLine],
     Count split evenly across the node's gpus in their order."""
     devices: list[GresDevice] = []
     for line in lines:
-        count = line.count if line.count is not None else 0
+        count = line.gres_count if line.gres_count is not None else 0
         if line.files:
             for path, share in zip(line.files, _split(count, len(line.files))):
                 devices.append(GresDevice(name, len(devices), line.type, [path], share,
@@ -271,8 +273,8 @@ def _parse_line(number: int, text: str, where: str) -> GresLine:
         if multiple_files and count not in (None, 1):
             raise fail("MultipleFiles= describes one device; drop Count= or set Count=1")
     return GresLine(line=number, nodes=nodes, name=name, type=values.get("Type", ""),
-                    files=files, multiple_files=multiple_files, count=count, flags=flags,
-                    cores=values.get("Cores", ""), links=values.get("Links", ""),
+                    files=files, multiple_files=multiple_files, gres_count=count,
+                    flags=flags, cores=values.get("Cores", ""), links=values.get("Links", ""),
                     autodetect=autodetect,
                     node_set=frozenset(nodes) if nodes is not None else None)
 
@@ -295,5 +297,5 @@ def load_gres_conf(path: str) -> GresConf:
 
 def describe(device: GresDevice) -> dict[str, Any]:
     """A device as plain data (for JSON output)."""
-    return {"name": device.name, "index": device.index, "type": device.type,
-            "files": device.files, "count": device.count, "line": device.line}
+    return {"name": device.name, "index": device.slurm_index, "type": device.type,
+            "files": device.files, "count": device.gres_count, "line": device.line}

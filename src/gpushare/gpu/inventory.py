@@ -92,7 +92,7 @@ class FabricInfo(NamedTuple):
 
 
 class Gpu(NamedTuple):
-    index: int
+    nvml_index: int  # "index" in to_dict() output
     minor: int  # /dev/nvidia<minor>
     uuid: str  # "GPU-..."
     name: str
@@ -132,6 +132,7 @@ class Inventory(NamedTuple):
         gpus = []
         for g in data.get("gpus", []):
             g = dict(g)
+            g["nvml_index"] = g.pop("index")
             migs = []
             for m in g.pop("mig_devices", []):
                 m = dict(m)
@@ -160,9 +161,14 @@ class Inventory(NamedTuple):
         return None
 
 
+# Fields whose JSON name differs (a NamedTuple field cannot be called ``index``).
+_JSON_NAMES = {"nvml_index": "index"}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple) and hasattr(value, "_asdict"):
-        return {name: _plain(item) for name, item in value._asdict().items()}
+        return {_JSON_NAMES.get(name, name): _plain(item)
+                for name, item in value._asdict().items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
     return value
@@ -269,7 +275,7 @@ class _Collector:
             nvlinks = self.nvlinks(unsupported, handle, where)
             fabric = self.fabric(unsupported, handle, where)
         processes = self.processes(unsupported, handle, where)
-        return Gpu(index=index, minor=minor, uuid=uuid, name=name, memory_total=memory_total,
+        return Gpu(nvml_index=index, minor=minor, uuid=uuid, name=name, memory_total=memory_total,
                    pci_bus_id=pci_bus_id, compute_mode=compute_mode, mig_current=mig_current,
                    mig_pending=mig_pending, mig_devices=mig_devices, nvlinks=nvlinks,
                    fabric=fabric, processes=processes, device_dir=self.device_dir,

@@ -7,7 +7,7 @@ glue can reject an unknown key, and find ``state_dir``/``debug_log``, without st
 
 import os
 import re
-from typing import Callable, Iterable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional
 
 __all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "beside_slurm_conf",
            "expand_path", "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
@@ -170,11 +170,12 @@ class PluginConfig(NamedTuple):
 
     def for_node(self, node: str) -> "PluginConfig":
         """The configuration with ``%n``/``%h`` in its paths expanded for ``node``."""
-        return self._replace(**{
+        expanded: dict[str, Any] = {
             key: (expand_path(getattr(self, key), node) if key != "inventory"
                   else "sim:" + expand_path(self.inventory[4:], node))
             for key in _PATH_KEYS
-            if key != "inventory" or self.inventory.startswith("sim:")})
+            if key != "inventory" or self.inventory.startswith("sim:")}
+        return self._replace(**expanded)
 
     @property
     def jobs_dir(self) -> str:

@@ -183,7 +183,7 @@ def add(state_dir: str, keys: list[str], amounts: Optional[dict[str, int]] = Non
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     offset = 0
     while True:
         chunk = os.pread(fd, 1 << 16, offset)

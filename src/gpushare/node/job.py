@@ -270,7 +270,7 @@ def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[
         raise NodeError(f"job {record.job_id}: Slurm gave GPU {','.join(record.slurm_gpus)} "
                         "but NVML resolved none of them; check gres.conf against "
                         "`gpushare inventory`", drain=True)
-    return [MpsDevice(uuid=d.uuid, index=d.gpu_index, memory_total=d.memory_total,
+    return [MpsDevice(uuid=d.uuid, gpu_index=d.gpu_index, memory_total=d.memory_total,
                       label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index}")
             for d in devices]
 

@@ -74,22 +74,23 @@ class MpsError(RuntimeError):
 
 
 class MpsDevice(NamedTuple):
-    """One GPU or MIG slice given to a job; ``index`` and ``label`` are for messages."""
+    """One GPU or MIG slice given to a job; ``gpu_index`` and ``label`` are for messages."""
 
     uuid: str
-    index: int = 0
+    gpu_index: int = 0  # NVML index of the (parent) GPU
     memory_total: int = 0
     label: str = ""
 
     def describe(self) -> str:
-        return f"{self.label or 'GPU ' + str(self.index)} ({self.uuid})"
+        return f"{self.label or 'GPU ' + str(self.gpu_index)} ({self.uuid})"
 
     def to_record(self) -> dict[str, Any]:
-        return self._asdict()
+        return {"uuid": self.uuid, "index": self.gpu_index, "memory_total": self.memory_total,
+                "label": self.label}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> "MpsDevice":
-        return cls(uuid=str(data["uuid"]), index=int(data.get("index", 0)),
+        return cls(uuid=str(data["uuid"]), gpu_index=int(data.get("index", 0)),
                    memory_total=int(data.get("memory_total", 0)),
                    label=str(data.get("label", "")))
 
@@ -333,7 +334,7 @@ class MpsManager:
                         entry["strays"] = sorted(strays.get(key, []))
                         entry["busy"] = not entry["strays"] and self._lock_held(mps_fd, key)
                     if rec is not None and check_processes:
-                        pid = rec.get("daemon_pid")
+                        pid = rec.get("daemon_pid") or 0
                         entry["running"] = bool(pid) and self._is_ours(int(pid), rec,
                                                                        daemon_only=True)
                         entry["busy"] = not entry["running"] and self._lock_held(mps_fd, key)
@@ -847,8 +848,8 @@ class MpsManager:
                 raise MpsError(f"pid {pid} runs MPS as root in {self._path(key, 'pipe')}, "
                                "which gpushare never does; end it by hand")
             by_user.setdefault((int(uid.group(1)), int(gid.group(1))), []).append(pid)
-        for (uid, gid), group in sorted(by_user.items()):
-            rec: dict[str, Any] = {"key": key, "uid": uid, "gid": gid, "devices": [],
+        for (owner_uid, owner_gid), group in sorted(by_user.items()):
+            rec: dict[str, Any] = {"key": key, "uid": owner_uid, "gid": owner_gid, "devices": [],
                                    "pipe_dir": self._path(key, "pipe"),
                                    "log_dir": self._path(key, "log"), "daemon_pid": None}
             rec["daemon_pid"] = next((p for p in sorted(group)

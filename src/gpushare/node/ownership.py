@@ -69,9 +69,9 @@ def owner_lookup(gpus: "Optional[Sequence[GpuOwners]]", inventory: Any
     """``owner(uuid)`` for the node's GPUs and slices as NVML reports them."""
     owners: dict[str, Optional[str]] = {}
     for gpu in inventory.gpus:
-        owners[gpu.uuid] = owner_of(gpus, gpu.index)
+        owners[gpu.uuid] = owner_of(gpus, gpu.nvml_index)
         for mig in gpu.mig_devices:
-            owners[mig.uuid] = owner_of(gpus, gpu.index, mig.profile)
+            owners[mig.uuid] = owner_of(gpus, gpu.nvml_index, mig.profile)
     return owners.get
 
 

@@ -89,12 +89,12 @@ def profile_of_gres_type(gres_type: str) -> str:
 
 def _label(dev: GresDevice) -> str:
     kind = f"{dev.name}:{dev.type}" if dev.type else dev.name
-    return f"GRES {kind} index {dev.index} ({','.join(dev.files) or 'no device file'})"
+    return f"GRES {kind} index {dev.slurm_index} ({','.join(dev.files) or 'no device file'})"
 
 
 def _short_label(dev: GresDevice) -> str:
     kind = f"{dev.name}:{dev.type}" if dev.type else dev.name
-    return f"GRES {kind} index {dev.index}"
+    return f"GRES {kind} index {dev.slurm_index}"
 
 
 def _where(node: str, conf: GresConf, dev: Optional[GresDevice]) -> str:
@@ -108,10 +108,10 @@ def _where(node: str, conf: GresConf, dev: Optional[GresDevice]) -> str:
 def _resolved(slurm_index: int, name: str, gres_type: str, gpu: Gpu,
               mig: Optional[MigDevice]) -> ResolvedDevice:
     if mig is None:
-        return ResolvedDevice(slurm_index, name, gres_type, gpu.uuid, gpu.uuid, gpu.index,
+        return ResolvedDevice(slurm_index, name, gres_type, gpu.uuid, gpu.uuid, gpu.nvml_index,
                               gpu.minor, False, gpu.memory_total, "", [gpu.device_file])
-    return ResolvedDevice(slurm_index, name, gres_type, mig.uuid, gpu.uuid, gpu.index, gpu.minor,
-                          True, mig.memory_total, mig.profile,
+    return ResolvedDevice(slurm_index, name, gres_type, mig.uuid, gpu.uuid, gpu.nvml_index,
+                          gpu.minor, True, mig.memory_total, mig.profile,
                           [gpu.device_file, *mig.caps_files])
 
 
@@ -162,12 +162,12 @@ class _Verifier:
             if mig_caps == caps:
                 return gpu, mig
         if not gpu.mig_current:
-            self.error(f"{_label(dev)} is a MIG slice to Slurm but GPU {gpu.index} "
+            self.error(f"{_label(dev)} is a MIG slice to Slurm but GPU {gpu.nvml_index} "
                        f"({gpu.uuid}) is not in MIG mode per NVML", where,
                        "enable MIG and create the slices in the plan's layout, or describe "
                        "the GPU as a whole gpu (File=/dev/nvidiaN) in gres.conf")
         else:
-            self.error(f"{_label(dev)}: no MIG slice on GPU {gpu.index} ({gpu.uuid}) has "
+            self.error(f"{_label(dev)}: no MIG slice on GPU {gpu.nvml_index} ({gpu.uuid}) has "
                        "these nvidia-cap files per NVML and mig-minors", where,
                        "regenerate gres.conf from the node's MIG layout "
                        "(gpushare render gres) or recreate the missing slice")
@@ -200,25 +200,25 @@ class _Verifier:
         wanted = profile_of_gres_type(gres_type)
         if mig is not None:
             if wanted and wanted != mig.profile.lower():
-                self.error(f"{label} is MIG {mig.profile} on GPU {gpu.index} ({mig.uuid}) "
+                self.error(f"{label} is MIG {mig.profile} on GPU {gpu.nvml_index} ({mig.uuid}) "
                            f"per NVML, not {wanted}", where,
                            f"make gres.conf's Type= for this slice {mig.profile} (or recreate "
                            f"the slice as {wanted}) so Slurm and the GPU agree",
                            brief=f"{short} is MIG {mig.profile} per NVML, not {wanted} (GPU "
-                           f"{gpu.index}, {mig.uuid})")
+                           f"{gpu.nvml_index}, {mig.uuid})")
         else:
             if wanted:
-                self.error(f"{label} is a whole GPU {gpu.index} ({gpu.uuid}) per NVML, not "
+                self.error(f"{label} is a whole GPU {gpu.nvml_index} ({gpu.uuid}) per NVML, not "
                            f"a MIG {wanted} slice", where,
                            "create the MIG slices the plan describes, or change gres.conf's "
                            "Type= to a whole-GPU type")
             elif gpu.mig_current:
-                self.error(f"{label} is handed out as a whole GPU but GPU {gpu.index} "
+                self.error(f"{label} is handed out as a whole GPU but GPU {gpu.nvml_index} "
                            f"({gpu.uuid}) is in MIG mode per NVML", where,
                            "describe its MIG slices in gres.conf (MultipleFiles=), or disable "
                            "MIG on it")
             elif gpu.mig_pending:
-                self.error(f"{label}: GPU {gpu.index} ({gpu.uuid}) has MIG mode enable "
+                self.error(f"{label}: GPU {gpu.nvml_index} ({gpu.uuid}) has MIG mode enable "
                            "pending; the next GPU reset will partition it", where,
                            "finish the MIG change (reset the GPU while it is drained) or "
                            "cancel it (nvidia-smi -i N -mig 0)", severity="warning")
@@ -237,7 +237,7 @@ class _Verifier:
                            brief=f"{short} belongs to {owner} in the ownership plan, not to "
                            f"slurm ({uuid})")
         if self.gres_name not in _SHARED:  # sharing GRES expect other jobs on the device
-            procs = mig.processes if mig is not None else gpu.processes
+            procs = list(mig.processes if mig is not None else gpu.processes)
             if mig is not None:
                 procs = procs + [p for p in gpu.processes if p.gi_id == mig.gi_id]
             foreign = sorted({p.pid for p in procs if p.pid not in self.job_pids})

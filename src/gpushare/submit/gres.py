@@ -110,13 +110,14 @@ def _parse_item(text: str) -> GresItem:
         if "/" in text.split(":", 1)[0].split("=", 1)[0] or ascii_lower(head) in _PLAIN_TRES:
             return GresItem(name=head, is_gres=False, raw=raw)
     count_sep = ":"
-    count: int | None = 1
+    count = 1
     if "=" in text:
         text, count_text = text.split("=", 1)
         count_sep = "="
-        count = parse_count(count_text)
-        if count is None:
+        parsed = parse_count(count_text)
+        if parsed is None:
             raise GresError(raw, "the count after '=' must be a number")
+        count = parsed
     parts = text.split(":")
     name = parts[0]
     if not _NAME_RE.fullmatch(name):
@@ -128,9 +129,10 @@ def _parse_item(text: str) -> GresItem:
         type_ = parts[1] if len(parts) == 2 else None
     elif len(parts) == 2:
         if _COUNT_RE.fullmatch(parts[1]):
-            count = parse_count(parts[1])
-            if count is None:
+            parsed = parse_count(parts[1])
+            if parsed is None:
                 raise GresError(raw, "the count is too large")
+            count = parsed
         elif "0" <= parts[1][:1] <= "9":
             raise GresError(raw, "a type that starts with a digit needs a count after it",
                             count_missing=True)
@@ -138,14 +140,15 @@ def _parse_item(text: str) -> GresItem:
             type_ = parts[1]
     elif len(parts) == 3:
         type_ = parts[1]
-        count = parse_count(parts[2])
-        if count is None:
+        parsed = parse_count(parts[2])
+        if parsed is None:
             raise GresError(raw, "the last part must be a count such as 2")
+        count = parsed
     elif len(parts) > 3:
         raise GresError(raw, "too many ':' parts (name[:type][:count])")
     if type_ is not None and not _TYPE_RE.fullmatch(type_):
         raise GresError(raw, "the type part is empty or has odd characters")
-    return GresItem(name=name, type=type_, count=int(count), prefix=prefix,
+    return GresItem(name=name, type=type_, count=count, prefix=prefix,
                     count_sep=count_sep, raw=raw)
 
 

@@ -255,8 +255,8 @@ def write_job(config: PluginConfig, job_id: int, uid: int, mode: str, share: int
               devices, profile: str = "") -> None:
     JobStore(config.state_dir).write(JobRecord(
         job_id=job_id, uid=uid, gid=uid, node="n1", mode=mode, share_percent=share,
-        slurm_gpus=[str(d.index) for d in devices],
-        devices=[{"uuid": d.uuid, "gpu_index": d.index, "profile": profile} for d in devices]))
+        slurm_gpus=[str(d.gpu_index) for d in devices],
+        devices=[{"uuid": d.uuid, "gpu_index": d.gpu_index, "profile": profile} for d in devices]))
 
 
 @pytest.fixture

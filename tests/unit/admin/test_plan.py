@@ -184,7 +184,7 @@ def test_missing_file_is_plan_error(tmp_path):
 
 
 def _inventory(host: str, modes: list[bool]) -> Inventory:
-    gpus = [Gpu(index=i, minor=i, uuid=f"GPU-{i}", name="NVIDIA A100-SXM4-40GB",
+    gpus = [Gpu(nvml_index=i, minor=i, uuid=f"GPU-{i}", name="NVIDIA A100-SXM4-40GB",
                 memory_total=40 << 30, pci_bus_id=f"0000:{i:02x}:00.0", compute_mode="default",
                 mig_current=mode, mig_pending=mode) for i, mode in enumerate(modes)]
     return Inventory(hostname=host, driver_version="550", cuda_driver_version="12.4",

@@ -71,7 +71,7 @@ def test_rendered_gres_conf_reads_back_as_the_plan_devices():
     assert sorted(got) == sorted(want) and len(got) == 5
     assert all(f.startswith("/tmp/x/dev/") for files in got for f in files)
     shards = conf.devices("a1", "shard")
-    assert [(d.files, d.count) for d in shards] == [(["/tmp/x/dev/nvidia2"], 8)]
+    assert [(d.files, d.gres_count) for d in shards] == [(["/tmp/x/dev/nvidia2"], 8)]
     assert slurm_node_gres(group) == "gpu:a100:1,gpu:1g.10gb:2,gpu:3g.40gb:2,shard:8"
 
 

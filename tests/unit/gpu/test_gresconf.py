@@ -28,7 +28,7 @@ NodeName=gpu03 Name=shard Count=8 File=/dev/nvidia[0-1]
 def test_devices_per_node_in_slurm_index_order():
     conf = parse_gres_conf(CONF, "/etc/slurm/gres.conf")
     gpus = conf.devices("gpu02")
-    assert [(d.index, d.type, d.files, d.line) for d in gpus] == [
+    assert [(d.slurm_index, d.type, d.files, d.line) for d in gpus] == [
         (0, "a100", ["/dev/nvidia2"], 3),
         (1, "a100", ["/dev/nvidia3"], 3),
         (2, "1g.10gb", ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap66",
@@ -43,27 +43,27 @@ def test_devices_per_node_in_slurm_index_order():
 def test_mps_without_file_is_split_over_the_gpus():
     conf = parse_gres_conf(CONF)
     mps = conf.devices("gpu01", "mps")
-    assert [(d.index, d.count, d.files[0]) for d in mps] == [
+    assert [(d.slurm_index, d.gres_count, d.files[0]) for d in mps] == [
         (0, 100, "/dev/nvidia2"), (1, 100, "/dev/nvidia3"), (2, 100, "/dev/nvidia0")]
     four = conf.devices("gpu03", "mps")
-    assert [d.count for d in four] == [75, 75, 75, 75]
+    assert [d.gres_count for d in four] == [75, 75, 75, 75]
     none = parse_gres_conf("Name=mps Count=100\n").devices("x", "mps")
-    assert [(d.count, d.files) for d in none] == [(100, [])]
+    assert [(d.gres_count, d.files) for d in none] == [(100, [])]
 
 
 def test_shared_gres_with_files_splits_count_per_file():
     conf = parse_gres_conf(CONF)
     shards = conf.devices("gpu03", "shard")
-    assert [(d.index, d.count, d.files) for d in shards] == [
+    assert [(d.slurm_index, d.gres_count, d.files) for d in shards] == [
         (0, 4, ["/dev/nvidia0"]), (1, 4, ["/dev/nvidia1"])]
     uneven = parse_gres_conf("Name=mps Count=7 File=/dev/nvidia[0-1]\n").devices("n", "mps")
-    assert [d.count for d in uneven] == [4, 3]
+    assert [d.gres_count for d in uneven] == [4, 3]
 
 
 def test_count_suffixes_and_autodetect_scoping():
     conf = parse_gres_conf("AutoDetect=nvml\nNodeName=b AutoDetect=off\nName=mps Count=1K\n")
     assert conf.autodetect("a") == "nvml" and conf.autodetect("b") == "off"
-    assert conf.lines[2].count == 1024
+    assert conf.lines[2].gres_count == 1024
     assert parse_gres_conf("").autodetect("a") == ""
 
 
@@ -77,7 +77,7 @@ def test_autodetect_builds_devices_from_the_inventory():
     assert gpus[7].type == "nvidia_a100_3g.40gb"
     assert gpus[7].files == ["/dev/nvidia1", *inv.gpus[1].mig_devices[0].caps_files]
     assert gpus[10].type == "nvidia_a100-sxm4-80gb" and gpus[10].files == ["/dev/nvidia2"]
-    assert [d.index for d in gpus] == list(range(12))
+    assert [d.slurm_index for d in gpus] == list(range(12))
     assert len(conf.devices("n", "mps", inv)) == 12
     # without an inventory only explicit lines count
     assert conf.devices("n", "gpu") == []

@@ -56,7 +56,7 @@ def test_profile_collects_to_what_it_says(path):
     assert inv.cuda_driver_version == f"{cuda // 1000}.{cuda % 1000 // 10}"
     assert len(inv.gpus) == len(raw["gpus"])
     for index, (gpu, want) in enumerate(zip(inv.gpus, raw["gpus"])):
-        assert gpu.index == index
+        assert gpu.nvml_index == index
         assert gpu.minor == want["minor"]
         assert gpu.uuid == want["uuid"]
         assert gpu.name == want["name"]
