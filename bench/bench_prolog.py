@@ -7,11 +7,13 @@ One local Slurm node; ``srun --gres=mps:25 printenv SLURM_JOB_ID`` is run, inter
   gpushare, joins  the same user already has a job (and so a daemon) on the GPU: the prolog
                    only takes a reference, the epilog only drops it
 For each job, slurmd's log (millisecond timestamps) gives
-  prolog   from "calling slurmstepd spank prolog" until the step may launch ("Finished
-           wait for job's prolog"; when srun asks later than the prolog ends, that wait
-           is part of it, the same for every variant)
+  prolog   from "calling slurmstepd spank prolog" until the step's slurmstepd logs its
+           first line (the spank prolog process, then the step's start: the same for
+           every variant but what the plugin's callback adds)
   epilog   from "calling slurmstepd spank epilog" to "completed epilog"
-and the client gives the end-to-end srun time. Prints medians and what gpushare adds.
+and the client gives the end-to-end srun time; the plugin's debug log gives how long its
+detached prolog and epilog workers ran (what the job's first task, and the next job's
+prolog worker, may wait for). Prints medians and what gpushare adds.
 
     python3 bench/bench_prolog.py [--rounds 5] [--per-round 6]
 """
@@ -58,7 +60,8 @@ def spans_from_log(path: str) -> dict[int, dict[str, float]]:
                 match = re.search(rf"Running spank/{phase} for jobid \[(\d+)\]", line)
                 if match and phase in pending:
                     starts.setdefault(int(match.group(1)), {})[phase] = pending.pop(phase)
-            match = re.search(r"Finished wait for job (\d+)'s prolog to complete", line)
+            # The step's slurmstepd logs "[<job>.<step>]" once Slurm has let it start.
+            match = re.search(r"^\[[^]]+\] \[(\d+)\.", line)
             if match and "prolog" in starts.get(int(match.group(1)), {}):
                 job = int(match.group(1))
                 spans.setdefault(job, {}).setdefault("prolog", ts - starts[job]["prolog"])
@@ -66,6 +69,24 @@ def spans_from_log(path: str) -> dict[int, dict[str, float]]:
             if match and "epilog" in starts.get(int(match.group(1)), {}):
                 job = int(match.group(1))
                 spans.setdefault(job, {})["epilog"] = ts - starts[job]["epilog"]
+    return spans
+
+
+def workers_from_debug_log(lines: list[str]) -> dict[int, dict[str, float]]:
+    """Per job: seconds each detached worker ran (the plugin's debug log, microseconds),
+    from "cb=job_prolog detached" until its Python returned; likewise for the epilog."""
+    spans: dict[int, dict[str, float]] = {}
+    began: dict[tuple[int, str], float] = {}
+    for line in lines:
+        match = re.match(r"(\d+\.\d+) .* job=(\d+) cb=job_(prolog|epilog) (detached|python rc=)",
+                         line)
+        if not match:
+            continue
+        ts, job, phase, what = float(match[1]), int(match[2]), match[3], match[4]
+        if what == "detached":
+            began[(job, phase)] = ts
+        elif (job, phase) in began:
+            spans.setdefault(job, {})[phase] = ts - began.pop((job, phase))
     return spans
 
 
@@ -112,6 +133,7 @@ def main() -> int:
                     bed.wait_job(holder)
         time.sleep(2)  # the last epilogs
         spans = spans_from_log(bed.path("log", f"slurmd-{node}.log"))
+        workers = workers_from_debug_log(bed.debug_lines())
 
     rows = []
     for name in names:
@@ -119,16 +141,25 @@ def main() -> int:
         prolog = [spans[j]["prolog"] for j in ids if "prolog" in spans.get(j, {})]
         epilog = [spans[j]["epilog"] for j in ids if "epilog" in spans.get(j, {})]
         srun = [seconds for _, seconds in jobs[name]]
-        rows.append((name, len(ids), _ms(prolog), _ms(epilog), _ms(srun)))
+        # Without the plugin there is no worker (a round's last epilog may run once the next
+        # round's plugstack.conf is in place: not this variant's).
+        counted = ids if name != "no plugin" else []
+        pro_worker = [workers[j]["prolog"] for j in counted if "prolog" in workers.get(j, {})]
+        epi_worker = [workers[j]["epilog"] for j in counted if "epilog" in workers.get(j, {})]
+        rows.append((name, len(ids), _ms(prolog), _ms(epilog), _ms(srun), _ms(pro_worker),
+                     _ms(epi_worker)))
     base = rows[0]
     print(f"srun --gres=mps:25, {opts.rounds} rounds x {opts.per_round} jobs per variant, "
-          "medians in ms (slurmd log timestamps have 1 ms resolution)")
+          "medians in ms (slurmd log timestamps have 1 ms resolution). prolog/epilog: what "
+          "Slurm waits for; workers: gpushare's detached prolog and epilog work, which the "
+          "job's first task (prolog) or the next prolog worker (epilog) waits for")
     print(f"{'variant':<18} {'jobs':>5} {'prolog':>8} {'epilog':>8} {'pro+epi':>8} "
-          f"{'added':>7} {'srun':>8} {'added':>7}")
-    for name, count, prolog, epilog, srun in rows:
+          f"{'added':>7} {'srun':>8} {'added':>7} {'pro wkr':>8} {'epi wkr':>8}")
+    for name, count, prolog, epilog, srun, pro_worker, epi_worker in rows:
         both = prolog + epilog
         print(f"{name:<18} {count:>5} {prolog:>8.1f} {epilog:>8.1f} {both:>8.1f} "
-              f"{both - base[2] - base[3]:>+7.1f} {srun:>8.1f} {srun - base[4]:>+7.1f}")
+              f"{both - base[2] - base[3]:>+7.1f} {srun:>8.1f} {srun - base[4]:>+7.1f} "
+              f"{pro_worker:>8.1f} {epi_worker:>8.1f}")
     return 0
 
 

@@ -533,8 +533,9 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
  * when it ends). A per-job lock, <state_dir>/jobs/<id>.lock, taken before the prolog
  * returns and held by the worker until it ends, orders what follows: the job's tasks wait
  * for it in task_init_privileged, bounded, and the epilog waits for it before undoing it.
- * Epilog workers hold <state_dir>/epilogs.lock shared, and a prolog worker waits for them,
- * so a GPU is handed to the next job only once the last one's daemon is stopped. Slurm no
+ * Epilog workers hold <state_dir>/epilogs.lock shared, and a prolog worker waits for them
+ * (gpushare.node.job.wait_for_epilogs, after its GPU check, before the MPS daemon), so a
+ * GPU goes to the next job's daemon only once the last one's is stopped. Slurm no
  * longer sees the worker's result, so the worker drains the node itself on a failure
  * (gpushare.spank_adapter) and tells the tasks why through the job's record.
  */
@@ -663,24 +664,6 @@ static void gs_epilogs_lock_path(char *path, size_t size)
     snprintf(path, size, "%s/epilogs.lock", gs_state_dir);
 }
 
-/* A prolog worker starts once the epilogs that ran before its prolog have finished. */
-static void gs_wait_for_epilogs(spank_t sp)
-{
-    char path[PATH_MAX + 32];
-    int fd;
-
-    gs_epilogs_lock_path(path, sizeof(path));
-    fd = gs_open_lock(path, 0);
-    if (fd < 0)
-        return;
-    if (gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0)
-        slurm_error("gpushare: an earlier job's epilog on this node still runs after %g s; "
-                    "setting up this job anyway (see slurmd's log)", gs_wait_limit());
-    else
-        gs_debug(sp, "cb=job_prolog epilogs=done");
-    close(fd);
-}
-
 /* A prolog worker that failed before its Python could say so: the tasks fail with
  * ``text`` instead of starting unchecked. An env file already written is left alone. */
 static void gs_fail_tasks(spank_t sp, const char *text)
@@ -741,8 +724,6 @@ static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
             if (null_fd > STDERR_FILENO)
                 close(null_fd);
         }
-        if (strcmp(callback, "job_prolog") == 0)
-            gs_wait_for_epilogs(sp);
         rc = gs_call_python(callback, sp, ac, av);
         if (rc != 0 && strcmp(callback, "job_prolog") == 0)
             gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log "

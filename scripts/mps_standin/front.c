@@ -172,13 +172,16 @@ int main(int argc, char **argv)
         server();
 
     snprintf(script, sizeof(script), "%s/standin.py", self_dir);
-    args = calloc((size_t)argc + 2, sizeof(*args));
+    /* -I -S: the stand-in stands for a native program; Python's site start-up is not its */
+    args = calloc((size_t)argc + 4, sizeof(*args));
     if (!args)
         return 1;
     args[0] = self;
-    args[1] = script;
+    args[1] = "-I";
+    args[2] = "-S";
+    args[3] = script;
     for (int i = 1; i < argc; i++)
-        args[i + 1] = argv[i];
+        args[i + 3] = argv[i];
     execv(PYTHON, args);
     fprintf(stderr, "nvidia-cuda-mps-control stand-in: cannot run %s: %s\n", PYTHON,
             strerror(errno));

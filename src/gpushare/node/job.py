@@ -10,6 +10,7 @@ are split by who must act:
 """
 
 import contextlib
+import fcntl
 import os
 import time
 from types import MappingProxyType
@@ -230,6 +231,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     # The record goes down first, so an epilog always finds what a prolog may have started;
     # the tasks' environment only once the daemon answers.
     store.write(record, tasks=False)
+    wait_for_epilogs(config)
     manager = MpsManager(config)
     try:
         # References of jobs whose epilog never ran go first: their record is gone, or
@@ -262,6 +264,40 @@ def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: 
                            share_percent=0)
     record.error = message
     store.write(record)
+
+
+EPILOGS_LOCK = "epilogs.lock"  # held shared by every epilog worker (the C glue takes it)
+
+
+def epilog_wait_limit(config: PluginConfig) -> float:
+    """How long a worker waits for another: its commands are each bounded by timeout=, and it
+    runs at most a few of them (the C glue's gs_wait_limit)."""
+    return 4 * config.timeout + 5
+
+
+def wait_for_epilogs(config: PluginConfig) -> None:
+    """Wait until the epilogs that began before this prolog have finished, so that a GPU's
+    daemon of the job before is stopped before this job's starts. The epilog workers hold
+    ``epilogs.lock`` shared from before their epilog returned to Slurm."""
+    try:
+        fd = os.open(os.path.join(config.state_dir, EPILOGS_LOCK),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        deadline = time.monotonic() + epilog_wait_limit(config)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.error("an earlier job's epilog on this node still runs after %g s; "
+                              "setting up this job anyway", epilog_wait_limit(config))
+                    return
+                time.sleep(0.001)
+    finally:
+        os.close(fd)  # releases the lock at once
 
 
 def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[MpsDevice]:
