@@ -11,7 +11,8 @@ import pytest
 from hypothesis import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for path in (os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "scripts")):
+for path in (os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "scripts"),
+             os.path.join(HERE, "unit")):
     if path not in sys.path:
         sys.path.insert(0, path)
 

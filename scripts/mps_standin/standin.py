@@ -19,6 +19,7 @@ with a clean environment; a running daemon reads it again on each quit and SIGTE
 
   die_start        -d prints an error and exits 1
   hang_start       -d never returns and starts nothing
+  slow_start       -d takes 1.5 s before it starts the daemon
   die_after_start  -d returns 0 but the daemon exits at once
   ignore_quit      the daemon answers quit but keeps running
   ignore_term      the daemon ignores quit and SIGTERM (SIGKILL still works)
@@ -341,6 +342,8 @@ def start(background):
         return 1
     if "hang_start" in active:
         sleep_forever()
+    if "slow_start" in active:
+        time.sleep(1.5)
     if daemon_in_use():
         sys.stderr.write("An instance of this daemon is already running\n")
         return 1

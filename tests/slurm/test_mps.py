@@ -488,9 +488,13 @@ def fault_job(bed) -> int:
 def prolog_failure(bed, job_id: int) -> tuple[str, list[str]]:
     """The drain reason and the slurmd log lines about the job, after its prolog failed."""
     reason = wait_drained(bed, FAULT_NODE)
-    # The job never ran: Slurm requeues (and holds) a job whose prolog failed.
-    info = bed.job(job_id)
+    # The prolog's worker drained the node and left the job's task the cause: the task fails
+    # with it instead of running without its daemon.
+    info = bed.wait_job(job_id)
     assert info.get("JobState") != "COMPLETED", info
+    output = bed.output(job_id)
+    assert "RAN" not in output, output
+    assert f"gpushare: could not set up this job on node {FAULT_NODE}: " in output, output
     lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
              if f"gpushare: job {job_id}:" in line and "error" in line.lower()]
     bed.run(["scancel", str(job_id)], check=False)
@@ -533,6 +537,44 @@ def test_daemon_failing_at_start_drains_the_node_naming_the_gpu(mps_bed, fault, 
     # Bounded by timeout=5 (start + control socket), never a hung prolog.
     assert elapsed < 60, elapsed
     assert_nothing_left(bed)
+
+
+def test_the_task_waits_for_a_slow_daemon_start(mps_bed):
+    """The prolog returns to Slurm at once; its worker starts the daemon while the step
+    starts, and the task waits for it."""
+    bed = mps_bed
+    set_fault(bed, "slow_start")
+    started = time.monotonic()
+    result = bed.run(["srun", "-w", FAULT_NODE, "--gres=mps:25", "-c1", "printenv",
+                      "SLURM_JOB_ID", "CUDA_MPS_PIPE_DIRECTORY"], user=U1)
+    assert time.monotonic() - started > 1.5
+    job_id, pipe_dir = result.stdout.split()
+    assert pipe_dir.startswith(bed.state_of(FAULT_NODE) + "/mps/u"), pipe_dir
+    waited = [line for line in bed.debug_lines()
+              if f"job={job_id} cb=task_init_privileged prolog=done waited=" in line]
+    assert len(waited) == 1 and int(waited[0].rsplit("=", 1)[1]) > 0, waited
+    assert_nothing_left(bed)
+    assert "DRAIN" not in bed.node_state(FAULT_NODE)["State"]
+
+
+def test_an_epilog_waits_for_its_prologs_worker(mps_bed):
+    """A job cancelled while its prolog's worker still starts the daemon: the epilog waits
+    for the worker, then stops the daemon it started. Nothing is left."""
+    bed = mps_bed
+    set_fault(bed, "slow_start")
+    job_id = bed.sbatch("sleep 60", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
+    wait_until("the prolog's worker", lambda: any(
+        f"job={job_id} python=start" in line for line in bed.debug_lines()), 60)
+    bed.run(["scancel", str(job_id)])
+    bed.wait_job(job_id)
+    wait_until("the epilog's worker", lambda: any(
+        f"job={job_id} cb=job_epilog python rc=0" in line for line in bed.debug_lines()), 60)
+    lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
+             if f"gpushare: job {job_id}: " in line]
+    assert any("started MPS control daemon" in line for line in lines), lines
+    assert any("stopped MPS control daemon" in line for line in lines), lines
+    assert_nothing_left(bed)
+    assert "DRAIN" not in bed.node_state(FAULT_NODE)["State"]
 
 
 @pytest.mark.parametrize("fault", ["ignore_quit", "ignore_term"])

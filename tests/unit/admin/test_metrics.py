@@ -12,6 +12,7 @@ import threading
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from spank_fakes import FakeFfi, FakeHost
 
 from gpushare.admin import metrics
 from gpushare.cli import main as cli_main
@@ -163,38 +164,6 @@ def test_drain_reasons_of_the_core_messages():
     assert counters.failure_reason("job_prolog", "GPU 0 is a 1g.10gb slice") == "device_check"
     assert counters.failure_reason("job_epilog", "cannot stop MPS daemon") == "mps_stop"
     assert counters.failure_reason("job_prolog", "") == "internal"
-
-
-class FakeFfi:
-    NULL = None
-
-    @staticmethod
-    def new(_ctype):
-        return [0]
-
-    @staticmethod
-    def string(value):
-        return value
-
-
-class FakeHost:
-    """The plugin's struct gs_host as the adapter calls it."""
-
-    sp = object()
-
-    def __init__(self, job_id: int, options: dict[str, str]) -> None:
-        self.job_id, self.options, self.lines = job_id, options, []
-
-    def job_ids(self, _sp, job_id, uid, gid):
-        job_id[0], uid[0], gid[0] = self.job_id, 1000, 1000
-        return 0
-
-    def getopt(self, _sp, name):
-        value = self.options.get(name.decode())
-        return None if value is None else value.encode()
-
-    def log(self, level, text):
-        self.lines.append(text.decode())
 
 
 @pytest.fixture

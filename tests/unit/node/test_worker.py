@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""What the detached prolog/epilog worker must do because Slurm no longer waits for it:
+drain the node on any failure, fail the job's tasks with the cause, and order itself after
+earlier epilogs."""
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from spank_fakes import FakeFfi, FakeHost
+
+from gpushare.common import log as gslog
+from gpushare.node import job, spank_adapter
+from gpushare.node.config import PluginConfig
+from gpushare.node.state import JobRecord, JobStore
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the state directory is root's")
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    return str(tmp_path / "state")
+
+
+@pytest.fixture
+def adapter(monkeypatch):
+    drained = []
+    monkeypatch.setattr(spank_adapter, "_ffi", FakeFfi)
+    monkeypatch.setattr(spank_adapter, "_config", None)
+    monkeypatch.setattr(spank_adapter, "_drain", lambda reason, config: drained.append(reason))
+    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", job.SHARE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    spank_adapter.drained = drained  # type: ignore[attr-defined]
+    yield spank_adapter
+    gslog.uninstall()
+
+
+def env_file(state_dir: str, job_id: int) -> str:
+    with open(JobStore(state_dir).path(job_id, ".env")) as handle:
+        return handle.read()
+
+
+@needs_root
+def test_a_node_error_drains_and_fails_the_tasks_with_its_cause(adapter, state_dir,
+                                                               monkeypatch):
+    def fails(config, request):
+        raise job.NodeError("cannot verify the job's GPUs: NVML is gone",
+                            brief="NVML is gone")
+
+    monkeypatch.setattr(job, "prolog", fails)
+    args = [f"state_dir={state_dir}", "show=no"]
+    assert adapter.dispatch("job_prolog", FakeHost(5, {}), args) == -1
+    assert adapter.drained == ["NVML is gone"]
+    text = env_file(state_dir, 5)
+    assert text.startswith("#error=could not set up this job on node n1: cannot verify the "
+                           "job's GPUs: NVML is gone. The node was drained"), text
+    record = JobStore(state_dir).read(5)
+    assert record is not None and record.mode == "error"
+    # The epilog finds the record and removes it.
+    assert adapter.dispatch("job_epilog", FakeHost(5, {}), args) == 0
+    assert JobStore(state_dir).read(5) is None
+    assert not os.path.exists(JobStore(state_dir).path(5, ".env"))
+
+
+@needs_root
+def test_an_internal_error_drains_and_keeps_what_the_prolog_recorded(adapter, state_dir,
+                                                                    monkeypatch):
+    store = JobStore(state_dir)
+    started = JobRecord(job_id=6, uid=1000, gid=1000, node="n1", mode="shared",
+                        share_percent=25, mps={"key": "u1000-GPU-x"})
+
+    def breaks(config, request):
+        store.write(started, tasks=False)  # as the prolog does before the daemon
+        raise KeyError("oops")
+
+    monkeypatch.setattr(job, "prolog", breaks)
+    assert adapter.dispatch("job_prolog", FakeHost(6, {}), [f"state_dir={state_dir}"]) == -1
+    assert adapter.drained == ["internal error in job_prolog, see slurmd's log"]
+    record = store.read(6)
+    assert record is not None
+    assert record.mps == {"key": "u1000-GPU-x"}  # the epilog still finds the daemon
+    assert "an internal error (slurmd's log has the details)" in record.error
+    assert env_file(state_dir, 6).startswith("#error=could not set up this job")
+
+
+@needs_root
+def test_a_failing_epilog_drains_but_writes_no_record(adapter, state_dir, monkeypatch):
+    def fails(config, job_id):
+        raise job.NodeError("MPS daemon u1 survives quit", brief="MPS stop failed")
+
+    monkeypatch.setattr(job, "epilog", fails)
+    assert adapter.dispatch("job_epilog", FakeHost(8, {}), [f"state_dir={state_dir}"]) == -1
+    assert adapter.drained == ["MPS stop failed"]
+    assert JobStore(state_dir).read(8) is None
+
+
+def test_a_bad_plugstack_line_drains_too(adapter):
+    assert adapter.dispatch("job_prolog", FakeHost(9, {}), ["bogus=1"]) == -1
+    assert adapter.drained == ["bad gpushare line in plugstack.conf"]
+
+
+@needs_root
+def test_the_first_record_write_leaves_the_tasks_waiting(state_dir):
+    store = JobStore(state_dir)
+    record = JobRecord(job_id=3, uid=1000, gid=1000, node="n1", mode="shared",
+                       share_percent=50)
+    store.write(record, tasks=False)
+    assert store.read(3) == record
+    assert not os.path.exists(store.path(3, ".env"))  # the tasks' signal is not given yet
+    store.write(record)
+    assert os.path.exists(store.path(3, ".env"))
+
+
+def hold_shared(path: str, seconds: float) -> subprocess.Popen:
+    """Another process holding ``path`` shared, as an epilog worker does."""
+    code = ("import fcntl, os, sys, time\n"
+            f"fd = os.open({path!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_SH)\n"
+            "print('held', flush=True)\n"
+            f"time.sleep({seconds})\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_prolog_waits_for_the_epilogs_before_it(tmp_path):
+    config = PluginConfig(state_dir=str(tmp_path))
+    job.wait_for_epilogs(config)  # no epilog ever ran: nothing to wait for
+    lock = os.path.join(str(tmp_path), job.EPILOGS_LOCK)
+    holder = hold_shared(lock, 0.5)
+    start = time.monotonic()
+    job.wait_for_epilogs(config)
+    waited = time.monotonic() - start
+    assert holder.poll() is not None, "returned while the epilog still held the lock"
+    assert waited > 0.1
+    # Free again: the wait took the lock exclusively and gave it back.
+    fd = os.open(lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+
+
+def test_a_hung_epilog_is_waited_for_only_so_long(tmp_path, monkeypatch):
+    monkeypatch.setattr(job, "epilog_wait_limit", lambda config: 0.2)
+    lines = []
+    gslog.install(lambda level, text: lines.append(text))
+    try:
+        holder = hold_shared(os.path.join(str(tmp_path), job.EPILOGS_LOCK), 5)
+        try:
+            start = time.monotonic()
+            job.wait_for_epilogs(PluginConfig(state_dir=str(tmp_path)))
+            assert time.monotonic() - start < 3
+            assert holder.poll() is None  # it gave up; the epilog still runs
+        finally:
+            holder.kill()
+            holder.wait()
+    finally:
+        gslog.uninstall()
+    assert any("an earlier job's epilog on this node still runs after 0.2 s" in line
+               for line in lines), lines
