@@ -125,7 +125,7 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
     ArgSpec("mem_limit", "proportional", _mem_limit, "proportional, off, or a size like 16G",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for shared jobs"),
     ArgSpec("verify", "strict", _choice("strict", "warn", "off"), "strict, warn or off",
-            "MIG/GPU verification at job start: fail the prolog, only log, or skip"),
+            "MIG/GPU verification at job start: fail the job and drain, only log, or skip"),
     ArgSpec("inventory", "nvml", _inventory, "nvml or sim:<path>",
             "where GPU facts come from: NVML, or a simulated node profile (tests, demo)"),
     ArgSpec("plan", "", _optional_abs_path, "an absolute path or none",
