@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import hostlist
 
@@ -21,6 +20,7 @@ from gpushare.admin.slurm_client import SlurmNode, parse_node_gres
 from gpushare.gpu.gresconf import GresConf
 from gpushare.gpu.inventory import Gpu, Inventory
 from gpushare.node.drain import drain_node, fit_reason
+from gpushare.node.verify import ERROR, WARNING, Finding
 
 __all__ = [
     "ERROR",
@@ -34,20 +34,7 @@ __all__ = [
     "exit_status",
 ]
 
-ERROR = "error"
-WARNING = "warning"
 _RANK = {ERROR: 2, WARNING: 1}
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # error | warning
-    what: str
-    where: str
-    fix: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def exit_status(findings: Iterable[Finding]) -> int:
