@@ -20,6 +20,8 @@ __all__ = [
     "DEFAULT_FACTS_PATH",
     "FACTS_ENV",
     "MAX_INT",
+    "MAX_WAIT_S",
+    "ON_ERROR",
     "UNTYPED_POLICIES",
     "Facts",
     "FactsError",
@@ -46,12 +48,17 @@ class FactsError(ValueError):
 
 @dataclass(frozen=True)
 class Policy:
-    """What the hooks may do on their own: switch waits, untyped GPUs, internal errors."""
+    """What the submit hooks do on their own: switch waits, untyped GPUs, internal errors
+    (the plan's ``policy:`` section, docs/cluster-facts.md)."""
 
     switch_wait_s: int = 300
     max_switch_wait_s: int = 3600
     on_error: str = "accept"
+    # An untyped GPU request (--gres=gpu:1): "whole" writes in the type of the whole GPUs
+    # Slurm owns so that it never lands on a MIG slice; "any" leaves it to Slurm; a GPU
+    # type of the plan (h100) is written in as it is.
     untyped_gpu: str = "whole"
+    untyped_gpu_line: int = 0  # where the plan says it (0 in the facts file)
 
 
 @dataclass(frozen=True)
