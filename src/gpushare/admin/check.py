@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 import hostlist
 
 from gpushare.admin.plan import NodeGroup, Plan, PlanError, check_mig_change
-from gpushare.admin.render import GresDevice, RenderError, expected_gres, slurm_node_gres
+from gpushare.admin.render import PlannedDevice, RenderError, expected_gres, slurm_node_gres
 from gpushare.admin.slurm_client import SlurmNode, parse_node_gres
 from gpushare.gpu.gresconf import GresConf
 from gpushare.gpu.inventory import Gpu, Inventory
@@ -134,7 +134,7 @@ def _files_key(files: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(re.sub(r"/+", "/", f) for f in files))
 
 
-def _describe(device: GresDevice) -> str:
+def _describe(device: PlannedDevice) -> str:
     if device.multiple_files:
         return f"GPU {device.gpu_index} slice {device.type}"
     if device.name == "gpu":
