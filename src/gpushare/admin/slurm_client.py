@@ -11,12 +11,12 @@ hang or redirect a health check that runs as root.
 from __future__ import annotations
 
 import json
+import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from gpushare.common import units
+from gpushare.common import proc, units
 
 __all__ = [
     "ScontrolJsonClient",
@@ -47,9 +47,8 @@ def installed_release(sinfo: str = DEFAULT_SINFO, timeout: float = 10.0) -> Opti
     """
     for command in (*SLURM_DAEMONS, sinfo):
         try:
-            done = subprocess.run([command, "-V"], capture_output=True, text=True,
-                                  timeout=timeout, check=False, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
+            done = proc.run([command, "-V"], timeout=timeout, env=os.environ)
+        except proc.ProcError:
             continue
         match = _RELEASE_RE.search(done.stdout)
         if match and done.returncode == 0:
@@ -254,17 +253,18 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
 
 
 def _run(argv: list[str], timeout: float) -> str:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
+    try:  # a cluster's sinfo --json runs to megabytes: all of it is kept
+        done = proc.run(argv, timeout=timeout, env=os.environ, output_limit=None)
+    except proc.CommandNotFound as err:
+        if err.denied:
+            raise SlurmClientError(f"{argv[0]} cannot be run (permission denied)") from None
         raise SlurmClientError(f"{argv[0]} not found; install the Slurm client commands or "
                                "give its path") from None
-    except PermissionError:
-        raise SlurmClientError(f"{argv[0]} cannot be run (permission denied)") from None
-    except subprocess.TimeoutExpired:
+    except proc.CommandTimeout:
         raise SlurmClientError(f"{' '.join(argv)} did not answer within {timeout:g} s; is "
                                "slurmctld up? (scontrol ping)") from None
+    except proc.ProcError as err:
+        raise SlurmClientError(str(err)) from None
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise SlurmClientError(f"{' '.join(argv)} failed (exit {done.returncode}): "
