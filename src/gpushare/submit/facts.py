@@ -12,6 +12,7 @@ both. A change here needs the same change there.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "Policy",
     "TypeFacts",
     "facts_from_dict",
+    "facts_path",
     "load_facts",
 ]
 
@@ -104,6 +106,11 @@ class Facts:
         if policy == "any" or not self.mig_types:
             return None
         return self.gpu_types[0] if len(self.gpu_types) == 1 else None
+
+
+def facts_path() -> str:
+    """``$GPUSHARE_FACTS``, else the default path: where the hooks read the facts."""
+    return os.environ.get(FACTS_ENV) or DEFAULT_FACTS_PATH
 
 
 def _need(data: Mapping[str, Any], key: str, where: str = "") -> Any:
