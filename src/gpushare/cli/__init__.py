@@ -53,19 +53,11 @@ def write_atomically(path: str, text: str, command: str) -> int:
     """Write through a temporary file and rename, so no reader (slurmd, a prolog) ever sees
     half a file; 0, or 2 with the reason printed."""
     import os
-    import tempfile
 
-    directory = os.path.dirname(os.path.abspath(path))
+    from gpushare.common import safefs
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        safefs.write_file_atomic(os.path.abspath(path), text.encode(), 0o644, exact_mode=True)
     except OSError as err:
         print(f"gpushare {command}: cannot write {path}: {err.strerror or err}", file=sys.stderr)
         return 2
