@@ -1,12 +1,10 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""The one seam where GPU facts enter gpushare: the real pynvml module, or a simulated node.
-
-Which one is used is configuration (the plugin's ``inventory=`` argument, the CLI's
-``--source``), never a guess about whether a GPU is present: a node that is configured for NVML
-and has no driver fails loudly instead of quietly pretending to be a simulated node.
+"""Talking to NVML, the real pynvml module or the simulated node of ``nvml_sim``: its errors
+turned into messages that say what to do, and its strings.
 
 Both answer the same pynvml function names, constants and ``NVMLError`` classes, so
-``gpushare.gpu.inventory.collect`` runs exactly the same code against either.
+``gpushare.gpu.inventory.collect`` runs exactly the same code against either; which one is
+used is chosen by ``gpushare.gpu.inventory.load_nvml``.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ __all__ = [
     "InventoryError",
     "describe_nvml_error",
     "is_unsupported",
-    "load_nvml",
     "nvml_call",
     "text",
 ]
@@ -28,30 +25,8 @@ __all__ = [
 SIM_PREFIX = "sim:"
 
 
-
 class InventoryError(RuntimeError):
     """The node's GPUs could not be read; the message says why and what to do."""
-
-
-def load_nvml(source: str) -> Any:
-    """Return the NVML implementation named by ``source``: ``nvml`` or ``sim:/abs/profile.json``."""
-    if source == "nvml":
-        try:
-            import pynvml
-        except ImportError:
-            raise InventoryError(
-                "the nvidia-ml-py package (module pynvml) is not installed for this Python; "
-                "install it with: pip install nvidia-ml-py"
-            ) from None
-        return pynvml
-    if source.startswith(SIM_PREFIX):
-        from gpushare.gpu import nvml_sim
-
-        return nvml_sim.SimNvml(nvml_sim.load_profile(source[len(SIM_PREFIX):]))
-    raise InventoryError(
-        f"unknown GPU inventory source {source!r}; use nvml (the node's NVIDIA driver) or "
-        "sim:<absolute path of a simulated node profile>"
-    )
 
 
 def _error_name(nvml: Any, value: int) -> str:

@@ -13,13 +13,13 @@ import pytest
 from gpushare.gpu.inventory import (
     Inventory,
     collect,
+    load_nvml,
     mig_caps_files,
     mig_profile_from_attributes,
     mig_profile_from_name,
     open_inventory,
     parse_mig_minors,
 )
-from gpushare.gpu.nvml import load_nvml
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src", "gpushare", "gpu",
                            "profiles")
