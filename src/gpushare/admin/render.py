@@ -32,7 +32,6 @@ __all__ = [
     "PlannedDevice",
     "RenderError",
     "expected_gres",
-    "mig_parted_config",
     "render_facts",
     "render_gres_conf",
     "render_mig_parted",
@@ -381,14 +380,6 @@ def _mig_layouts(plan: Plan) -> list[tuple[str, NodeGroup, list[dict[str, Any]]]
                 entry["devices"] = "all"
         configs.append((f"{plan.mig_config_prefix}-{group.name}", group, entries))
     return configs
-
-
-def mig_parted_config(plan: Plan) -> dict[str, Any]:
-    """The mig-parted v1 config as data (what ``render_mig_parted`` writes as YAML)."""
-    configs = {name: [{key: value for key, value in entry.items() if not key.startswith("_")}
-                      for entry in entries]
-               for name, _group, entries in _mig_layouts(plan)}
-    return {"version": "v1", "mig-configs": configs}
 
 
 def render_mig_parted(plan: Plan) -> str:

@@ -13,7 +13,7 @@ global, with ``NodeName=`` it is that node's.
 """
 
 import os
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import hostlist
 
@@ -292,8 +292,3 @@ def load_gres_conf(path: str) -> GresConf:
         raise GresConfError(f"cannot read {path}: {err.strerror}") from None
     return parse_gres_conf(content, os.path.abspath(path))
 
-
-def describe(device: GresDevice) -> dict[str, Any]:
-    """A device as plain data (for JSON output)."""
-    return {"name": device.name, "index": device.slurm_index, "type": device.type,
-            "files": device.files, "count": device.gres_count, "line": device.line}

@@ -130,27 +130,6 @@ class Inventory(NamedTuple):
         """Plain dicts and lists all the way down (JSON)."""
         return _plain(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Inventory":
-        """Rebuild an inventory from ``to_dict()`` output (e.g. ``gpushare inventory --json``)."""
-        gpus = []
-        for g in data.get("gpus", []):
-            g = dict(g)
-            g["nvml_index"] = g.pop("index")
-            migs = []
-            for m in g.pop("mig_devices", []):
-                m = dict(m)
-                m["processes"] = [GpuProcess(**p) for p in m.get("processes", [])]
-                migs.append(MigDevice(**m))
-            nvlinks = [NvLink(**n) for n in g.pop("nvlinks", [])]
-            fabric = g.pop("fabric", None)
-            procs = [GpuProcess(**p) for p in g.pop("processes", [])]
-            gpus.append(Gpu(**g, mig_devices=migs, nvlinks=nvlinks,
-                            fabric=FabricInfo(**fabric) if fabric else None, processes=procs))
-        return cls(hostname=data["hostname"], driver_version=data["driver_version"],
-                   cuda_driver_version=data["cuda_driver_version"], source=data["source"],
-                   gpus=gpus)
-
     def gpu_by_uuid(self, uuid: str) -> Optional[Gpu]:
         return next((g for g in self.gpus if g.uuid == uuid), None)
 

@@ -176,10 +176,6 @@ class PluginConfig(NamedTuple):
         return self._replace(**expanded)
 
     @property
-    def jobs_dir(self) -> str:
-        return os.path.join(self.state_dir, "jobs")
-
-    @property
     def mps_dir(self) -> str:
         return os.path.join(self.state_dir, "mps")
 

@@ -77,9 +77,6 @@ class GresItem:
     def with_type(self, type_: str | None) -> GresItem:
         return replace(self, type=type_)
 
-    def with_count(self, count: int) -> GresItem:
-        return replace(self, count=count)
-
 
 def ascii_lower(text: str) -> str:
     """Lower-case ASCII letters only, exactly as Lua's string.lower does in slurmctld."""
