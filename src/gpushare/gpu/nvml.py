@@ -36,34 +36,32 @@ def _error_name(nvml: Any, value: int) -> str:
     return f"NVML error {value}"
 
 
+# The NVML errors that need something done on the node, and what; {what}: the call's purpose.
+_ADVICE = (
+    ("NVML_ERROR_LIBRARY_NOT_FOUND",
+     "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); "
+     "on a node without GPUs use inventory=sim:<profile> only for tests"),
+    ("NVML_ERROR_DRIVER_NOT_LOADED",
+     "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded); "
+     "load it (modprobe nvidia) and check dmesg for why it failed"),
+    ("NVML_ERROR_NO_PERMISSION",
+     "no permission to {what} (NVML: Insufficient Permissions); "
+     "run as root or as a user allowed to open /dev/nvidiactl and /dev/nvidia*"),
+    ("NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+     "the NVML library and the loaded NVIDIA kernel module have different versions "
+     "(driver upgraded without reboot); reboot the node or reload the nvidia module"),
+    ("NVML_ERROR_GPU_IS_LOST",
+     "a GPU fell off the bus while trying to {what} (NVML: GPU is lost); "
+     "drain the node and reset or reboot it"),
+)
+
+
 def describe_nvml_error(nvml: Any, err: BaseException, what: str) -> str:
     """Turn an NVMLError raised while doing ``what`` into a message that says what to do."""
     value = getattr(err, "value", None)
-    if value == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
-        return (
-            "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); "
-            "on a node without GPUs use inventory=sim:<profile> only for tests"
-        )
-    if value == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
-        return (
-            "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded); "
-            "load it (modprobe nvidia) and check dmesg for why it failed"
-        )
-    if value == getattr(nvml, "NVML_ERROR_NO_PERMISSION", object()):
-        return (
-            f"no permission to {what} (NVML: Insufficient Permissions); "
-            "run as root or as a user allowed to open /dev/nvidiactl and /dev/nvidia*"
-        )
-    if value == getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", object()):
-        return (
-            "the NVML library and the loaded NVIDIA kernel module have different versions "
-            "(driver upgraded without reboot); reboot the node or reload the nvidia module"
-        )
-    if value == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", object()):
-        return (
-            f"a GPU fell off the bus while trying to {what} (NVML: GPU is lost); "
-            "drain the node and reset or reboot it"
-        )
+    for name, advice in _ADVICE:
+        if value == getattr(nvml, name, object()):
+            return advice.replace("{what}", what)
     if value is None:
         return f"could not {what}: {err}"
     return f"could not {what}: NVML says {err} ({_error_name(nvml, value)})"
