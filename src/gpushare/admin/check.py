@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import hostlist
 
 from gpushare.admin.plan import NodeGroup, Plan, PlanError, check_mig_change
-from gpushare.admin.render import GresDevice, RenderError, expected_gres, slurm_node_gres
+from gpushare.admin.render import PlannedDevice, RenderError, expected_gres, slurm_node_gres
 from gpushare.admin.slurm_client import SlurmNode, parse_node_gres
 from gpushare.gpu.gresconf import GresConf
 from gpushare.gpu.inventory import Gpu, Inventory
 from gpushare.node.drain import drain_node, fit_reason
+from gpushare.node.verify import ERROR, WARNING, Finding
 
 __all__ = [
     "ERROR",
@@ -34,20 +34,7 @@ __all__ = [
     "exit_status",
 ]
 
-ERROR = "error"
-WARNING = "warning"
 _RANK = {ERROR: 2, WARNING: 1}
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # error | warning
-    what: str
-    where: str
-    fix: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def exit_status(findings: Iterable[Finding]) -> int:
@@ -147,7 +134,7 @@ def _files_key(files: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(re.sub(r"/+", "/", f) for f in files))
 
 
-def _describe(device: GresDevice) -> str:
+def _describe(device: PlannedDevice) -> str:
     if device.multiple_files:
         return f"GPU {device.gpu_index} slice {device.type}"
     if device.name == "gpu":

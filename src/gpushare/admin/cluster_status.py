@@ -16,14 +16,13 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple, Optional, Sequence
 
-from gpushare.admin.slurm_client import _COUNT_RE, _SUFFIX, SlurmNode
+from gpushare.admin.slurm_client import GRES_ITEM_SPLIT, SlurmNode, gres_item
 
 __all__ = ["NodeSharing", "TypeSharing", "node_sharing", "summary", "used_indexes"]
 
 GPUSHARE_REASON = "gpushare:"
 # A MIG profile as a GRES type: 1g.10gb, 3g.40gb, nvidia_a100_1g.10gb, 1g.12gb+me, ...
 _MIG_TYPE = re.compile(r"(\d+g\.\d+gb(?:\+me)?)", re.IGNORECASE)
-_ITEM_SPLIT = re.compile(r",(?![^(]*\))")
 
 
 class TypeSharing(NamedTuple):
@@ -71,16 +70,11 @@ def _items(text: str) -> list[tuple[str, str, int, str]]:
     text = (text or "").strip()
     if text in ("", "(null)", "N/A"):
         return items
-    for item in _ITEM_SPLIT.split(text):
+    for item in GRES_ITEM_SPLIT.split(text):
         head, _, rest = item.strip().partition("(")
-        parts = head.split(":")
-        count = 1
-        match = _COUNT_RE.match(parts[-1]) if len(parts) > 1 else None
-        if match:
-            count = int(match.group(1)) * _SUFFIX[match.group(2).upper()]
-            parts = parts[:-1]
-        if parts[0]:
-            items.append((parts[0], ":".join(parts[1:]), count, rest.rstrip(")")))
+        name, gres_type, count = gres_item(head)
+        if name:
+            items.append((name, gres_type, count, rest.rstrip(")")))
     return items
 
 

@@ -16,6 +16,7 @@ import hostlist
 import yaml
 
 from gpushare.admin.mig_profiles import GpuModel, find_model, model_names, place_slices
+from gpushare.submit.facts import MAX_WAIT_S, ON_ERROR, UNTYPED_POLICIES, Policy
 
 __all__ = [
     "OWNERS",
@@ -137,20 +138,6 @@ def with_slurm_version(plan: Plan, version: str) -> Plan:
     and the limits of that release follow it."""
     slurm = replace(plan.slurm, version=version, gres_syntax=gres_syntax_of(version))
     return replace(plan, slurm=slurm, _by_node={})
-
-
-@dataclass(frozen=True)
-class Policy:
-    """What the submit hooks do on their own (docs/cluster-facts.md)."""
-
-    switch_wait_s: int = 300
-    max_switch_wait_s: int = 3600
-    on_error: str = "accept"
-    # An untyped GPU request (--gres=gpu:1): "whole" writes in the type of the whole GPUs
-    # Slurm owns so that it never lands on a MIG slice; "any" leaves it to Slurm; a GPU
-    # type of the plan (h100) is written in as it is.
-    untyped_gpu: str = "whole"
-    untyped_gpu_line: int = 0
 
 
 @dataclass
@@ -473,12 +460,12 @@ def _policy(c: _Checker, raw: Any, line: int) -> Policy:
     wait = default.switch_wait_s
     if "switch_wait_s" in section:
         given = c.integer(section["switch_wait_s"], _line_of(section, "switch_wait_s"),
-                          "policy.switch_wait_s", 0, 7 * 86400)
+                          "policy.switch_wait_s", 0, MAX_WAIT_S)
         wait = default.switch_wait_s if given is None else given
     max_wait = default.max_switch_wait_s
     if "max_switch_wait_s" in section:
         given = c.integer(section["max_switch_wait_s"], _line_of(section, "max_switch_wait_s"),
-                          "policy.max_switch_wait_s", 0, 7 * 86400)
+                          "policy.max_switch_wait_s", 0, MAX_WAIT_S)
         max_wait = default.max_switch_wait_s if given is None else given
     if wait > max_wait:
         c.error(section.line, f"policy.switch_wait_s ({wait}) is longer than "
@@ -486,7 +473,7 @@ def _policy(c: _Checker, raw: Any, line: int) -> Policy:
     on_error = default.on_error
     if "on_error" in section:
         on_error = c.choice(section["on_error"], _line_of(section, "on_error"),
-                            "policy.on_error", ("accept", "reject")) or on_error
+                            "policy.on_error", ON_ERROR) or on_error
     untyped, untyped_line = default.untyped_gpu, 0
     if "untyped_gpu" in section:
         untyped_line = _line_of(section, "untyped_gpu")
@@ -496,7 +483,7 @@ def _policy(c: _Checker, raw: Any, line: int) -> Policy:
 
 def _check_untyped(c: _Checker, policy: Policy, groups: Iterable[NodeGroup]) -> None:
     """``policy.untyped_gpu`` is whole, any, or the type of whole GPUs Slurm owns."""
-    if policy.untyped_gpu in ("whole", "any"):
+    if policy.untyped_gpu in UNTYPED_POLICIES:
         return
     whole = sorted({group.model.gres_type for group in groups
                     if any(not gpu.mig and gpu.owner == "slurm" for gpu in group.gpus)})

@@ -29,10 +29,9 @@ from gpushare.admin.topology import build_blocks, build_switches, node_domains
 from gpushare.gpu.inventory import Gpu, Inventory
 
 __all__ = [
-    "GresDevice",
+    "PlannedDevice",
     "RenderError",
     "expected_gres",
-    "mig_parted_config",
     "render_facts",
     "render_gres_conf",
     "render_mig_parted",
@@ -50,8 +49,9 @@ class RenderError(ValueError):
 
 
 @dataclass(frozen=True)
-class GresDevice:
-    """One gres.conf device as Slurm will count it (before whole GPUs are folded into ranges)."""
+class PlannedDevice:
+    """One gres.conf device the plan gives, as Slurm will count it (before whole GPUs are
+    folded into ranges); gpushare.gpu.gresconf.GresDevice is one read from a gres.conf."""
 
     name: str  # gpu | mps | shard
     type: str  # "h100", "3g.20gb", "" for mps/shard
@@ -97,7 +97,7 @@ def _rebase(path: str, root: str) -> str:
 
 
 def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] = None,
-                  device_root: Optional[str] = None, owner: str = "slurm") -> list[GresDevice]:
+                  device_root: Optional[str] = None, owner: str = "slurm") -> list[PlannedDevice]:
     """Every device ``owner`` owns on one node of ``group``, in GPU order (as gres.conf lines;
     ``owner="kubernetes"`` lets ``gpushare check`` recognise a slice listed by mistake).
 
@@ -115,25 +115,25 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
                               f"{', '.join(map(str, missing))} but the node shows "
                               f"{len(real)} GPUs; run `gpushare check` on the node")
     flags = plan.slurm.sharing_flag
-    devices: list[GresDevice] = []
+    devices: list[PlannedDevice] = []
     for gpu in group.gpus:
         minor = real[gpu.index].minor if real else gpu.index
         gpu_file = _dev(root, f"nvidia{minor}")
         if not gpu.mig:
             if gpu.owner != owner:
                 continue
-            devices.append(GresDevice("gpu", group.model.gres_type, (gpu_file,), False,
-                                      gpu_index=gpu.index))
+            devices.append(PlannedDevice("gpu", group.model.gres_type, (gpu_file,), False,
+                                         gpu_index=gpu.index))
             if gpu.mps and owner == "slurm":
-                devices.append(GresDevice("mps", "", (gpu_file,), False, gpu.mps, flags,
-                                          gpu.index))
+                devices.append(PlannedDevice("mps", "", (gpu_file,), False, gpu.mps, flags,
+                                             gpu.index))
             if gpu.shard and owner == "slurm":
-                devices.append(GresDevice("shard", "", (gpu_file,), False, gpu.shard, flags,
-                                          gpu.index))
+                devices.append(PlannedDevice("shard", "", (gpu_file,), False, gpu.shard,
+                                             flags, gpu.index))
             continue
         slices = _owned_slices(group, gpu, real.get(gpu.index), minor, root, owner)
-        devices.extend(GresDevice("gpu", profile, (gpu_file, gi_file, ci_file), True,
-                                  gpu_index=gpu.index, comment=comment)
+        devices.extend(PlannedDevice("gpu", profile, (gpu_file, gi_file, ci_file), True,
+                                     gpu_index=gpu.index, comment=comment)
                        for profile, gi_file, ci_file, comment in slices)
     return devices
 
@@ -176,7 +176,7 @@ def _owned_slices(group: NodeGroup, gpu: GpuPlan, real: Optional[Gpu], minor: in
     return [row[1:] for row in sorted(keyed)]
 
 
-def _fold(devices: list[GresDevice]) -> list[dict[str, Any]]:
+def _fold(devices: list[PlannedDevice]) -> list[dict[str, Any]]:
     """Template rows in Slurm's index order: whole GPUs by GPU (consecutive ones of one type
     folded into ``File=/dev/nvidia[0-7]``), then MIG slices, then mps, then shard lines."""
     rows: list[dict[str, Any]] = []
@@ -380,14 +380,6 @@ def _mig_layouts(plan: Plan) -> list[tuple[str, NodeGroup, list[dict[str, Any]]]
                 entry["devices"] = "all"
         configs.append((f"{plan.mig_config_prefix}-{group.name}", group, entries))
     return configs
-
-
-def mig_parted_config(plan: Plan) -> dict[str, Any]:
-    """The mig-parted v1 config as data (what ``render_mig_parted`` writes as YAML)."""
-    configs = {name: [{key: value for key, value in entry.items() if not key.startswith("_")}
-                      for entry in entries]
-               for name, _group, entries in _mig_layouts(plan)}
-    return {"version": "v1", "mig-configs": configs}
 
 
 def render_mig_parted(plan: Plan) -> str:

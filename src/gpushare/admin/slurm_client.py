@@ -11,16 +11,19 @@ hang or redirect a health check that runs as root.
 from __future__ import annotations
 
 import json
+import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
+
+from gpushare.common import proc, units
 
 __all__ = [
     "ScontrolJsonClient",
     "SlurmClient",
     "SlurmClientError",
     "SlurmNode",
+    "gres_item",
     "installed_release",
     "open_client",
     "parse_node_gres",
@@ -44,9 +47,8 @@ def installed_release(sinfo: str = DEFAULT_SINFO, timeout: float = 10.0) -> Opti
     """
     for command in (*SLURM_DAEMONS, sinfo):
         try:
-            done = subprocess.run([command, "-V"], capture_output=True, text=True,
-                                  timeout=timeout, check=False, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
+            done = proc.run([command, "-V"], timeout=timeout, env=os.environ)
+        except proc.ProcError:
             continue
         match = _RELEASE_RE.search(done.stdout)
         if match and done.returncode == 0:
@@ -85,9 +87,17 @@ class SlurmClient(Protocol):
 # --------------------------------------------------------------------------------------------
 # Parsing (pure, tested with captured samples)
 
-_GRES_ITEM_SPLIT = re.compile(r",(?![^(]*\))")
-_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
-_SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+GRES_ITEM_SPLIT = re.compile(r",(?![^(]*\))")  # the commas outside parentheses
+
+
+def gres_item(head: str) -> tuple[str, str, int]:
+    """``gpu:h100:8`` -> ("gpu", "h100", 8), ``mps:400`` -> ("mps", "", 400): one GRES item
+    of a node (without its parenthesised detail); the count is 1 when none is given."""
+    parts = head.split(":")
+    count = units.parse_count(parts[-1]) if len(parts) > 1 else None
+    if count is None:
+        return parts[0], ":".join(parts[1:]), 1
+    return parts[0], ":".join(parts[1:-1]), count
 
 
 def parse_node_gres(text: str) -> dict[tuple[str, str], int]:
@@ -96,18 +106,11 @@ def parse_node_gres(text: str) -> dict[tuple[str, str], int]:
     text = (text or "").strip()
     if text in ("", "(null)", "N/A"):
         return counts
-    for item in _GRES_ITEM_SPLIT.split(text):
+    for item in GRES_ITEM_SPLIT.split(text):
         item = item.split("(", 1)[0].strip()
         if not item:
             continue
-        parts = item.split(":")
-        count = 1
-        match = _COUNT_RE.match(parts[-1]) if len(parts) > 1 else None
-        if match:
-            count = int(match.group(1)) * _SUFFIX[match.group(2).upper()]
-            parts = parts[:-1]
-        name = parts[0]
-        gres_type = ":".join(parts[1:])
+        name, gres_type, count = gres_item(item)
         key = (name, gres_type)
         counts[key] = counts.get(key, 0) + count
     return counts
@@ -250,17 +253,18 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
 
 
 def _run(argv: list[str], timeout: float) -> str:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
+    try:  # a cluster's sinfo --json runs to megabytes: all of it is kept
+        done = proc.run(argv, timeout=timeout, env=os.environ, output_limit=None)
+    except proc.CommandNotFound as err:
+        if err.denied:
+            raise SlurmClientError(f"{argv[0]} cannot be run (permission denied)") from None
         raise SlurmClientError(f"{argv[0]} not found; install the Slurm client commands or "
                                "give its path") from None
-    except PermissionError:
-        raise SlurmClientError(f"{argv[0]} cannot be run (permission denied)") from None
-    except subprocess.TimeoutExpired:
+    except proc.CommandTimeout:
         raise SlurmClientError(f"{' '.join(argv)} did not answer within {timeout:g} s; is "
                                "slurmctld up? (scontrol ping)") from None
+    except proc.ProcError as err:
+        raise SlurmClientError(str(err)) from None
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise SlurmClientError(f"{' '.join(argv)} failed (exit {done.returncode}): "

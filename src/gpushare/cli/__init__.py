@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gpushare import __version__
+
+if TYPE_CHECKING:
+    from gpushare.admin.plan import PlanError
 
 # Each module defines ``register(subparsers)`` which adds its sub-command(s) and sets
 # ``func(args) -> int`` as the parser default.
@@ -49,26 +52,28 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
                         help="limit for each Slurm command (default 10)")
 
 
+def fail(command: str, message: str) -> int:
+    """Say on stderr what stopped ``gpushare COMMAND``; its exit status, 2."""
+    print(f"gpushare {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def plan_problems(err: PlanError) -> str:
+    """A PlanError for ``fail``: a heading, then one indented line per problem."""
+    return "the plan has problems:" + "".join(f"\n  {problem}" for problem in err.problems)
+
+
 def write_atomically(path: str, text: str, command: str) -> int:
     """Write through a temporary file and rename, so no reader (slurmd, a prolog) ever sees
     half a file; 0, or 2 with the reason printed."""
     import os
-    import tempfile
 
-    directory = os.path.dirname(os.path.abspath(path))
+    from gpushare.common import safefs
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpushare-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        safefs.write_file_atomic(os.path.abspath(path), text.encode(), 0o644, exact_mode=True)
     except OSError as err:
-        print(f"gpushare {command}: cannot write {path}: {err.strerror or err}", file=sys.stderr)
-        return 2
+        return fail(command, f"cannot write {path}: {err.strerror or err}")
     return 0
 
 

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from gpushare.cli import add_slurm_arguments, nodeconf
+from gpushare.cli import add_slurm_arguments, fail, nodeconf
 
 DEFAULT_PLAN = "/etc/gpushare/plan.yaml"
 DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
@@ -54,11 +54,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _fail(message: str) -> int:
-    print(f"gpushare check: {message}", file=sys.stderr)
-    return 2
-
-
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import check
     from gpushare.admin.plan import PlanError, load_plan
@@ -68,9 +63,9 @@ def _run(args: argparse.Namespace) -> int:
 
     for option, path in (("--scontrol", args.scontrol), ("--sinfo", args.sinfo)):
         if not path.startswith("/"):
-            return _fail(f"{option} must be an absolute path, not {path!r}")
+            return fail("check", f"{option} must be an absolute path, not {path!r}")
     if not 0.1 <= args.timeout <= 600:
-        return _fail("--timeout must be between 0.1 and 600 seconds")
+        return fail("check", "--timeout must be between 0.1 and 600 seconds")
     node = args.node or nodeconf.this_node()
     try:
         plan = load_plan(args.plan)
@@ -83,13 +78,13 @@ def _run(args: argparse.Namespace) -> int:
             client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
             findings = check.check_cluster(plan, client.nodes())
         except SlurmClientError as err:
-            return _fail(str(err))
+            return fail("check", str(err))
         return _report(args, "cluster", findings, client.backend)
     if args.all_nodes:
         try:
             conf = load_gres_conf(args.gres_conf)
         except GresConfError as err:
-            return _fail(str(err))
+            return fail("check", str(err))
         findings = check.check_gres_all_nodes(plan, conf, args.device_root)
         return _report(args, "all nodes", findings, args.gres_conf)
     findings = []

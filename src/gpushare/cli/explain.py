@@ -13,7 +13,14 @@ import os
 import re
 from typing import Any
 
-from gpushare.submit.facts import DEFAULT_FACTS_PATH, FACTS_ENV, Facts, FactsError, load_facts
+from gpushare.submit.facts import (
+    DEFAULT_FACTS_PATH,
+    FACTS_ENV,
+    Facts,
+    FactsError,
+    facts_path,
+    load_facts,
+)
 from gpushare.submit.gres import GresError, parse_field
 from gpushare.submit.rules import NO_VAL, SPANK_OPTION_PREFIX, apply, format_wait
 
@@ -205,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
     flags = list(args.flags)
     if flags and flags[0] == "--":
         flags = flags[1:]
-    path = args.facts or os.environ.get(FACTS_ENV) or DEFAULT_FACTS_PATH
+    path = args.facts or facts_path()
     try:
         facts = load_facts(path)
         job, ignored = flags_to_job(flags, facts)

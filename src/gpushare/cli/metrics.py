@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from gpushare.cli import nodeconf
+from gpushare.cli import fail, nodeconf
 from gpushare.node.config import ConfigError
 
 __all__ = ["register"]
@@ -44,18 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _fail(message: str) -> int:
-    print(f"gpushare metrics: {message}", file=sys.stderr)
-    return 2
-
-
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import metrics
 
     try:
         config, _source = nodeconf.load(args)  # as gpushare mps
     except ConfigError as err:
-        return _fail(str(err))
+        return fail("metrics", str(err))
     node = args.node or nodeconf.this_node()
     families, problem = metrics.collect(config, node, check_processes=os.geteuid() == 0)
     if problem:
@@ -67,5 +62,5 @@ def _run(args: argparse.Namespace) -> int:
     try:
         metrics.write_textfile(args.textfile, text)
     except (OSError, ValueError) as err:
-        return _fail(f"cannot write {args.textfile}: {err}")
+        return fail("metrics", f"cannot write {args.textfile}: {err}")
     return 0

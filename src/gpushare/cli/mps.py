@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
-from gpushare.cli import nodeconf, text_table
+from gpushare.cli import fail, nodeconf, text_table
 from gpushare.node.config import ConfigError
 
 if TYPE_CHECKING:
@@ -50,11 +50,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "then list what remains")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=_run)
-
-
-def _fail(message: str) -> int:
-    print(f"gpushare mps: {message}", file=sys.stderr)
-    return 2
 
 
 def _age(started_at: Optional[float], now: float) -> str:
@@ -102,20 +97,20 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config, source = nodeconf.load(args)
     except ConfigError as err:
-        return _fail(str(err))
+        return fail("mps", str(err))
     is_root = os.geteuid() == 0
     node = args.node or nodeconf.this_node()
     reaped: list[str] = []
     forgotten: set[int] = set()
     if args.reap:
         if not is_root:
-            return _fail("--reap stops other users' daemons: run it as root")
+            return fail("mps", "--reap stops other users' daemons: run it as root")
         from gpushare.node.job import reap_mps
 
         try:
             reaped, forgotten = reap_mps(config, node)
         except MpsError as err:
-            return _fail(f"--reap: {err}")
+            return fail("mps", f"--reap: {err}")
     try:
         lost: set[int] = set()
         if is_root:  # only root reads the job records; slurmctld is asked once
@@ -125,9 +120,9 @@ def _run(args: argparse.Namespace) -> int:
             lost = lost_jobs(config, JobStore(config.state_dir), node, force=True)
         views = inspect_daemons(config, check_processes=is_root, lost=lost)
     except MpsError as err:
-        return _fail(str(err))
+        return fail("mps", str(err))
     except PermissionError as err:
-        return _fail(f"cannot read the plugin's state in {config.state_dir} ({err.filename}: "
+        return fail("mps", f"cannot read the plugin's state in {config.state_dir} ({err.filename}: "
                      "permission denied): it is root's; run gpushare mps as root")
     status = exit_status(views)
     if args.json:

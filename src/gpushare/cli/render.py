@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Optional
 
-from gpushare.cli import write_atomically
+from gpushare.cli import fail, plan_problems, write_atomically
 from gpushare.gpu.inventory import Inventory
 
 TARGETS = ("gres", "topology", "mig-parted", "plugstack", "facts", "slurm-conf")
@@ -63,9 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.gpu.nvml import InventoryError
 
     if args.device_root is not None and not args.device_root.startswith("/"):
-        print(f"gpushare render: --device-root must be an absolute directory, not "
-              f"{args.device_root!r}", file=sys.stderr)
-        return 2
+        return fail("render", "--device-root must be an absolute directory, not "
+                    f"{args.device_root!r}")
     try:
         plan, note = render.for_installed_slurm(load_plan(args.plan),
                                                 installed_release())
@@ -85,16 +84,9 @@ def _run(args: argparse.Namespace) -> int:
         else:
             text = render.render_facts_json(plan, inventories)
     except PlanError as err:
-        print("gpushare render: the plan has problems:", file=sys.stderr)
-        for problem in err.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 2
-    except (render.RenderError, TopologyError) as err:
-        print(f"gpushare render: {err}", file=sys.stderr)
-        return 2
-    except InventoryError as err:
-        print(f"gpushare render: {err}", file=sys.stderr)
-        return 2
+        return fail("render", plan_problems(err))
+    except (render.RenderError, TopologyError, InventoryError) as err:
+        return fail("render", str(err))
     if not args.output:
         sys.stdout.write(text)
         return 0

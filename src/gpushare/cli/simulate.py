@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from gpushare.cli import write_atomically
+from gpushare.cli import fail, plan_problems, write_atomically
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,28 +47,21 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.gpu.nvml_sim import ProfileError, profile_from_plan
 
     if args.output and not args.node:
-        print("gpushare simulate: --output goes with --node (--output-dir writes every node)",
-              file=sys.stderr)
-        return 2
+        return fail("simulate", "--output goes with --node (--output-dir writes every node)")
     try:
         plan = load_plan(args.plan)
         nodes = [args.node] if args.node else plan.nodes
         profiles = {node: profile_from_plan(plan, node) for node in nodes}
     except PlanError as err:
-        print("gpushare simulate: the plan has problems:", file=sys.stderr)
-        for problem in err.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 2
+        return fail("simulate", plan_problems(err))
     except ProfileError as err:
-        print(f"gpushare simulate: {err}", file=sys.stderr)
-        return 2
+        return fail("simulate", str(err))
     if args.node and not args.output:
         sys.stdout.write(json.dumps(profiles[args.node], indent=1) + "\n")
         return 0
     if args.output_dir and not os.path.isdir(args.output_dir):
-        print(f"gpushare simulate: --output-dir {args.output_dir} is not a directory; create "
-              "it first", file=sys.stderr)
-        return 2
+        return fail("simulate", f"--output-dir {args.output_dir} is not a directory; create "
+                    "it first")
     for node, profile in profiles.items():
         path = args.output or os.path.join(args.output_dir, f"{node}.json")
         if write_atomically(path, json.dumps(profile, indent=1) + "\n", "simulate") != 0:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
-from gpushare.cli import add_slurm_arguments, text_table
+from gpushare.cli import add_slurm_arguments, fail, text_table
 
 if TYPE_CHECKING:
     from gpushare.admin.cluster_status import NodeSharing, TypeSharing
@@ -37,11 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
-
-
-def _fail(message: str) -> int:
-    print(f"gpushare status: {message}", file=sys.stderr)
-    return 2
 
 
 def _fraction(used: int, total: int) -> str:
@@ -87,15 +81,15 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.slurm_client import SlurmClientError, open_client
 
     if not args.cluster:
-        return _fail("say --cluster (the cluster from slurmctld's view); for this node's "
+        return fail("status", "say --cluster (the cluster from slurmctld's view); for this node's "
                      "MPS daemons use gpushare mps, for its metrics gpushare metrics")
     if not 0.1 <= args.timeout <= 600:
-        return _fail("--timeout must be between 0.1 and 600 seconds")
+        return fail("status", "--timeout must be between 0.1 and 600 seconds")
     try:
         client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
         nodes = summary(client.nodes())
     except SlurmClientError as err:
-        return _fail(str(err))
+        return fail("status", str(err))
     sums = totals(nodes)
     if args.json:
         print(json.dumps({"backend": client.backend, "nodes": [n.to_dict() for n in nodes],

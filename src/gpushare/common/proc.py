@@ -34,7 +34,11 @@ class ProcError(RuntimeError):
 
 
 class CommandNotFound(ProcError):
-    """The program does not exist or cannot be executed."""
+    """The program does not exist or cannot be executed (``denied``: the latter)."""
+
+    def __init__(self, message: str, denied: bool = False) -> None:
+        super().__init__(message)
+        self.denied = denied
 
 
 class CommandTimeout(ProcError):
@@ -77,15 +81,16 @@ def _scratch_file(name: str, data: bytes = b"") -> int:
     return fd
 
 
-def _read_back(fd: int) -> str:
+def _read_back(fd: int, limit: Optional[int]) -> str:
     os.lseek(fd, 0, os.SEEK_SET)
-    chunks, left = [], _OUTPUT_LIMIT
-    while left > 0:
-        chunk = os.read(fd, left)
+    chunks, left = [], limit
+    while left is None or left > 0:
+        chunk = os.read(fd, 1 << 20 if left is None else left)
         if not chunk:
             break
         chunks.append(chunk)
-        left -= len(chunk)
+        if left is not None:
+            left -= len(chunk)
     return b"".join(chunks).decode("utf-8", "replace")
 
 
@@ -142,9 +147,11 @@ def run(
     uid: Optional[int] = None,
     gid: Optional[int] = None,
     check: bool = False,
+    output_limit: Optional[int] = _OUTPUT_LIMIT,
 ) -> Result:
     """Run ``argv`` with exactly ``env``, as ``uid``/``gid`` when given, within ``timeout`` s.
 
+    Each of stdout and stderr is kept up to ``output_limit`` bytes (None: all of it).
     Raises CommandNotFound, CommandTimeout, or (with ``check``) CommandFailed.
     """
     import subprocess
@@ -171,7 +178,8 @@ def run(
         except (FileNotFoundError, NotADirectoryError) as err:
             raise CommandNotFound(f"{name}: not found ({err.strerror})") from None
         except PermissionError as err:
-            raise CommandNotFound(f"{name}: cannot be executed ({err.strerror})") from None
+            raise CommandNotFound(f"{name}: cannot be executed ({err.strerror})",
+                                  denied=True) from None
         except OSError as err:
             raise ProcError(f"{name}: cannot be started ({err})") from None
         try:
@@ -183,7 +191,8 @@ def run(
                 f"{' '.join(argv)}: no answer within {timeout:g} s, killed"
             ) from None
         # A daemonising child may leave its group behind; nothing of it is ours to wait for.
-        result = Result(tuple(argv), returncode, _read_back(stdout), _read_back(stderr))
+        result = Result(tuple(argv), returncode, _read_back(stdout, output_limit),
+                        _read_back(stderr, output_limit))
     finally:
         for fd in fds:
             os.close(fd)

@@ -25,6 +25,7 @@ __all__ = [
     "read_small_file_at",
     "remove_file_at",
     "remove_tree_at",
+    "write_file_atomic",
     "write_file_atomic_at",
 ]
 
@@ -198,19 +199,43 @@ def read_small_file_at(dir_fd: int, name: str, limit: int = 1 << 20) -> Optional
         os.close(fd)
 
 
-def write_file_atomic_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``name`` below ``dir_fd`` atomically (temporary file, fsync, rename)."""
+def write_file_atomic_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644,
+                         exact_mode: bool = False) -> None:
+    """Replace ``name`` below ``dir_fd`` atomically (temporary file, fsync, rename), so no
+    reader ever sees half a file. The file gets ``mode`` less the umask, or with
+    ``exact_mode`` ``mode`` itself; on failure the temporary file is removed."""
     tmp = f".{name}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dir_fd)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode, dir_fd=dir_fd)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        try:
+            if exact_mode:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def write_file_atomic(path: str, data: bytes, mode: int = 0o644,
+                      exact_mode: bool = False) -> None:
+    """``write_file_atomic_at`` by path, in a directory the caller has checked or need not
+    (it is reached as the path says)."""
+    directory, name = os.path.split(path)
+    dir_fd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        write_file_atomic_at(dir_fd, name, data, mode, exact_mode)
     finally:
-        os.close(fd)
-    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.close(dir_fd)
 
 
 def remove_file_at(dir_fd: int, name: str) -> bool:

@@ -13,11 +13,11 @@ global, with ``NodeName=`` it is that node's.
 """
 
 import os
-import re
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import hostlist
 
+from gpushare.common import units
 from gpushare.gpu.inventory import Inventory
 
 __all__ = [
@@ -39,7 +39,6 @@ _KEYS = {
 }
 _FLAGS = {"countonly", "explicit", "one_sharing", "all_sharing", "nvidia_gpu_env",
           "amd_gpu_env", "intel_gpu_env", "opencl_env", "no_gpu_env", "env_uuid"}
-_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
 _SHARED = ("mps", "shard")
 
 
@@ -206,11 +205,10 @@ def _logical_lines(content: str) -> list[tuple[int, str]]:
 
 
 def _count(value: str) -> int:
-    match = _COUNT_RE.match(value)
-    if not match:
+    count = units.parse_count(value)
+    if count is None:
         raise ValueError("a whole number, optionally with K, M, G, T or P")
-    suffix = match.group(2).upper()
-    return int(match.group(1)) * (1024 ** ("KMGTP".index(suffix) + 1) if suffix else 1)
+    return count
 
 
 def _parse_line(number: int, text: str, where: str) -> GresLine:
@@ -294,8 +292,3 @@ def load_gres_conf(path: str) -> GresConf:
         raise GresConfError(f"cannot read {path}: {err.strerror}") from None
     return parse_gres_conf(content, os.path.abspath(path))
 
-
-def describe(device: GresDevice) -> dict[str, Any]:
-    """A device as plain data (for JSON output)."""
-    return {"name": device.name, "index": device.slurm_index, "type": device.type,
-            "files": device.files, "count": device.gres_count, "line": device.line}

@@ -1,7 +1,11 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """The node's GPUs as NVML reports them: one data model shared by check, verify, MPS and render.
 
-Collection (``collect``) goes through the NVML seam in ``gpushare.gpu.nvml``; everything else in
+Collection (``collect``) goes through the one seam where GPU facts enter gpushare,
+``load_nvml``: the real pynvml module, or a simulated node (``gpushare.gpu.nvml_sim``). Which
+one is configuration (the plugin's ``inventory=`` argument, the CLI's ``--source``), never a
+guess about whether a GPU is present: a node that is configured for NVML and has no driver
+fails loudly instead of quietly pretending to be a simulated node. Everything else in
 gpushare reads these records and never calls NVML itself. They are NamedTuples: a job's
 prolog collects them, and importing ``dataclasses`` would cost it about 5 ms of CPU.
 
@@ -27,7 +31,6 @@ from gpushare.gpu.nvml import (
     InventoryError,
     describe_nvml_error,
     is_unsupported,
-    load_nvml,
     nvml_call,
     text,
 )
@@ -42,6 +45,7 @@ __all__ = [
     "MigDevice",
     "NvLink",
     "collect",
+    "load_nvml",
     "mig_caps_files",
     "mig_profile_from_attributes",
     "mig_profile_from_name",
@@ -125,27 +129,6 @@ class Inventory(NamedTuple):
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists all the way down (JSON)."""
         return _plain(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Inventory":
-        """Rebuild an inventory from ``to_dict()`` output (e.g. ``gpushare inventory --json``)."""
-        gpus = []
-        for g in data.get("gpus", []):
-            g = dict(g)
-            g["nvml_index"] = g.pop("index")
-            migs = []
-            for m in g.pop("mig_devices", []):
-                m = dict(m)
-                m["processes"] = [GpuProcess(**p) for p in m.get("processes", [])]
-                migs.append(MigDevice(**m))
-            nvlinks = [NvLink(**n) for n in g.pop("nvlinks", [])]
-            fabric = g.pop("fabric", None)
-            procs = [GpuProcess(**p) for p in g.pop("processes", [])]
-            gpus.append(Gpu(**g, mig_devices=migs, nvlinks=nvlinks,
-                            fabric=FabricInfo(**fabric) if fabric else None, processes=procs))
-        return cls(hostname=data["hostname"], driver_version=data["driver_version"],
-                   cuda_driver_version=data["cuda_driver_version"], source=data["source"],
-                   gpus=gpus)
 
     def gpu_by_uuid(self, uuid: str) -> Optional[Gpu]:
         return next((g for g in self.gpus if g.uuid == uuid), None)
@@ -413,7 +396,7 @@ def collect(nvml: Any, source: str, mig_minors_text: Optional[str] = None,
             topology: bool = True) -> Inventory:
     """Read every GPU, MIG slice, NVLink, fabric state and process through ``nvml``.
 
-    ``nvml`` is what ``gpushare.gpu.nvml.load_nvml`` returned; ``mig_minors_text`` is the content of
+    ``nvml`` is what ``load_nvml`` returned; ``mig_minors_text`` is the content of
     /proc/driver/nvidia-caps/mig-minors (None: MIG slices get no caps files). Without
     ``topology`` the NVLinks and fabric state are not read (18 links per GPU are most of the
     NVML calls, and a job's prolog verifies devices, not links).
@@ -441,6 +424,27 @@ def _cuda_version(value: Any) -> str:
     """NVML encodes CUDA 12.4 as 12040."""
     number = int(value)
     return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def load_nvml(source: str) -> Any:
+    """Return the NVML implementation named by ``source``: ``nvml`` or ``sim:/abs/profile.json``."""
+    if source == "nvml":
+        try:
+            import pynvml
+        except ImportError:
+            raise InventoryError(
+                "the nvidia-ml-py package (module pynvml) is not installed for this Python; "
+                "install it with: pip install nvidia-ml-py"
+            ) from None
+        return pynvml
+    if source.startswith(SIM_PREFIX):
+        from gpushare.gpu import nvml_sim
+
+        return nvml_sim.SimNvml(nvml_sim.load_profile(source[len(SIM_PREFIX):]))
+    raise InventoryError(
+        f"unknown GPU inventory source {source!r}; use nvml (the node's NVIDIA driver) or "
+        "sim:<absolute path of a simulated node profile>"
+    )
 
 
 def open_inventory(source: str, mig_minors_path: str = MIG_MINORS_PATH,

@@ -1,12 +1,10 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""The one seam where GPU facts enter gpushare: the real pynvml module, or a simulated node.
-
-Which one is used is configuration (the plugin's ``inventory=`` argument, the CLI's
-``--source``), never a guess about whether a GPU is present: a node that is configured for NVML
-and has no driver fails loudly instead of quietly pretending to be a simulated node.
+"""Talking to NVML, the real pynvml module or the simulated node of ``nvml_sim``: its errors
+turned into messages that say what to do, and its strings.
 
 Both answer the same pynvml function names, constants and ``NVMLError`` classes, so
-``gpushare.gpu.inventory.collect`` runs exactly the same code against either.
+``gpushare.gpu.inventory.collect`` runs exactly the same code against either; which one is
+used is chosen by ``gpushare.gpu.inventory.load_nvml``.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ __all__ = [
     "InventoryError",
     "describe_nvml_error",
     "is_unsupported",
-    "load_nvml",
     "nvml_call",
     "text",
 ]
@@ -28,30 +25,8 @@ __all__ = [
 SIM_PREFIX = "sim:"
 
 
-
 class InventoryError(RuntimeError):
     """The node's GPUs could not be read; the message says why and what to do."""
-
-
-def load_nvml(source: str) -> Any:
-    """Return the NVML implementation named by ``source``: ``nvml`` or ``sim:/abs/profile.json``."""
-    if source == "nvml":
-        try:
-            import pynvml
-        except ImportError:
-            raise InventoryError(
-                "the nvidia-ml-py package (module pynvml) is not installed for this Python; "
-                "install it with: pip install nvidia-ml-py"
-            ) from None
-        return pynvml
-    if source.startswith(SIM_PREFIX):
-        from gpushare.gpu import nvml_sim
-
-        return nvml_sim.SimNvml(nvml_sim.load_profile(source[len(SIM_PREFIX):]))
-    raise InventoryError(
-        f"unknown GPU inventory source {source!r}; use nvml (the node's NVIDIA driver) or "
-        "sim:<absolute path of a simulated node profile>"
-    )
 
 
 def _error_name(nvml: Any, value: int) -> str:
@@ -61,34 +36,32 @@ def _error_name(nvml: Any, value: int) -> str:
     return f"NVML error {value}"
 
 
+# The NVML errors that need something done on the node, and what; {what}: the call's purpose.
+_ADVICE = (
+    ("NVML_ERROR_LIBRARY_NOT_FOUND",
+     "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); "
+     "on a node without GPUs use inventory=sim:<profile> only for tests"),
+    ("NVML_ERROR_DRIVER_NOT_LOADED",
+     "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded); "
+     "load it (modprobe nvidia) and check dmesg for why it failed"),
+    ("NVML_ERROR_NO_PERMISSION",
+     "no permission to {what} (NVML: Insufficient Permissions); "
+     "run as root or as a user allowed to open /dev/nvidiactl and /dev/nvidia*"),
+    ("NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+     "the NVML library and the loaded NVIDIA kernel module have different versions "
+     "(driver upgraded without reboot); reboot the node or reload the nvidia module"),
+    ("NVML_ERROR_GPU_IS_LOST",
+     "a GPU fell off the bus while trying to {what} (NVML: GPU is lost); "
+     "drain the node and reset or reboot it"),
+)
+
+
 def describe_nvml_error(nvml: Any, err: BaseException, what: str) -> str:
     """Turn an NVMLError raised while doing ``what`` into a message that says what to do."""
     value = getattr(err, "value", None)
-    if value == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
-        return (
-            "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); "
-            "on a node without GPUs use inventory=sim:<profile> only for tests"
-        )
-    if value == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
-        return (
-            "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded); "
-            "load it (modprobe nvidia) and check dmesg for why it failed"
-        )
-    if value == getattr(nvml, "NVML_ERROR_NO_PERMISSION", object()):
-        return (
-            f"no permission to {what} (NVML: Insufficient Permissions); "
-            "run as root or as a user allowed to open /dev/nvidiactl and /dev/nvidia*"
-        )
-    if value == getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", object()):
-        return (
-            "the NVML library and the loaded NVIDIA kernel module have different versions "
-            "(driver upgraded without reboot); reboot the node or reload the nvidia module"
-        )
-    if value == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", object()):
-        return (
-            f"a GPU fell off the bus while trying to {what} (NVML: GPU is lost); "
-            "drain the node and reset or reboot it"
-        )
+    for name, advice in _ADVICE:
+        if value == getattr(nvml, name, object()):
+            return advice.replace("{what}", what)
     if value is None:
         return f"could not {what}: {err}"
     return f"could not {what}: NVML says {err} ({_error_name(nvml, value)})"

@@ -9,6 +9,8 @@ import os
 import re
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional
 
+from gpushare.common import units
+
 __all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "beside_slurm_conf",
            "expand_path", "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
 
@@ -68,16 +70,12 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return check
 
 
-_SIZE_RE = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def parse_size(value: str) -> int:
     """Parse ``16G``/``512M``/``1048576`` into bytes."""
-    match = _SIZE_RE.match(value.strip())
-    if not match or int(match.group(1)) == 0:
+    size = units.parse_count(value.strip(), "KMGT")
+    if not size:
         raise ValueError("a positive size such as 512M or 16G")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    return size
 
 
 def _mem_limit(value: str) -> str:
@@ -176,10 +174,6 @@ class PluginConfig(NamedTuple):
             for key in _PATH_KEYS
             if key != "inventory" or self.inventory.startswith("sim:")}
         return self._replace(**expanded)
-
-    @property
-    def jobs_dir(self) -> str:
-        return os.path.join(self.state_dir, "jobs")
 
     @property
     def mps_dir(self) -> str:

@@ -18,6 +18,8 @@ import stat
 import time
 from typing import Any, Optional
 
+from gpushare.common import safefs
+
 RECORD_VERSION = 1
 
 
@@ -159,17 +161,7 @@ class JobStore:
 
     @staticmethod
     def _write_atomic(final: str, text: str) -> None:
-        tmp = f"{final}.{os.getpid()}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            os.write(fd, text.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+        safefs.write_file_atomic(final, text.encode(), 0o600)
 
     def read(self, job_id: int) -> Optional[JobRecord]:
         """The job's record, or None when there is none."""

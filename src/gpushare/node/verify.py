@@ -20,8 +20,11 @@ from typing import Any, Callable, NamedTuple, Optional
 from gpushare.gpu.gresconf import GresConf, GresDevice
 from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
 
-__all__ = ["Finding", "ResolvedDevice", "VerifyResult", "profile_of_gres_type",
-           "verify_job_devices"]
+__all__ = ["ERROR", "WARNING", "Finding", "ResolvedDevice", "VerifyResult",
+           "profile_of_gres_type", "verify_job_devices"]
+
+ERROR = "error"
+WARNING = "warning"
 
 _PROFILE_IN_TYPE = re.compile(r"(?:^|_)((?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z]+)*)$", re.IGNORECASE)
 _GPU_FILE = re.compile(r"^nvidia(\d+)$")
@@ -30,13 +33,19 @@ _SHARED = ("mps", "shard")
 
 
 class Finding(NamedTuple):
-    """One disagreement: what is wrong, where, and how to fix it."""
+    """One disagreement: what is wrong, where, and how to fix it (the job-start check
+    here, ``gpushare check`` in gpushare.admin.check)."""
 
-    severity: str  # error | warning
+    severity: str  # ERROR | WARNING
     what: str
     where: str
     fix: str
     brief: str = ""  # ``what`` with the disagreement first and no file list, when they differ
+
+    def to_dict(self) -> dict[str, str]:
+        """As ``gpushare check --json`` prints it."""
+        return {"severity": self.severity, "what": self.what, "where": self.where,
+                "fix": self.fix}
 
     def reason(self) -> str:
         """One line, fit for a Slurm drain reason (cut at ~100 characters) or a prolog
@@ -70,7 +79,7 @@ class VerifyResult(NamedTuple):
 
     @property
     def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
+        return [f for f in self.findings if f.severity == ERROR]
 
     @property
     def ok(self) -> bool:
@@ -127,7 +136,7 @@ class _Verifier:
         self.gres_name = gres_name
         self.result = VerifyResult([], [])
 
-    def error(self, what: str, where: str, fix: str, severity: str = "error",
+    def error(self, what: str, where: str, fix: str, severity: str = ERROR,
               brief: str = "") -> None:
         self.result.findings.append(Finding(severity, what, where, fix, brief))
 
@@ -189,7 +198,7 @@ class _Verifier:
             self.error(f"{_label(dev)} is not an NVIDIA GPU (no /dev/nvidiaN file); gpushare "
                        "neither verifies nor shares it", where,
                        "nothing if it is another kind of device; if it is an NVIDIA GPU, name "
-                       "its /dev/nvidiaN file in gres.conf", severity="warning")
+                       "its /dev/nvidiaN file in gres.conf", severity=WARNING)
 
     def check_device(self, dev: Optional[GresDevice], gpu: Gpu,
                      mig: Optional[MigDevice]) -> None:
@@ -221,7 +230,7 @@ class _Verifier:
                 self.error(f"{label}: GPU {gpu.nvml_index} ({gpu.uuid}) has MIG mode enable "
                            "pending; the next GPU reset will partition it", where,
                            "finish the MIG change (reset the GPU while it is drained) or "
-                           "cancel it (nvidia-smi -i N -mig 0)", severity="warning")
+                           "cancel it (nvidia-smi -i N -mig 0)", severity=WARNING)
         uuid = mig.uuid if mig is not None else gpu.uuid
         if self.owner is not None:
             # A slice has its own owner: its GPU may be "mixed" (slices of Slurm and

@@ -12,6 +12,7 @@ both. A change here needs the same change there.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,12 +21,15 @@ __all__ = [
     "DEFAULT_FACTS_PATH",
     "FACTS_ENV",
     "MAX_INT",
+    "MAX_WAIT_S",
+    "ON_ERROR",
     "UNTYPED_POLICIES",
     "Facts",
     "FactsError",
     "Policy",
     "TypeFacts",
     "facts_from_dict",
+    "facts_path",
     "load_facts",
 ]
 
@@ -46,12 +50,17 @@ class FactsError(ValueError):
 
 @dataclass(frozen=True)
 class Policy:
-    """What the hooks may do on their own: switch waits, untyped GPUs, internal errors."""
+    """What the submit hooks do on their own: switch waits, untyped GPUs, internal errors
+    (the plan's ``policy:`` section, docs/cluster-facts.md)."""
 
     switch_wait_s: int = 300
     max_switch_wait_s: int = 3600
     on_error: str = "accept"
+    # An untyped GPU request (--gres=gpu:1): "whole" writes in the type of the whole GPUs
+    # Slurm owns so that it never lands on a MIG slice; "any" leaves it to Slurm; a GPU
+    # type of the plan (h100) is written in as it is.
     untyped_gpu: str = "whole"
+    untyped_gpu_line: int = 0  # where the plan says it (0 in the facts file)
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,11 @@ class Facts:
         if policy == "any" or not self.mig_types:
             return None
         return self.gpu_types[0] if len(self.gpu_types) == 1 else None
+
+
+def facts_path() -> str:
+    """``$GPUSHARE_FACTS``, else the default path: where the hooks read the facts."""
+    return os.environ.get(FACTS_ENV) or DEFAULT_FACTS_PATH
 
 
 def _need(data: Mapping[str, Any], key: str, where: str = "") -> Any:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from gpushare.common import units
+
 __all__ = [
     "GRES_FIELDS",
     "GresError",
@@ -42,9 +44,6 @@ _PLAIN_TRES = frozenset({"cpu", "mem", "node", "billing", "energy", "vmem", "pag
 _LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 MAX_COUNT = 0xFFFFFFFF - 2  # below Slurm's NO_VAL
 
-# Slurm's count suffixes (binary multiples, as in its gres.c).
-_COUNT_RE = re.compile(r"([0-9]+)([kKmMgGtTpP]?)")
-_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 _TYPE_RE = re.compile(r"[A-Za-z0-9_.+\-]+")
 
@@ -78,9 +77,6 @@ class GresItem:
     def with_type(self, type_: str | None) -> GresItem:
         return replace(self, type=type_)
 
-    def with_count(self, count: int) -> GresItem:
-        return replace(self, count=count)
-
 
 def ascii_lower(text: str) -> str:
     """Lower-case ASCII letters only, exactly as Lua's string.lower does in slurmctld."""
@@ -93,11 +89,8 @@ def parse_count(text: str) -> int | None:
     Counts above ``MAX_COUNT`` are refused: no cluster has that many of anything, and the
     Lua rules must represent every count exactly.
     """
-    match = _COUNT_RE.fullmatch(text)
-    if not match:
-        return None
-    count = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
-    return count if count <= MAX_COUNT else None
+    count = units.parse_count(text)  # binary multiples, as in Slurm's gres.c
+    return count if count is not None and count <= MAX_COUNT else None
 
 
 def _parse_item(text: str) -> GresItem:
@@ -128,7 +121,7 @@ def _parse_item(text: str) -> GresItem:
             raise GresError(raw, "too many ':' parts (name[:type]=count)")
         type_ = parts[1] if len(parts) == 2 else None
     elif len(parts) == 2:
-        if _COUNT_RE.fullmatch(parts[1]):
+        if units.parse_count(parts[1]) is not None:
             parsed = parse_count(parts[1])
             if parsed is None:
                 raise GresError(raw, "the count is too large")

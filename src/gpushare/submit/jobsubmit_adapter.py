@@ -7,13 +7,12 @@ changed fields back (strings through slurmctld's own allocator, via the C glue).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from gpushare.common import log as gslog
 from gpushare.submit import hook as submit_hook
+from gpushare.submit.facts import facts_path
 
-FACTS_DEFAULT = "/etc/slurm/gpushare-facts.json"
 STRING_FIELDS = ("tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",
                  "array_inx")
 NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "user_id")
@@ -31,11 +30,6 @@ def bind(ffi: Any, lib: Any) -> None:
     global _ffi, _lib
     _ffi, _lib = ffi, lib
     gslog.install(lambda level, text: lib.gs_log(level, text.encode("utf-8", "replace")))
-
-
-def facts_path() -> str:
-    """``$GPUSHARE_FACTS`` or the fixed default path, as job_submit.lua reads it."""
-    return os.environ.get("GPUSHARE_FACTS") or FACTS_DEFAULT
 
 
 def slurm_version_number() -> int | None:

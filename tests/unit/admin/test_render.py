@@ -11,8 +11,8 @@ import yaml
 from gpushare.admin.plan import load_plan, parse_plan
 from gpushare.admin.render import (
     RenderError,
+    _mig_layouts,
     expected_gres,
-    mig_parted_config,
     render_facts,
     render_gres_conf,
     render_mig_parted,
@@ -113,6 +113,14 @@ def test_topology_leaves_and_spine():
         "SwitchName=shared-nonvl Nodes=l40s-[01-16]",
         "SwitchName=spine Switches=nvl0,nvl1,infer-nonvl,shared-nonvl",
     ]
+
+
+def mig_parted_config(plan):
+    """The mig-parted v1 config as data (what ``render_mig_parted`` writes as YAML)."""
+    configs = {name: [{key: value for key, value in entry.items() if not key.startswith("_")}
+                      for entry in entries]
+               for name, _group, entries in _mig_layouts(plan)}
+    return {"version": "v1", "mig-configs": configs}
 
 
 def test_mig_parted_config_is_valid_v1_and_matches_data():

@@ -61,16 +61,24 @@ def test_a_daemonising_child_does_not_make_us_wait_for_it():
 
 
 def test_missing_program_is_reported():
-    with pytest.raises(proc.CommandNotFound, match=r"/nonexistent/prog: not found"):
+    with pytest.raises(proc.CommandNotFound, match=r"/nonexistent/prog: not found") as err:
         proc.run(["/nonexistent/prog"], env=ENV, timeout=10)
+    assert not err.value.denied
 
 
 def test_not_executable_program_is_reported(tmp_path):
     path = tmp_path / "prog"
     path.write_text("#!/bin/sh\n")
     path.chmod(0o644)
-    with pytest.raises(proc.CommandNotFound, match=r"cannot be executed"):
+    with pytest.raises(proc.CommandNotFound, match=r"cannot be executed") as err:
         proc.run([str(path)], env=ENV, timeout=10)
+    assert err.value.denied
+
+
+def test_output_is_cut_at_the_limit_unless_it_is_lifted():
+    argv = ["/bin/sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x"]
+    assert len(proc.run(argv, env=ENV, timeout=10).stdout) == 64 * 1024
+    assert len(proc.run(argv, env=ENV, timeout=10, output_limit=None).stdout) == 200000
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to change user")

@@ -10,8 +10,7 @@ import os
 import pytest
 
 from gpushare.cli import main
-from gpushare.gpu.inventory import InventoryError, open_inventory
-from gpushare.gpu.nvml import load_nvml
+from gpushare.gpu.inventory import InventoryError, load_nvml, open_inventory
 from gpushare.gpu.nvml_sim import ProfileError, SimNvml, load_profile, standard_mig_minors
 
 PROFILE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",

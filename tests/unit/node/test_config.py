@@ -30,7 +30,7 @@ def test_every_key_is_accepted_with_a_good_value():
     assert config.mem_limit == "16G" and config.verify == "warn"
     assert config.inventory == "sim:/p/%n.json" and config.timeout == 2.5
     assert config.debug_log == "" and config.show is True
-    assert config.jobs_dir == "/run/x/jobs" and config.mps_dir == "/run/x/mps"
+    assert config.mps_dir == "/run/x/mps"
 
 
 @pytest.mark.parametrize("arg, expected", [

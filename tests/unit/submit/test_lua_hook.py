@@ -10,7 +10,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from gpushare.submit.facts import load_facts
+from gpushare.submit.facts import DEFAULT_FACTS_PATH, FACTS_ENV, load_facts
 from gpushare.submit.rules import apply
 from luahook import HOOK, LuaHook, facts_path, load_vectors
 from submit_strategies import job_desc
@@ -92,6 +92,9 @@ def test_facts_path_constant_and_env_override():
         source = handle.read()
     assert 'local FACTS_PATH = "/etc/slurm/gpushare-facts.json"' in source
     assert 'os.getenv("GPUSHARE_FACTS")' in source
+    # the same path and variable as the Python hook's
+    assert f'local FACTS_PATH = "{DEFAULT_FACTS_PATH}"' in source
+    assert f'os.getenv("{FACTS_ENV}")' in source
 
 
 @settings(max_examples=int(os.environ.get("GPUSHARE_LUA_PARITY_EXAMPLES", "300")),
