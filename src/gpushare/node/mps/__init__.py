@@ -1,16 +1,25 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""MPS control daemons for jobs on this node (see ``manager``)."""
+"""MPS control daemons for the jobs of this node.
 
-from gpushare.node.mps.manager import (
-    SOCKET_NAME_ROOM,
-    SOCKET_PATH_MAX,
+``manager`` runs their lifecycle (start on first use, reference-count, stop on last
+release, reap what lost jobs left); ``record`` is the daemon record kept on disk and its
+store, ``lock`` the per-daemon lock, ``procscan`` finds MPS processes through /proc,
+``control`` speaks to a daemon, and ``limits`` computes every limit a job and a daemon
+get.
+"""
+
+from gpushare.node.mps.errors import MpsError
+from gpushare.node.mps.limits import Limits, format_size, limits_for
+from gpushare.node.mps.manager import SOCKET_NAME_ROOM, SOCKET_PATH_MAX, MpsManager
+from gpushare.node.mps.record import (
+    RECORD_VERSION,
+    DaemonRecord,
     MpsDevice,
-    MpsError,
     MpsLease,
-    MpsManager,
+    RecordStore,
     daemon_key,
-    format_size,
 )
 
-__all__ = ["SOCKET_NAME_ROOM", "SOCKET_PATH_MAX", "MpsDevice", "MpsError", "MpsLease",
-           "MpsManager", "daemon_key", "format_size"]
+__all__ = ["RECORD_VERSION", "SOCKET_NAME_ROOM", "SOCKET_PATH_MAX", "DaemonRecord", "Limits",
+           "MpsDevice", "MpsError", "MpsLease", "MpsManager", "RecordStore", "daemon_key",
+           "format_size", "limits_for"]
