@@ -23,13 +23,16 @@ HIGHER = ("gpushare.admin", "gpushare.submit", "gpushare.cli")
 
 
 def hot_modules():
-    """Every module of the subpackages the prolog and epilog may import, and the packages."""
+    """Every module of the subpackages the prolog and epilog may import (theirs included),
+    and the packages."""
     names = []
     for sub in HOT_SUBPACKAGES:
-        names.append(f"gpushare.{sub}")
-        names += [f"gpushare.{sub}.{entry[:-3]}"
-                  for entry in sorted(os.listdir(os.path.join(SRC, "gpushare", sub)))
-                  if entry.endswith(".py") and entry != "__init__.py"]
+        for folder, dirs, files in os.walk(os.path.join(SRC, "gpushare", sub)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            package = os.path.relpath(folder, SRC).replace(os.sep, ".")
+            names.append(package)
+            names += [f"{package}.{entry[:-3]}" for entry in sorted(files)
+                      if entry.endswith(".py") and entry != "__init__.py"]
     return names
 
 
@@ -73,7 +76,8 @@ def test_the_check_itself_can_fail():
 
 
 def test_every_hot_path_subpackage_is_checked():
-    for module in ("gpushare.node.spank_adapter", "gpushare.gpu.nvml", "gpushare.common.log"):
+    for module in ("gpushare.node.spank_adapter", "gpushare.gpu.nvml", "gpushare.common.log",
+                   "gpushare.node.mps", "gpushare.node.mps.limits"):
         assert module in HOT_MODULES
     assert not [m for m in HOT_MODULES if m.startswith(HIGHER)]
 

@@ -13,7 +13,7 @@ import pwd
 from typing import Any, NamedTuple, Optional, Sequence
 
 from gpushare.node.config import PluginConfig
-from gpushare.node.mps import MpsDevice, MpsManager
+from gpushare.node.mps import DaemonRecord, MpsManager
 from gpushare.node.state import JobStore
 
 __all__ = ["DaemonView", "exit_status", "inspect_daemons"]
@@ -67,7 +67,7 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
     key = entry["key"]
     if entry["error"]:
         return DaemonView(key, "unreadable", problems=(entry["error"],))
-    rec = entry["record"]
+    rec: DaemonRecord | None = entry["record"]
     if rec is None and entry["strays"]:
         pids = " ".join(map(str, entry["strays"]))
         return DaemonView(key, "untracked", problems=(
@@ -80,15 +80,14 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
         return DaemonView(key, "no record", problems=(
             "a directory or lock without a daemon record, left by a crash or an "
             "interrupted prolog; `gpushare mps --reap` removes it",))
-    jobs = tuple(sorted(((job, int(info["share_percent"])) for job, info in
-                         rec["jobs"].items()), key=lambda item: int(item[0])))
+    jobs = tuple(sorted(rec.jobs.items(), key=lambda item: int(item[0])))
     stale = tuple(job for job, _share in jobs if int(job) not in job_ids)
     gone = tuple(job for job, _share in jobs if int(job) in lost and job not in stale)
-    pid = rec.get("daemon_pid")
+    pid = rec.daemon_pid
     problems = []
-    if rec.get("stop_failed"):
+    if rec.stop_failed:
         status = "stop failed"
-        problems.append(f"{rec['stop_failed']}; once the GPU is fixed, `gpushare mps --reap` "
+        problems.append(f"{rec.stop_failed}; once the GPU is fixed, `gpushare mps --reap` "
                         "stops it again")
     elif entry["running"] is None:
         status = "unknown"
@@ -112,19 +111,16 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
                         "still counts them (their epilog was lost); `gpushare mps --reap` "
                         "drops them now, as the node's next shared job would within "
                         "minutes")
-    caps = rec.get("caps") or {}
-    devices = [MpsDevice.from_record(d) for d in rec["devices"]]
+    devices = rec.devices
     return DaemonView(
-        key=key, status=status, mode=str(rec["mode"]), uid=int(rec["uid"]),
-        user=_user_name(int(rec["uid"])),
+        key=key, status=status, mode=rec.mode, uid=rec.uid, user=_user_name(rec.uid),
         devices=tuple(d.label or f"GPU {d.gpu_index}" for d in devices),
         device_uuids=tuple(d.uuid for d in devices),
-        jobs=jobs, stale_jobs=stale + gone, daemon_pid=None if pid is None else int(pid),
-        started_at=rec.get("started_at"),
-        cap_percent=None if caps.get("percent") is None else int(caps["percent"]),
-        mem_limits=tuple(sorted((str(i), str(size)) for i, size in
-                                caps.get("mem", {}).items())),
-        pipe_dir=str(rec["pipe_dir"]), problems=tuple(problems),
+        jobs=jobs, stale_jobs=stale + gone, daemon_pid=pid, started_at=rec.started_at,
+        # What the daemon was last told (a failed change shows until the next one works).
+        cap_percent=None if rec.caps is None else rec.caps.percent,
+        mem_limits=() if rec.caps is None else tuple(sorted(rec.caps.mem)),
+        pipe_dir=rec.pipe_dir, problems=tuple(problems),
         gpu_indexes=tuple(d.gpu_index for d in devices),
     )
 

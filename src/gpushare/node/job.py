@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Seque
 from gpushare.common.log import get_logger
 from gpushare.node import counters
 from gpushare.node.config import PluginConfig, beside_slurm_conf
-from gpushare.node.mps import MpsDevice, MpsError, MpsManager
+from gpushare.node.mps import MpsDevice, MpsError, MpsManager, limits_for
 from gpushare.node.state import JobRecord, JobStore
 
 if TYPE_CHECKING:
@@ -157,8 +157,7 @@ def task_environment(record: JobRecord) -> dict[str, str]:
     uuids = [str(d.get("uuid")) for d in record.devices if d.get("uuid")]
     if uuids:
         env["GPUSHARE_GPU_UUIDS"] = ",".join(uuids)
-    if record.mode == "shared":
-        env[SHARE_ENV] = str(record.share_percent)
+    env.update(limits_for(record.mode, [record.share_percent]).env(record.mode))
     if record.mps:
         env.update(record.mps.get("env", {}))
     return env

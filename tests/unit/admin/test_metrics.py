@@ -19,7 +19,7 @@ from gpushare.cli import main as cli_main
 from gpushare.common import log as gslog
 from gpushare.node import counters, job, spank_adapter
 from gpushare.node.config import PluginConfig
-from gpushare.node.mps import MpsDevice, MpsManager
+from gpushare.node.mps import Limits, MpsDevice, RecordStore
 from gpushare.node.state import JobRecord, JobStore
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -210,13 +210,14 @@ def test_the_plugin_callbacks_count_what_they_did(adapter, state_dir, monkeypatc
 def write_daemon(config: PluginConfig, uid: int, devices, jobs: dict[int, int],
                  mode: str = "shared", caps=None) -> str:
     """A daemon record as MpsManager writes it (no daemon runs: processes are not checked)."""
-    manager = MpsManager(config)
+    store = RecordStore(config.mps_dir)
     key = f"u{uid}-{devices[0].uuid}" if mode == "shared" else f"job{next(iter(jobs))}"
-    rec = manager._new_record(key, mode, uid, uid, tuple(devices))
-    rec["jobs"] = {str(j): {"share_percent": share} for j, share in jobs.items()}
-    rec["caps"], rec["daemon_pid"], rec["started_at"] = caps, 4242, 1700000000.0
-    with manager._mps_dir_fd() as mps_fd:
-        manager._write_record(mps_fd, rec)
+    rec = store.new(key, mode, uid, uid, tuple(devices))
+    rec.jobs = {str(j): share for j, share in jobs.items()}
+    rec.caps = None if caps is None else Limits(caps["percent"], tuple(caps["mem"].items()))
+    rec.daemon_pid, rec.started_at = 4242, 1700000000.0
+    with store.dir_fd() as mps_fd:
+        store.write(mps_fd, rec)
     return key
 
 

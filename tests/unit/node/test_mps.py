@@ -18,7 +18,7 @@ import pytest
 from gpushare.admin.mps_report import inspect_daemons
 from gpushare.cli import main as cli_main
 from gpushare.node.config import PluginConfig
-from gpushare.node.mps import MpsDevice, MpsError, MpsLease, MpsManager, daemon_key, format_size
+from gpushare.node.mps import MpsDevice, MpsError, MpsLease, MpsManager, RecordStore, daemon_key
 from gpushare.node.state import JobRecord, JobStore
 from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
 
@@ -233,10 +233,12 @@ def test_private_mode_one_daemon_over_the_jobs_gpus(bed, users):
     state = standin_state(lease)
     assert state["env"]["CUDA_VISIBLE_DEVICES"] == f"{GPU0.uuid},{GPU1.uuid}"
     assert state["default_device_pinned_mem_limit"] == {}
+    # A private daemon's own default is its job's limit (its clients need no variable).
     other = mgr.acquire(job_id=78, uid=u1.pw_uid, gid=u1.pw_gid, devices=[MIG],
                         mode="private", share_percent=50)
     assert other.daemon_pid != lease.daemon_pid
-    assert other.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert standin_state(other)["default_active_thread_percentage"] == 50.0
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in other.env
     assert mgr.release(77) == ["job77"]
     assert mgr.release(78) == ["job78"]
     assert bed.entries() == []
@@ -257,12 +259,6 @@ def test_pinned_memory_limit_setting(bed, users, setting, expected):
     mgr.release(5)
 
 
-def test_format_size():
-    assert format_size(20 << 30) == "20G"
-    assert format_size((20 << 30) + (512 << 20)) == "20992M"
-    assert format_size(100) == "1M"
-
-
 def test_acquire_and_release_are_idempotent(bed, users):
     u1 = users[0]
     mgr = bed.manager()
@@ -278,6 +274,30 @@ def test_acquire_and_release_are_idempotent(bed, users):
     assert bed.entries() == []
 
 
+def test_a_daemon_recorded_by_the_release_before_keeps_serving_after_an_upgrade(bed, users):
+    """The record of a running daemon as the release before wrote it (no ``stop_failed``,
+    and before that no ``dirs_made``): the next job joins it, the last one stops it."""
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=31, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    before = record(bed, first.key)
+    for field in ("stop_failed", "dirs_made"):
+        del before[field]
+    with open(os.path.join(bed.mps_dir, first.key + ".json"), "w") as handle:
+        json.dump(before, handle, indent=1, sort_keys=True)
+    second = mgr.acquire(job_id=32, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                         share_percent=30)
+    assert second.daemon_pid == first.daemon_pid and alive(first.daemon_pid)
+    after = record(bed, first.key)
+    assert after["version"] == 1 and after["jobs"] == {"31": {"share_percent": 25},
+                                                       "32": {"share_percent": 30}}
+    assert after["caps"] == {"percent": 55, "mem": {"0": "44G"}}
+    assert standin_state(first)["default_active_thread_percentage"] == 55.0
+    assert mgr.release(31) == [] and mgr.release(32) == [first.key]
+    assert not alive(first.daemon_pid) and bed.entries() == []
+
+
 def test_release_reads_only_the_daemon_the_lease_names(bed, users, monkeypatch):
     u1, u2 = users
     mgr = bed.manager()
@@ -285,8 +305,8 @@ def test_release_reads_only_the_daemon_the_lease_names(bed, users, monkeypatch):
     other = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
                         share_percent=25)
     scans = []
-    real_scan = MpsManager._keys_of_job
-    monkeypatch.setattr(MpsManager, "_keys_of_job",
+    real_scan = RecordStore.keys_of_job
+    monkeypatch.setattr(RecordStore, "keys_of_job",
                         lambda self, fd, job: scans.append(job) or real_scan(self, fd, job))
     assert mgr.release(1, hint=mine.key) == [mine.key]
     assert scans == []                                   # the hint was enough
@@ -440,40 +460,6 @@ def test_release_never_signals_a_process_that_is_not_the_daemon(bed, users):
         bystander.kill()
         bystander.wait()
     assert bed.entries() == []
-
-
-def _fake_process(proc_root, pid, *, uid, environ, argv, state="S"):
-    base = proc_root / str(pid)
-    base.mkdir()
-    (base / "status").write_text(f"Name:\tx\nState:\t{state} (sleeping)\nUid:\t{uid}\t{uid}"
-                                 f"\t{uid}\t{uid}\n")
-    (base / "environ").write_bytes(b"\0".join(environ) + b"\0")
-    (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
-
-
-def test_daemon_processes_are_matched_by_uid_pipe_dir_and_program_through_proc(tmp_path):
-    """Every /proc file is read whole, however large (an environ over 1 MiB is cut there)."""
-    proc_root = tmp_path / "proc"
-    proc_root.mkdir()
-    program = "/usr/bin/nvidia-cuda-mps-control"
-    mgr = MpsManager(PluginConfig(state_dir=str(tmp_path / "state"), mps_control=program),
-                     proc_root=str(proc_root))
-    rec = {"uid": 1234, "pipe_dir": "/run/gpushare/mps/k/pipe"}
-    pipe_var = b"CUDA_MPS_PIPE_DIRECTORY=/run/gpushare/mps/k/pipe"
-    padding = [b"PAD%d=%s" % (i, b"x" * 1000) for i in range(300)]   # ~300 KiB before it
-    _fake_process(proc_root, 10, uid=1234, environ=[*padding, pipe_var], argv=[program, "-d"])
-    _fake_process(proc_root, 11, uid=1234, environ=[pipe_var],
-                  argv=["/usr/bin/nvidia-cuda-mps-server"])
-    _fake_process(proc_root, 12, uid=1235, environ=[pipe_var], argv=[program, "-d"])
-    _fake_process(proc_root, 13, uid=1234, environ=[pipe_var], argv=["/bin/sleep", "60"])
-    _fake_process(proc_root, 14, uid=1234, environ=[pipe_var], argv=[program], state="Z")
-    _fake_process(proc_root, 15, uid=1234, environ=[b"X=" + b"y" * (1 << 20), pipe_var],
-                  argv=[program, "-d"])
-    (proc_root / "self").mkdir()
-    assert sorted(mgr._leftovers(rec)) == [10, 11]
-    assert mgr._is_ours(10, rec, daemon_only=True)
-    assert not mgr._is_ours(11, rec, daemon_only=True)
-    assert not mgr._alive(14) and not mgr._alive(99)
 
 
 # --------------------------------------------------------------------------- faults
@@ -717,7 +703,7 @@ def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
     assert dead["status"] == "not running"
     assert f"daemon pid {gone.daemon_pid} is gone while it serves job 4:" in dead["problems"][0]
     # While an epilog holds its lock (stopping it), the same daemon is changing, no alarm.
-    with mgr._mps_dir_fd() as mps_fd, mgr._locked(mps_fd, dead["key"]):
+    with mgr.store.dir_fd() as mps_fd, mgr._locked(mps_fd, dead["key"]):
         status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
     changing = {view["key"]: view for view in json.loads(out)["daemons"]}[dead["key"]]
     assert (changing["status"], changing["problems"]) == ("changing", [])
@@ -756,7 +742,7 @@ def test_gpushare_mps_reports_failed_stops_unreadable_records_and_leftovers(
         handle.write("{not json")
     open(os.path.join(bed.mps_dir, "u2-GPU-orphan.lock"), "w").close()
     # A key whose lock a prolog holds right now is changing, not a problem.
-    with mgr._mps_dir_fd() as mps_fd, mgr._locked(mps_fd, "u2-GPU-starting"):
+    with mgr.store.dir_fd() as mps_fd, mgr._locked(mps_fd, "u2-GPU-starting"):
         status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
     views = {view["key"]: view for view in json.loads(out)["daemons"]}
     assert (views["u2-GPU-starting"]["status"], views["u2-GPU-starting"]["problems"]) == (

@@ -1,0 +1,616 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""MPS control daemon lifecycle: start on first use, reference-count, stop on last release.
+
+Why one daemon per key: a control daemon runs one server per user and serialises users, so
+each user gets their own daemon (own ``CUDA_MPS_PIPE_DIRECTORY``) per GPU or MIG slice:
+
+* ``shared`` mode, key ``u<uid>-<device uuid>``: all jobs of one user on one device share a
+  daemon, so their kernels run side by side; other users on the device have their own.
+* ``private`` mode, key ``job<id>``: one daemon over the job's whole GPUs (e.g. MPI ranks).
+
+State lives in ``<state_dir>/mps`` (root-owned 0755): ``<key>.json`` (the daemon's record,
+``record``), ``<key>.lock`` (``lock``) and ``<key>/{pipe,log}`` (owned by the user, 0700).
+Records survive a slurmd restart; ``reap_stale`` drops references of jobs that no longer
+exist.
+
+Limits (``limits``): a job's environment carries its share; a daemon's caps are re-applied
+(``set_default_*`` for servers to come, ``set_*`` on running servers for new clients) when
+jobs come and go.
+
+Every external command runs with a timeout (``gpushare.common.proc``); failures raise ``MpsError``
+whose message names the device and daemon and says what to do; the caller logs it once.
+Recovered trouble (a daemon ignoring ``quit``) is logged as a warning on ``gpushare.mps``.
+
+What only starting, telling or stopping a daemon needs (``control``, ``procscan``, ``proc``,
+``signal``) is imported then: the epilog of a job that shared nothing finds no record and
+needs none of it.
+"""
+
+import os
+import re
+import time
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+
+from gpushare.common import safefs
+from gpushare.common.log import get_logger
+from gpushare.node import counters
+from gpushare.node.config import PluginConfig
+from gpushare.node.mps.errors import MpsError, joined
+from gpushare.node.mps.limits import Limits, limits_for
+from gpushare.node.mps.lock import Lock, lock_held, locked
+from gpushare.node.mps.record import (
+    MODES,
+    DaemonRecord,
+    MpsDevice,
+    MpsLease,
+    RecordStore,
+    daemon_key,
+)
+
+if TYPE_CHECKING:
+    from gpushare.common import proc
+    from gpushare.node.mps.procscan import ProcScan
+
+__all__ = ["MpsManager"]
+
+LOG = get_logger("gpushare.mps")
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+# Sockets in a pipe directory may have names a little longer than "control" (a daemon
+# may bind under a temporary name first, as the stand-in does); this much is kept free.
+SOCKET_NAME_ROOM = 4
+_UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$"  # compiled on first use
+
+
+class MpsManager:
+    """Starts, shares and stops MPS control daemons for jobs on this node (runs as root)."""
+
+    def __init__(self, config: PluginConfig, *, lock_timeout: Optional[float] = None,
+                 proc_root: str = "/proc") -> None:
+        self.config = config
+        self.timeout = float(config.timeout)
+        self.lock_timeout = lock_timeout if lock_timeout is not None else max(
+            30.0, 6 * self.timeout)
+        self.proc_root = proc_root
+        self.mps_dir = config.mps_dir
+        self.store = RecordStore(config.mps_dir)
+        self._scan: Optional[ProcScan] = None
+
+    @property
+    def scan(self) -> "ProcScan":
+        """The look at this node's MPS processes through ``proc_root``."""
+        if self._scan is None:
+            from gpushare.node.mps.procscan import ProcScan
+
+            self._scan = ProcScan(self.proc_root, self.config.mps_control, self.mps_dir)
+        return self._scan
+
+    # ----------------------------------------------------------------- public API
+
+    def acquire(self, job_id: int, uid: int, gid: int, devices: Sequence[MpsDevice],
+                mode: str = "shared", share_percent: int = 100) -> MpsLease:
+        """Take a reference on the job's daemon, starting it if needed; idempotent per job."""
+        devices = tuple(devices)
+        self._check_request(job_id, uid, devices, mode, share_percent)
+        key = daemon_key(mode, uid, job_id, devices)
+        with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
+            rec = self.store.read(mps_fd, key)
+            if rec is not None and str(job_id) in rec.jobs:
+                return self._lease(rec, job_id)
+            if rec is not None and (rec.uid != uid or rec.mode != mode):
+                raise MpsError(f"MPS record {self._path(key)}.json belongs to uid "
+                               f"{rec.uid} mode {rec.mode}; remove it after stopping "
+                               "its daemon")
+            if rec is not None and rec.daemon_pid and self._is_ours(rec.daemon_pid, rec):
+                rec.jobs[str(job_id)] = share_percent
+                self.store.write(mps_fd, rec)
+                self._apply_caps(mps_fd, rec)
+                return self._lease(rec, job_id)
+            if rec is not None:
+                LOG.warning("%s is not running any more; starting it again", rec.describe())
+                self._stop_daemon(rec)
+            else:
+                rec = self.store.new(key, mode, uid, gid, devices)
+            rec.jobs[str(job_id)] = share_percent
+            rec.daemon_pid = None
+            rec.dirs_made = False
+            self.store.write(mps_fd, rec)
+            try:
+                self._start_daemon(mps_fd, rec)
+            except BaseException:
+                self._undo_start(mps_fd, rec, lock, job_id)
+                raise
+            self.store.write(mps_fd, rec)
+            return self._lease(rec, job_id)
+
+    def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
+        """Drop the job's references; stop daemons nobody uses. Idempotent.
+
+        ``hint`` is the daemon key the job's lease names: when that record holds the job,
+        only it is read, not every daemon record of the node. Returns the keys of the
+        daemons stopped. Raises MpsError (after doing everything else) when a daemon cannot
+        be stopped.
+        """
+        stopped: list[str] = []
+        errors: list[MpsError] = []
+        with self.store.dir_fd() as mps_fd:
+            if hint and self.store.holds(mps_fd, hint, job_id):
+                keys = [hint]
+            else:
+                keys = self.store.keys_of_job(mps_fd, job_id)
+            for key in keys:
+                with self._locked(mps_fd, key) as lock:
+                    rec = self.store.read(mps_fd, key)
+                    if rec is None or str(job_id) not in rec.jobs:
+                        continue
+                    try:
+                        if self._drop_jobs(mps_fd, rec, lock, [str(job_id)]):
+                            stopped.append(key)
+                    except MpsError as err:
+                        errors.append(err)
+        if errors:
+            raise joined(errors)
+        return stopped
+
+    def reap_stale(self, job_alive: Callable[[int], bool], strays: bool = False) -> list[str]:
+        """Drop references of jobs that no longer exist; stop daemons left without any.
+
+        Also removes daemon directories and lock files that have no record, after ending
+        any MPS process still running in them. ``strays`` also looks through /proc for
+        MPS processes in a daemon directory of this node that has no record any more (its
+        state was removed while they ran); a prolog leaves that to ``gpushare mps
+        --reap``. Returns the keys of the daemons stopped; raises MpsError for daemons
+        that cannot be stopped.
+        """
+        stopped: list[str] = []
+        errors: list[MpsError] = []
+        with self.store.dir_fd() as mps_fd:
+            keys = self.store.keys(mps_fd)
+            if strays:
+                keys = sorted(set(keys) | set(self.scan.strays()))
+            for key in keys:
+                # A daemon whose jobs are all alive is skipped: taking every GPU's lock
+                # would queue each prolog behind every other GPU's daemon start.
+                seen = self.store.peek(mps_fd, key)
+                if seen and seen.jobs and all(job_alive(int(j)) for j in seen.jobs):
+                    continue
+                with self._locked(mps_fd, key) as lock:
+                    rec = self.store.read(mps_fd, key)
+                    if rec is None:
+                        try:
+                            if self._stop_strays(key):
+                                stopped.append(key)
+                        except MpsError as err:
+                            errors.append(err)
+                            continue
+                        safefs.remove_tree_at(mps_fd, key)
+                        lock.remove = True
+                        continue
+                    dead = [jid for jid in rec.jobs if not job_alive(int(jid))]
+                    for jid in dead:
+                        counters.note("mps_reaped_references")
+                        LOG.info("dropping MPS reference of vanished job %s on %s", jid,
+                                 rec.describe())
+                    if rec.jobs and not dead:
+                        continue
+                    try:
+                        if self._drop_jobs(mps_fd, rec, lock, dead):
+                            stopped.append(key)
+                    except MpsError as err:
+                        errors.append(err)
+        if errors:
+            raise joined(errors)
+        return stopped
+
+    def _drop_jobs(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
+                   job_ids: Sequence[str]) -> bool:
+        """Remove jobs from a daemon (lock held): lower its caps to the jobs left, or stop
+        it when none are left. True when it was stopped; MpsError when it cannot be."""
+        for jid in job_ids:
+            del rec.jobs[jid]
+        if not rec.jobs:
+            self._retire(mps_fd, rec, lock)
+            return True
+        self.store.write(mps_fd, rec)
+        self._apply_caps(mps_fd, rec)
+        return False
+
+    def records(self) -> list[DaemonRecord]:
+        """All daemon records on this node (for inspection commands)."""
+        return [entry["record"] for entry in self.snapshot(check_processes=False)
+                if entry["record"] is not None]
+
+    def snapshot(self, check_processes: bool = True) -> list[dict[str, Any]]:
+        """Every daemon key of the node, read without locks (records are replaced whole).
+
+        Each entry: ``key``; ``record`` (a ``DaemonRecord``; None for a directory or lock
+        without one, or for MPS processes found in a daemon directory that is gone);
+        ``error`` (why the record is unreadable); ``running`` (the recorded daemon is alive
+        and ours; None when processes were not checked); ``strays`` (pids of MPS processes
+        in the directory of a key without a record); ``busy`` (the key has no record or no
+        running daemon, and its lock is held: a prolog or epilog is starting or stopping
+        it right now). For ``gpushare mps``.
+        """
+        entries: list[dict[str, Any]] = []
+        strays = self.scan.strays() if check_processes else {}
+        try:
+            with self.store.dir_fd(create=False) as mps_fd:
+                for key in sorted(set(self.store.keys(mps_fd)) | set(strays)):
+                    entry: dict[str, Any] = {"key": key, "record": None, "error": "",
+                                             "running": None, "strays": [], "busy": False}
+                    rec: Optional[DaemonRecord]
+                    try:
+                        rec = self.store.read(mps_fd, key)
+                    except MpsError as err:
+                        entry["error"] = str(err)
+                        rec = None
+                    entry["record"] = rec
+                    if rec is None and not entry["error"]:
+                        entry["strays"] = sorted(strays.get(key, []))
+                        entry["busy"] = not entry["strays"] and lock_held(mps_fd, key)
+                    if rec is not None and check_processes:
+                        pid = rec.daemon_pid or 0
+                        entry["running"] = bool(pid) and self._is_ours(pid, rec,
+                                                                       daemon_only=True)
+                        entry["busy"] = not entry["running"] and lock_held(mps_fd, key)
+                    entries.append(entry)
+        except FileNotFoundError:
+            return [{"key": key, "record": None, "error": "", "running": None,
+                     "strays": sorted(pids), "busy": False}
+                    for key, pids in sorted(strays.items())]
+        return entries
+
+    # ----------------------------------------------------------------- checks
+
+    def _check_request(self, job_id: int, uid: int, devices: tuple[MpsDevice, ...],
+                       mode: str, share_percent: int) -> None:
+        if mode not in MODES:
+            raise MpsError(f"MPS mode {mode!r} is unknown; use shared or private")
+        if uid == 0:
+            raise MpsError("MPS daemons never run as root; MPS sharing is not offered to "
+                           "jobs of root")
+        if not devices:
+            raise MpsError(f"job {job_id} asks for MPS without any GPU")
+        for dev in devices:
+            if not re.match(_UUID_PATTERN, dev.uuid):
+                raise MpsError(f"device uuid {dev.uuid!r} is not a GPU-… or MIG-… uuid")
+        if not 1 <= share_percent <= 100:
+            raise MpsError(f"MPS share {share_percent}% is outside 1..100")
+
+    def _program(self) -> str:
+        """The configured daemon program, checked to be safe for root to hand to users."""
+        path = self.config.mps_control
+        try:
+            safefs.check_root_owned_file(path)
+        except safefs.UnsafePathError as err:
+            raise MpsError(f"MPS control program refused: {err} (plugstack mps_control=)"
+                           ) from None
+        return path
+
+    # ----------------------------------------------------------------- state
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.mps_dir, *parts)
+
+    @contextmanager
+    def _locked(self, mps_fd: int, key: str) -> Iterator[Lock]:
+        with locked(mps_fd, key, self._path(key + ".lock"), self.lock_timeout) as lock:
+            yield lock
+
+    # ----------------------------------------------------------------- limits
+
+    def _limits(self, rec: DaemonRecord, shares: Sequence[int]) -> Limits:
+        return limits_for(rec.mode, shares, [d.memory_total for d in rec.devices],
+                          self.config.mem_limit)
+
+    def _apply_caps(self, mps_fd: int, rec: DaemonRecord) -> None:
+        """Give a running daemon the caps of the jobs now in ``rec`` (already written).
+
+        The record's ``caps`` says what the daemon was last told: that is what is compared
+        (a failed change is retried by the next join or leave) and what ``gpushare mps``
+        shows. A failure is logged, not raised: the jobs' own limits still hold.
+        """
+        from gpushare.node.mps import control
+
+        caps = self._limits(rec, list(rec.jobs.values()))
+        if caps == rec.caps:
+            return
+        try:
+            result = self._control(rec, [*control.default_cap_commands(caps),
+                                         "get_server_list"])
+            per_server = control.server_cap_commands(control.server_list(result), caps)
+            if per_server:
+                self._control(rec, per_server)
+        except MpsError as err:
+            LOG.warning("%s", err)
+            return
+        rec.caps = caps
+        self.store.write(mps_fd, rec)
+
+    def _lease(self, rec: DaemonRecord, job_id: int) -> MpsLease:
+        share = rec.jobs[str(job_id)]
+        env = {
+            "CUDA_MPS_PIPE_DIRECTORY": rec.pipe_dir,
+            "CUDA_MPS_LOG_DIRECTORY": rec.log_dir,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(rec.devices))),
+        }
+        env.update(self._limits(rec, [share]).env(rec.mode))
+        return MpsLease(
+            job_id=job_id, key=rec.key, mode=rec.mode, uid=rec.uid, gid=rec.gid,
+            pipe_dir=rec.pipe_dir, log_dir=rec.log_dir, devices=rec.devices,
+            share_percent=share, daemon_pid=rec.daemon_pid, env=env,
+        )
+
+    # ----------------------------------------------------------------- daemon
+
+    def _control(self, rec: DaemonRecord, commands: list[str]) -> "proc.Result":
+        from gpushare.node.mps import control
+
+        return control.send(self._program(), rec, commands, self.timeout)
+
+    def _start_daemon(self, mps_fd: int, rec: DaemonRecord) -> None:
+        from gpushare.common import proc
+        from gpushare.node.mps import control
+
+        program = self._program()
+        key = rec.key
+        what = ", ".join(d.describe() for d in rec.devices)
+        short = ", ".join(d.label or d.uuid for d in rec.devices)
+        control_socket = os.fsencode(os.path.join(rec.pipe_dir, "control"))
+        if len(control_socket) + SOCKET_NAME_ROOM > SOCKET_PATH_MAX:
+            # The daemon could not even listen: say so now, not after the whole timeout.
+            room = SOCKET_PATH_MAX - SOCKET_NAME_ROOM - (
+                len(control_socket) - len(os.fsencode(self.config.state_dir)))
+            raise MpsError(f"cannot start MPS on {what}: its control socket "
+                           f"{os.fsdecode(control_socket)} would be {len(control_socket)} "
+                           f"bytes, too close to the {SOCKET_PATH_MAX} a Unix socket path may "
+                           f"have; give plugstack.conf a state_dir= of at most {room} "
+                           "characters (e.g. /run/gpushare or /run/gpushare/%n)",
+                           brief=f"MPS start failed: state_dir= too long for MPS's control "
+                           f"socket ({short})")
+        self._make_dirs(mps_fd, rec)
+
+        def failed(cause: str, detail: str) -> MpsError:
+            # The daemon's directory goes with the failed start: its log's last lines
+            # travel in the message instead of a path that will not exist.
+            return MpsError(f"cannot start MPS on {what}: {detail}{self._log_tail(mps_fd, key)}",
+                            brief=f"MPS start failed: {cause} ({short}, daemon {key})")
+
+        try:
+            result = proc.run([program, "-d"], env=control.daemon_env(rec), uid=rec.uid,
+                              gid=rec.gid, timeout=self.timeout)
+        except proc.CommandNotFound as err:
+            raise MpsError(f"cannot start MPS on {what}: {err}; install the NVIDIA MPS "
+                           "tools or fix plugstack mps_control=",
+                           brief=f"MPS start failed: {program} missing ({short})") from None
+        except proc.CommandTimeout as err:
+            counters.command_error(err)
+            raise failed(f"no answer within {self.timeout:g} s, killed",
+                         f"{err}; check the GPU (nvidia-smi) and the daemon's log") from None
+        except proc.ProcError as err:
+            counters.command_error(err)
+            raise failed(str(err), f"{err}; check the GPU and the daemon's log") from None
+        if result.returncode != 0:
+            raise failed(f"{os.path.basename(program)} -d exit {result.returncode}",
+                         f"{program} -d exited with status {result.returncode}: "
+                         f"{result.output or 'no output'}")
+        rec.started_at = time.time()
+        with self._user_dir_fd(mps_fd, key, "pipe") as pipe_fd:
+            deadline = time.monotonic() + self.timeout
+            pause = 0.002  # a daemon is usually listening within milliseconds
+            while not _exists_at(pipe_fd, "control"):
+                if time.monotonic() > deadline:
+                    counters.timed_out("daemon_start")
+                    raise failed(f"no control socket within {self.timeout:g} s",
+                                 f"the daemon created no control socket in "
+                                 f"{rec.pipe_dir} within {self.timeout:g} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+            rec.daemon_pid = self._find_daemon_pid(pipe_fd, rec)
+        caps = self._limits(rec, list(rec.jobs.values()))
+        self._control(rec, [*control.default_cap_commands(caps), "get_server_list"])
+        rec.caps = caps
+        counters.note("mps_daemon_starts")
+        LOG.info("started %s for jobs %s", rec.describe(), ",".join(rec.jobs))
+
+    def _log_tail(self, mps_fd: int, key: str, lines: int = 3) -> str:
+        """``; control.log ends: ...`` with the daemon log's last lines ("" without one).
+
+        The log directory belongs to the job's user: the file is read without following
+        a link, only when it is a regular file, and at most 64 KiB of it.
+        """
+        try:
+            with self._user_dir_fd(mps_fd, key, "log") as log_fd:
+                data = safefs.read_small_file_at(log_fd, "control.log", 1 << 16)
+        except (OSError, safefs.UnsafePathError):
+            return ""
+        text = [line.strip() for line in (data or b"").decode("utf-8", "replace").splitlines()
+                if line.strip()]
+        return f"; control.log ends: {' | '.join(text[-lines:])}" if text else ""
+
+    def _make_dirs(self, mps_fd: int, rec: DaemonRecord) -> None:
+        key = rec.key
+        try:
+            try:
+                fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
+            except FileNotFoundError:
+                pass
+            else:
+                os.close(fd)
+                LOG.info("removing leftover MPS directory %s", self._path(key))
+                safefs.remove_tree_at(mps_fd, key)
+            safefs.make_owned_dir(mps_fd, key, self._path(key), 0, 0, 0o755)
+            rec.dirs_made = True
+            key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
+            try:
+                for name in ("pipe", "log"):
+                    safefs.make_owned_dir(key_fd, name, self._path(key, name), rec.uid,
+                                          rec.gid, 0o700)
+            finally:
+                os.close(key_fd)
+        except safefs.UnsafePathError as err:
+            raise MpsError(f"MPS directory refused: {err}") from None
+
+    @contextmanager
+    def _user_dir_fd(self, mps_fd: int, key: str, name: str) -> Iterator[int]:
+        """The daemon's ``pipe`` or ``log`` directory (the user's), reached through its
+        root-owned key directory without following a link."""
+        key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
+        try:
+            dir_fd = safefs.open_dir_at(key_fd, name, self._path(key, name))
+        finally:
+            os.close(key_fd)
+        try:
+            yield dir_fd
+        finally:
+            os.close(dir_fd)
+
+    def _find_daemon_pid(self, pipe_fd: int, rec: DaemonRecord) -> Optional[int]:
+        """The daemon's pid from its pid file, trusted only once /proc confirms it."""
+        try:
+            data = safefs.read_small_file_at(pipe_fd, PID_FILE, 64)
+        except (OSError, safefs.UnsafePathError):
+            data = None
+        if data and data.strip().isdigit() and self._is_ours(int(data.strip()), rec,
+                                                             daemon_only=True):
+            return int(data.strip())
+        found = [pid for pid in self._leftovers(rec) if self._is_ours(pid, rec, True)]
+        return min(found) if found else None
+
+    # ----------------------------------------------------------------- processes
+
+    def _is_ours(self, pid: int, rec: DaemonRecord, daemon_only: bool = False) -> bool:
+        """True when ``pid`` is a live MPS daemon/server of this record's user and pipe dir."""
+        return self.scan.is_ours(pid, rec.uid, rec.pipe_dir, daemon_only)
+
+    def _leftovers(self, rec: DaemonRecord) -> list[int]:
+        """Live processes that are this daemon or its servers (by uid, pipe dir, program)."""
+        return self.scan.leftovers(rec.uid, rec.pipe_dir)
+
+    def _stop_strays(self, key: str) -> bool:
+        """End the MPS processes still running in a daemon directory without a record,
+        user by user: ``quit`` through the pipe where it still answers, then signals, as
+        for any daemon. True when there were some."""
+        pids = self.scan.strays(key).get(key, [])
+        by_user: dict[tuple[int, int], list[int]] = {}
+        for pid in pids:
+            owner = self.scan.owner(pid)
+            if owner is None:
+                continue  # gone meanwhile
+            if owner[0] == 0:
+                # gpushare never runs MPS as root: root's own process is left to root, and
+                # no control command runs as root through a user's pipe directory.
+                raise MpsError(f"pid {pid} runs MPS as root in {self._path(key, 'pipe')}, "
+                               "which gpushare never does; end it by hand")
+            by_user.setdefault(owner, []).append(pid)
+        for (owner_uid, owner_gid), group in sorted(by_user.items()):
+            rec = DaemonRecord(key, "", owner_uid, owner_gid, (), self._path(key, "pipe"),
+                               self._path(key, "log"))
+            rec.daemon_pid = next((p for p in sorted(group)
+                                   if self._is_ours(p, rec, daemon_only=True)), None)
+            LOG.warning("%s has no record; stopping it and its servers (pids %s)",
+                        rec.describe(), " ".join(map(str, sorted(group))))
+            self._stop_daemon(rec)
+        return bool(pids)
+
+    def _send_signal(self, pid: int, sig: int) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+    def _wait_gone(self, pids: Sequence[int], seconds: float) -> bool:
+        """Wait until none of ``pids`` (each ours when chosen) exists any more.
+
+        A process that is exiting stops looking like ours (its environ is gone) before it
+        is gone, so existence is what is waited for; signals are still sent only after
+        ``_is_ours`` (a pid reused meanwhile costs a wait, never a wrong kill).
+        """
+        from gpushare.common import proc
+
+        deadline = time.monotonic() + seconds
+        while True:
+            alive = [pid for pid in pids if self.scan.alive(pid)]
+            if not alive:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # Woken by the exit itself where pidfds exist; re-checked at least every 0.1 s.
+            if proc.wait_for_exit(alive[0], min(left, 0.1)) is None:
+                time.sleep(min(left, 0.02))
+
+    def _stop_daemon(self, rec: DaemonRecord) -> None:
+        """quit through the pipe, then SIGTERM/SIGKILL what is left, verified pid by pid."""
+        import signal
+
+        pid = rec.daemon_pid
+        if pid and self._is_ours(pid, rec):
+            try:
+                self._control(rec, ["quit"])
+            except MpsError as err:
+                LOG.warning("%s; ending it with signals", err)
+            else:
+                if not self._wait_gone([pid], self.timeout):
+                    counters.timed_out("daemon_quit")
+                    LOG.warning("%s ignored quit for %g s; ending it with signals",
+                                rec.describe(), self.timeout)
+        left = self._leftovers(rec)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not left:
+                break
+            for victim in left:
+                if self._is_ours(victim, rec):
+                    LOG.warning("sending %s to pid %d left by %s", sig.name, victim,
+                                rec.describe())
+                    self._send_signal(victim, sig)
+            self._wait_gone(left, min(self.timeout, 5.0))
+            left = [p for p in left if self._is_ours(p, rec)]
+        if left:
+            raise MpsError(f"cannot stop {rec.describe()}: pids "
+                           f"{' '.join(map(str, left))} survive SIGKILL; drain this node and "
+                           "check the GPU",
+                           brief=f"MPS stop failed: pids {' '.join(map(str, left))} survive "
+                           f"SIGKILL (daemon {rec.key})")
+
+    def _retire(self, mps_fd: int, rec: DaemonRecord, lock: Lock) -> None:
+        """Stop the daemon of a record without references, then remove its files."""
+        try:
+            self._stop_daemon(rec)
+        except MpsError as err:
+            counters.note("mps_stop_failures")
+            rec.stop_failed = str(err)
+            self.store.write(mps_fd, rec)
+            raise
+        safefs.remove_tree_at(mps_fd, rec.key)
+        safefs.remove_file_at(mps_fd, rec.key + ".json")
+        lock.remove = True
+        LOG.info("stopped %s", rec.describe())
+
+    def _undo_start(self, mps_fd: int, rec: DaemonRecord, lock: Lock, job_id: int) -> None:
+        """After a failed start: end what started, drop this job's reference, clean up."""
+        rec.jobs.pop(str(job_id), None)
+        try:
+            self._stop_daemon(rec)
+        except MpsError as err:
+            counters.note("mps_stop_failures")
+            LOG.error("%s", err)
+            rec.stop_failed = str(err)
+            self.store.write(mps_fd, rec)
+            return
+        if rec.jobs:
+            rec.daemon_pid = None
+            self.store.write(mps_fd, rec)
+            return
+        if rec.dirs_made:
+            safefs.remove_tree_at(mps_fd, rec.key)
+        safefs.remove_file_at(mps_fd, rec.key + ".json")
+        lock.remove = True
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True

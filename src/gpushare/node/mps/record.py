@@ -1,0 +1,306 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The daemon record: what survives a slurmd restart about one MPS control daemon.
+
+``<state_dir>/mps/<key>.json`` (root-owned, replaced whole) names the daemon's devices, its
+pid, the jobs referencing it with their shares, and the caps it was last told. A record
+carries ``version``; ``DaemonRecord.from_json`` validates every field and reads the
+records earlier releases wrote (fields added since take their defaults), so a node
+upgraded while jobs run keeps serving and stopping their daemons. A record of an unknown
+version is refused, never guessed at.
+"""
+
+import json
+import os
+import re
+from contextlib import contextmanager
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
+
+from gpushare.common import safefs
+from gpushare.common.log import get_logger
+from gpushare.node.mps.errors import MpsError
+from gpushare.node.mps.limits import Limits
+
+LOG = get_logger("gpushare.mps")
+
+RECORD_VERSION = 1
+MODES = ("shared", "private")
+# What daemon_key() makes; compiled on first use (re caches it), not by every import.
+KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
+
+
+class MpsDevice(NamedTuple):
+    """One GPU or MIG slice given to a job; ``gpu_index`` and ``label`` are for messages."""
+
+    uuid: str
+    gpu_index: int = 0  # NVML index of the (parent) GPU
+    memory_total: int = 0
+    label: str = ""
+
+    def describe(self) -> str:
+        return f"{self.label or 'GPU ' + str(self.gpu_index)} ({self.uuid})"
+
+    def to_record(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "index": self.gpu_index, "memory_total": self.memory_total,
+                "label": self.label}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> "MpsDevice":
+        return cls(uuid=str(data["uuid"]), gpu_index=int(data.get("index", 0)),
+                   memory_total=int(data.get("memory_total", 0)),
+                   label=str(data.get("label", "")))
+
+
+class MpsLease(NamedTuple):
+    """What one job holds: a reference on one daemon and the environment its tasks get."""
+
+    job_id: int
+    key: str
+    mode: str
+    uid: int
+    gid: int
+    pipe_dir: str
+    log_dir: str
+    devices: tuple[MpsDevice, ...]
+    share_percent: int
+    daemon_pid: Optional[int]
+    env: dict[str, str]
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "key": self.key, "mode": self.mode, "uid": self.uid,
+            "gid": self.gid, "pipe_dir": self.pipe_dir, "log_dir": self.log_dir,
+            "devices": [d.to_record() for d in self.devices],
+            "share_percent": self.share_percent, "daemon_pid": self.daemon_pid,
+            "env": dict(self.env),
+        }
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> "MpsLease":
+        pid = data.get("daemon_pid")
+        return cls(
+            job_id=int(data["job_id"]), key=str(data["key"]), mode=str(data["mode"]),
+            uid=int(data["uid"]), gid=int(data["gid"]), pipe_dir=str(data["pipe_dir"]),
+            log_dir=str(data["log_dir"]),
+            devices=tuple(MpsDevice.from_record(d) for d in data["devices"]),
+            share_percent=int(data["share_percent"]),
+            daemon_pid=None if pid is None else int(pid),
+            env={str(k): str(v) for k, v in data.get("env", {}).items()},
+        )
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", text)
+
+
+def daemon_key(mode: str, uid: int, job_id: int, devices: Sequence[MpsDevice]) -> str:
+    """The name of the daemon a job uses: per user and device set, or per job."""
+    if mode == "private":
+        return f"job{job_id}"
+    uuids = sorted(d.uuid for d in devices)
+    if len(uuids) == 1:
+        return f"u{uid}-{_sanitize(uuids[0])}"
+    import hashlib  # only for multi-GPU daemons; its OpenSSL load is the slowest import here
+
+    digest = hashlib.sha256("\n".join(uuids).encode()).hexdigest()[:16]
+    return f"u{uid}-multi-{digest}"
+
+
+class DaemonRecord:
+    """One daemon as its record keeps it (a plain class: the prolog's path stays light).
+
+    ``jobs`` maps each referencing job id (text, as in the file) to its share in percent;
+    ``caps`` is what the daemon was last told (None before it was told anything);
+    ``dirs_made`` says whether this start made the daemon's directory; ``stop_failed`` is
+    why the daemon could not be stopped, once that happened.
+    """
+
+    __slots__ = ("caps", "daemon_pid", "devices", "dirs_made", "gid", "jobs", "key", "log_dir",
+                 "mode", "pipe_dir", "started_at", "stop_failed", "uid")
+
+    def __init__(self, key: str, mode: str, uid: int, gid: int,
+                 devices: tuple[MpsDevice, ...], pipe_dir: str, log_dir: str, *,
+                 daemon_pid: Optional[int] = None, started_at: Optional[float] = None,
+                 jobs: Optional[dict[str, int]] = None, caps: Optional[Limits] = None,
+                 dirs_made: bool = False, stop_failed: Optional[str] = None) -> None:
+        self.key = key
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.devices = devices
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.daemon_pid = daemon_pid
+        self.started_at = started_at
+        self.jobs: dict[str, int] = {} if jobs is None else jobs
+        self.caps = caps
+        self.dirs_made = dirs_made
+        self.stop_failed = stop_failed
+
+    def describe(self) -> str:
+        devs = ", ".join(d.describe() for d in self.devices) or "devices unknown"
+        pid = self.daemon_pid
+        return (f"MPS control daemon {self.key} (pid {pid if pid else 'unknown'}, "
+                f"pipe dir {self.pipe_dir}) on {devs}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": RECORD_VERSION, "key": self.key, "mode": self.mode, "uid": self.uid,
+            "gid": self.gid, "devices": [d.to_record() for d in self.devices],
+            "pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "daemon_pid": self.daemon_pid,
+            "started_at": self.started_at,
+            "jobs": {job: {"share_percent": share} for job, share in self.jobs.items()},
+            "caps": None if self.caps is None else self.caps.to_json(),
+            "dirs_made": self.dirs_made, "stop_failed": self.stop_failed,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, key: str) -> "DaemonRecord":
+        """The record of daemon ``key`` from its parsed file; ValueError names what is wrong.
+
+        Version 1 is every record gpushare has written: ``dirs_made`` appeared within it
+        and ``stop_failed`` is written only once a stop failed, so both may be absent.
+        """
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        if data.get("version") != RECORD_VERSION or data.get("key") != key:
+            raise ValueError("unknown version or key")
+        mode = _text(data, "mode")
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is unknown")
+        devices = data["devices"]
+        if not isinstance(devices, list) or not all(
+                isinstance(d, dict) and isinstance(d.get("uuid"), str) for d in devices):
+            raise ValueError("devices is not a list of devices")
+        jobs = data["jobs"]
+        if not isinstance(jobs, dict):
+            raise ValueError("jobs is not an object")
+        started_at = data.get("started_at")
+        if started_at is not None and not isinstance(started_at, (int, float)):
+            raise ValueError("started_at is not a time")
+        stop_failed = data.get("stop_failed")
+        if stop_failed is not None and not isinstance(stop_failed, str):
+            raise ValueError("stop_failed is not text")
+        return cls(
+            key=key, mode=mode, uid=_int(data, "uid"), gid=_int(data, "gid"),
+            devices=tuple(MpsDevice.from_record(d) for d in devices),
+            pipe_dir=_text(data, "pipe_dir"), log_dir=_text(data, "log_dir"),
+            daemon_pid=_int(data, "daemon_pid", optional=True),
+            started_at=started_at,
+            jobs={str(job): _int(info, "share_percent") for job, info in jobs.items()},
+            caps=_caps(data.get("caps")),
+            dirs_made=bool(data.get("dirs_made", False)),
+            stop_failed=stop_failed,
+        )
+
+
+def _int(data: Any, name: str, optional: bool = False) -> Any:
+    value = data.get(name) if isinstance(data, dict) else None
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} is not a whole number")
+    return value
+
+
+def _text(data: dict[str, Any], name: str) -> str:
+    value = data.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{name} is not text")
+    return value
+
+
+def _caps(data: Any) -> Optional[Limits]:
+    if data is None:
+        return None
+    mem = data.get("mem") if isinstance(data, dict) else None
+    if not isinstance(mem, dict) or not all(
+            isinstance(i, str) and i.isdigit() and isinstance(size, str)
+            for i, size in mem.items()):
+        raise ValueError("caps is not a thread percentage and memory limits")
+    return Limits(_int(data, "percent"), tuple(sorted(mem.items(), key=lambda m: int(m[0]))))
+
+
+class RecordStore:
+    """The daemon records of one node, in ``mps_dir`` (root-owned 0755), one file per key.
+
+    A record is replaced whole, so it can be read without the daemon's lock; changing one
+    needs the lock (``gpushare.node.mps.lock``).
+    """
+
+    def __init__(self, mps_dir: str) -> None:
+        self.mps_dir = mps_dir
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.mps_dir, *parts)
+
+    @contextmanager
+    def dir_fd(self, create: bool = True) -> Iterator[int]:
+        try:
+            fd = safefs.open_root_dir(self.mps_dir, create=create)
+        except safefs.UnsafePathError as err:
+            raise MpsError(f"MPS state directory refused: {err}") from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def new(self, key: str, mode: str, uid: int, gid: int,
+            devices: tuple[MpsDevice, ...]) -> DaemonRecord:
+        return DaemonRecord(key, mode, uid, gid, devices, self.path(key, "pipe"),
+                            self.path(key, "log"))
+
+    def read(self, mps_fd: int, key: str) -> Optional[DaemonRecord]:
+        try:
+            data = safefs.read_small_file_at(mps_fd, key + ".json")
+        except safefs.UnsafePathError as err:
+            raise MpsError(f"MPS record {self.path(key)}.json refused: {err}") from None
+        if data is None:
+            return None
+        try:
+            return DaemonRecord.from_json(json.loads(data.decode()), key)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise MpsError(f"MPS record {self.path(key)}.json is unreadable ({err}); stop "
+                           "any daemon using that directory and remove it") from None
+
+    def write(self, mps_fd: int, rec: DaemonRecord) -> None:
+        payload = json.dumps(rec.to_json(), indent=1, sort_keys=True).encode()
+        safefs.write_file_atomic_at(mps_fd, rec.key + ".json", payload, 0o644)
+
+    def keys(self, mps_fd: int) -> list[str]:
+        """Every key with a record, a lock or a directory."""
+        keys = set()
+        for name in os.listdir(mps_fd):
+            if name.startswith("."):
+                continue
+            base = name[:-5] if name.endswith((".json", ".lock")) else name
+            keys.add(base)
+        return sorted(keys)
+
+    def peek(self, mps_fd: int, key: str) -> Optional[DaemonRecord]:
+        """A daemon's record read without its lock (records are replaced atomically); None
+        when it is absent or unreadable, which the locked read then deals with."""
+        try:
+            return self.read(mps_fd, key)
+        except MpsError:
+            return None
+
+    def holds(self, mps_fd: int, key: str, job_id: int) -> bool:
+        """Whether daemon ``key``'s record lists the job (a look without the lock)."""
+        if not re.match(KEY_PATTERN, key):
+            return False
+        rec = self.peek(mps_fd, key)
+        return rec is not None and str(job_id) in rec.jobs
+
+    def keys_of_job(self, mps_fd: int, job_id: int) -> list[str]:
+        keys = []
+        for name in os.listdir(mps_fd):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                rec = self.read(mps_fd, name[:-5])
+            except MpsError as err:
+                LOG.warning("%s", err)
+                continue
+            if rec is not None and str(job_id) in rec.jobs:
+                keys.append(name[:-5])
+        return keys
