@@ -145,11 +145,7 @@ class MpsManager:
                     rec = self.store.read(mps_fd, key)
                     if rec is None or str(job_id) not in rec.jobs:
                         continue
-                    try:
-                        if self._drop_jobs(mps_fd, rec, lock, [str(job_id)]):
-                            stopped.append(key)
-                    except MpsError as err:
-                        errors.append(err)
+                    self._drop_collecting(mps_fd, rec, lock, [str(job_id)], stopped, errors)
         if errors:
             raise joined(errors)
         return stopped
@@ -195,14 +191,21 @@ class MpsManager:
                                  rec.describe())
                     if rec.jobs and not dead:
                         continue
-                    try:
-                        if self._drop_jobs(mps_fd, rec, lock, dead):
-                            stopped.append(key)
-                    except MpsError as err:
-                        errors.append(err)
+                    self._drop_collecting(mps_fd, rec, lock, dead, stopped, errors)
         if errors:
             raise joined(errors)
         return stopped
+
+    def _drop_collecting(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
+                         job_ids: Sequence[str], stopped: list[str],
+                         errors: list[MpsError]) -> None:
+        """``_drop_jobs`` for one daemon of several: its key goes to ``stopped`` when it was
+        stopped, its MpsError to ``errors``, so the other daemons are still done."""
+        try:
+            if self._drop_jobs(mps_fd, rec, lock, job_ids):
+                stopped.append(rec.key)
+        except MpsError as err:
+            errors.append(err)
 
     def _drop_jobs(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
                    job_ids: Sequence[str]) -> bool:
