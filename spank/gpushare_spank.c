@@ -687,19 +687,59 @@ static void gs_fail_tasks(spank_t sp, const char *text)
     close(fd);
 }
 
+/*
+ * The worker outlives slurmd's request: it closes the sockets and pipes it inherited
+ * (slurmd's listening socket among them, or a restarted slurmd could not bind its port)
+ * and keeps the files (Slurm's log, the job's locks).
+ */
+static void gs_close_inherited(void)
+{
+    struct dirent *entry;
+    struct stat st;
+    DIR *dir = opendir("/proc/self/fd");
+    int fd;
+
+    if (!dir)
+        return;
+    while ((entry = readdir(dir))) {
+        fd = atoi(entry->d_name);
+        if (fd <= STDERR_FILENO || fd == dirfd(dir) || fstat(fd, &st) < 0)
+            continue;
+        if (S_ISSOCK(st.st_mode) || S_ISFIFO(st.st_mode))
+            close(fd);
+    }
+    closedir(dir);
+}
+
+static int gs_job_record_exists(spank_t sp);
+
+/* After an epilog: the job's lock goes, and so does a note for the tasks that a prolog
+ * worker left without a record (it failed before its Python could write one). */
+static void gs_finish(const char *callback, spank_t sp, const char *lock)
+{
+    char env[PATH_MAX + 32];
+
+    if (strcmp(callback, "job_epilog") != 0 || !lock)
+        return;
+    if (!gs_job_record_exists(sp)) {
+        snprintf(env, sizeof(env), "%.*s.env", (int)(strlen(lock) - 5), lock);
+        (void)unlink(env);
+    }
+    (void)unlink(lock);
+}
+
 static int gs_in_place(const char *callback, spank_t sp, int ac, char **av,
-                       const char *unlink_at_end)
+                       const char *lock_at_end)
 {
     int rc = gs_call_python(callback, sp, ac, av);
-    if (unlink_at_end)
-        (void)unlink(unlink_at_end);
+    gs_finish(callback, sp, lock_at_end);
     return rc;
 }
 
 /* Run the callback's Python in a detached worker; it inherits the locks the caller holds
  * (opened O_CLOEXEC: the MPS daemons it starts do not). */
 static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
-                            const char *unlink_at_end)
+                            const char *lock_at_end)
 {
     pid_t child, worker;
     int status = 0, rc, null_fd;
@@ -707,7 +747,7 @@ static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
     child = fork();
     if (child < 0) {
         slurm_error("gpushare: cannot fork the %s worker: %m; running it in place", callback);
-        return gs_in_place(callback, sp, ac, av, unlink_at_end);
+        return gs_in_place(callback, sp, ac, av, lock_at_end);
     }
     if (child == 0) {
         if (setsid() < 0)
@@ -715,6 +755,7 @@ static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
         worker = fork();
         if (worker != 0)
             _exit(worker < 0 ? 1 : 0);
+        gs_close_inherited();
         /* Nothing of Slurm's pipes stays open: Slurm reads the prolog's output to EOF. */
         null_fd = open("/dev/null", O_RDWR);
         if (null_fd >= 0) {
@@ -728,15 +769,14 @@ static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
         if (rc != 0 && strcmp(callback, "job_prolog") == 0)
             gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log "
                           "says why); tell your administrator");
-        if (unlink_at_end)
-            (void)unlink(unlink_at_end);
+        gs_finish(callback, sp, lock_at_end);
         _exit(rc == 0 ? 0 : 1);
     }
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
         ;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         slurm_error("gpushare: cannot start the %s worker; running it in place", callback);
-        return gs_in_place(callback, sp, ac, av, unlink_at_end);
+        return gs_in_place(callback, sp, ac, av, lock_at_end);
     }
     gs_debug(sp, "cb=%s detached", callback);
     return 0;

@@ -423,7 +423,8 @@ def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
         with open(os.path.join(jobs_dir, name), "rb") as handle:
             saved[name] = handle.read()
     assert bed.wait_job(lost)["JobState"] == "COMPLETED"
-    wait_until("its epilog ran", lambda: str(lost) not in _daemon_jobs(bed, key))
+    wait_until("its epilog ran", lambda: str(lost) not in _daemon_jobs(bed, key) and any(
+        f"job={lost} cb=job_epilog python rc=0" in line for line in bed.debug_lines()))
 
     _plant_lost_epilog(bed, lost, saved, key)
     shown = gpushare_mps(bed, "--json")
@@ -555,6 +556,25 @@ def test_the_task_waits_for_a_slow_daemon_start(mps_bed):
     assert len(waited) == 1 and int(waited[0].rsplit("=", 1)[1]) > 0, waited
     assert_nothing_left(bed)
     assert "DRAIN" not in bed.node_state(FAULT_NODE)["State"]
+
+
+def test_slurmd_restarts_while_a_prolog_worker_runs(mps_bed):
+    """The worker outlives slurmd's request without keeping anything of slurmd's open: a
+    slurmd restarted meanwhile binds its port, and the job still gets its daemon."""
+    bed = mps_bed
+    set_fault(bed, "slow_start")
+    job_id = bed.sbatch("printenv CUDA_MPS_PIPE_DIRECTORY", "--gres=mps:25", "-w", FAULT_NODE,
+                        "-c1", user=U1)
+    wait_until("the prolog's worker", lambda: any(
+        f"job={job_id} python=start" in line for line in bed.debug_lines()), 60)
+    bed.kill_slurmd(FAULT_NODE)
+    bed.start_slurmd(FAULT_NODE)  # BedError if the port were still held
+    assert bed.wait_job(job_id, timeout=120)["JobState"] == "COMPLETED"
+    assert bed.output(job_id).startswith(bed.state_of(FAULT_NODE) + "/mps/u"), \
+        bed.output(job_id)
+    assert_nothing_left(bed, timeout=120)
+    wait_until(f"{FAULT_NODE} back",
+               lambda: bed.node_state(FAULT_NODE)["State"] in ("IDLE", "MIXED"), 90)
 
 
 def test_an_epilog_waits_for_its_prologs_worker(mps_bed):

@@ -14,7 +14,6 @@ import errno
 import json
 import os
 import re
-import stat
 import time
 from typing import Any, Optional
 
@@ -110,31 +109,23 @@ def _one_line(text: str) -> str:
 
 
 def ensure_root_dir(path: str, mode: int = 0o755) -> None:
-    """Create ``path`` (and parents) as root-owned directories, or verify they are safe."""
-    parent = os.path.dirname(path.rstrip("/"))
-    if parent and parent != path and not os.path.isdir(parent):
-        ensure_root_dir(parent, 0o755)
-    try:
-        os.mkdir(path, mode)
-        os.chmod(path, mode)  # umask may have narrowed it
-    except FileExistsError:
-        pass
-    check_root_dir(path)
+    """Create ``path`` (and parents) as root-owned directories, or verify they are safe:
+    every component root-owned and not writable by others (``safefs.open_root_dir``)."""
+    _root_dir(path, create=True, mode=mode)
 
 
 def check_root_dir(path: str) -> None:
     """Refuse a directory that a user could have placed or can change."""
+    _root_dir(path, create=False)
+
+
+def _root_dir(path: str, create: bool, mode: int = 0o755) -> None:
     try:
-        info = os.lstat(path)
+        os.close(safefs.open_root_dir(path, create=create, mode=mode))
+    except safefs.UnsafePathError as err:
+        raise StateError(f"state directory {path}: {err}") from None
     except OSError as err:
         raise StateError(f"state directory {path}: {err.strerror}") from err
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise StateError(f"state directory {path} is not a real directory (symlink?); "
-                         "remove it and let gpushare recreate it")
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise StateError(f"state directory {path} must be owned by uid {os.geteuid()} and "
-                         f"not writable by group/others (owner {info.st_uid}, mode "
-                         f"{stat.S_IMODE(info.st_mode):o}); fix it or remove it")
 
 
 class JobStore:

@@ -52,7 +52,7 @@ def test_symlinked_state_dir_is_refused(tmp_path):
     real.mkdir()
     link = tmp_path / "link"
     link.symlink_to(real)
-    with pytest.raises(StateError, match="not a real directory"):
+    with pytest.raises(StateError, match="is a symbolic link or not a directory"):
         JobStore(str(link)).write(record())
 
 
@@ -60,7 +60,7 @@ def test_group_writable_dir_is_refused(tmp_path):
     loose = tmp_path / "loose"
     loose.mkdir()
     os.chmod(loose, 0o777)
-    with pytest.raises(StateError, match="not writable by group/others"):
+    with pytest.raises(StateError, match="is writable by group or others"):
         check_root_dir(str(loose))
 
 
