@@ -17,7 +17,7 @@ from gpushare.node.config import ARG_SPECS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/admin.md", "docs/troubleshooting.md", "docs/users.md",
-        "docs/cluster-facts.md")
+        "docs/cluster-facts.md", "docs/architecture.md")
 SYNOPSIS = re.compile(r"[\[\]{}<>|…]|\.\.\.|KEY=VALUE|SBATCH-FLAGS|\bFILE\b|\bPATH\b|\bNAME\b")
 
 
