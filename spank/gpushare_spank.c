@@ -537,7 +537,7 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
  * (gpushare.node.job.wait_for_epilogs, after its GPU check, before the MPS daemon), so a
  * GPU goes to the next job's daemon only once the last one's is stopped. Slurm no
  * longer sees the worker's result, so the worker drains the node itself on a failure
- * (gpushare.spank_adapter) and tells the tasks why through the job's record.
+ * (gpushare.node.spank_adapter) and tells the tasks why through the job's record.
  */
 
 /* The longest a task or an epilog waits for a worker: its commands are each bounded by

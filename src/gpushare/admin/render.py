@@ -27,6 +27,7 @@ from gpushare.admin.plan import (
 )
 from gpushare.admin.topology import build_blocks, build_switches, node_domains
 from gpushare.gpu.inventory import Gpu, Inventory
+from gpushare.submit.facts import SUPPORTED_VERSION as FACTS_VERSION
 
 __all__ = [
     "PlannedDevice",
@@ -452,7 +453,7 @@ def render_facts(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]
         types[type_name] = {"nodes": len(nodes_of[type_name]), "per_node": per_node[type_name],
                             "domain_sizes": sorted((s for s in sizes if s), reverse=True)}
     facts: dict[str, Any] = {
-        "version": 2,
+        "version": FACTS_VERSION,
         "gres_syntax": plan.slurm.gres_syntax,
         "mps_units_per_gpu": plan.slurm.mps_units_per_gpu,
         "gpu_types": sorted(gpu_types),
