@@ -688,9 +688,9 @@ static void gs_fail_tasks(spank_t sp, const char *text)
 }
 
 /*
- * The worker outlives slurmd's request: it closes the sockets and pipes it inherited
- * (slurmd's listening socket among them, or a restarted slurmd could not bind its port)
- * and keeps the files (Slurm's log, the job's locks).
+ * The worker outlives slurmd's request: it closes the sockets and pipes it inherited, so
+ * that nothing of that request (a connection, a pipe Slurm reads to EOF) stays open, and
+ * keeps the files (Slurm's log, the job's locks).
  */
 static void gs_close_inherited(void)
 {
