@@ -559,8 +559,8 @@ def test_the_task_waits_for_a_slow_daemon_start(mps_bed):
 
 
 def test_slurmd_restarts_while_a_prolog_worker_runs(mps_bed):
-    """The worker outlives slurmd's request without keeping anything of slurmd's open: a
-    slurmd restarted meanwhile binds its port, and the job still gets its daemon."""
+    """The worker belongs to no slurmd: one restarted while a prolog worker runs starts
+    again, and the job still gets its daemon."""
     bed = mps_bed
     set_fault(bed, "slow_start")
     job_id = bed.sbatch("printenv CUDA_MPS_PIPE_DIRECTORY", "--gres=mps:25", "-w", FAULT_NODE,
@@ -568,7 +568,7 @@ def test_slurmd_restarts_while_a_prolog_worker_runs(mps_bed):
     wait_until("the prolog's worker", lambda: any(
         f"job={job_id} python=start" in line for line in bed.debug_lines()), 60)
     bed.kill_slurmd(FAULT_NODE)
-    bed.start_slurmd(FAULT_NODE)  # BedError if the port were still held
+    bed.start_slurmd(FAULT_NODE)  # BedError if it cannot start
     assert bed.wait_job(job_id, timeout=120)["JobState"] == "COMPLETED"
     assert bed.output(job_id).startswith(bed.state_of(FAULT_NODE) + "/mps/u"), \
         bed.output(job_id)
