@@ -1076,6 +1076,13 @@ static int gs_wait_for_prolog(spank_t sp)
     }
     close(fd);
     gs_debug(sp, "cb=task_init_privileged prolog=done waited=%d", waited);
+    if (access(env, F_OK) < 0) {
+        /* Every worker that ends leaves the tasks its word (empty when nothing is shared). */
+        slurm_spank_log("gpushare: this job's set-up on the node ended without a result (its "
+                        "worker was killed?); tell your administrator (slurmd's log may say "
+                        "why)");
+        return -1;
+    }
     return 0;
 }
 
@@ -1107,6 +1114,10 @@ GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
                             "log");
             return -1;
         }
+        gs_debug(sp, "cb=task_init_privileged skip reason=no-share");
+        return 0;
+    }
+    if (!text[0]) {
         gs_debug(sp, "cb=task_init_privileged skip reason=no-share");
         return 0;
     }

@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -417,7 +418,9 @@ def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
     key = wait_until("holder's daemon", lambda: started_records(bed), 60)[0]["key"]  # type: ignore[index]
     lost = bed.sbatch("sleep 4", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
     jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
-    wait_until("the second job joins the daemon", lambda: str(lost) in _daemon_jobs(bed, key))
+    # The job's environment file is the prolog's last word, written after the daemon's record.
+    wait_until("the second job joins the daemon", lambda: str(lost) in _daemon_jobs(bed, key)
+               and os.path.exists(os.path.join(jobs_dir, f"{lost}.env")))
     saved = {}
     for name in (f"{lost}.json", f"{lost}.env"):
         with open(os.path.join(jobs_dir, name), "rb") as handle:
@@ -575,6 +578,22 @@ def test_slurmd_restarts_while_a_prolog_worker_runs(mps_bed):
     assert_nothing_left(bed, timeout=120)
     wait_until(f"{FAULT_NODE} back",
                lambda: bed.node_state(FAULT_NODE)["State"] in ("IDLE", "MIXED"), 90)
+
+
+def test_a_killed_prolog_worker_fails_the_task_instead_of_running_it(mps_bed):
+    """A worker that dies (OOM killer, a slurmd unit that kills its cgroup) leaves no word
+    for the tasks: they fail instead of starting unchecked or without their daemon."""
+    bed = mps_bed
+    set_fault(bed, "slow_start")
+    job_id = bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
+    started = wait_until("the prolog's worker", lambda: next(
+        (line for line in bed.debug_lines() if f"job={job_id} python=start" in line), None), 60)
+    os.kill(int(re.search(r" pid=(\d+) ", str(started))[1]), signal.SIGKILL)
+    assert bed.wait_job(job_id)["JobState"] != "COMPLETED"
+    output = bed.output(job_id)
+    assert "RAN" not in output, output
+    assert "gpushare: this job's set-up on the node ended without a result" in output, output
+    assert_nothing_left(bed, timeout=120)
 
 
 def test_an_epilog_waits_for_its_prologs_worker(mps_bed):

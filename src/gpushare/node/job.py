@@ -215,6 +215,7 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     devices = verify_devices(config, request) if not (sharing and request.uid == 0) else []
     if not sharing:
         log.debug("no sharing asked")
+        JobStore(config.state_dir).write_unshared(request.job_id)
         return None
     store = JobStore(config.state_dir)
     try:

@@ -150,6 +150,13 @@ class JobStore:
         if tasks:
             self._write_atomic(self.path(record.job_id, ".env"), record.to_env_file(show))
 
+    def write_unshared(self, job_id: int) -> None:
+        """The prolog's last word for a job that shares nothing: an empty environment file,
+        so that its tasks can tell a finished prolog from a worker that died."""
+        ensure_root_dir(self.state_dir)
+        ensure_root_dir(self.jobs_dir, 0o700)
+        self._write_atomic(self.path(job_id, ".env"), "")
+
     @staticmethod
     def _write_atomic(final: str, text: str) -> None:
         safefs.write_file_atomic(final, text.encode(), 0o600)

@@ -97,12 +97,18 @@ def test_lease_environment_wins():
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
 
-def test_jobs_without_sharing_write_nothing(tmp_path):
+def test_jobs_without_sharing_leave_their_tasks_only_an_empty_environment(tmp_path):
+    """No record (the epilog has nothing to undo), only the word the tasks wait for."""
     from gpushare.node.config import parse_plugin_args
+    from gpushare.node.state import JobStore
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     assert job.prolog(config, request(env={"SLURM_JOB_GPUS": "0"})) is None
-    assert not (tmp_path / "s").exists()
+    store = JobStore(config.state_dir)
+    assert store.read(7) is None
+    assert sorted(os.listdir(store.jobs_dir)) == ["7.env"]
+    with open(store.path(7, ".env")) as handle:
+        assert handle.read() == ""
 
 
 def test_user_error_is_recorded_not_raised(tmp_path):
