@@ -630,20 +630,15 @@ static int gs_open_lock(const char *path, int create)
     return fd;
 }
 
-static int gs_job_lock_path(spank_t sp, char *path, size_t size, int make_dirs)
+/* <state_dir>/jobs/<job id><suffix>: the job's record (.json), tasks' word (.env), lock. */
+static int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size)
 {
-    char jobs[PATH_MAX];
     uint32_t job_id = 0;
 
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return -1;
-    if (make_dirs) {
-        if (gs_jobs_dir(jobs, sizeof(jobs)) < 0)
-            return -1;
-    } else if (snprintf(jobs, sizeof(jobs), "%s/jobs", gs_state_dir) >= (int)sizeof(jobs)) {
-        return -1;
-    }
-    return snprintf(path, size, "%s/%u.lock", jobs, job_id) >= (int)size ? -1 : 0;
+    return snprintf(path, size, "%s/jobs/%u%s", gs_state_dir, job_id, suffix) >= (int)size
+               ? -1 : 0;
 }
 
 /* flock() with a deadline; 0 when taken, -1 when still held by another at the deadline. */
@@ -669,13 +664,10 @@ static void gs_epilogs_lock_path(char *path, size_t size)
 static void gs_fail_tasks(spank_t sp, const char *text)
 {
     char jobs[PATH_MAX], path[PATH_MAX + 32], tmp[PATH_MAX + 64];
-    uint32_t job_id = 0;
     int fd;
 
-    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
-        gs_jobs_dir(jobs, sizeof(jobs)) < 0)
+    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 || gs_job_file(sp, ".env", path, sizeof(path)) < 0)
         return;
-    snprintf(path, sizeof(path), "%s/%u.env", jobs, job_id);
     snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
     if (access(path, F_OK) == 0)
         return;
@@ -721,10 +713,8 @@ static void gs_finish(const char *callback, spank_t sp, const char *lock)
 
     if (strcmp(callback, "job_epilog") != 0 || !lock)
         return;
-    if (!gs_job_record_exists(sp)) {
-        snprintf(env, sizeof(env), "%.*s.env", (int)(strlen(lock) - 5), lock);
+    if (!gs_job_record_exists(sp) && gs_job_file(sp, ".env", env, sizeof(env)) == 0)
         (void)unlink(env);
-    }
     (void)unlink(lock);
 }
 
@@ -787,13 +777,9 @@ static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
 static int gs_job_record_exists(spank_t sp)
 {
     char path[PATH_MAX + 32];
-    uint32_t job_id = 0;
     struct stat st;
 
-    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
-        return 0;
-    snprintf(path, sizeof(path), "%s/jobs/%u.json", gs_state_dir, job_id);
-    return lstat(path, &st) == 0;
+    return gs_job_file(sp, ".json", path, sizeof(path)) == 0 && lstat(path, &st) == 0;
 }
 
 static int gs_getenv(spank_t sp, const char *name, char *buf, int len)
@@ -843,7 +829,7 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
 
 GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
-    char lock[PATH_MAX + 32], core[PATH_MAX];
+    char lock[PATH_MAX + 32], core[PATH_MAX], jobs[PATH_MAX];
     int fd, rc;
 
     if (gs_parse_args(ac, av) < 0)
@@ -854,7 +840,8 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
         gs_debug(sp, "cb=job_prolog python=skip reason=no-gpu");
         return 0;
     }
-    if (gs_job_lock_path(sp, lock, sizeof(lock), 1) < 0 || (fd = gs_open_lock(lock, 1)) < 0) {
+    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 || gs_job_file(sp, ".lock", lock, sizeof(lock)) < 0 ||
+        (fd = gs_open_lock(lock, 1)) < 0) {
         slurm_error("gpushare: job prolog: cannot create the job's lock in %s/jobs: %m "
                     "(check plugstack state_dir=)", gs_state_dir);
         return -1;
@@ -882,7 +869,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     if (gs_parse_args(ac, av) < 0)
         return -1;
     /* The job's prolog worker first: what it set up is what this epilog undoes. */
-    if (gs_job_lock_path(sp, lock, sizeof(lock), 0) == 0)
+    if (gs_job_file(sp, ".lock", lock, sizeof(lock)) == 0)
         fd = gs_open_lock(lock, 0);
     if (fd >= 0 && gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0) {
         slurm_error("gpushare: job epilog: the job's prolog worker still runs after %g s (a "
@@ -894,10 +881,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
         !gs_job_options_used(sp)) {
         if (fd >= 0) {
-            /* a prolog worker that failed early may have left the tasks a message */
-            snprintf(epilogs, sizeof(epilogs), "%.*s.env", (int)(strlen(lock) - 5), lock);
-            (void)unlink(epilogs);
-            (void)unlink(lock);
+            gs_finish("job_epilog", sp, lock);
             close(fd);
         }
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
@@ -947,9 +931,9 @@ static int gs_read_env_file(spank_t sp, char *buf, size_t size)
     ssize_t n, total = 0;
     int fd;
 
-    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+        gs_job_file(sp, ".env", path, sizeof(path)) < 0)
         return -1;
-    snprintf(path, sizeof(path), "%s/jobs/%u.env", gs_state_dir, job_id);
     fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? 0 : -1;
@@ -1060,9 +1044,9 @@ static int gs_wait_for_prolog(spank_t sp)
     double deadline = gs_now() + gs_wait_limit();
     int fd, waited = 0;
 
-    if (gs_job_lock_path(sp, lock, sizeof(lock), 0) < 0 || (fd = gs_open_lock(lock, 0)) < 0)
+    if (gs_job_file(sp, ".lock", lock, sizeof(lock)) < 0 ||
+        gs_job_file(sp, ".env", env, sizeof(env)) < 0 || (fd = gs_open_lock(lock, 0)) < 0)
         return 0;
-    snprintf(env, sizeof(env), "%.*s.env", (int)(strlen(lock) - 5), lock);
     while (access(env, F_OK) < 0 && flock(fd, LOCK_SH | LOCK_NB) < 0) {
         if (gs_now() > deadline) {
             close(fd);
