@@ -13,7 +13,10 @@ For each job, slurmd's log (millisecond timestamps) gives
   epilog   from "calling slurmstepd spank epilog" to "completed epilog"
 and the client gives the end-to-end srun time; the plugin's debug log gives how long its
 detached prolog and epilog workers ran (what the job's first task, and the next job's
-prolog worker, may wait for). Prints medians and what gpushare adds.
+prolog worker, may wait for), and where each worker's time went: the interpreter's start,
+the imports, and the phases of its ``timing`` line (NVML, gres.conf, the plan, the records,
+the wait for earlier epilogs, the daemon's start, its control socket, the caps). Prints
+medians and what gpushare adds.
 
     python3 bench/bench_prolog.py [--rounds 5] [--per-round 6]
 """
@@ -90,6 +93,38 @@ def workers_from_debug_log(lines: list[str]) -> dict[int, dict[str, float]]:
     return spans
 
 
+def phases_from_debug_log(lines: list[str]) -> dict[tuple[int, str], dict[str, float]]:
+    """Per job and worker (prolog, epilog): milliseconds per phase, from the worker's
+    ``timing`` line, plus ``interpreter``: from "detached" to "python=start" (the C glue's
+    lines: the fork and the embedded interpreter's start; the imports come after)."""
+    phases: dict[tuple[int, str], dict[str, float]] = {}
+    detached: dict[tuple[int, str], float] = {}
+    started: dict[int, float] = {}  # pid -> its python=start
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        pid = int(fields[1].partition("=")[2] or 0)
+        match = re.match(r"(\d+\.\d+) .* job=(\d+) cb=job_(prolog|epilog) detached", line)
+        if match:
+            detached[(int(match[2]), match[3])] = (float(match[1]))
+            continue
+        if line.endswith("python=start") or " python=start" in line:
+            started[pid] = float(fields[0])
+            continue
+        match = re.match(r"(\d+\.\d+) pid=(\d+) .* job=(\d+) debug timing (.*)", line)
+        if not match:
+            continue
+        job = int(match[3])
+        values = {k: float(v) for k, v in (kv.split("=") for kv in match[4].split())}
+        kind = "prolog" if "verify" in values else "epilog"
+        began, python = detached.get((job, kind)), started.get(int(match[2]))
+        if began is not None and python is not None:
+            values["interpreter"] = 1000 * (python - began)
+        phases[(job, kind)] = values
+    return phases
+
+
 def run_jobs(bed: slurmbed.SlurmBed, node: str, count: int) -> list[tuple[int, float]]:
     jobs = []
     for _ in range(count):
@@ -133,7 +168,8 @@ def main() -> int:
                     bed.wait_job(holder)
         time.sleep(2)  # the last epilogs
         spans = spans_from_log(bed.path("log", f"slurmd-{node}.log"))
-        workers = workers_from_debug_log(bed.debug_lines())
+        debug_lines = bed.debug_lines()
+        workers = workers_from_debug_log(debug_lines)
 
     rows = []
     for name in names:
@@ -160,7 +196,32 @@ def main() -> int:
         print(f"{name:<18} {count:>5} {prolog:>8.1f} {epilog:>8.1f} {both:>8.1f} "
               f"{both - base[2] - base[3]:>+7.1f} {srun:>8.1f} {srun - base[4]:>+7.1f} "
               f"{pro_worker:>8.1f} {epi_worker:>8.1f}")
+    print_phases(names[1:], jobs, phases_from_debug_log(debug_lines))
     return 0
+
+
+def print_phases(names: tuple[str, ...], jobs: dict[str, list[tuple[int, float]]],
+                 phases: dict[tuple[int, str], dict[str, float]]) -> None:
+    """Medians per phase of each variant's prolog and epilog workers."""
+    print("\nwhere the workers' time goes, medians in ms (a phase some of a column's workers "
+          "skip counts 0 for them; '-': none had it; total: the timing line's own, after the "
+          "imports)")
+    columns: list[tuple[str, str]] = [(n, k) for n in names for k in ("prolog", "epilog")]
+    table: dict[tuple[str, str], dict[str, float]] = {}
+    order: list[str] = ["interpreter"]
+    for name, kind in columns:
+        rows = [phases[(job, kind)] for job, _ in jobs[name] if (job, kind) in phases]
+        for row in rows:
+            order.extend(key for key in row if key not in order)
+        table[(name, kind)] = {key: statistics.median(row.get(key, 0.0) for row in rows)
+                               for key in {k for row in rows for k in row}} if rows else {}
+    order = [key for key in order if key != "total"] + ["total"]
+    heads = [f"{name.replace('gpushare', 'gs')} {kind}"[:18] for name, kind in columns]
+    print(f"{'phase':<14} " + " ".join(f"{head:>18}" for head in heads))
+    for key in order:
+        cells = [table[c].get(key) for c in columns]
+        print(f"{key:<14} " + " ".join(f"{v:>18.1f}" if v is not None else f"{'-':>18}"
+                                       for v in cells))
 
 
 def _ms(values: list[float]) -> float:

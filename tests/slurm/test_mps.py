@@ -250,6 +250,33 @@ def test_second_user_gets_its_own_daemon_and_neither_blocks(mps_bed):
     assert_nothing_left(bed)
 
 
+def test_the_workers_say_where_their_time_went(mps_bed):
+    """A shared job's prolog and epilog workers each log one timing line (debug_log=): the
+    imports, the GPU check's parts, the daemon's start, and a total that covers them."""
+    bed = mps_bed
+    job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE,
+                        "-c1", user=U1)
+    assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+
+    def timings():
+        found = [line.split(" debug timing ", 1)[1] for line in bed.debug_lines()
+                 if f" job={job_id} debug timing " in line]
+        return found if len(found) == 2 else None
+
+    prolog, epilog = ({k: float(v) for k, v in (kv.split("=") for kv in line.split())}
+                      for line in wait_until("both timing lines", timings, 60))
+    for phase in ("imports", "gpu-imports", "nvml", "gres.conf", "verify", "record",
+                  "epilogs", "mps", "daemon-start", "daemon-socket", "caps", "env"):
+        assert phase in prolog, (phase, prolog)
+    assert "verify" not in epilog and {"imports", "record", "mps", "remove"} <= set(epilog)
+    for timing in (prolog, epilog):
+        assert all(value >= 0 for value in timing.values()), timing
+        phases = sum(v for k, v in timing.items() if k not in ("imports", "total"))
+        # Each phase lies inside the total; every value is rounded to 0.1 ms.
+        assert phases <= timing["total"] + 0.05 * len(timing), timing
+        assert timing["total"] > 0
+
+
 def test_two_users_on_one_gpu_have_separate_daemons_at_once(mps_bed):
     bed = mps_bed
     jobs = [bed.sbatch(ENV_SCRIPT.replace("{sleep}", "15"), "--gres=mps:25", "-w", NODE,

@@ -105,7 +105,7 @@ def _emit(name: str, level: int, msg: str, args: tuple[object, ...],
             with contextlib.suppress(Exception):  # nor may a sink that fails
                 _sink(_TO_SLURM[level], head + line)
     if _debug_log:
-        _append_debug_log(f"{int(time.time())} pid={os.getpid()} uid={os.getuid()} py "
+        _append_debug_log(f"{time.time():.6f} pid={os.getpid()} uid={os.getuid()} py "
                           f"job={job} {_NAMES[level]} {text}\n")
 
 

@@ -20,6 +20,7 @@ from gpushare.common.log import get_logger
 from gpushare.node import counters
 from gpushare.node.config import PluginConfig, beside_slurm_conf
 from gpushare.node.mps import MpsDevice, MpsError, MpsManager, limits_for
+from gpushare.node.phases import Phases
 from gpushare.node.state import JobRecord, JobStore
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ def gres_conf_path(env: Mapping[str, str]) -> str:
     return beside_slurm_conf(env, "gres.conf")
 
 
-def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedDevice]":
+def verify_devices(config: PluginConfig, request: JobRequest,
+                   phases: Optional[Phases] = None) -> "list[ResolvedDevice]":
     """Resolve the job's devices through NVML and check them against Slurm and the plan.
 
     Sharing needs the devices' UUIDs and memory, so they are resolved even with
@@ -183,9 +185,13 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
     from gpushare.gpu.nvml import InventoryError
     from gpushare.node.verify import verify_job_devices
 
+    phases = phases or Phases()
+    phases.done("gpu-imports")
     try:
         inventory = open_inventory(config.for_node(request.node).inventory, topology=False)
+        phases.done("nvml")
         gres = load_gres_conf(gres_conf_path(request.env))
+        phases.done("gres.conf")
         owner = None
         if config.plan:
             from gpushare.node.ownership import OwnersError, node_owners, owner_lookup
@@ -195,6 +201,7 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
             except OwnersError as err:
                 raise NodeError(str(err)) from None
             owner = owner_lookup(planned, inventory)
+            phases.done("plan")
         result = verify_job_devices(request.env, request.node, gres, inventory, owner)
     except (InventoryError, GresConfError, OSError) as err:
         raise NodeError(f"cannot verify the job's GPUs: {err}") from None
@@ -207,12 +214,17 @@ def verify_devices(config: PluginConfig, request: JobRequest) -> "list[ResolvedD
     return result.devices
 
 
-def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
-    """Run at job start on each node; returns the record written, if the job shares."""
+def prolog(config: PluginConfig, request: JobRequest,
+           phases: Optional[Phases] = None) -> Optional[JobRecord]:
+    """Run at job start on each node; returns the record written, if the job shares.
+    ``phases`` is told where the time went."""
+    phases = phases or Phases()
     sharing = uses_sharing(request)
     # root's shared job is refused before the devices are checked: a refusal of the request
     # must never become a drain of the node on what the check finds.
-    devices = verify_devices(config, request) if not (sharing and request.uid == 0) else []
+    devices = (verify_devices(config, request, phases)
+               if not (sharing and request.uid == 0) else [])
+    phases.done("verify")
     if not sharing:
         log.debug("no sharing asked")
         JobStore(config.state_dir).write_unshared(request.job_id)
@@ -231,7 +243,9 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
     # The record goes down first, so an epilog always finds what a prolog may have started;
     # the tasks' environment only once the daemon answers.
     store.write(record, tasks=False)
+    phases.done("record")
     wait_for_epilogs(config)
+    phases.done("epilogs")
     manager = MpsManager(config)
     try:
         # References of jobs whose epilog never ran go first: their record is gone, or
@@ -239,15 +253,18 @@ def prolog(config: PluginConfig, request: JobRequest) -> Optional[JobRecord]:
         lost = lost_jobs(config, store, request.node, exclude={record.job_id})
         manager.reap_stale(_alive(store, lost))
         _forget(store, lost)
+        phases.done("reap")
         lease = manager.acquire(record.job_id, record.uid, record.gid,
                                 mps_devices(record, devices), mode=record.mode,
-                                share_percent=record.share_percent)
+                                share_percent=record.share_percent, phases=phases)
     except MpsError as err:
         raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True,
                         brief=err.brief) from None
+    phases.done("mps")
     record.mps = lease.to_record()
     record.env = task_environment(record)
     store.write(record, show=describe(record.env, record.job_id) if config.show else "")
+    phases.done("env")
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record
@@ -323,12 +340,14 @@ def describe(record_env: Mapping[str, str], job_id: int) -> str:
     return f"gpushare: job {job_id}: " + ", ".join(parts)
 
 
-def epilog(config: PluginConfig, job_id: int) -> None:
+def epilog(config: PluginConfig, job_id: int, phases: Optional[Phases] = None) -> None:
     """Run at job end on each node; idempotent (twice, or without a prolog, is fine).
 
     A daemon that cannot be stopped is a NodeError naming the GPU and daemon: Slurm then
     drains the node. The job's record goes either way; the MPS record keeps the failure.
+    ``phases`` is told where the time went.
     """
+    phases = phases or Phases()
     store = JobStore(config.state_dir)
     try:
         # The lease names the job's daemon: only its record is read (a node may have dozens).
@@ -337,12 +356,15 @@ def epilog(config: PluginConfig, job_id: int) -> None:
     except Exception as err:  # only a shortcut: any doubt means looking everywhere
         log.warning("job record unreadable (%s); looking for the job in every MPS record", err)
         hint = None
+    phases.done("record")
     try:
         stopped = MpsManager(config).release(job_id, hint=hint)
     except MpsError as err:
         store.remove(job_id)
         raise NodeError(str(err), drain=True, brief=err.brief) from None
+    phases.done("mps")
     removed = store.remove(job_id)
+    phases.done("remove")
     log.debug("record %s, daemons stopped: %s",
               "removed" if removed else "absent", ", ".join(stopped) or "none")
 

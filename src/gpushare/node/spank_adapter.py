@@ -9,13 +9,20 @@ is parsed once per process.
 
 from __future__ import annotations
 
-import os
-import sys
-from typing import Any, Callable, Optional
+import time
 
-from gpushare.common import log as gslog
-from gpushare.node import counters, job
-from gpushare.node.config import ConfigError, PluginConfig, parse_plugin_args
+_IMPORTS_BEGAN = time.monotonic()  # first: this module's imports are the worker's imports
+
+import os  # noqa: E402
+import sys  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
+
+from gpushare.common import log as gslog  # noqa: E402
+from gpushare.node import counters, job  # noqa: E402
+from gpushare.node.config import ConfigError, PluginConfig, parse_plugin_args  # noqa: E402
+from gpushare.node.phases import Phases  # noqa: E402
+
+_IMPORT_SECONDS: Optional[float] = time.monotonic() - _IMPORTS_BEGAN  # given to one callback
 
 logger = gslog.get_logger("gpushare.spank")
 
@@ -65,19 +72,30 @@ def configure(args: list[str]) -> PluginConfig:
     return _config
 
 
+def _phases() -> Phases:
+    """A timer for this callback; the first of the process also reports the imports."""
+    global _IMPORT_SECONDS
+    phases, _IMPORT_SECONDS = Phases(_IMPORT_SECONDS), None
+    return phases
+
+
 def job_prolog(spank: Spank, config: PluginConfig) -> int:
+    phases = _phases()
     job_id, uid, gid = spank.ids()
     request = job.JobRequest(job_id=job_id, uid=uid, gid=gid, node=job.node_name(os.environ),
                              gpu_share=spank.option("gpu-share"),
                              private_mps=spank.option("gpu-mps") is not None,
                              env=dict(os.environ))
-    job.prolog(config, request)
+    job.prolog(config, request, phases)
+    logger.debug("%s", phases.line())
     return 0
 
 
 def job_epilog(spank: Spank, config: PluginConfig) -> int:
+    phases = _phases()
     job_id, _uid, _gid = spank.ids()
-    job.epilog(config, job_id)
+    job.epilog(config, job_id, phases)
+    logger.debug("%s", phases.line())
     return 0
 
 

@@ -48,7 +48,7 @@ def env_file(state_dir: str, job_id: int) -> str:
 @needs_root
 def test_a_node_error_drains_and_fails_the_tasks_with_its_cause(adapter, state_dir,
                                                                monkeypatch):
-    def fails(config, request):
+    def fails(config, request, phases):
         raise job.NodeError("cannot verify the job's GPUs: NVML is gone",
                             brief="NVML is gone")
 
@@ -74,7 +74,7 @@ def test_an_internal_error_drains_and_keeps_what_the_prolog_recorded(adapter, st
     started = JobRecord(job_id=6, uid=1000, gid=1000, node="n1", mode="shared",
                         share_percent=25, mps={"key": "u1000-GPU-x"})
 
-    def breaks(config, request):
+    def breaks(config, request, phases):
         store.write(started, tasks=False)  # as the prolog does before the daemon
         raise KeyError("oops")
 
@@ -90,7 +90,7 @@ def test_an_internal_error_drains_and_keeps_what_the_prolog_recorded(adapter, st
 
 @needs_root
 def test_a_failing_epilog_drains_but_writes_no_record(adapter, state_dir, monkeypatch):
-    def fails(config, job_id):
+    def fails(config, job_id, phases):
         raise job.NodeError("MPS daemon u1 survives quit", brief="MPS stop failed")
 
     monkeypatch.setattr(job, "epilog", fails)

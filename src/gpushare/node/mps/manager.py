@@ -47,6 +47,7 @@ from gpushare.node.mps.record import (
     RecordStore,
     daemon_key,
 )
+from gpushare.node.phases import Phases
 
 if TYPE_CHECKING:
     from gpushare.common import proc
@@ -90,8 +91,10 @@ class MpsManager:
     # ----------------------------------------------------------------- public API
 
     def acquire(self, job_id: int, uid: int, gid: int, devices: Sequence[MpsDevice],
-                mode: str = "shared", share_percent: int = 100) -> MpsLease:
-        """Take a reference on the job's daemon, starting it if needed; idempotent per job."""
+                mode: str = "shared", share_percent: int = 100,
+                phases: Optional[Phases] = None) -> MpsLease:
+        """Take a reference on the job's daemon, starting it if needed; idempotent per job.
+        ``phases`` is told how long the daemon's start and caps took."""
         devices = tuple(devices)
         self._check_request(job_id, uid, devices, mode, share_percent)
         key = daemon_key(mode, uid, job_id, devices)
@@ -106,7 +109,11 @@ class MpsManager:
             if rec is not None and rec.daemon_pid and self._is_ours(rec.daemon_pid, rec):
                 rec.jobs[str(job_id)] = share_percent
                 self.store.write(mps_fd, rec)
+                if phases:
+                    phases.done("mps")
                 self._apply_caps(mps_fd, rec)
+                if phases:
+                    phases.done("caps")
                 return self._lease(rec, job_id)
             if rec is not None:
                 LOG.warning("%s is not running any more; starting it again", rec.describe())
@@ -118,7 +125,7 @@ class MpsManager:
             rec.dirs_made = False
             self.store.write(mps_fd, rec)
             try:
-                self._start_daemon(mps_fd, rec)
+                self._start_daemon(mps_fd, rec, phases or Phases())
             except BaseException:
                 self._undo_start(mps_fd, rec, lock, job_id)
                 raise
@@ -353,7 +360,7 @@ class MpsManager:
 
         return control.send(self._program(), rec, commands, self.timeout)
 
-    def _start_daemon(self, mps_fd: int, rec: DaemonRecord) -> None:
+    def _start_daemon(self, mps_fd: int, rec: DaemonRecord, phases: Phases) -> None:
         from gpushare.common import proc
         from gpushare.node.mps import control
 
@@ -374,6 +381,7 @@ class MpsManager:
                            brief=f"MPS start failed: state_dir= too long for MPS's control "
                            f"socket ({short})")
         self._make_dirs(mps_fd, rec)
+        phases.done("mps")
 
         def failed(cause: str, detail: str) -> MpsError:
             # The daemon's directory goes with the failed start: its log's last lines
@@ -400,9 +408,10 @@ class MpsManager:
                          f"{program} -d exited with status {result.returncode}: "
                          f"{result.output or 'no output'}")
         rec.started_at = time.time()
+        phases.done("daemon-start")
         with self._user_dir_fd(mps_fd, key, "pipe") as pipe_fd:
             deadline = time.monotonic() + self.timeout
-            pause = 0.002  # a daemon is usually listening within milliseconds
+            pause = 0.0005  # a daemon is usually listening within a millisecond or two
             while not _exists_at(pipe_fd, "control"):
                 if time.monotonic() > deadline:
                     counters.timed_out("daemon_start")
@@ -412,9 +421,11 @@ class MpsManager:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.02)
             rec.daemon_pid = self._find_daemon_pid(pipe_fd, rec)
+        phases.done("daemon-socket")
         caps = self._limits(rec, list(rec.jobs.values()))
         self._control(rec, [*control.default_cap_commands(caps), "get_server_list"])
         rec.caps = caps
+        phases.done("caps")
         counters.note("mps_daemon_starts")
         LOG.info("started %s for jobs %s", rec.describe(), ",".join(rec.jobs))
 
