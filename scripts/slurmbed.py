@@ -31,7 +31,7 @@ BUILD = os.path.join(REPO, "build")
 APT_PACKAGES = (
     "slurmctld", "slurmd", "slurm-client", "munge", "libslurm-dev", "slurm-wlm-basic-plugins",
     "python3-cffi", "python3-dev", "python3-jinja2", "python3-yaml", "python3-pip", "lua5.1",
-    "gcc", "libc6-dev",  # the plugins and the MPS stand-in's front end are C
+    "gcc", "libc6-dev",  # the plugins and the MPS stand-in are C
     "python3-setuptools",  # cffi compiles through setuptools on Python >= 3.12
 )
 TEST_USERS = ("gpushare-u1", "gpushare-u2")

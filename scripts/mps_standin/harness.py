@@ -17,40 +17,39 @@ import tempfile
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FRONT_SOURCE = os.path.join(HERE, "front.c")
-DAEMON_SOURCE = os.path.join(HERE, "standin.py")
+# One program, as NVIDIA's: the client and servers (front.c) and the daemon (daemon.c).
+SOURCES = tuple(os.path.join(HERE, name) for name in ("front.c", "daemon.c"))
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
 PROGRAM_NAME = "nvidia-cuda-mps-control"
 TEST_USERS = ("gpushare-u1", "gpushare-u2")
-FAULTS = ("die_start", "hang_start", "die_after_start", "ignore_quit", "ignore_term",
-          "hang_client", "no_pid_file")
+FAULTS = ("die_start", "hang_start", "slow_start", "die_after_start", "ignore_quit",
+          "ignore_term", "hang_client", "no_pid_file")
 
 
 @functools.cache
 def _built_front() -> bytes:
-    """The front end compiled once per process and kept in memory (every install writes a
+    """The program compiled once per process and kept in memory (every install writes a
     copy), so no build directory is left in the temp directory."""
     with tempfile.TemporaryDirectory(prefix="gpushare-standin-build-") as tmp:
         out = os.path.join(tmp, PROGRAM_NAME)
-        built = subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", out, FRONT_SOURCE],
+        built = subprocess.run(["cc", *CFLAGS, "-o", out, *SOURCES],
                                capture_output=True, text=True)
         if built.returncode != 0:
-            raise RuntimeError(f"cannot build the MPS stand-in's front end: {built.stderr}")
+            raise RuntimeError(f"cannot build the MPS stand-in: {built.stderr}")
         with open(out, "rb") as handle:
             return handle.read()
 
 
 def install_standin(bindir: str) -> str:
-    """Put the front end into ``bindir`` as nvidia-cuda-mps-control, standin.py beside it.
+    """Put the stand-in into ``bindir`` as nvidia-cuda-mps-control; its path.
 
-    Returns the program's path. Both are 0755/0644 and owned by whoever runs this (root
-    for the plugin, which refuses a program others could replace).
+    The program is 0755 and owned by whoever runs this (root for the plugin, which
+    refuses a program others could replace).
     """
     program = os.path.join(bindir, PROGRAM_NAME)
     with open(program, "wb") as handle:
         handle.write(_built_front())
     os.chmod(program, 0o755)
-    shutil.copyfile(DAEMON_SOURCE, os.path.join(bindir, "standin.py"))
-    os.chmod(os.path.join(bindir, "standin.py"), 0o644)
     return program
 
 
@@ -58,10 +57,8 @@ def unusable_reason() -> Optional[str]:
     """Why the stand-in cannot be run for other users here (None when it can)."""
     if os.geteuid() != 0:
         return "needs root (runs daemons as test users)"
-    if not os.access("/usr/bin/python3", os.X_OK):
-        return "needs /usr/bin/python3 (the stand-in's interpreter)"
     if shutil.which("cc") is None:
-        return "needs a C compiler (cc) for the stand-in's front end"
+        return "needs a C compiler (cc) for the stand-in"
     if shutil.which("useradd") is None and any(not _user_exists(n) for n in TEST_USERS):
         return "needs useradd to create the test users"
     return None

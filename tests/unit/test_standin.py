@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 
 import pytest
 
-from mps_standin.harness import StandinInstall
+from mps_standin.harness import PROGRAM_NAME, StandinInstall
 
-pytestmark = pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK),
-                                reason="the stand-in runs with /usr/bin/python3")
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None,
+                                reason="the stand-in is built with a C compiler (cc)")
 
 
 @pytest.fixture
@@ -133,4 +134,86 @@ def test_client_mode_is_the_compiled_front_end(standin):
     with open(standin.program, "rb") as handle:
         assert handle.read(4) == b"\x7fELF"
     assert os.access(standin.program, os.X_OK)
-    assert os.path.exists(os.path.join(standin.bindir, "standin.py"))
+    assert os.listdir(standin.bindir) == [PROGRAM_NAME]  # one program, nothing beside it
+
+
+def test_the_daemon_and_its_servers_are_the_same_native_program(standin):
+    """As NVIDIA's: ``-d`` starts no interpreter, so a prolog pays a native daemon's start;
+    the servers it starts are the program too, and inherit none of its files."""
+    pipe = standin.env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert run(standin, "-d").returncode == 0
+    wait_for(os.path.join(pipe, "control"))
+    daemon = state(standin)["pid"]
+    server = int(run(standin, stdin=f"start_server -uid {os.getuid()}\n").stdout)
+    for pid in (daemon, server):
+        assert os.readlink(f"/proc/{pid}/exe") == os.path.realpath(standin.program)
+    with open(f"/proc/{server}/cmdline", "rb") as handle:
+        assert handle.read().split(b"\0")[1:] == [b"--server", b""]
+    # stdio on /dev/null, and not the daemon's socket, lock or log pipe
+    for fd in os.listdir(f"/proc/{server}/fd"):
+        target = os.readlink(f"/proc/{server}/fd/{fd}")
+        assert not target.startswith((pipe, "socket:")), (fd, target)
+    assert [os.readlink(f"/proc/{server}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
+    assert run(standin, stdin="quit\n").returncode == 0
+    deadline = time.monotonic() + 10
+    while standin.processes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert standin.processes() == []
+    assert state(standin)["stopped_at"] is not None
+
+
+def test_sigterm_stops_the_daemon_and_its_servers_and_exited_servers_are_reaped(standin):
+    pipe = standin.env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert run(standin, "-d").returncode == 0
+    wait_for(os.path.join(pipe, "control"))
+    daemon = state(standin)["pid"]
+    first = run(standin, stdin=f"start_server -uid {os.getuid()}\n").stdout.strip()
+    second = run(standin, stdin="start_server -uid 4242\n").stdout.strip()
+    assert list(state(standin)["servers"]) == [first, second]
+    assert state(standin)["servers"][second] == {"uid": 4242, "active_thread_percentage": 100.0,
+                                                "pinned": {}}
+    assert run(standin, stdin=f"shutdown_server {second} -f\n").returncode == 0
+    deadline = time.monotonic() + 10
+    while run(standin, stdin="get_server_list\n").stdout.split() != [first]:
+        assert time.monotonic() < deadline, "the server that exited is still listed"
+        time.sleep(0.01)
+    os.kill(daemon, 15)
+    while standin.processes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert standin.processes() == []
+    assert os.listdir(pipe) == ["control_lock"]
+    final = state(standin)
+    assert final["stopped_at"] >= final["started_at"] and final["servers"] == {}
+    with open(os.path.join(standin.env["CUDA_MPS_LOG_DIRECTORY"], "control.log")) as handle:
+        lines = [line.split("] ", 1)[1] for line in handle.read().splitlines()]
+    assert lines[0] == f"Control daemon started, pid {daemon}, devices GPU-aaa,MIG-bbb"
+    assert f"Server {second} exited" in lines
+    assert lines[-1] == "Control daemon stopping (SIGTERM)"
+
+
+def test_the_state_file_holds_any_environment_and_command_as_json(standin):
+    """Values as Python's os.environ and json.dump give them: escapes, non-ASCII, and bytes
+    that are no UTF-8 (surrogate escapes)."""
+    odd = 'q"b\\s\x01\x7f\n\té\U0001f600'
+    env = dict(standin.env, ODD=odd)
+    env_bytes = {k.encode(): v.encode() for k, v in env.items()}
+    env_bytes[b"RAW"] = b"a\xff\xe2\x82b"
+    assert subprocess.run([standin.program, "-d"], env=env_bytes, timeout=30).returncode == 0
+    wait_for(os.path.join(standin.env["CUDA_MPS_PIPE_DIRECTORY"], "control"))
+    out = run(standin, stdin="set_default_active_thread_percentage 33.3333\n"
+                             "set_default_active_thread_percentage 1_2.5e0\n"
+                             "echo  \x1c\u00a0x\u3000y \n")
+    assert out.stdout.splitlines() == ["33.3", "12.5", "Unknown command: echo x y"]
+    with open(os.path.join(standin.env["CUDA_MPS_LOG_DIRECTORY"], "standin-state.json"),
+              "rb") as handle:
+        raw = handle.read()
+    assert raw.isascii()  # as json.dump writes it: everything else escaped
+    final = json.loads(raw)
+    assert final["env"]["ODD"] == odd
+    assert final["env"]["RAW"] == b"a\xff\xe2\x82b".decode("utf-8", "surrogateescape")
+    assert final["default_active_thread_percentage"] == 12.5
+    assert final["commands"][-1] == "echo  \x1c\u00a0x\u3000y"
+    assert run(standin, stdin="quit\n").returncode == 0
+    deadline = time.monotonic() + 10
+    while standin.processes() and time.monotonic() < deadline:
+        time.sleep(0.01)

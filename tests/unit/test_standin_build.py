@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """The MPS stand-in's harness leaves nothing behind in the temp directory: every test process
-that installs the stand-in builds its front end, and used to leave one build directory each."""
+that installs the stand-in builds its program, and used to leave one build directory each."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ for bindir in sys.argv[1:]:
 """
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="the front end needs a C compiler (cc)")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the stand-in needs a C compiler (cc)")
 def test_a_process_installing_the_standin_leaves_its_temp_directory_empty(tmp_path):
     scratch = tmp_path / "tmp"
     bindirs = [tmp_path / "bin1", tmp_path / "bin2"]
@@ -37,4 +37,19 @@ def test_a_process_installing_the_standin_leaves_its_temp_directory_empty(tmp_pa
         with open(program, "rb") as handle:
             assert handle.read(4) == b"\x7fELF", program
         assert os.stat(program).st_mode & 0o777 == 0o755, program
+        assert os.listdir(os.path.dirname(program)) == ["nvidia-cuda-mps-control"], program
     assert sorted(os.listdir(scratch)) == [], "left in the temp directory"
+
+
+def test_the_program_is_built_from_every_c_file_of_the_standin():
+    """One installed program: the client and servers (front.c) and the daemon (daemon.c)."""
+    sys.path.insert(0, SCRIPTS)
+    try:
+        from mps_standin import harness
+    finally:
+        sys.path.remove(SCRIPTS)
+    here = os.path.dirname(harness.__file__)
+    assert sorted(map(os.path.basename, harness.SOURCES)) == sorted(
+        name for name in os.listdir(here) if name.endswith(".c"))
+    assert not [name for name in os.listdir(here) if name.endswith(".py")
+                and name not in ("__init__.py", "harness.py")]

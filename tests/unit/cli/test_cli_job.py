@@ -109,7 +109,7 @@ def test_hanging_program_times_out(tmp_path):
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory):
-    """The stand-in program (front end and daemon script), built once for this module."""
+    """The stand-in program (client, daemon and servers), built once for this module."""
     return install_standin(str(tmp_path_factory.mktemp("standin")))
 
 
