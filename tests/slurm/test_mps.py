@@ -276,6 +276,23 @@ def test_the_workers_say_where_their_time_went(mps_bed):
         assert phases <= timing["total"] + 0.05 * len(timing), timing
         assert timing["total"] > 0
 
+    # A job joining a running daemon lets its tasks start before the daemon's caps are
+    # raised for it (a join only adds a share): its "caps" come after its "env".
+    holder = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "60"), "--gres=mps:25", "-w", NODE,
+                        "-c1", user=U1)
+    wait_until("the holder's daemon", lambda: started_records(bed), 60)
+    joiner = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE,
+                        "-c1", user=U1)
+    assert bed.wait_job(joiner, timeout=60)["JobState"] == "COMPLETED"
+    line = wait_until("the joiner's prolog timing", lambda: next(
+        (line for line in bed.debug_lines()
+         if f" job={joiner} debug timing " in line and " verify=" in line), None), 60)
+    order = [kv.split("=")[0] for kv in line.split(" debug timing ", 1)[1].split()]
+    assert "daemon-start" not in order and order.index("env") < order.index("caps"), order
+    bed.run(["scancel", str(holder)])
+    bed.wait_job(holder)
+    assert_nothing_left(bed)
+
 
 def test_two_users_on_one_gpu_have_separate_daemons_at_once(mps_bed):
     bed = mps_bed

@@ -256,7 +256,8 @@ def prolog(config: PluginConfig, request: JobRequest,
         phases.done("reap")
         lease = manager.acquire(record.job_id, record.uid, record.gid,
                                 mps_devices(record, devices), mode=record.mode,
-                                share_percent=record.share_percent, phases=phases)
+                                share_percent=record.share_percent, phases=phases,
+                                caps_later=True)
     except MpsError as err:
         raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True,
                         brief=err.brief) from None
@@ -265,6 +266,10 @@ def prolog(config: PluginConfig, request: JobRequest,
     record.env = task_environment(record)
     store.write(record, show=describe(record.env, record.job_id) if config.show else "")
     phases.done("env")
+    # The tasks may start now; a join's higher caps follow (until then the old, stricter
+    # ones hold the daemon).
+    manager.update_caps(lease.key)
+    phases.done("caps")
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record

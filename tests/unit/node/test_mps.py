@@ -173,6 +173,33 @@ def test_same_user_jobs_share_one_daemon_and_its_cap_follows_their_shares(bed, u
     assert bed.entries() == []
 
 
+def test_a_join_with_caps_later_leaves_the_stricter_caps_until_update_caps(bed, users):
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25, caps_later=True)
+    # A daemon the call starts is capped before it returns, caps_later or not.
+    assert standin_state(first)["default_active_thread_percentage"] == 25.0
+    joined = mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                         share_percent=30, caps_later=True)
+    assert joined.daemon_pid == first.daemon_pid
+    assert sorted(record(bed, first.key)["jobs"]) == ["1", "2"]
+    state = standin_state(first)
+    assert state["default_active_thread_percentage"] == 25.0  # not raised yet
+    assert state["default_device_pinned_mem_limit"] == {"0": "20G"}
+    mgr.update_caps(first.key)
+    state = standin_state(first)
+    assert state["default_active_thread_percentage"] == 55.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "44G"}
+    assert record(bed, first.key)["caps"]["percent"] == 55
+    commands = len(state["commands"])
+    mgr.update_caps(first.key)  # nothing changed: the daemon is not asked again
+    assert len(standin_state(first)["commands"]) == commands
+    mgr.update_caps("u1-GPU-gone")  # a daemon already gone: nothing to do, nothing raised
+    assert mgr.release(1) == [] and mgr.release(2) == [first.key]
+    assert bed.entries() == []
+
+
 def test_cap_is_applied_to_running_servers_too(bed, users):
     u1 = users[0]
     mgr = bed.manager()

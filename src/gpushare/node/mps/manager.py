@@ -92,9 +92,14 @@ class MpsManager:
 
     def acquire(self, job_id: int, uid: int, gid: int, devices: Sequence[MpsDevice],
                 mode: str = "shared", share_percent: int = 100,
-                phases: Optional[Phases] = None) -> MpsLease:
+                phases: Optional[Phases] = None, caps_later: bool = False) -> MpsLease:
         """Take a reference on the job's daemon, starting it if needed; idempotent per job.
-        ``phases`` is told how long the daemon's start and caps took."""
+        ``phases`` is told how long the daemon's start and caps took.
+
+        With ``caps_later``, joining a running daemon leaves its caps to ``update_caps``,
+        which the caller runs once the job's tasks may start: a join only adds a share, so
+        until then the daemon holds the job to the old, stricter caps. A daemon this call
+        starts gets its caps before the call returns either way (it begins uncapped)."""
         devices = tuple(devices)
         self._check_request(job_id, uid, devices, mode, share_percent)
         key = daemon_key(mode, uid, job_id, devices)
@@ -109,11 +114,8 @@ class MpsManager:
             if rec is not None and rec.daemon_pid and self._is_ours(rec.daemon_pid, rec):
                 rec.jobs[str(job_id)] = share_percent
                 self.store.write(mps_fd, rec)
-                if phases:
-                    phases.done("mps")
-                self._apply_caps(mps_fd, rec)
-                if phases:
-                    phases.done("caps")
+                if not caps_later:
+                    self._apply_caps(mps_fd, rec)
                 return self._lease(rec, job_id)
             if rec is not None:
                 LOG.warning("%s is not running any more; starting it again", rec.describe())
@@ -131,6 +133,19 @@ class MpsManager:
                 raise
             self.store.write(mps_fd, rec)
             return self._lease(rec, job_id)
+
+    def update_caps(self, key: str) -> None:
+        """Give daemon ``key`` the caps of the jobs it now serves (after ``caps_later``).
+        A failure is logged: the jobs' own limits hold, and the next join or leave retries."""
+        try:
+            with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
+                rec = self.store.read(mps_fd, key)
+                if rec is None:
+                    lock.remove = True  # gone meanwhile: leave no lock file behind
+                elif rec.daemon_pid:
+                    self._apply_caps(mps_fd, rec)
+        except MpsError as err:
+            LOG.warning("cannot update the caps of MPS daemon %s: %s", key, err)
 
     def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
         """Drop the job's references; stop daemons nobody uses. Idempotent.
