@@ -200,6 +200,17 @@ def test_a_join_with_caps_later_leaves_the_stricter_caps_until_update_caps(bed, 
     assert bed.entries() == []
 
 
+def test_update_caps_never_raises(bed, monkeypatch, caplog):
+    mgr = bed.manager()
+
+    def unreadable(*_args):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(mgr.store, "read", unreadable)
+    mgr.update_caps("u1-GPU-x")  # the job's tasks may already run: logged, not raised
+    assert "cannot update the caps of MPS daemon u1-GPU-x" in caplog.text
+
+
 def test_cap_is_applied_to_running_servers_too(bed, users):
     u1 = users[0]
     mgr = bed.manager()

@@ -136,7 +136,8 @@ class MpsManager:
 
     def update_caps(self, key: str) -> None:
         """Give daemon ``key`` the caps of the jobs it now serves (after ``caps_later``).
-        A failure is logged: the jobs' own limits hold, and the next join or leave retries."""
+        A failure is logged: the jobs' own limits hold, and the next join or leave retries.
+        Nothing here may fail the job, whose tasks may already run."""
         try:
             with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
                 rec = self.store.read(mps_fd, key)
@@ -144,7 +145,7 @@ class MpsManager:
                     lock.remove = True  # gone meanwhile: leave no lock file behind
                 elif rec.daemon_pid:
                     self._apply_caps(mps_fd, rec)
-        except MpsError as err:
+        except Exception as err:  # the lock, the record or the directory: logged only
             LOG.warning("cannot update the caps of MPS daemon %s: %s", key, err)
 
     def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
