@@ -137,6 +137,21 @@ def test_client_mode_is_the_compiled_front_end(standin):
     assert os.listdir(standin.bindir) == [PROGRAM_NAME]  # one program, nothing beside it
 
 
+def fd_targets(pid):
+    """fd -> what it points at, for a process past its start: just after exec the dynamic
+    loader opens and closes its libraries, so a listing may name an fd gone a moment later
+    (never one inherited: those stay open)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return {fd: os.readlink(f"/proc/{pid}/fd/{fd}")
+                    for fd in os.listdir(f"/proc/{pid}/fd")}
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def test_the_daemon_and_its_servers_are_the_same_native_program(standin):
     """As NVIDIA's: ``-d`` starts no interpreter, so a prolog pays a native daemon's start;
     the servers it starts are the program too, and inherit none of its files."""
@@ -150,10 +165,10 @@ def test_the_daemon_and_its_servers_are_the_same_native_program(standin):
     with open(f"/proc/{server}/cmdline", "rb") as handle:
         assert handle.read().split(b"\0")[1:] == [b"--server", b""]
     # stdio on /dev/null, and not the daemon's socket, lock or log pipe
-    for fd in os.listdir(f"/proc/{server}/fd"):
-        target = os.readlink(f"/proc/{server}/fd/{fd}")
+    targets = fd_targets(server)
+    for fd, target in targets.items():
         assert not target.startswith((pipe, "socket:")), (fd, target)
-    assert [os.readlink(f"/proc/{server}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
+    assert [targets[fd] for fd in ("0", "1", "2")] == ["/dev/null"] * 3
     assert run(standin, stdin="quit\n").returncode == 0
     deadline = time.monotonic() + 10
     while standin.processes() and time.monotonic() < deadline:
