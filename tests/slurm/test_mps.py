@@ -238,6 +238,9 @@ def test_second_user_gets_its_own_daemon_and_neither_blocks(mps_bed):
     assert bed.wait_job(second, timeout=60)["JobState"] == "COMPLETED"
     assert bed.job(first)["JobState"] == "RUNNING"
     out1 = job_values(bed.output(second))
+    # Its epilog's worker runs after the job ended; the second user's daemon goes with it.
+    wait_until("the second job's epilog ran", lambda: any(
+        f" job={second} cb=job_epilog python rc=0" in line for line in bed.debug_lines()))
     records = mps_records(bed)
     assert len(records) == 1 and records[0]["uid"] == slurmbed.uid_of(U1)
     assert out1["CUDA_MPS_PIPE_DIRECTORY"] != records[0]["pipe_dir"]
@@ -490,6 +493,10 @@ def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
         os.unlink(checked)
     after = bed.sbatch("true", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
     assert bed.wait_job(after)["JobState"] == "COMPLETED"
+    # Its own epilog runs in a worker after the job ended: wait for it, then only the holder
+    # is left (the lost job was forgotten by the prolog).
+    wait_until("the next job's epilog ran", lambda: any(
+        f"job={after} cb=job_epilog python rc=0" in line for line in bed.debug_lines()))
     assert _daemon_jobs(bed, key) == {str(holder)}
     assert not os.path.exists(os.path.join(jobs_dir, f"{lost}.json"))
     assert "DRAIN" not in bed.node_state(NODE)["State"]
