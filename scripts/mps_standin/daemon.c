@@ -97,31 +97,34 @@ static void buf_str(struct buf *b, const char *text)
     buf_add(b, text, strlen(text));
 }
 
-static __attribute__((format(printf, 2, 3))) void buf_printf(struct buf *b, const char *fmt,
-                                                              ...)
+static void buf_vprintf(struct buf *b, const char *fmt, va_list args)
 {
     char small[128];
-    va_list args;
+    va_list again;
     int len;
 
-    va_start(args, fmt);
+    va_copy(again, args);
     len = vsnprintf(small, sizeof(small), fmt, args);
-    va_end(args);
-    if (len < 0)
-        return;
-    if ((size_t)len < sizeof(small)) {
+    if (len >= 0 && (size_t)len < sizeof(small)) {
         buf_add(b, small, (size_t)len);
-        return;
-    }
-    {
+    } else if (len >= 0) {
         char *big = grow(NULL, (size_t)len + 1, 1);
 
-        va_start(args, fmt);
-        vsnprintf(big, (size_t)len + 1, fmt, args);
-        va_end(args);
+        vsnprintf(big, (size_t)len + 1, fmt, again);
         buf_add(b, big, (size_t)len);
         free(big);
     }
+    va_end(again);
+}
+
+static __attribute__((format(printf, 2, 3))) void buf_printf(struct buf *b, const char *fmt,
+                                                              ...)
+{
+    va_list args;
+
+    va_start(args, fmt);
+    buf_vprintf(b, fmt, args);
+    va_end(args);
 }
 
 /* A word of a command: bytes, not NUL-terminated (a command may hold any byte). */
@@ -533,16 +536,14 @@ static void log_line(const char *text, size_t len)
 
 static __attribute__((format(printf, 1, 2))) void log_printf(const char *fmt, ...)
 {
-    char text[512];
+    struct buf text = {0};
     va_list args;
-    int len;
 
     va_start(args, fmt);
-    len = vsnprintf(text, sizeof(text), fmt, args);
+    buf_vprintf(&text, fmt, args);
     va_end(args);
-    if (len < 0)
-        return;
-    log_line(text, (size_t)len < sizeof(text) ? (size_t)len : sizeof(text) - 1);
+    log_line(text.data ? text.data : "", text.len);
+    free(text.data);
 }
 
 /* standin-state.json, as json.dump(state) writes it, through a temporary file and rename. */
