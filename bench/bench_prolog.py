@@ -75,14 +75,19 @@ def spans_from_log(path: str) -> dict[int, dict[str, float]]:
     return spans
 
 
+# The C glue's lines about a job's detached worker: its start, and its Python's return.
+_WORKER_LINE = re.compile(r"(\d+\.\d+) .* job=(\d+) cb=job_(prolog|epilog) (detached|python rc=)")
+_TIMING_LINE = re.compile(r"(\d+\.\d+) pid=(\d+) .* job=(\d+) debug timing (.*)")
+_PYTHON_START = re.compile(r"(\d+\.\d+) pid=(\d+) .* python=start$")
+
+
 def workers_from_debug_log(lines: list[str]) -> dict[int, dict[str, float]]:
     """Per job: seconds each detached worker ran (the plugin's debug log, microseconds),
     from "cb=job_prolog detached" until its Python returned; likewise for the epilog."""
     spans: dict[int, dict[str, float]] = {}
     began: dict[tuple[int, str], float] = {}
     for line in lines:
-        match = re.match(r"(\d+\.\d+) .* job=(\d+) cb=job_(prolog|epilog) (detached|python rc=)",
-                         line)
+        match = _WORKER_LINE.match(line)
         if not match:
             continue
         ts, job, phase, what = float(match[1]), int(match[2]), match[3], match[4]
@@ -101,18 +106,16 @@ def phases_from_debug_log(lines: list[str]) -> dict[tuple[int, str], dict[str, f
     detached: dict[tuple[int, str], float] = {}
     started: dict[int, float] = {}  # pid -> its python=start
     for line in lines:
-        fields = line.split()
-        if len(fields) < 5:
-            continue
-        pid = int(fields[1].partition("=")[2] or 0)
-        match = re.match(r"(\d+\.\d+) .* job=(\d+) cb=job_(prolog|epilog) detached", line)
+        match = _WORKER_LINE.match(line)
         if match:
-            detached[(int(match[2]), match[3])] = (float(match[1]))
+            if match[4] == "detached":
+                detached[(int(match[2]), match[3])] = float(match[1])
             continue
-        if line.endswith("python=start") or " python=start" in line:
-            started[pid] = float(fields[0])
+        match = _PYTHON_START.match(line)
+        if match:
+            started[int(match[2])] = float(match[1])
             continue
-        match = re.match(r"(\d+\.\d+) pid=(\d+) .* job=(\d+) debug timing (.*)", line)
+        match = _TIMING_LINE.match(line)
         if not match:
             continue
         job = int(match[3])
