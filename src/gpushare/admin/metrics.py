@@ -235,7 +235,7 @@ def state_families(views: Sequence[DaemonView], profiles: dict[str, str],
               "changes or when not run as root",
         "jobs": "Jobs using this MPS control daemon",
         "thread_limit_ratio": "The daemon's default active thread percentage / 100: the "
-                              "sum of its jobs' shares, at most 1",
+                              "largest of its jobs' shares",
         "pinned_memory_limit_bytes": "The daemon's default pinned device memory limit on "
                                      "this device",
         "start_time_seconds": "When the MPS control daemon was started (Unix time)",

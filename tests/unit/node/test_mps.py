@@ -159,16 +159,22 @@ def test_same_user_jobs_share_one_daemon_and_its_cap_follows_their_shares(bed, u
     assert leases[2].env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24G"
     rec = record(bed, leases[0].key)
     assert sorted(rec["jobs"]) == ["1", "2", "3"]
+    # The largest share: a client that drops its own setting gets no other job's share.
     state = standin_state(leases[0])
-    assert state["default_active_thread_percentage"] == 80.0
-    assert state["default_device_pinned_mem_limit"] == {"0": "64G"}
+    assert state["default_active_thread_percentage"] == 30.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "24G"}
+    assert record(bed, leases[0].key)["caps"] == {"percent": 30, "mem": {"0": "24G"}}
+    commands = len(state["commands"])
 
-    assert mgr.release(2) == []
+    assert mgr.release(2) == []  # the largest share stays: the daemon is not asked
     assert alive(leases[0].daemon_pid)
     assert sorted(record(bed, leases[0].key)["jobs"]) == ["1", "3"]
-    assert standin_state(leases[0])["default_active_thread_percentage"] == 55.0
-    assert mgr.release(1) == []
-    assert mgr.release(3) == [leases[0].key]
+    assert len(standin_state(leases[0])["commands"]) == commands
+    assert mgr.release(3) == []  # the largest share goes: the cap comes down to 25%
+    state = standin_state(leases[0])
+    assert state["default_active_thread_percentage"] == 25.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "20G"}
+    assert mgr.release(1) == [leases[0].key]
     assert not alive(leases[0].daemon_pid)
     assert bed.entries() == []
 
@@ -189,14 +195,20 @@ def test_a_join_with_caps_later_leaves_the_stricter_caps_until_update_caps(bed, 
     assert state["default_device_pinned_mem_limit"] == {"0": "20G"}
     mgr.update_caps(first.key)
     state = standin_state(first)
-    assert state["default_active_thread_percentage"] == 55.0
-    assert state["default_device_pinned_mem_limit"] == {"0": "44G"}
-    assert record(bed, first.key)["caps"]["percent"] == 55
+    assert state["default_active_thread_percentage"] == 30.0
+    assert state["default_device_pinned_mem_limit"] == {"0": "24G"}
+    assert record(bed, first.key)["caps"]["percent"] == 30
     commands = len(state["commands"])
     mgr.update_caps(first.key)  # nothing changed: the daemon is not asked again
     assert len(standin_state(first)["commands"]) == commands
+    # A join with a share no larger than the cap changes nothing on the daemon.
+    mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=30,
+                caps_later=True)
+    mgr.update_caps(first.key)
+    assert len(standin_state(first)["commands"]) == commands
     mgr.update_caps("u1-GPU-gone")  # a daemon already gone: nothing to do, nothing raised
-    assert mgr.release(1) == [] and mgr.release(2) == [first.key]
+    assert mgr.release(1) == [] and mgr.release(2) == []
+    assert mgr.release(3) == [first.key]
     assert bed.entries() == []
 
 
@@ -222,8 +234,8 @@ def test_cap_is_applied_to_running_servers_too(bed, users):
     server_pid = started.stdout.strip()
     mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=30)
     server = standin_state(first)["servers"][server_pid]
-    assert server["active_thread_percentage"] == 50.0
-    assert server["pinned"] == {"0": "40G"}
+    assert server["active_thread_percentage"] == 30.0
+    assert server["pinned"] == {"0": "24G"}
     mgr.release(1)
     mgr.release(2)
     assert not alive(int(server_pid))
@@ -328,8 +340,8 @@ def test_a_daemon_recorded_by_the_release_before_keeps_serving_after_an_upgrade(
     after = record(bed, first.key)
     assert after["version"] == 1 and after["jobs"] == {"31": {"share_percent": 25},
                                                        "32": {"share_percent": 30}}
-    assert after["caps"] == {"percent": 55, "mem": {"0": "44G"}}
-    assert standin_state(first)["default_active_thread_percentage"] == 55.0
+    assert after["caps"] == {"percent": 30, "mem": {"0": "24G"}}
+    assert standin_state(first)["default_active_thread_percentage"] == 30.0
     assert mgr.release(31) == [] and mgr.release(32) == [first.key]
     assert not alive(first.daemon_pid) and bed.entries() == []
 
@@ -729,7 +741,7 @@ def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
     shared = views[daemon_key("shared", u1.pw_uid, 1, [GPU0])]
     assert (shared["status"], shared["user"], shared["jobs"]) == (
         "running", u1.pw_name, {"1": 25, "2": 30})
-    assert shared["cap_percent"] == 55 and shared["mem_limits"] == {"0": "44G"}
+    assert shared["cap_percent"] == 30 and shared["mem_limits"] == {"0": "24G"}
     assert (shared["devices"], shared["device_uuids"]) == ([GPU0.label], [GPU0.uuid])
     assert shared["problems"] == []
     other = views[daemon_key("shared", u2.pw_uid, 3, [GPU0])]
@@ -748,7 +760,7 @@ def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
     assert status == 1
     assert f"MPS daemons in {bed.mps_dir} (settings: {tmp_path}/plugstack.conf): 3" in out
     assert re.search(rf"{shared['key']}\s+running\s+{shared['daemon_pid']}\s+\S+\s+"
-                     rf"{u1.pw_name}\s+shared\s+.*1:25% 2:30%\s+55% 0=44G", out), out
+                     rf"{u1.pw_name}\s+shared\s+.*1:25% 2:30%\s+30% 0=24G", out), out
     assert f"{other['key']}: the daemon still counts job 3" in out
 
     # --reap stops what only the vanished job held; the dead daemon's job still runs.

@@ -32,10 +32,13 @@ def test_format_size():
     ([25], [10 * GIB], "4G", Limits(25, (("0", "4G"),))),
     ([25], [0], "4G", Limits(25, (("0", "4G"),))),
     ([25], [80 * GIB], "off", Limits(25)),
-    # A daemon of two jobs of one user: 25% + 30% = 55% of 80 GiB = 44 GiB.
-    ([25, 30], [80 * GIB], "proportional", Limits(55, (("0", "44G"),))),
-    # Shares over 100% (a user granted more than a GPU across jobs) stop at 100%.
-    ([60, 70], [80 * GIB], "proportional", Limits(100, (("0", "80G"),))),
+    # A daemon of two jobs of one user: each client is capped on its own, so the daemon
+    # caps at the larger share, 30% of 80 GiB = 24 GiB (not the 55% of both).
+    ([25, 30], [80 * GIB], "proportional", Limits(30, (("0", "24G"),))),
+    ([30, 25, 30], [80 * GIB], "proportional", Limits(30, (("0", "24G"),))),
+    # A user granted more than a GPU across jobs: no job above its own share.
+    ([60, 70], [80 * GIB], "proportional", Limits(70, (("0", "56G"),))),
+    ([100, 40], [80 * GIB], "proportional", Limits(100, (("0", "80G"),))),
     # Several devices: one limit each, numbered from 0 as the daemon numbers them.
     ([50], [80 * GIB, 10 * GIB], "proportional", Limits(50, (("0", "40G"), ("1", "5G")))),
 ])
@@ -62,10 +65,10 @@ def test_a_private_jobs_environment_carries_none():
 
 def test_a_daemon_is_told_its_caps_for_servers_to_come_and_running_ones():
     caps = limits_for("shared", [25, 30], [80 * GIB], "proportional")
-    assert default_cap_commands(caps) == ["set_default_active_thread_percentage 55",
-                                          "set_default_device_pinned_mem_limit 0 44G"]
+    assert default_cap_commands(caps) == ["set_default_active_thread_percentage 30",
+                                          "set_default_device_pinned_mem_limit 0 24G"]
     assert server_cap_commands([41, 42], caps) == [
-        "set_active_thread_percentage 41 55", "set_device_pinned_mem_limit 41 0 44G",
-        "set_active_thread_percentage 42 55", "set_device_pinned_mem_limit 42 0 44G"]
+        "set_active_thread_percentage 41 30", "set_device_pinned_mem_limit 41 0 24G",
+        "set_active_thread_percentage 42 30", "set_device_pinned_mem_limit 42 0 24G"]
     assert default_cap_commands(limits_for("private", [100])) == [
         "set_default_active_thread_percentage 100"]

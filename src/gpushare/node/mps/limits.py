@@ -3,12 +3,15 @@
 
 A client's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` can only lower its daemon's value, so a
 job's environment carries the job's share, and the daemon's default caps a client that
-unsets it. A shared daemon serves several jobs of one user with possibly different shares;
-its cap is the sum of their shares (at most 100): what the scheduler granted that user on
-that device. A private daemon serves one job over whole GPUs: its own defaults are the
-job's limits, and the job's environment carries none. The pinned device memory limit
-follows the share (plugstack ``mem_limit=``: proportional to the share, a fixed size, or
-off); a private daemon has none.
+unsets it. Both limits hold per client, not per daemon. A shared daemon serves several jobs
+of one user with possibly different shares; its cap is the largest of them: each job still
+gets its own share, and a client that drops its setting gets no more than the largest share
+its user holds on that device (a sum would hand it the other jobs' shares too). A job
+joining with a share no larger than that changes nothing on the daemon. A private daemon
+serves one job over whole GPUs: its own defaults are the job's limits, and the job's
+environment carries none. The pinned device memory limit follows the share (plugstack
+``mem_limit=``: proportional to the share, a fixed size, or off); a private daemon has
+none.
 
 Pure: no file, process or clock is looked at here.
 """
@@ -91,7 +94,7 @@ def limits_for(mode: str, shares: Sequence[int], memory: Sequence[int] = (),
     the shares of every job a daemon serves; ``memory`` is the total memory of each of the
     daemon's devices in the order it numbers them (0 where unknown); ``mem_limit`` is
     plugstack's setting."""
-    percent = min(100, sum(shares))
+    percent = min(100, max(shares, default=0))
     if mode == "private":
         return Limits(percent)
     mem = []

@@ -1,0 +1,11 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""Unit tests never reach a Slurm of the machine they run on."""
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def no_host_slurm(monkeypatch, tmp_path_factory):
+    """``squeue``/``scontrol`` find no slurm.conf: a controller that happens to run on this
+    machine (its /etc/slurm) cannot change what a unit test sees."""
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path_factory.getbasetemp() / "no-slurm.conf"))
