@@ -279,12 +279,23 @@ def test_the_workers_say_where_their_time_went(mps_bed):
         assert phases <= timing["total"] + 0.05 * len(timing), timing
         assert timing["total"] > 0
 
-    # A job joining a running daemon lets its tasks start before the daemon's caps are
-    # raised for it (a join only adds a share): its "caps" come after its "env".
+    # A job joining a running daemon with a larger share lets its tasks start before the
+    # daemon's caps are raised for it (a join never lowers them): its "caps" come after
+    # its "env", and its epilog brings the caps back down.
     holder = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "60"), "--gres=mps:25", "-w", NODE,
                         "-c1", user=U1)
-    wait_until("the holder's daemon", lambda: started_records(bed), 60)
-    joiner = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE,
+    daemon = wait_until("the holder's daemon", lambda: started_records(bed), 60)[0]
+
+    def epilog_done(job: int) -> bool:
+        return any(f" job={job} debug timing " in line and " remove=" in line
+                   for line in bed.debug_lines())
+
+    def cap_commands() -> list[str]:
+        return [c for c in standin_state(daemon)["commands"]
+                if c.startswith("set_default_active_thread_percentage")]
+
+    assert cap_commands() == ["set_default_active_thread_percentage 25"]
+    joiner = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:50", "-w", NODE,
                         "-c1", user=U1)
     assert bed.wait_job(joiner, timeout=60)["JobState"] == "COMPLETED"
     line = wait_until("the joiner's prolog timing", lambda: next(
@@ -292,6 +303,18 @@ def test_the_workers_say_where_their_time_went(mps_bed):
          if f" job={joiner} debug timing " in line and " verify=" in line), None), 60)
     order = [kv.split("=")[0] for kv in line.split(" debug timing ", 1)[1].split()]
     assert "daemon-start" not in order and order.index("env") < order.index("caps"), order
+    wait_until("the joiner's epilog", lambda: epilog_done(joiner), 60)
+    assert cap_commands() == ["set_default_active_thread_percentage 25",
+                              "set_default_active_thread_percentage 50",
+                              "set_default_active_thread_percentage 25"]
+    # A share no larger than the daemon's cap: neither its prolog nor its epilog asks the
+    # daemon anything.
+    commands = len(standin_state(daemon)["commands"])
+    small = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE,
+                       "-c1", user=U1)
+    assert bed.wait_job(small, timeout=60)["JobState"] == "COMPLETED"
+    wait_until("the small job's epilog", lambda: epilog_done(small), 60)
+    assert len(standin_state(daemon)["commands"]) == commands
     bed.run(["scancel", str(holder)])
     bed.wait_job(holder)
     assert_nothing_left(bed)
