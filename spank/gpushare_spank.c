@@ -533,11 +533,12 @@ static int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
  * when it ends). A per-job lock, <state_dir>/jobs/<id>.lock, taken before the prolog
  * returns and held by the worker until it ends, orders what follows: the job's tasks wait
  * for it in task_init_privileged, bounded, and the epilog waits for it before undoing it.
- * Epilog workers hold <state_dir>/epilogs.lock shared, and a prolog worker waits for them
- * (gpushare.node.job.wait_for_epilogs, after its GPU check, before the MPS daemon), so a
- * GPU goes to the next job's daemon only once the last one's is stopped. Slurm no
- * longer sees the worker's result, so the worker drains the node itself on a failure
- * (gpushare.node.spank_adapter) and tells the tasks why through the job's record.
+ * Epilog workers hold a barrier lock per GPU of their job shared (gs_hold_epilog_barrier),
+ * and a prolog worker waits for those of its GPUs (gpushare.node.job.wait_for_epilogs,
+ * after its GPU check, before the MPS daemon), so a GPU goes to the next job's daemon only
+ * once the last one's is stopped. Slurm no longer sees the worker's result, so the worker
+ * drains the node itself on a failure (gpushare.node.spank_adapter) and tells the tasks
+ * why through the job's record.
  */
 
 /* The longest a task or an epilog waits for a worker: its commands are each bounded by
@@ -654,9 +655,50 @@ static int gs_flock_until(int fd, int operation, double deadline)
     return 0;
 }
 
-static void gs_epilogs_lock_path(char *path, size_t size)
+/*
+ * The epilog barrier a prolog worker waits at (gpushare.node.job.wait_for_epilogs names the
+ * same files): an epilog worker holds <state_dir>/epilogs.gpu<index>.lock shared for each
+ * of its job's GPUs (Slurm's indices, SLURM_JOB_GPUS), or <state_dir>/epilogs.lock when it
+ * cannot tell them, from before the epilog returns to Slurm until the worker ends. A
+ * prolog worker then waits only for the epilogs of its own GPUs, not for every job that
+ * ends on the node at the same time.
+ */
+#define GS_EPILOG_LOCKS_MAX 64
+
+static int gs_hold_epilog_barrier(int *fds, int max)
 {
-    snprintf(path, size, "%s/epilogs.lock", gs_state_dir);
+    char path[PATH_MAX + 64], gpus[1024];
+    const char *value = getenv("SLURM_JOB_GPUS");
+    int count = 0;
+    char *token, *save = NULL, *end;
+    long index;
+
+    if (value && *value && strlen(value) < sizeof(gpus)) {
+        strcpy(gpus, value);
+        for (token = strtok_r(gpus, ",", &save); token; token = strtok_r(NULL, ",", &save)) {
+            errno = 0;
+            index = strtol(token, &end, 10);
+            if (errno || *end || end == token || index < 0 || index > 99999 || count == max)
+                break;
+            snprintf(path, sizeof(path), "%s/epilogs.gpu%ld.lock", gs_state_dir, index);
+            if ((fds[count] = gs_open_lock(path, 1)) < 0)
+                break;
+            (void)flock(fds[count++], LOCK_SH); /* prologs hold them only for an instant */
+        }
+        if (!token)
+            return count;
+        while (count > 0)
+            close(fds[--count]);
+    }
+    /* No GPUs, or not a plain list of indices: the node-wide barrier. */
+    snprintf(path, sizeof(path), "%s/epilogs.lock", gs_state_dir);
+    if ((fds[0] = gs_open_lock(path, 1)) < 0) {
+        slurm_error("gpushare: job epilog: cannot open %s: %m; running the epilog in place",
+                    path);
+        return -1;
+    }
+    (void)flock(fds[0], LOCK_SH);
+    return 1;
 }
 
 /* A prolog worker that failed before its Python could say so: the tasks fail with
@@ -863,8 +905,8 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 
 GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
-    char lock[PATH_MAX + 32], epilogs[PATH_MAX + 32], jobs[PATH_MAX];
-    int fd = -1, epilogs_fd, rc;
+    char lock[PATH_MAX + 32], jobs[PATH_MAX];
+    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc;
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
@@ -887,15 +929,13 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
         return 0;
     }
-    gs_epilogs_lock_path(epilogs, sizeof(epilogs));
-    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 || (epilogs_fd = gs_open_lock(epilogs, 1)) < 0) {
-        slurm_error("gpushare: job epilog: cannot open %s: %m; running the epilog in place",
-                    epilogs);
+    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 ||
+        (held = gs_hold_epilog_barrier(barrier, GS_EPILOG_LOCKS_MAX)) < 0) {
         rc = gs_in_place("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
     } else {
-        (void)flock(epilogs_fd, LOCK_SH); /* prologs hold it only for an instant */
         rc = gs_call_detached("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
-        close(epilogs_fd);
+        while (held > 0)
+            close(barrier[--held]);
     }
     if (fd >= 0)
         close(fd);

@@ -5,6 +5,7 @@ fault of the control program ending in a defined outcome."""
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -688,6 +689,42 @@ def test_an_epilog_waits_for_its_prologs_worker(mps_bed):
     assert any("stopped MPS control daemon" in line for line in lines), lines
     assert_nothing_left(bed)
     assert "DRAIN" not in bed.node_state(FAULT_NODE)["State"]
+
+
+def barrier_held(path: str) -> bool:
+    """Whether an epilog worker holds this barrier lock (asked without waiting)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_an_epilog_holds_the_barrier_of_its_own_gpus_only(mps_bed):
+    """slurmd's epilog hands the C glue the job's GPUs (SLURM_JOB_GPUS): its worker holds
+    their barrier locks, which a prolog on those GPUs waits for, and no other."""
+    bed = mps_bed
+    job_id = bed.sbatch("sleep 3", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
+    wait_until("daemon", lambda: started_records(bed), 60)
+    state = bed.state_of(FAULT_NODE)
+    with open(os.path.join(state, "jobs", f"{job_id}.json")) as handle:
+        gpus = json.load(handle)["slurm_gpus"]
+    assert len(gpus) == 1 and gpus[0].isdigit(), gpus
+    set_fault(bed, "ignore_quit")  # the epilog's worker now takes timeout= to stop it
+    assert bed.wait_job(job_id)["JobState"] == "COMPLETED"
+    own = os.path.join(state, f"epilogs.gpu{gpus[0]}.lock")
+    wait_until("the epilog's worker holding its GPU's barrier", lambda: barrier_held(own), 30)
+    others = [os.path.join(state, name) for name in os.listdir(state)
+              if name.startswith("epilogs.") and name != os.path.basename(own)]
+    assert not [path for path in others if barrier_held(path)], others
+    assert_nothing_left(bed)
+    assert not barrier_held(own)
 
 
 @pytest.mark.parametrize("fault", ["ignore_quit", "ignore_term"])

@@ -244,7 +244,7 @@ def prolog(config: PluginConfig, request: JobRequest,
     # the tasks' environment only once the daemon answers.
     store.write(record, tasks=False)
     phases.done("record")
-    wait_for_epilogs(config)
+    wait_for_epilogs(config, record.slurm_gpus)
     phases.done("epilogs")
     manager = MpsManager(config)
     try:
@@ -288,7 +288,10 @@ def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: 
     store.write(record)
 
 
-EPILOGS_LOCK = "epilogs.lock"  # held shared by every epilog worker (the C glue takes it)
+# The epilog barrier (the C glue's gs_hold_epilog_barrier): each epilog worker holds one
+# lock per GPU of its job shared, by Slurm's index, or the node's when it cannot tell them.
+EPILOGS_LOCK = "epilogs.lock"
+GPU_EPILOGS_LOCK = "epilogs.gpu{}.lock"
 
 
 def epilog_wait_limit(config: PluginConfig) -> float:
@@ -297,29 +300,34 @@ def epilog_wait_limit(config: PluginConfig) -> float:
     return 4 * config.timeout + 5
 
 
-def wait_for_epilogs(config: PluginConfig) -> None:
-    """Wait until the epilogs that began before this prolog have finished, so that a GPU's
-    daemon of the job before is stopped before this job's starts. The epilog workers hold
-    ``epilogs.lock`` shared from before their epilog returned to Slurm."""
-    try:
-        fd = os.open(os.path.join(config.state_dir, EPILOGS_LOCK),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        deadline = time.monotonic() + epilog_wait_limit(config)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    log.error("an earlier job's epilog on this node still runs after %g s; "
-                              "setting up this job anyway", epilog_wait_limit(config))
-                    return
-                time.sleep(0.001)
-    finally:
-        os.close(fd)  # releases the lock at once
+def wait_for_epilogs(config: PluginConfig, gpus: "Sequence[str]" = ()) -> None:
+    """Wait until the epilogs that began before this prolog on the job's GPUs (Slurm's
+    indices) have finished, so that a GPU's daemon of the job before is stopped before this
+    job's starts. Epilog workers hold their GPUs' barrier locks shared from before their
+    epilog returned to Slurm; epilogs of other GPUs are not waited for."""
+    names = [EPILOGS_LOCK] + [GPU_EPILOGS_LOCK.format(int(gpu)) for gpu in gpus
+                              if gpu.isdigit()]
+    deadline = time.monotonic() + epilog_wait_limit(config)
+    for name in names:
+        try:
+            fd = os.open(os.path.join(config.state_dir, name),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        log.error("an earlier job's epilog on this node still runs after "
+                                  "%g s; setting up this job anyway",
+                                  epilog_wait_limit(config))
+                        return
+                    time.sleep(0.001)
+        finally:
+            os.close(fd)  # releases the lock at once
 
 
 def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[MpsDevice]:

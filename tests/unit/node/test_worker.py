@@ -144,6 +144,24 @@ def test_a_prolog_waits_for_the_epilogs_before_it(tmp_path):
     os.close(fd)
 
 
+def test_a_prolog_waits_only_for_the_epilogs_of_its_own_gpus(tmp_path):
+    config = PluginConfig(state_dir=str(tmp_path))
+    other = hold_shared(os.path.join(str(tmp_path), job.GPU_EPILOGS_LOCK.format(1)), 5)
+    same = hold_shared(os.path.join(str(tmp_path), job.GPU_EPILOGS_LOCK.format(0)), 0.5)
+    try:
+        start = time.monotonic()
+        job.wait_for_epilogs(config, ["0"])
+        assert same.poll() is not None, "returned while GPU 0's epilog still held its lock"
+        assert time.monotonic() - start > 0.1
+        assert other.poll() is None  # GPU 1's epilog still runs: nothing waited for it
+        start = time.monotonic()
+        job.wait_for_epilogs(config, ["0", "2"])
+        assert time.monotonic() - start < 1
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_hung_epilog_is_waited_for_only_so_long(tmp_path, monkeypatch):
     monkeypatch.setattr(job, "epilog_wait_limit", lambda config: 0.2)
     lines = []
