@@ -438,8 +438,9 @@ def _check_due(state_dir: str) -> bool:
 
 def _alive(store: JobStore, lost: "Collection[int]" = ()) -> Callable[[int], bool]:
     """Whether a job still runs here: its record outlives its epilog, unless slurmctld says
-    the job is gone (``lost``)."""
-    return lambda job_id: job_id not in lost and store.read(job_id) is not None
+    the job is gone (``lost``). Only the record's presence is asked: each prolog asks it
+    for every job on the node."""
+    return lambda job_id: job_id not in lost and store.exists(job_id)
 
 
 def _forget(store: JobStore, lost: "Iterable[int]") -> None:

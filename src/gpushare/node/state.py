@@ -183,6 +183,10 @@ class JobStore:
             os.close(fd)
         return JobRecord.from_dict(data)
 
+    def exists(self, job_id: int) -> bool:
+        """Whether the job has a record (not read: the directory is root's alone)."""
+        return os.path.lexists(self.path(job_id))
+
     def remove(self, job_id: int) -> bool:
         """Remove the record; False when there was none (epilog twice, no prolog)."""
         with contextlib.suppress(FileNotFoundError):

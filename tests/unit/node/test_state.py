@@ -29,9 +29,10 @@ def test_write_read_remove_round_trip(tmp_path):
     assert lines == ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_VISIBLE_DEVICES=0",
                      "#show=gpushare: job 42: 25%"]
     assert store.job_ids() == [42]
+    assert store.exists(42) and not store.exists(43)
     assert store.remove(42) is True
     assert store.remove(42) is False  # epilog twice
-    assert store.read(42) is None
+    assert store.read(42) is None and not store.exists(42)
     assert not os.path.exists(store.path(42, ".env"))
 
 
