@@ -153,8 +153,17 @@ def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[s
     return job, ignored
 
 
+def _client_share_ok(text: str) -> bool:
+    """Whether the plugin's option callback accepts ``--gpu-share=text``: strtol's syntax
+    (leading white space, a sign, decimal digits, nothing after them), 1 to 100."""
+    if re.fullmatch(r"[ \t\n\v\f\r]*[+-]?[0-9]+", text) is None:
+        return False
+    return 1 <= int(text) <= 100
+
+
 def client_refusal(flags: list[str], facts: Facts | None = None) -> str | None:
-    """Slurm's own answer when sbatch/srun refuse the --gres before sending the job, or None.
+    """Slurm's own answer when sbatch/srun refuse the --gres before sending the job, or None;
+    also gpushare's, when the plugin's option callback in the client refuses --gpu-share.
 
     Measured on Slurm 22.05: the clients refuse a --gres item they cannot parse (``gpu:::``,
     ``gpu:h100:-1``, ``:1``) and a --gres asking for gpu and mps together
@@ -165,6 +174,10 @@ def client_refusal(flags: list[str], facts: Facts | None = None) -> str | None:
     which reaches the hooks; gpu with mps is still refused by the clients.
     """
     args, _ = _flag_parser().parse_known_args(flags)
+    if args.gpu_share is not None and not _client_share_ok(args.gpu_share):
+        # The SPANK plugin's option callback in sbatch/srun (gs_parse_share) refuses it.
+        return (f"error: gpushare: --gpu-share={args.gpu_share} is invalid: give a whole "
+                "percent of one GPU from 1 to 100, e.g. --gpu-share=25")
     items = []
     for gres in args.gres:
         for part in gres.split(","):

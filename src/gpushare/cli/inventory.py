@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "/dev/nvidia-caps files, NVLink state, NVLink fabric (cluster UUID, clique) and the "
         "processes using each device. Exit status 1 with a message when NVML cannot be read.",
         epilog="Examples:\n  gpushare inventory\n  gpushare inventory --json\n"
-        "  gpushare inventory --source sim:/usr/share/gpushare/profiles/a100-mig-mixed.json",
+        "  gpushare inventory --source sim:/tmp/nodes/a100-01.json   "
+        "# from gpushare simulate --output-dir /tmp/nodes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", action="store_true",

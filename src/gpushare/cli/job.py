@@ -127,8 +127,8 @@ def probe_daemon(view: JobView, program: str, timeout: float) -> DaemonProbe:
 
 def _probe_line(probe: DaemonProbe) -> str:
     if probe.status == "answers":
-        running = ", ".join(map(str, probe.servers)) or "none yet (one starts with the first "
-        "CUDA client)"
+        running = (", ".join(map(str, probe.servers))
+                   or "none yet (one starts with the first CUDA client)")
         return f"answers; MPS servers: {running}"
     if probe.status == "not-asked":
         return probe.detail

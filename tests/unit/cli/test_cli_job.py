@@ -52,6 +52,12 @@ def test_private_job_is_recognised_by_its_daemon_key():
     assert "MPS servers: 99" in text
 
 
+def test_daemon_without_servers_is_said_in_full():
+    text = format_view(job_view(SHARED_ENV), DaemonProbe("answers", []))
+    assert text.splitlines()[-1].endswith(
+        "answers; MPS servers: none yet (one starts with the first CUDA client)")
+
+
 def test_plain_gpu_job_has_no_mps():
     view = job_view({"SLURM_JOB_ID": "8", "GPU_DEVICE_ORDINAL": "2",
                      "CUDA_VISIBLE_DEVICES": "2"})

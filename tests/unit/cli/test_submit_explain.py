@@ -85,6 +85,25 @@ def test_requests_the_clients_refuse_get_slurms_answer(capsys, gres):
         "error: Invalid generic resource (gres) specification")
 
 
+@pytest.mark.parametrize("share", ["0", "101", "abc", "25%", "2_5", ""])
+def test_a_share_the_clients_refuse_gets_the_plugins_answer(capsys, share):
+    """sbatch/srun's gpushare plugin refuses these itself (the job is never submitted):
+    explain shows that message, not the hooks' rejection at submit."""
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", f"--gpu-share={share}"]) == 1
+    out = capsys.readouterr().out
+    assert (f"the user sees: sbatch: error: gpushare: --gpu-share={share} is invalid: give a "
+            "whole percent of one GPU from 1 to 100, e.g. --gpu-share=25") in out
+    assert "rejected at submit" not in out
+
+
+@pytest.mark.parametrize("share", ["1", "100", "+25", " 25"])
+def test_a_share_the_clients_accept_reaches_the_hooks(capsys, share):
+    path = facts_path("h100-2205")
+    main(["explain", "--facts", path, "--json", "--", f"--gpu-share={share}"])
+    assert json.loads(capsys.readouterr().out)["client_refusal"] is None
+
+
 def test_a_type_starting_with_a_digit_reaches_the_hooks(capsys):
     path = facts_path("h100-2205")
     assert main(["explain", "--facts", path, "--", "--gres=gpu:1g.10gb"]) == 1
