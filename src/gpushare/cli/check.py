@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare the node's real gres.conf, its GPUs (NVML or a simulated profile) "
         "and the ownership plan; print each finding with where it is and how to fix it. Exit "
         "status: 0 all well, 1 warnings, 2 errors. As slurm.conf's HealthCheckProgram, "
-        "--drain drains the node with a readable reason when there is an error.",
+        "--drain drains the node with a readable reason when there is an error. Run as root "
+        "on a node whose plugstack line names the same plan=, it also compiles the plan for "
+        "the plugin's prologs (<state_dir>/owners-<node>.json).",
         epilog="examples:\n"
         "  gpushare check --plan /etc/gpushare/plan.yaml\n"
         "  gpushare check --plan plan.yaml --source sim:/path/node.json --json\n"
@@ -105,7 +107,31 @@ def _run(args: argparse.Namespace) -> int:
                                           args.source, "see the message; nvidia-smi should "
                                           "work on the node"))
     findings.extend(check.check_node(plan, node, gres, inventory, args.device_root))
+    _compile_for_prologs(args.plan, node)
     return _report(args, node, findings, args.source)
+
+
+def _compile_for_prologs(plan_path: str, node: str) -> None:
+    """Compile the plan for this node's prologs now, when run as root and the plugin's line
+    names the same plan: slurmd runs HealthCheckProgram when it starts, so the node's first
+    shared job reads the compiled file instead of parsing the plan. Anything in the way is
+    left to that prolog, which reports it."""
+    import contextlib
+    import os
+
+    from gpushare.node.config import ConfigError
+    from gpushare.node.ownership import OwnersError, node_owners
+
+    if os.geteuid() != 0:
+        return
+    try:
+        config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
+    except ConfigError:
+        return
+    if not config.plan or os.path.realpath(config.plan) != os.path.realpath(plan_path):
+        return
+    with contextlib.suppress(OwnersError):
+        node_owners(config.plan, node, config.state_dir)
 
 
 def _report(args: argparse.Namespace, node: str, findings: list[Any], source: str) -> int:
