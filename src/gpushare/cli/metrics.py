@@ -61,6 +61,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     try:
         metrics.write_textfile(args.textfile, text)
-    except (OSError, ValueError) as err:
+    except FileNotFoundError:
+        return fail("metrics", f"cannot write {args.textfile}: its directory "
+                    f"{os.path.dirname(os.path.normpath(args.textfile))} does not exist; "
+                    "create it (node_exporter's --collector.textfile.directory)")
+    except OSError as err:
+        return fail("metrics", f"cannot write {args.textfile}: {err.strerror or err}")
+    except ValueError as err:
         return fail("metrics", f"cannot write {args.textfile}: {err}")
     return 0

@@ -398,7 +398,8 @@ def test_cli_prints_and_writes_the_textfile(busy_node, tmp_path, capsys):
     assert value(written, "gpushare_prologs_total", result="refused") == 3
     assert cli_main(["metrics", "--plugstack", str(plugstack),
                      "--textfile", str(tmp_path / "nowhere" / "gpushare.prom")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    assert (f"cannot write {tmp_path}/nowhere/gpushare.prom: its directory {tmp_path}/nowhere "
+            "does not exist; create it") in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ dashboard
