@@ -19,7 +19,7 @@ from gpushare.node.config import (
     PluginConfig,
     beside_slurm_conf,
     parse_plugin_args,
-    plugstack_args,
+    plugstack_line,
 )
 
 __all__ = ["add_arguments", "load", "this_node"]
@@ -46,18 +46,20 @@ def load(args: argparse.Namespace) -> tuple[PluginConfig, str]:
     ConfigError names the file and what is wrong with it.
     """
     path = args.plugstack or beside_slurm_conf(os.environ, "plugstack.conf")
-    words: Optional[list[str]] = None
+    found: Optional[tuple[str, list[str]]] = None
     if args.plugstack or os.path.exists(path):
-        words = plugstack_args(path)
-        if words is None and args.plugstack:
+        found = plugstack_line(path)
+        if found is None and args.plugstack:
             raise ConfigError(f"{path} has no line loading {PLUGIN_LIBRARY}")
-    source = path if words is not None else "the plugin's defaults"
+    # Where the line is: plugstack.conf, or a file it includes (the RPM's drop-in).
+    source, words = found if found is not None else ("the plugin's defaults", None)
+    where = found[0] if found is not None else path
     try:
         config = parse_plugin_args(words or []).for_node(args.node or this_node())
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{where}: {err}") from None
     except ValueError as err:
-        raise ConfigError(f"{path}: {err}; give the node with --node") from None
+        raise ConfigError(f"{where}: {err}; give the node with --node") from None
     if getattr(args, "state_dir", None):
         config = config._replace(state_dir=os.path.normpath(os.path.abspath(args.state_dir)))
         source += "; state_dir from --state-dir"

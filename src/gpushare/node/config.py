@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional
 from gpushare.common import units
 
 __all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "beside_slurm_conf",
-           "expand_path", "parse_plugin_args", "plugin_arg_values", "plugstack_args"]
+           "expand_path", "parse_plugin_args", "plugin_arg_values", "plugstack_args",
+           "plugstack_line"]
 
 PLUGIN_LIBRARY = "spank_gpushare.so"
 
@@ -235,12 +236,20 @@ def beside_slurm_conf(env: Mapping[str, str], name: str) -> str:
     return os.path.join(os.path.dirname(slurm_conf), name)
 
 
-def plugstack_args(path: str, _depth: int = 0) -> Optional[list[str]]:
-    """The arguments of the line that loads gpushare in plugstack.conf; None without one.
+def plugstack_args(path: str) -> Optional[list[str]]:
+    """The arguments of the line that loads gpushare in plugstack.conf; None without one
+    (``plugstack_line``)."""
+    found = plugstack_line(path)
+    return None if found is None else found[1]
+
+
+def plugstack_line(path: str, _depth: int = 0) -> Optional[tuple[str, list[str]]]:
+    """The file holding the line that loads gpushare in plugstack.conf, and the line's
+    arguments; None without one.
 
     Follows ``include`` lines (glob patterns, relative to the including file) as Slurm
-    does, so node tools use the plugin's own settings. Raises ConfigError when a file
-    cannot be read.
+    does, so node tools use the plugin's own settings and can say where they are. Raises
+    ConfigError when a file cannot be read.
     """
     import glob
 
@@ -256,10 +265,10 @@ def plugstack_args(path: str, _depth: int = 0) -> Optional[list[str]]:
         if len(words) >= 2 and words[0] == "include":
             pattern = os.path.join(os.path.dirname(path), " ".join(words[1:]))
             for included in sorted(glob.glob(pattern)):
-                found = plugstack_args(included, _depth + 1)
+                found = plugstack_line(included, _depth + 1)
                 if found is not None:
                     return found
         elif (len(words) >= 2 and words[0] in ("required", "optional")
               and os.path.basename(words[1]) == PLUGIN_LIBRARY):
-            return words[2:]
+            return path, words[2:]
     return None

@@ -11,6 +11,7 @@ from gpushare.node.config import (
     parse_plugin_args,
     parse_size,
     plugstack_args,
+    plugstack_line,
 )
 
 
@@ -89,6 +90,8 @@ def test_plugstack_args_follow_includes_relative_to_the_including_file(tmp_path)
         "optional /usr/lib64/slurm/spank_gpushare.so verify=warn\n")
     (tmp_path / "plugstack.conf").write_text("include plugstack.conf.d/*.conf\n")
     assert plugstack_args(str(tmp_path / "plugstack.conf")) == ["verify=warn"]
+    assert plugstack_line(str(tmp_path / "plugstack.conf")) == (
+        str(tmp_path / "plugstack.conf.d" / "20-gpushare.conf"), ["verify=warn"])
 
 
 def test_plugstack_without_gpushare_unreadable_or_looping(tmp_path):
