@@ -629,10 +629,12 @@ local function normalise_type(field, item, facts)
                 .. "types (" .. listing(owners) .. ")",
                 "name one of them, e.g. --gres=gpu:" .. owners[1] .. ":1")
       end
-      local ex = example(field, "gpu", nil, item.count)
-      if #facts.mig_types > 0 then
-         ex = example(field, "gpu", nearest(profile, facts.mig_types), item.count)
+      if #facts.mig_types == 0 then
+         reject(flag, "asks for MIG profile " .. profile .. ", but Slurm has no MIG slices "
+                .. "here", "ask for whole GPUs instead, e.g. "
+                .. example(field, "gpu", nil, item.count))
       end
+      local ex = example(field, "gpu", nearest(profile, facts.mig_types), item.count)
       reject(flag, "asks for MIG profile " .. profile .. ", which Slurm does not own here "
              .. "(Slurm owns: " .. listing(facts.mig_types) .. ")",
              "ask for one of those, e.g. " .. ex)

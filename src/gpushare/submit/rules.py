@@ -189,8 +189,11 @@ def _normalise_type(field_name: str, item: GresItem, facts: Facts) -> str:
             raise _reject(flag, f"names MIG profile {profile}, which Slurm has here as "
                           f"several types ({_listing(owners)})",
                           f"name one of them, e.g. --gres=gpu:{owners[0]}:1")
-        example = (_example(field_name, "gpu", _nearest(profile, facts.mig_types), item.count)
-                   if facts.mig_types else _example(field_name, "gpu", None, item.count))
+        if not facts.mig_types:
+            raise _reject(flag, f"asks for MIG profile {profile}, but Slurm has no MIG slices "
+                          "here", "ask for whole GPUs instead, e.g. "
+                          + _example(field_name, "gpu", None, item.count))
+        example = _example(field_name, "gpu", _nearest(profile, facts.mig_types), item.count)
         raise _reject(flag, f"asks for MIG profile {profile}, which Slurm does not own here "
                       f"(Slurm owns: {_listing(facts.mig_types)})",
                       f"ask for one of those, e.g. {example}")
