@@ -755,14 +755,14 @@ local function check(job, facts)
                local shown = res.gres_item
                local head5 = string.sub(shown, 1, 5)
                if head5 == "gres:" or head5 == "gres/" then shown = string.sub(shown, 6) end
-               local colon = string.find(shown, ":", 1, true)
-               if res.count_missing and colon and string.sub(shown, 1, colon - 1) == "mps" then
-                  -- mps has no types: "mps:25x" is a mistyped count, never a type.
-                  reject(f[2] .. ' item "' .. shown .. '"', "is not a whole number of mps "
-                         .. "units", "write the share's units alone, e.g. "
-                         .. example(f[1], "mps", nil, 25))
-               end
                if res.count_missing then
+                  local colon = string.find(shown, ":", 1, true)
+                  if string.sub(shown, 1, colon - 1) == "mps" then
+                     -- mps has no types: "mps:25x" is a mistyped count, never a type.
+                     reject(f[2] .. ' item "' .. shown .. '"', "is not a whole number of mps "
+                            .. "units", "write the share's units alone, e.g. "
+                            .. example(f[1], "mps", nil, 25))
+                  end
                   reject(f[2] .. ' item "' .. shown .. '"', "has no count, and Slurm reads a "
                          .. "type that starts with a digit as a count",
                          "write the count after it, e.g. "

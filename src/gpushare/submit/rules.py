@@ -319,13 +319,14 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
             fields[field_name] = parse_field(str(value))
         except GresError as err:
             shown = err.item[5:] if err.item.startswith(("gres:", "gres/")) else err.item
-            if err.count_missing and shown.partition(":")[0] == "mps":
-                # mps has no types: "mps:25x" is a mistyped count, never a type.
-                raise _reject(f'{flag} item "{shown}"', "is not a whole number of mps units",
-                              "write the share's units alone, e.g. "
-                              + _example(field_name, "mps", None, 25)) from None
             if err.count_missing:
                 name, _, type_ = shown.partition(":")
+                if name == "mps":
+                    # mps has no types: "mps:25x" is a mistyped count, never a type.
+                    raise _reject(f'{flag} item "{shown}"',
+                                  "is not a whole number of mps units",
+                                  "write the share's units alone, e.g. "
+                                  + _example(field_name, "mps", None, 25)) from None
                 raise _reject(f'{flag} item "{shown}"', "has no count, and Slurm reads a type "
                               "that starts with a digit as a count",
                               "write the count after it, e.g. "
