@@ -840,6 +840,204 @@ static int gs_job_options_used(spank_t sp)
     return gs_getopt(sp, "gpu-share") != NULL || gs_getopt(sp, "gpu-mps") != NULL;
 }
 
+/* ---- the epilog's fast leave: a reference dropped without an interpreter ---------- */
+
+/*
+ * A daemon's caps are the largest share among its jobs (gpushare.node.mps.limits), and each
+ * job referencing it is a file <state_dir>/mps/<key>.jobs/<job id> holding its share
+ * (gpushare.node.mps.record). A job that leaves other jobs on its daemon, one of them with a
+ * share at least its own, changes neither the daemon nor its caps: its epilog only has to
+ * unlink that file, under the daemon's lock (<key>.lock, as gpushare.node.mps.lock takes
+ * it), and the job's own files. That is done here, so the epilog of most jobs on a shared
+ * GPU starts no interpreter. Anything else (the daemon's last job, the largest share
+ * leaving, a job in no daemon or in several, a record from an earlier release, a lock
+ * held past timeout=, any file not as gpushare writes it) is left to the Python worker.
+ */
+#define GS_KEY_MAX 256
+
+static int gs_root_dir_fd(int fd)
+{
+    struct stat st;
+
+    return fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
+           !(st.st_mode & 022) ? 0 : -1;
+}
+
+/* A share file's percent (1-100), or -1 for anything gpushare does not write. */
+static int gs_read_share(int dir_fd, const char *name)
+{
+    char text[16];
+    struct stat st;
+    ssize_t len;
+    char *end;
+    long share;
+    int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+
+    if (fd < 0)
+        return -1;
+    len = (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
+              ? read(fd, text, sizeof(text) - 1) : -1;
+    close(fd);
+    if (len <= 0)
+        return -1;
+    text[len] = '\0';
+    errno = 0;
+    share = strtol(text, &end, 10);
+    if (errno || end == text || (*end && strcmp(end, "\n") != 0) || share < 1 || share > 100)
+        return -1;
+    return (int)share;
+}
+
+/* The one daemon whose <key>.jobs/ holds the job (its key in key[]); -1 for none or several. */
+static int gs_daemon_of_job(int mps_fd, const char *job, char *key)
+{
+    char ref[GS_KEY_MAX + 32];
+    struct dirent *entry;
+    struct stat st;
+    int found = 0, fd = dup(mps_fd);
+    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    size_t len;
+
+    if (!dir) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    while ((entry = readdir(dir))) {
+        len = strlen(entry->d_name);
+        if (entry->d_name[0] == '.' || len <= 5 || len - 5 >= GS_KEY_MAX ||
+            strcmp(entry->d_name + len - 5, ".jobs") != 0)
+            continue;
+        snprintf(ref, sizeof(ref), "%s/%s", entry->d_name, job);
+        if (fstatat(mps_fd, ref, &st, AT_SYMLINK_NOFOLLOW) == 0 && found++ == 0)
+            snprintf(key, GS_KEY_MAX, "%.*s", (int)(len - 5), entry->d_name);
+    }
+    closedir(dir);
+    return found == 1 ? 0 : -1;
+}
+
+/* Under the daemon's lock: unlink the job's reference when others stay with a share at
+ * least its own. Returns the job's share when done, 0 (and *why) when the worker must. */
+static int gs_drop_reference(int mps_fd, const char *key, const char *job, const char **why)
+{
+    char name[GS_KEY_MAX + 16];
+    struct dirent *entry;
+    struct stat st;
+    int own, share, others = 0, largest = 0, fd, jobs_fd;
+    DIR *dir;
+
+    *why = "no-record";
+    snprintf(name, sizeof(name), "%s.json", key);
+    if (fstatat(mps_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        return 0;
+    *why = "jobs-unreadable";
+    snprintf(name, sizeof(name), "%s.jobs", key);
+    jobs_fd = openat(mps_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (jobs_fd < 0)
+        return 0;
+    if (gs_root_dir_fd(jobs_fd) < 0 || (own = gs_read_share(jobs_fd, job)) < 0) {
+        close(jobs_fd);
+        return 0;
+    }
+    fd = dup(jobs_fd);
+    dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir) {
+        if (fd >= 0)
+            close(fd);
+        close(jobs_fd);
+        return 0;
+    }
+    while ((entry = readdir(dir))) {
+        if (entry->d_name[0] == '.' || strcmp(entry->d_name, job) == 0)
+            continue; /* ".", "..", a temporary file of a write in progress, this job */
+        if (strspn(entry->d_name, "0123456789") != strlen(entry->d_name) ||
+            (share = gs_read_share(jobs_fd, entry->d_name)) < 0) {
+            others = 0; /* not as gpushare writes it: the worker says what is wrong */
+            break;
+        }
+        others++;
+        if (share > largest)
+            largest = share;
+    }
+    closedir(dir);
+    *why = others == 0 ? "last-job" : largest < own ? "largest-share" : "unlink-failed";
+    if (others == 0 || largest < own || unlinkat(jobs_fd, job, 0) < 0)
+        own = 0;
+    close(jobs_fd);
+    return own;
+}
+
+/* An epilog done here is counted as the Python callbacks are (gpushare.node.counters folds
+ * counters.fast into counters.json under the same lock): one line of microseconds. */
+static void gs_count_fast_epilog(double seconds)
+{
+    char path[PATH_MAX + 32], line[32];
+    int lock_fd, fd, len;
+    struct stat st;
+
+    snprintf(path, sizeof(path), "%s/counters.json", gs_state_dir);
+    lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (lock_fd < 0)
+        return;
+    if (fstat(lock_fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+        gs_flock_until(lock_fd, LOCK_EX, gs_now() + 1.0) == 0) {
+        snprintf(path, sizeof(path), "%s/counters.fast", gs_state_dir);
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            len = snprintf(line, sizeof(line), "%ld\n", (long)(seconds * 1e6));
+            if (write(fd, line, len) != len) {
+                /* a count is best effort, as in Python */
+            }
+            close(fd);
+        }
+    }
+    close(lock_fd);
+}
+
+/* 1 when the job left its daemon here (its files gone too), 0 when the worker must run. */
+static int gs_fast_leave(spank_t sp)
+{
+    char path[PATH_MAX + 32], key[GS_KEY_MAX], job[16];
+    uint32_t job_id = 0;
+    double started = gs_now();
+    int mps_fd, lock_fd, share = 0;
+    struct stat held, named;
+    const char *why = "lock";
+
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+        return 0;
+    snprintf(job, sizeof(job), "%u", job_id);
+    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
+    mps_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (mps_fd < 0 || gs_root_dir_fd(mps_fd) < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
+        if (mps_fd >= 0)
+            close(mps_fd);
+        gs_debug(sp, "cb=job_epilog fast=no reason=no-single-daemon");
+        return 0;
+    }
+    snprintf(path, sizeof(path), "%s.lock", key);
+    lock_fd = openat(mps_fd, path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lock_fd >= 0 && fstat(lock_fd, &held) == 0 && S_ISREG(held.st_mode) &&
+        held.st_uid == geteuid() && gs_flock_until(lock_fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
+        fstatat(mps_fd, path, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
+        share = gs_drop_reference(mps_fd, key, job, &why);
+    if (lock_fd >= 0)
+        close(lock_fd);
+    close(mps_fd);
+    if (!share) {
+        gs_debug(sp, "cb=job_epilog fast=no reason=%s daemon=%s", why, key);
+        return 0;
+    }
+    /* As gpushare.node.state.JobStore.remove: the tasks' file, then the record. */
+    if (gs_job_file(sp, ".env", path, sizeof(path)) == 0)
+        (void)unlink(path);
+    if (gs_job_file(sp, ".json", path, sizeof(path)) == 0)
+        (void)unlink(path);
+    gs_count_fast_epilog(gs_now() - started);
+    gs_debug(sp, "cb=job_epilog python=skip reason=left-daemon daemon=%s share=%d", key, share);
+    return 1;
+}
+
 /* ---- SPANK entry points ----------------------------------------------------------- */
 
 GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -927,6 +1125,13 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
             close(fd);
         }
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
+        return 0;
+    }
+    if (gs_jobs_dir(jobs, sizeof(jobs)) == 0 && gs_fast_leave(sp)) {
+        if (fd >= 0) {
+            gs_finish("job_epilog", sp, lock);
+            close(fd);
+        }
         return 0;
     }
     if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 ||

@@ -50,14 +50,31 @@ def mps_entries(bed) -> list[str]:
                   for path in mps_dirs(bed) for entry in os.listdir(path))
 
 
+def daemon_jobs(record_path: str) -> dict[str, dict]:
+    """The jobs referencing a daemon: the files of ``<key>.jobs/`` beside its record, each
+    holding the job's share."""
+    jobs = {}
+    jobs_dir = record_path[:-len(".json")] + ".jobs"
+    for name in sorted(os.listdir(jobs_dir)) if os.path.isdir(jobs_dir) else []:
+        try:
+            with open(os.path.join(jobs_dir, name)) as handle:
+                jobs[name] = {"share_percent": int(handle.read())}
+        except (FileNotFoundError, ValueError):
+            continue  # dropped under us
+    return jobs
+
+
 def mps_records(bed) -> list[dict]:
+    """Every daemon record of the bed, with its ``jobs`` as ``daemon_jobs`` reads them."""
     records = []
     for path in sorted(glob.glob(os.path.join(bed.state_of("*"), "mps", "*.json"))):
         try:
             with open(path) as handle:
-                records.append(json.load(handle))
+                record = json.load(handle)
         except (FileNotFoundError, ValueError):
             continue  # replaced or removed under us; the next poll sees it
+        record["jobs"] = daemon_jobs(path)
+        records.append(record)
     return records
 
 
@@ -288,7 +305,8 @@ def test_the_workers_say_where_their_time_went(mps_bed):
     daemon = wait_until("the holder's daemon", lambda: started_records(bed), 60)[0]
 
     def epilog_done(job: int) -> bool:
-        return any(f" job={job} debug timing " in line and " remove=" in line
+        return any(f" job={job} " in line and (" debug timing " in line and " remove=" in line
+                                              or "cb=job_epilog python=skip" in line)
                    for line in bed.debug_lines())
 
     def cap_commands() -> list[str]:
@@ -316,6 +334,75 @@ def test_the_workers_say_where_their_time_went(mps_bed):
     assert bed.wait_job(small, timeout=60)["JobState"] == "COMPLETED"
     wait_until("the small job's epilog", lambda: epilog_done(small), 60)
     assert len(standin_state(daemon)["commands"]) == commands
+    bed.run(["scancel", str(holder)])
+    bed.wait_job(holder)
+    assert_nothing_left(bed)
+
+
+def epilog_lines(bed, job_id: int) -> list[str]:
+    """What the epilog of ``job_id`` logged (debug_log=): the C glue's decision, and the
+    worker's timing line when one ran."""
+    return [line for line in bed.debug_lines() if f" job={job_id} " in line and
+            ("cb=job_epilog python=" in line or "cb=job_epilog fast=" in line or " debug timing " in line and " remove=" in line)]
+
+
+def epilogs_counted(bed) -> tuple[float, float]:
+    """``gpushare metrics``: the node's epilogs that ended ok, and those of them that took
+    at most 5 ms (the histogram's first bucket)."""
+    result = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "metrics", "--node", NODE],
+                     env={"PYTHONPATH": bed.path("lib", "python")}, check=False)
+    assert result.returncode == 0, result.stderr
+
+    def value(name: str, *labels: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines()
+                   if line.startswith(name + "{") and all(x in line for x in labels))
+
+    return (value("gpushare_epilogs_total", 'result="ok"'),
+            value("gpushare_epilog_duration_seconds_bucket", 'le="0.005"'))
+
+
+def test_a_job_leaving_others_on_its_daemon_ends_without_an_interpreter(mps_bed):
+    """An epilog that only drops its job's reference (others stay on the daemon, one with a
+    share at least the job's, so the caps stay) is done by the C glue: no worker, the
+    reference, record and task file gone, the daemon untouched, the epilog counted. The
+    daemon's last job, and a job holding the largest share, still go to the worker."""
+    bed = mps_bed
+    holder = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "120"), "--gres=mps:25", "-w", NODE,
+                        "-c1", user=U1)
+    daemon = wait_until("the holder's daemon", lambda: started_records(bed), 60)[0]
+    commands = len(standin_state(daemon)["commands"])
+    ok_before, fast_before = epilogs_counted(bed)
+    small = []
+    for share in (10, 25):  # one after the other, each beside the holder on its GPU
+        job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), f"--gres=mps:{share}", "-w",
+                            NODE, "-c1", user=U1)
+        small.append(job_id)
+        assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+        assert "SLURM_JOB_ID=%d" % job_id in bed.output(job_id)
+        line = wait_until(f"job {job_id}'s epilog", lambda j=job_id: epilog_lines(bed, j), 60)
+        assert len(line) == 1 and "python=skip reason=left-daemon" in line[0], line
+        assert f"daemon={daemon['key']}" in line[0]
+    time.sleep(1)  # a worker, had one been started, would have logged by now
+    assert all(len(epilog_lines(bed, job_id)) == 1 for job_id in small)
+    (after,) = started_records(bed)
+    assert after["jobs"] == {str(holder): {"share_percent": 25}}, after
+    assert after["daemon_pid"] == daemon["daemon_pid"] and alive(after["daemon_pid"])
+    assert len(standin_state(daemon)["commands"]) == commands  # the caps stay as they were
+    assert not any(os.path.exists(os.path.join(bed.state_of(NODE), "jobs", f"{j}{suffix}"))
+                   for j in small for suffix in (".json", ".env", ".lock"))
+    # Counted as epilogs that ended ok, with their durations (under 5 ms: no interpreter).
+    assert epilogs_counted(bed) == (ok_before + 2, fast_before + 2)
+    # A larger share than the daemon's other jobs: its leave lowers the caps (the worker).
+    larger = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:50", "-w", NODE,
+                        "-c1", user=U1)
+    assert bed.wait_job(larger, timeout=60)["JobState"] == "COMPLETED"
+    lines = wait_until("the larger job's epilog", lambda: (x := epilog_lines(bed, larger))
+                       and any(" debug timing " in line for line in x) and x, 60)
+    assert f"fast=no reason=largest-share daemon={daemon['key']}" in lines[0], lines
+    assert [c for c in standin_state(daemon)["commands"][commands:]
+            if c.startswith("set_default_active_thread_percentage")] == [
+        "set_default_active_thread_percentage 50", "set_default_active_thread_percentage 25"]
+    # The last job: the worker stops the daemon.
     bed.run(["scancel", str(holder)])
     bed.wait_job(holder)
     assert_nothing_left(bed)
@@ -465,19 +552,21 @@ def _plant_lost_epilog(bed, lost_id: int, saved: dict[str, bytes], key: str) -> 
         path = os.path.join(jobs_dir, name)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
             out.write(data)
-    path = os.path.join(bed.state_of(NODE), "mps", f"{key}.json")
-    with open(path) as handle:
-        record = json.load(handle)
-    record["jobs"][str(lost_id)] = {"share_percent": 25}
-    with open(path + ".tmp", "w") as out:
-        json.dump(record, out)
-    os.chmod(path + ".tmp", os.stat(path).st_mode & 0o777)
-    os.replace(path + ".tmp", path)
+    path = os.path.join(bed.state_of(NODE), "mps", f"{key}.jobs", str(lost_id))
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write("25\n")
+
+
+def epilog_finished(bed, job_id: int) -> bool:
+    """The job's epilog is done: by its worker, or by the C glue (a job leaving others on
+    its daemon)."""
+    return any(f"job={job_id} cb=job_epilog python rc=0" in line or
+               f"job={job_id} cb=job_epilog python=skip reason=left-daemon" in line
+               for line in bed.debug_lines())
 
 
 def _daemon_jobs(bed, key: str) -> set[str]:
-    with open(os.path.join(bed.state_of(NODE), "mps", f"{key}.json")) as handle:
-        return set(json.load(handle)["jobs"])
+    return set(daemon_jobs(os.path.join(bed.state_of(NODE), "mps", f"{key}.json")))
 
 
 def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
@@ -497,8 +586,8 @@ def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
         with open(os.path.join(jobs_dir, name), "rb") as handle:
             saved[name] = handle.read()
     assert bed.wait_job(lost)["JobState"] == "COMPLETED"
-    wait_until("its epilog ran", lambda: str(lost) not in _daemon_jobs(bed, key) and any(
-        f"job={lost} cb=job_epilog python rc=0" in line for line in bed.debug_lines()))
+    wait_until("its epilog ran", lambda: str(lost) not in _daemon_jobs(bed, key) and
+               epilog_finished(bed, lost))
 
     _plant_lost_epilog(bed, lost, saved, key)
     shown = gpushare_mps(bed, "--json")
@@ -519,8 +608,7 @@ def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):
     assert bed.wait_job(after)["JobState"] == "COMPLETED"
     # Its own epilog runs in a worker after the job ended: wait for it, then only the holder
     # is left (the lost job was forgotten by the prolog).
-    wait_until("the next job's epilog ran", lambda: any(
-        f"job={after} cb=job_epilog python rc=0" in line for line in bed.debug_lines()))
+    wait_until("the next job's epilog ran", lambda: epilog_finished(bed, after))
     assert _daemon_jobs(bed, key) == {str(holder)}
     assert not os.path.exists(os.path.join(jobs_dir, f"{lost}.json"))
     assert "DRAIN" not in bed.node_state(NODE)["State"]

@@ -15,6 +15,11 @@ Labels are bounded: refusals and failures are counted by a reason from the fixed
 below, derived from the message (never a job id or a user's text). Counting must never
 fail or slow a job: any error is logged at debug level and dropped.
 
+An epilog the C glue finishes without an interpreter (a job leaving a daemon that serves
+others) appends its duration in microseconds as one line to ``<state_dir>/counters.fast``
+while it holds the same lock; the next ``add`` folds those lines into the counters as
+epilogs that ended ``ok`` and removes the file, and ``read`` counts them meanwhile.
+
 This module is imported by the callbacks: it imports nothing the package docstring
 keeps out of them.
 """
@@ -30,6 +35,7 @@ from gpushare.common.log import get_logger
 LOG = get_logger("gpushare.counters")
 
 FILE = "counters.json"
+FAST_FILE = "counters.fast"  # the C glue's epilogs, one line of microseconds each
 VERSION = 1
 
 # Histogram bounds in seconds: a prolog takes tens of milliseconds, an MPS start more, a
@@ -144,9 +150,8 @@ def count(callback: str, rc: int, config: Any) -> int:
         result = "ok"
     if rc != 0 and not any(key.startswith("drains_total:") for key in _notes):
         _notes.append(series("drains_total", "other"))
-    bucket = next((str(i) for i, bound in enumerate(BUCKETS) if elapsed <= bound),
-                  str(len(BUCKETS)))
-    updates = [series(f"{kind}s_total", result), series(f"{kind}_duration_bucket", bucket),
+    updates = [series(f"{kind}s_total", result),
+               series(f"{kind}_duration_bucket", _bucket(elapsed)),
                series(f"{kind}_duration_count"), *_notes]
     try:
         add(state_dir, updates, {series(f"{kind}_duration_sum_us"): int(elapsed * 1e6)})
@@ -155,31 +160,65 @@ def count(callback: str, rc: int, config: Any) -> int:
     return rc
 
 
+def _bucket(seconds: float) -> str:
+    return next((str(i) for i, bound in enumerate(BUCKETS) if seconds <= bound),
+                str(len(BUCKETS)))
+
+
 def add(state_dir: str, keys: list[str], amounts: Optional[dict[str, int]] = None) -> None:
-    """Add one per key (and ``amounts``) to the node's counters, under the file's lock."""
+    """Add one per key (and ``amounts``) to the node's counters, under the file's lock,
+    with the C glue's epilogs noted since the last time."""
     from gpushare.common import safefs  # the callbacks have it loaded already (gpushare.node.mps)
 
     dir_fd = safefs.open_root_dir(state_dir)
     try:
         fd = os.open(FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=dir_fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            values = _parse(_read_all(fd))
+            fast = _fold_fast(values, dir_fd)
+            for key in keys:
+                values[key] = values.get(key, 0) + 1
+            for key, amount in (amounts or {}).items():
+                values[key] = values.get(key, 0) + amount
+            data = json.dumps({"version": VERSION, "counters": values},
+                              sort_keys=True).encode()
+            # Rewritten in place, no rename or fsync (each costs more than all the rest on
+            # a journaling file system): counts only grow, so the text never gets shorter
+            # and a reader holding the shared lock sees the old text or the new, never a mix.
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            if fast:
+                safefs.remove_file_at(dir_fd, FAST_FILE)
+        finally:
+            os.close(fd)  # releases the lock
     finally:
         os.close(dir_fd)
+
+
+def _fold_fast(values: dict[str, int], dir_fd: int) -> bool:
+    """Add the C glue's epilogs (``counters.fast``, lock held) to ``values``; True when
+    there were any, so the caller removes the file once the sum is written."""
+    from gpushare.common import safefs
+
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        values = _parse(_read_all(fd))
-        for key in keys:
-            values[key] = values.get(key, 0) + 1
-        for key, amount in (amounts or {}).items():
+        data = safefs.read_small_file_at(dir_fd, FAST_FILE, 16 << 20)
+    except (OSError, safefs.UnsafePathError) as err:
+        LOG.debug("%s not read: %s", FAST_FILE, err)
+        return False
+    if not data:
+        return False
+    for line in data.split():
+        if not line.isdigit():
+            continue
+        micros = int(line)
+        for key, amount in ((series("epilogs_total", "ok"), 1),
+                            (series("epilog_duration_bucket", _bucket(micros / 1e6)), 1),
+                            (series("epilog_duration_count"), 1),
+                            (series("epilog_duration_sum_us"), micros)):
             values[key] = values.get(key, 0) + amount
-        data = json.dumps({"version": VERSION, "counters": values}, sort_keys=True).encode()
-        # Rewritten in place, no rename or fsync (each costs more than all the rest on a
-        # journaling file system): counts only grow, so the text never gets shorter and a
-        # reader holding the shared lock sees the old text or the new, never a mix.
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)  # releases the lock
+    return True
 
 
 def _read_all(fd: int) -> bytes:
@@ -220,16 +259,19 @@ def read(state_dir: str) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     try:
-        fd = os.open(FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return {}
+        try:
+            fd = os.open(FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return {}
+        try:
+            if os.fstat(fd).st_uid != 0:
+                raise OSError(f"{os.path.join(state_dir, FILE)} is not owned by root; "
+                              "remove it")
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            values = _parse(_read_all(fd))
+            _fold_fast(values, dir_fd)
+        finally:
+            os.close(fd)
     finally:
         os.close(dir_fd)
-    try:
-        if os.fstat(fd).st_uid != 0:
-            raise OSError(f"{os.path.join(state_dir, FILE)} is not owned by root; remove it")
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        data = _read_all(fd)
-    finally:
-        os.close(fd)
-    return _parse(data)
+    return values

@@ -93,8 +93,15 @@ def standin_state(lease: MpsLease) -> dict:
 
 
 def record(bed: Bed, key: str) -> dict:
+    """The daemon's record as its file holds it, with ``jobs`` from ``<key>.jobs/``."""
     with open(os.path.join(bed.mps_dir, key + ".json")) as handle:
-        return json.load(handle)
+        data = json.load(handle)
+    data["jobs"] = {}
+    jobs_dir = os.path.join(bed.mps_dir, key + ".jobs")
+    for name in sorted(os.listdir(jobs_dir)) if os.path.isdir(jobs_dir) else []:
+        with open(os.path.join(jobs_dir, name)) as handle:
+            data["jobs"][name] = {"share_percent": int(handle.read())}
+    return data
 
 
 def as_user(user, code: str) -> subprocess.CompletedProcess:
@@ -323,8 +330,9 @@ def test_acquire_and_release_are_idempotent(bed, users):
 
 
 def test_a_daemon_recorded_by_the_release_before_keeps_serving_after_an_upgrade(bed, users):
-    """The record of a running daemon as the release before wrote it (no ``stop_failed``,
-    and before that no ``dirs_made``): the next job joins it, the last one stops it."""
+    """The record of a running daemon as earlier releases wrote it (version 1: its jobs in
+    the record, no ``stop_failed``, and before that no ``dirs_made``): the next job joins
+    it, the record is written back as version 2, the last job stops it."""
     u1 = users[0]
     mgr = bed.manager()
     first = mgr.acquire(job_id=31, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
@@ -332,13 +340,15 @@ def test_a_daemon_recorded_by_the_release_before_keeps_serving_after_an_upgrade(
     before = record(bed, first.key)
     for field in ("stop_failed", "dirs_made"):
         del before[field]
+    before["version"] = 1
+    shutil.rmtree(os.path.join(bed.mps_dir, first.key + ".jobs"))
     with open(os.path.join(bed.mps_dir, first.key + ".json"), "w") as handle:
         json.dump(before, handle, indent=1, sort_keys=True)
     second = mgr.acquire(job_id=32, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                          share_percent=30)
     assert second.daemon_pid == first.daemon_pid and alive(first.daemon_pid)
     after = record(bed, first.key)
-    assert after["version"] == 1 and after["jobs"] == {"31": {"share_percent": 25},
+    assert after["version"] == 2 and after["jobs"] == {"31": {"share_percent": 25},
                                                        "32": {"share_percent": 30}}
     assert after["caps"] == {"percent": 30, "mem": {"0": "24G"}}
     assert standin_state(first)["default_active_thread_percentage"] == 30.0

@@ -64,14 +64,16 @@ def test_a_record_as_written_before_is_read_whole():
                               f"/run/gpushare/mps/{KEY}/pipe) on GPU 0 ({GPU0.uuid})")
 
 
-def test_a_record_written_again_keeps_every_field_and_its_version():
+def test_a_record_written_again_keeps_every_field_but_its_jobs():
     before = json.loads(WRITTEN_BEFORE)
     after = DaemonRecord.from_json(before, KEY).to_json()
-    assert after["version"] == RECORD_VERSION == 1
-    # Every field as it was (so a release before this one reads it too), and the one
-    # written only after a failed stop now always.
-    assert after == {**before, "stop_failed": None}
-    assert DaemonRecord.from_json(after, KEY).to_json() == after
+    assert after["version"] == RECORD_VERSION == 2
+    # Every field as it was, and the one written only after a failed stop now always; the
+    # jobs are files beside the record from version 2 on (RecordStore).
+    jobs = {job: info["share_percent"] for job, info in before.pop("jobs").items()}
+    assert after == {**before, "version": 2, "stop_failed": None}
+    assert DaemonRecord.from_json(after, KEY, jobs).to_json() == after
+    assert DaemonRecord.from_json(after, KEY, jobs).jobs == {"7": 25, "8": 30}
 
 
 def test_fields_an_earlier_record_may_lack_take_their_defaults():
@@ -108,7 +110,7 @@ def _broken(**changes):
 
 
 @pytest.mark.parametrize("data, words", [
-    (_broken(version=2), "unknown version or key"),
+    (_broken(version=3), "unknown version or key"),
     (_broken(version=None), "unknown version or key"),
     (_broken(key="u1001-other"), "unknown version or key"),
     (_broken(mode="exclusive"), "mode 'exclusive' is unknown"),
@@ -140,9 +142,25 @@ def test_the_store_reads_what_was_written_before_and_names_a_bad_file(tmp_path):
         assert rec is not None and rec.jobs == {"7": 25, "8": 30}
         assert store.keys_of_job(mps_fd, 8) == [KEY] and store.holds(mps_fd, KEY, 7)
         store.write(mps_fd, rec)
-        assert json.loads((tmp_path / "mps" / f"{KEY}.json").read_text()) == {
-            **json.loads(WRITTEN_BEFORE), "stop_failed": None}
-        (tmp_path / "mps" / f"{KEY}.json").write_text(json.dumps(_broken(version=2)))
+        # Written back as version 2: the jobs become files of <key>.jobs/, root's alone.
+        written = {**json.loads(WRITTEN_BEFORE), "version": 2, "stop_failed": None}
+        del written["jobs"]
+        assert json.loads((tmp_path / "mps" / f"{KEY}.json").read_text()) == written
+        jobs_dir = tmp_path / "mps" / f"{KEY}.jobs"
+        assert {p.name: p.read_text() for p in jobs_dir.iterdir()} == {"7": "25\n",
+                                                                     "8": "30\n"}
+        assert oct(jobs_dir.stat().st_mode & 0o777) == "0o700"
+        assert store.read(mps_fd, KEY).jobs == {"7": 25, "8": 30}
+        assert store.keys_of_job(mps_fd, 8) == [KEY] and store.keys(mps_fd) == [KEY]
+        # A job gone from the record is gone from the directory; the record's removal
+        # takes its jobs along.
+        rec.jobs.pop("7")
+        store.write(mps_fd, rec)
+        assert [p.name for p in jobs_dir.iterdir()] == ["8"]
+        assert not store.holds(mps_fd, KEY, 7) and store.holds(mps_fd, KEY, 8)
+        store.remove(mps_fd, KEY)
+        assert list((tmp_path / "mps").iterdir()) == []
+        (tmp_path / "mps" / f"{KEY}.json").write_text(json.dumps(_broken(version=3)))
         with pytest.raises(MpsError, match=rf"MPS record {tmp_path}/mps/{KEY}.json is "
                            r"unreadable \(unknown version or key\); stop any daemon"):
             store.read(mps_fd, KEY)

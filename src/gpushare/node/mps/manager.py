@@ -9,7 +9,8 @@ each user gets their own daemon (own ``CUDA_MPS_PIPE_DIRECTORY``) per GPU or MIG
 * ``private`` mode, key ``job<id>``: one daemon over the job's whole GPUs (e.g. MPI ranks).
 
 State lives in ``<state_dir>/mps`` (root-owned 0755): ``<key>.json`` (the daemon's record,
-``record``), ``<key>.lock`` (``lock``) and ``<key>/{pipe,log}`` (owned by the user, 0700).
+``record``) with ``<key>.jobs/`` (a file per job referencing it), ``<key>.lock`` (``lock``)
+and ``<key>/{pipe,log}`` (owned by the user, 0700).
 Records survive a slurmd restart; ``reap_stale`` drops references of jobs that no longer
 exist.
 
@@ -205,6 +206,7 @@ class MpsManager:
                             errors.append(err)
                             continue
                         safefs.remove_tree_at(mps_fd, key)
+                        self.store.remove(mps_fd, key)
                         lock.remove = True
                         continue
                     dead = [jid for jid in rec.jobs if not job_alive(int(jid))]
@@ -613,7 +615,7 @@ class MpsManager:
             self.store.write(mps_fd, rec)
             raise
         safefs.remove_tree_at(mps_fd, rec.key)
-        safefs.remove_file_at(mps_fd, rec.key + ".json")
+        self.store.remove(mps_fd, rec.key)
         lock.remove = True
         LOG.info("stopped %s", rec.describe())
 
@@ -634,7 +636,7 @@ class MpsManager:
             return
         if rec.dirs_made:
             safefs.remove_tree_at(mps_fd, rec.key)
-        safefs.remove_file_at(mps_fd, rec.key + ".json")
+        self.store.remove(mps_fd, rec.key)
         lock.remove = True
 
 

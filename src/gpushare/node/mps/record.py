@@ -2,11 +2,16 @@
 """The daemon record: what survives a slurmd restart about one MPS control daemon.
 
 ``<state_dir>/mps/<key>.json`` (root-owned, replaced whole) names the daemon's devices, its
-pid, the jobs referencing it with their shares, and the caps it was last told. A record
-carries ``version``; ``DaemonRecord.from_json`` validates every field and reads the
-records earlier releases wrote (fields added since take their defaults), so a node
-upgraded while jobs run keeps serving and stopping their daemons. A record of an unknown
-version is refused, never guessed at.
+pid and the caps it was last told. The jobs referencing it are files beside it,
+``<key>.jobs/<job id>`` holding the job's share in percent: the C glue's epilog drops a job
+that leaves other jobs and the caps as they were by unlinking its file, without an
+interpreter (``slurm_spank_job_epilog`` in ``spank/gpushare_spank.c``). Both change only
+under the daemon's lock.
+
+A record carries ``version``; ``DaemonRecord.from_json`` validates every field and reads the
+records earlier releases wrote (version 1 kept the jobs in the record; fields added since
+take their defaults), so a node upgraded while jobs run keeps serving and stopping their
+daemons. A record of an unknown version is refused, never guessed at.
 """
 
 import json
@@ -22,7 +27,10 @@ from gpushare.node.mps.limits import Limits
 
 LOG = get_logger("gpushare.mps")
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+# Version 1 kept the jobs in the record itself; it is read, and written back as version 2.
+READ_VERSIONS = (1, 2)
+JOBS_SUFFIX = ".jobs"  # <key>.jobs/<job id>: one file per job referencing the daemon
 MODES = ("shared", "private")
 # What daemon_key() makes; compiled on first use (re caches it), not by every import.
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
@@ -148,21 +156,23 @@ class DaemonRecord:
             "gid": self.gid, "devices": [d.to_record() for d in self.devices],
             "pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "daemon_pid": self.daemon_pid,
             "started_at": self.started_at,
-            "jobs": {job: {"share_percent": share} for job, share in self.jobs.items()},
             "caps": None if self.caps is None else self.caps.to_json(),
             "dirs_made": self.dirs_made, "stop_failed": self.stop_failed,
         }
 
     @classmethod
-    def from_json(cls, data: Any, key: str) -> "DaemonRecord":
-        """The record of daemon ``key`` from its parsed file; ValueError names what is wrong.
+    def from_json(cls, data: Any, key: str,
+                  jobs: Optional[dict[str, int]] = None) -> "DaemonRecord":
+        """The record of daemon ``key`` from its parsed file and, from version 2 on, its
+        ``jobs`` (``RecordStore`` reads them from ``<key>.jobs/``); ValueError names what is
+        wrong.
 
-        Version 1 is every record gpushare has written: ``dirs_made`` appeared within it
-        and ``stop_failed`` is written only once a stop failed, so both may be absent.
+        ``dirs_made`` appeared within version 1 and ``stop_failed`` is written only once a
+        stop failed, so both may be absent.
         """
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        if data.get("version") != RECORD_VERSION or data.get("key") != key:
+        if data.get("version") not in READ_VERSIONS or data.get("key") != key:
             raise ValueError("unknown version or key")
         mode = _text(data, "mode")
         if mode not in MODES:
@@ -171,9 +181,11 @@ class DaemonRecord:
         if not isinstance(devices, list) or not all(
                 isinstance(d, dict) and isinstance(d.get("uuid"), str) for d in devices):
             raise ValueError("devices is not a list of devices")
-        jobs = data["jobs"]
-        if not isinstance(jobs, dict):
-            raise ValueError("jobs is not an object")
+        if data["version"] == 1:
+            listed = data["jobs"]
+            if not isinstance(listed, dict):
+                raise ValueError("jobs is not an object")
+            jobs = {str(job): _int(info, "share_percent") for job, info in listed.items()}
         started_at = data.get("started_at")
         if started_at is not None and not isinstance(started_at, (int, float)):
             raise ValueError("started_at is not a time")
@@ -186,7 +198,7 @@ class DaemonRecord:
             pipe_dir=_text(data, "pipe_dir"), log_dir=_text(data, "log_dir"),
             daemon_pid=_int(data, "daemon_pid", optional=True),
             started_at=started_at,
-            jobs={str(job): _int(info, "share_percent") for job, info in jobs.items()},
+            jobs=dict(jobs or {}),
             caps=_caps(data.get("caps")),
             dirs_made=bool(data.get("dirs_made", False)),
             stop_failed=stop_failed,
@@ -252,19 +264,68 @@ class RecordStore:
     def read(self, mps_fd: int, key: str) -> Optional[DaemonRecord]:
         try:
             data = safefs.read_small_file_at(mps_fd, key + ".json")
+            if data is None:
+                return None
+            parsed = json.loads(data.decode())
+            jobs = (self.read_jobs(mps_fd, key)
+                    if isinstance(parsed, dict) and parsed.get("version") != 1 else None)
+            return DaemonRecord.from_json(parsed, key, jobs)
         except safefs.UnsafePathError as err:
-            raise MpsError(f"MPS record {self.path(key)}.json refused: {err}") from None
-        if data is None:
-            return None
-        try:
-            return DaemonRecord.from_json(json.loads(data.decode()), key)
+            raise MpsError(f"MPS record {self.path(key)} refused: {err}") from None
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise MpsError(f"MPS record {self.path(key)}.json is unreadable ({err}); stop "
                            "any daemon using that directory and remove it") from None
 
+    def read_jobs(self, mps_fd: int, key: str) -> dict[str, int]:
+        """The jobs referencing daemon ``key``, each with its share: ``<key>.jobs/``.
+        UnsafePathError for an entry root did not make; ValueError for a share that is not
+        a whole number."""
+        try:
+            jobs_fd = safefs.open_dir_at(mps_fd, key + JOBS_SUFFIX,
+                                         self.path(key + JOBS_SUFFIX), root_owned=True)
+        except FileNotFoundError:
+            return {}
+        try:
+            jobs = {}
+            for name in os.listdir(jobs_fd):
+                if not name.isdigit():
+                    continue  # a temporary file of a write in progress
+                text = safefs.read_small_file_at(jobs_fd, name, limit=64)
+                if text is not None:  # gone since the listing: an epilog dropped it
+                    jobs[name] = int(text.decode().strip())
+            return jobs
+        finally:
+            os.close(jobs_fd)
+
     def write(self, mps_fd: int, rec: DaemonRecord) -> None:
+        """Write the record and make ``<key>.jobs/`` list exactly ``rec.jobs`` (lock held).
+        The jobs go first: a reader without the lock never sees a record whose jobs are
+        missing."""
+        self._write_jobs(mps_fd, rec)
         payload = json.dumps(rec.to_json(), indent=1, sort_keys=True).encode()
         safefs.write_file_atomic_at(mps_fd, rec.key + ".json", payload, 0o644)
+
+    def _write_jobs(self, mps_fd: int, rec: DaemonRecord) -> None:
+        name = rec.key + JOBS_SUFFIX
+        try:
+            os.mkdir(name, 0o700, dir_fd=mps_fd)
+        except FileExistsError:
+            pass
+        jobs_fd = safefs.open_dir_at(mps_fd, name, self.path(name), root_owned=True)
+        try:
+            present = set(os.listdir(jobs_fd))
+            for job, share in rec.jobs.items():
+                if job not in present:  # a job's share never changes while it runs
+                    safefs.write_file_atomic_at(jobs_fd, job, f"{share}\n".encode(), 0o600)
+            for job in present - set(rec.jobs):
+                safefs.remove_file_at(jobs_fd, job)
+        finally:
+            os.close(jobs_fd)
+
+    def remove(self, mps_fd: int, key: str) -> None:
+        """Remove daemon ``key``'s record and its jobs (lock held)."""
+        safefs.remove_tree_at(mps_fd, key + JOBS_SUFFIX)
+        safefs.remove_file_at(mps_fd, key + ".json")
 
     def keys(self, mps_fd: int) -> list[str]:
         """Every key with a record, a lock or a directory."""
@@ -272,7 +333,10 @@ class RecordStore:
         for name in os.listdir(mps_fd):
             if name.startswith("."):
                 continue
-            base = name[:-5] if name.endswith((".json", ".lock")) else name
+            if name.endswith(JOBS_SUFFIX):
+                base = name[:-len(JOBS_SUFFIX)]
+            else:
+                base = name[:-5] if name.endswith((".json", ".lock")) else name
             keys.add(base)
         return sorted(keys)
 
