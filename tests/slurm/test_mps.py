@@ -305,7 +305,7 @@ def test_the_workers_say_where_their_time_went(mps_bed):
     daemon = wait_until("the holder's daemon", lambda: started_records(bed), 60)[0]
 
     def epilog_done(job: int) -> bool:
-        return any(f" job={job} " in line and (" debug timing " in line and " remove=" in line
+        return any(f" job={job} " in line and ((" debug timing " in line and " remove=" in line)
                                               or "cb=job_epilog python=skip" in line)
                    for line in bed.debug_lines())
 
@@ -343,7 +343,8 @@ def epilog_lines(bed, job_id: int) -> list[str]:
     """What the epilog of ``job_id`` logged (debug_log=): the C glue's decision, and the
     worker's timing line when one ran."""
     return [line for line in bed.debug_lines() if f" job={job_id} " in line and
-            ("cb=job_epilog python=" in line or "cb=job_epilog fast=" in line or " debug timing " in line and " remove=" in line)]
+            ("cb=job_epilog python=" in line or "cb=job_epilog fast=" in line
+             or (" debug timing " in line and " remove=" in line))]
 
 
 def epilogs_counted(bed) -> tuple[float, float]:
@@ -378,7 +379,7 @@ def test_a_job_leaving_others_on_its_daemon_ends_without_an_interpreter(mps_bed)
                             NODE, "-c1", user=U1)
         small.append(job_id)
         assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
-        assert "SLURM_JOB_ID=%d" % job_id in bed.output(job_id)
+        assert f"SLURM_JOB_ID={job_id}" in bed.output(job_id)
         line = wait_until(f"job {job_id}'s epilog", lambda j=job_id: epilog_lines(bed, j), 60)
         assert len(line) == 1 and "python=skip reason=left-daemon" in line[0], line
         assert f"daemon={daemon['key']}" in line[0]

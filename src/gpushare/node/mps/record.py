@@ -17,7 +17,7 @@ daemons. A record of an unknown version is refused, never guessed at.
 import json
 import os
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 from gpushare.common import safefs
@@ -307,10 +307,8 @@ class RecordStore:
 
     def _write_jobs(self, mps_fd: int, rec: DaemonRecord) -> None:
         name = rec.key + JOBS_SUFFIX
-        try:
+        with suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=mps_fd)
-        except FileExistsError:
-            pass
         jobs_fd = safefs.open_dir_at(mps_fd, name, self.path(name), root_owned=True)
         try:
             present = set(os.listdir(jobs_fd))
