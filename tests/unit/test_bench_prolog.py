@@ -46,3 +46,15 @@ def test_the_phase_table_prints_every_phase_once(capsys):
     assert rows["interpreter"] == ["19.0", "10.0"]
     assert rows["daemon-start"] == ["4.0", "-"]  # no epilog starts a daemon
     assert list(rows)[-1] == "total"
+
+
+def test_epilogs_done_without_a_worker_are_counted_not_timed():
+    lines = [
+        *LOG.splitlines(),
+        "102.000000 pid=30 uid=0 ctx=job_script job=8 cb=job_epilog python=skip "
+        "reason=left-daemon daemon=u1001-GPU-1 share=25",
+        "103.000000 pid=31 uid=0 ctx=job_script job=9 cb=job_epilog fast=no "
+        "reason=last-job daemon=u1001-GPU-1",
+    ]
+    assert bench_prolog.fast_epilogs_from_debug_log(lines) == {8}
+    assert set(bench_prolog.workers_from_debug_log(lines)) == {7}
