@@ -967,9 +967,10 @@ static int gs_drop_reference(int mps_fd, const char *key, const char *job, const
     return own;
 }
 
-/* An epilog done here is counted as the Python callbacks are (gpushare.node.counters folds
- * counters.fast into counters.json under the same lock): one line of microseconds. */
-static void gs_count_fast_epilog(double seconds)
+/* A prolog or epilog done here is counted as the Python callbacks are
+ * (gpushare.node.counters folds counters.fast into counters.json under the same lock): one
+ * line, "<prolog|epilog> <microseconds>". */
+static void gs_count_fast(const char *callback, double seconds)
 {
     char path[PATH_MAX + 32], line[32];
     int lock_fd, fd, len;
@@ -984,7 +985,7 @@ static void gs_count_fast_epilog(double seconds)
         snprintf(path, sizeof(path), "%s/counters.fast", gs_state_dir);
         fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd >= 0) {
-            len = snprintf(line, sizeof(line), "%ld\n", (long)(seconds * 1e6));
+            len = snprintf(line, sizeof(line), "%s %ld\n", callback, (long)(seconds * 1e6));
             if (write(fd, line, len) != len) {
                 /* a count is best effort, as in Python */
             }
@@ -1033,8 +1034,383 @@ static int gs_fast_leave(spank_t sp)
         (void)unlink(path);
     if (gs_job_file(sp, ".json", path, sizeof(path)) == 0)
         (void)unlink(path);
-    gs_count_fast_epilog(gs_now() - started);
+    gs_count_fast("epilog", gs_now() - started);
     gs_debug(sp, "cb=job_epilog python=skip reason=left-daemon daemon=%s share=%d", key, share);
+    return 1;
+}
+
+/* ---- the prolog's fast join: a job joined to its user's running daemon ------------- */
+
+/*
+ * A shared job whose user runs a daemon on the job's GPU with caps that cover its share
+ * needs nothing decided: its reference, record and task environment are the previous such
+ * job's with its own id. The worker of that job left a join ticket saying under which
+ * conditions this holds and what to write (gpushare.node.ticket describes the format and
+ * every condition). Here the ticket <state_dir>/mps/tickets/u<uid>.g<gpus>.s<share> is
+ * used only if every one of its conditions holds; under the daemon's lock the job's record,
+ * its reference <key>.jobs/<job id> and last its tasks' environment file are written. Any
+ * doubt leaves the job to the worker, which checks the GPU and writes a new ticket.
+ */
+#define GS_TICKET_MAX (64 * 1024)
+#define GS_JOB_ID_MARK "@GPUSHARE_JOB_ID@"
+#define GS_CREATED_MARK "@GPUSHARE_CREATED@"
+
+/* A root-owned regular file below dir_fd, whole, NUL-terminated (free() it); NULL if not. */
+static char *gs_read_root_file(int dir_fd, const char *name, size_t max)
+{
+    struct stat st;
+    char *text;
+    ssize_t got;
+    size_t len = 0;
+    int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+
+    if (fd < 0)
+        return NULL;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (size_t)st.st_size >= max || !(text = malloc((size_t)st.st_size + 1))) {
+        close(fd);
+        return NULL;
+    }
+    while (len < (size_t)st.st_size &&
+           (got = read(fd, text + len, (size_t)st.st_size - len)) > 0)
+        len += (size_t)got;
+    close(fd);
+    text[len] = '\0';
+    if (len != (size_t)st.st_size || strlen(text) != len) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* "<dev> <ino> <size> <mtime in ns>", as gpushare.node.ticket.stamp prints a stat. */
+static void gs_stamp(const struct stat *st, char *out, size_t size)
+{
+    snprintf(out, size, "%llu %llu %lld %lld", (unsigned long long)st->st_dev,
+             (unsigned long long)st->st_ino, (long long)st->st_size,
+             (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec);
+}
+
+/* "<stamp> <path>": whether the file is still the one the ticket saw. */
+static int gs_file_unchanged(const char *value)
+{
+    char now[96];
+    struct stat st;
+    const char *path = value;
+
+    for (int fields = 0; fields < 4 && path; fields++)
+        path = strchr(path, ' ') ? strchr(path, ' ') + 1 : NULL;
+    if (!path || *path != '/' || stat(path, &st) < 0)
+        return 0;
+    gs_stamp(&st, now, sizeof(now));
+    return strncmp(value, now, (size_t)(path - 1 - value)) == 0 &&
+           strlen(now) == (size_t)(path - 1 - value);
+}
+
+/* "<pid> <start time>": whether that process still runs (/proc/<pid>/stat field 22). */
+static int gs_same_process(const char *value)
+{
+    char path[64], stat_text[1024], *fields, *field;
+    long pid = strtol(value, &field, 10);
+    const char *started = field;
+    ssize_t len;
+    int fd, index = 3;
+
+    if (pid <= 1 || *started != ' ')
+        return 0;
+    started++;
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    len = read(fd, stat_text, sizeof(stat_text) - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    stat_text[len] = '\0';
+    if (!(fields = strrchr(stat_text, ')')))
+        return 0;
+    for (field = strtok(fields + 1, " "); field; field = strtok(NULL, " ")) {
+        if (index == 3 && (*field == 'Z' || *field == 'X'))
+            return 0; /* a zombie serves nobody */
+        if (index++ == 22)
+            return strcmp(field, started) == 0;
+    }
+    return 0;
+}
+
+struct gs_ticket {
+    char key[GS_KEY_MAX];
+    char record_stamp[96];
+    int share;
+    const char *record; /* the job record with its marks */
+    const char *env;    /* the tasks' environment file */
+};
+
+/* Check every condition of the ticket's text (it is split in place); 0 when they hold. */
+static int gs_ticket_holds(spank_t sp, int ac, char **av, char *text, struct gs_ticket *t,
+                           const char **why)
+{
+    uint32_t uid = 0, gid = 0;
+    struct timespec now;
+    char *line, *next, *value;
+    int args = 0;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+        spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+        return -1;
+    memset(t, 0, sizeof(*t));
+    *why = "format";
+    if (strncmp(text, "gpushare-ticket 1\n", 18) != 0)
+        return -1;
+    for (line = text + 18; line && *line; line = next) {
+        if ((next = strchr(line, '\n')))
+            *next++ = '\0';
+        if (strcmp(line, "--record") == 0) {
+            t->record = next;
+            if (!next || !(value = strstr(next, "\n--env\n")))
+                return -1;
+            *value = '\0';
+            t->env = value + 7;
+            break;
+        }
+        if (!(value = strchr(line, ' ')))
+            return -1;
+        *value++ = '\0';
+        if (strcmp(line, "key") == 0) {
+            if (strlen(value) >= GS_KEY_MAX || !*value || value[0] == '.' ||
+                strspn(value, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                              "0123456789._-") != strlen(value))
+                return -1;
+            snprintf(t->key, sizeof(t->key), "%s", value);
+        } else if (strcmp(line, "until") == 0) {
+            *why = "expired";
+            if (now.tv_sec + now.tv_nsec / 1e9 >= strtod(value, NULL))
+                return -1;
+        } else if (strcmp(line, "uid") == 0 || strcmp(line, "gid") == 0) {
+            *why = "user";
+            if (strtoul(value, NULL, 10) != (line[0] == 'u' ? uid : gid))
+                return -1;
+        } else if (strcmp(line, "share") == 0) {
+            t->share = atoi(value);
+        } else if (strcmp(line, "arg") == 0) {
+            *why = "plugstack";
+            if (args >= ac || strcmp(av[args++], value) != 0)
+                return -1;
+        } else if (strcmp(line, "env") == 0) {
+            char *eq = strchr(value, '=');
+            const char *have;
+            *why = "environment";
+            if (!eq)
+                return -1;
+            *eq = '\0';
+            have = getenv(value);
+            if (strcmp(have ? have : "", eq + 1) != 0)
+                return -1;
+        } else if (strcmp(line, "opt") == 0 || strcmp(line, "noopt") == 0) {
+            char *eq = line[0] == 'o' ? strchr(value, '=') : NULL;
+            const char *have;
+            *why = "options";
+            if (line[0] == 'o' && !eq)
+                return -1;
+            if (eq)
+                *eq = '\0';
+            have = gs_getopt(sp, value);
+            if (eq ? !have || strcmp(have, eq + 1) != 0 : have != NULL)
+                return -1;
+        } else if (strcmp(line, "file") == 0) {
+            *why = "files";
+            if (!gs_file_unchanged(value))
+                return -1;
+        } else if (strcmp(line, "nofile") == 0) {
+            struct stat st;
+            *why = "files";
+            if (stat(value, &st) == 0 || errno != ENOENT)
+                return -1;
+        } else if (strcmp(line, "daemon") == 0) {
+            *why = "daemon";
+            if (!gs_same_process(value))
+                return -1;
+        } else if (strcmp(line, "record") == 0) {
+            snprintf(t->record_stamp, sizeof(t->record_stamp), "%s", value);
+        } else {
+            return -1; /* a line this glue does not know: a newer worker's ticket */
+        }
+    }
+    *why = "format";
+    if (!t->record || !t->key[0] || !t->record_stamp[0] || t->share < 1 || t->share > 100)
+        return -1;
+    *why = "plugstack";
+    return args == ac ? 0 : -1;
+}
+
+/* text with every mark replaced (free() it). */
+static char *gs_fill(const char *text, const char *job, const char *created)
+{
+    size_t size = strlen(text) + 1, jobs = 0;
+    const char *at, *mark;
+    char *out, *to;
+
+    for (at = text; (at = strchr(at, '@')); at++)
+        jobs++;
+    size += jobs * (strlen(job) + strlen(created));
+    if (!(out = malloc(size)))
+        return NULL;
+    for (to = out, at = text; *at;) {
+        if (strncmp(at, GS_JOB_ID_MARK, strlen(GS_JOB_ID_MARK)) == 0) {
+            mark = job;
+            at += strlen(GS_JOB_ID_MARK);
+        } else if (strncmp(at, GS_CREATED_MARK, strlen(GS_CREATED_MARK)) == 0) {
+            mark = created;
+            at += strlen(GS_CREATED_MARK);
+        } else {
+            *to++ = *at++;
+            continue;
+        }
+        to = stpcpy(to, mark);
+    }
+    *to = '\0';
+    return out;
+}
+
+/* name below dir_fd replaced with text (a temporary file, renamed), mode 0600. With
+ * no_replace, an existing name is kept and -1 returned. */
+static int gs_write_at(int dir_fd, const char *name, const char *text, int no_replace)
+{
+    char tmp[64];
+    size_t len = strlen(text), done = 0;
+    ssize_t wrote = 0;
+    int fd, rc;
+
+    snprintf(tmp, sizeof(tmp), ".%s.%d.c.tmp", name, (int)getpid());
+    (void)unlinkat(dir_fd, tmp, 0);
+    fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    while (done < len && (wrote = write(fd, text + done, len - done)) > 0)
+        done += (size_t)wrote;
+    rc = done == len && fsync(fd) == 0 ? 0 : -1;
+    close(fd);
+    if (rc == 0)
+        rc = no_replace ? linkat(dir_fd, tmp, dir_fd, name, 0) : renameat(dir_fd, tmp, dir_fd, name);
+    (void)unlinkat(dir_fd, tmp, 0);
+    return rc;
+}
+
+/* Under the daemon's lock: the record, the reference, the tasks' file; undone on failure. */
+static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, const char *job,
+                          const char **why)
+{
+    char name[GS_KEY_MAX + 16], now_stamp[96], created[32], file[32], share[8];
+    struct stat st;
+    struct timespec now;
+    char *record = NULL, *env = NULL;
+    int refs_fd = -1, rc = -1;
+
+    *why = "daemon-changed";
+    snprintf(name, sizeof(name), "%s.json", t->key);
+    if (fstatat(mps_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return -1;
+    gs_stamp(&st, now_stamp, sizeof(now_stamp));
+    if (strcmp(now_stamp, t->record_stamp) != 0)
+        return -1;
+    *why = "write";
+    snprintf(name, sizeof(name), "%s.jobs", t->key);
+    refs_fd = openat(mps_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    clock_gettime(CLOCK_REALTIME, &now);
+    snprintf(created, sizeof(created), "%ld.%06ld", (long)now.tv_sec, now.tv_nsec / 1000L);
+    record = gs_fill(t->record, job, created);
+    env = gs_fill(t->env, job, created);
+    snprintf(file, sizeof(file), "%s.json", job);
+    snprintf(share, sizeof(share), "%d\n", t->share);
+    if (refs_fd < 0 || gs_root_dir_fd(refs_fd) < 0 || !record || !env ||
+        gs_write_at(jobs_fd, file, record, 0) < 0)
+        goto out;
+    if (gs_write_at(refs_fd, job, share, 1) < 0) {
+        (void)unlinkat(jobs_fd, file, 0);
+        goto out;
+    }
+    snprintf(file, sizeof(file), "%s.env", job);
+    if (gs_write_at(jobs_fd, file, env, 0) < 0) {
+        (void)unlinkat(refs_fd, job, 0);
+        snprintf(file, sizeof(file), "%s.json", job);
+        (void)unlinkat(jobs_fd, file, 0);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(record);
+    free(env);
+    if (refs_fd >= 0)
+        close(refs_fd);
+    return rc;
+}
+
+/* 1 when the job was joined to its daemon here, 0 when the worker must set it up. */
+static int gs_fast_join(spank_t sp, int ac, char **av)
+{
+    char path[PATH_MAX + 32], name[96], job[16], gpus[48];
+    const char *why = "no-ticket", *share = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    const char *slurm_gpus = getenv("SLURM_JOB_GPUS");
+    struct gs_ticket ticket;
+    struct stat held, named;
+    uint32_t job_id = 0, uid = 0;
+    double started = gs_now();
+    int mps_fd = -1, jobs_fd = -1, tickets_fd = -1, lock_fd = -1, joined = 0;
+    char *text = NULL;
+
+    /* The ticket's name, as gpushare.node.ticket.name makes it. */
+    if (!share || !*share || strlen(share) > 3 || strspn(share, "0123456789") != strlen(share) ||
+        !slurm_gpus || !*slurm_gpus || strlen(slurm_gpus) >= sizeof(gpus) ||
+        strspn(slurm_gpus, "0123456789,") != strlen(slurm_gpus) || gs_getopt(sp, "gpu-mps") ||
+        spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+        spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || uid == 0)
+        return 0;
+    snprintf(gpus, sizeof(gpus), "%s", slurm_gpus);
+    for (char *c = gpus; *c; c++)
+        if (*c == ',')
+            *c = '_';
+    snprintf(job, sizeof(job), "%u", job_id);
+    snprintf(name, sizeof(name), "u%u.g%s.s%s", uid, gpus, share);
+    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
+    if ((mps_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        gs_root_dir_fd(mps_fd) < 0 ||
+        (tickets_fd = openat(mps_fd, "tickets", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        gs_root_dir_fd(tickets_fd) < 0 || !(text = gs_read_root_file(tickets_fd, name, GS_TICKET_MAX)))
+        goto out;
+    if (gs_ticket_holds(sp, ac, av, text, &ticket, &why) < 0)
+        goto out;
+    snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
+    why = "lock";
+    if ((jobs_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        gs_root_dir_fd(jobs_fd) < 0)
+        goto out;
+    snprintf(path, sizeof(path), "%s.lock", ticket.key);
+    lock_fd = openat(mps_fd, path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lock_fd >= 0 && fstat(lock_fd, &held) == 0 && S_ISREG(held.st_mode) &&
+        held.st_uid == geteuid() && gs_flock_until(lock_fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
+        fstatat(mps_fd, path, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
+        joined = gs_join_locked(mps_fd, jobs_fd, &ticket, job, &why) == 0;
+out:
+    if (lock_fd >= 0)
+        close(lock_fd);
+    if (jobs_fd >= 0)
+        close(jobs_fd);
+    if (tickets_fd >= 0)
+        close(tickets_fd);
+    if (mps_fd >= 0)
+        close(mps_fd);
+    if (!joined) {
+        gs_debug(sp, "cb=job_prolog fast=no reason=%s", why);
+        free(text);
+        return 0;
+    }
+    gs_count_fast("prolog", gs_now() - started);
+    gs_debug(sp, "cb=job_prolog python=skip reason=joined daemon=%s share=%d", ticket.key,
+             ticket.share);
+    slurm_info("gpushare: job %u: shared MPS, %d%% of GPU %s, daemon %s (joined by the "
+               "plugin)", job_id, ticket.share, gpus, ticket.key);
+    free(text);
     return 1;
 }
 
@@ -1090,6 +1466,10 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
         slurm_error("gpushare: job prolog: %s is held by another process: %m", lock);
         close(fd);
         return -1;
+    }
+    if (gs_fast_join(sp, ac, av)) {
+        close(fd); /* the tasks have their file: the job's lock is free for its epilog */
+        return 0;
     }
     /* What the worker will load is checked here, so that Slurm drains the node for it. */
     if (gs_core_trusted(core, sizeof(core)) < 0) {

@@ -339,6 +339,92 @@ def test_the_workers_say_where_their_time_went(mps_bed):
     assert_nothing_left(bed)
 
 
+def prolog_lines(bed, job_id: int) -> list[str]:
+    """What the prolog of ``job_id`` decided (debug_log=): joined in C, or a worker."""
+    return [line for line in bed.debug_lines() if f" job={job_id} " in line and
+            ("cb=job_prolog python=" in line or "cb=job_prolog fast=" in line or
+             "cb=job_prolog detached" in line)]
+
+
+def job_record(bed, job_id: int) -> dict:
+    with open(os.path.join(bed.state_of(NODE), "jobs", f"{job_id}.json")) as handle:
+        return json.load(handle)
+
+
+def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed):
+    """A job like the one before it on the same GPU (same user, share, GPU, settings and
+    files) joins the running daemon in the C glue with that job's join ticket: the same
+    task environment, a record that differs only in its id and time, its reference on the
+    daemon, its prolog counted. A changed gres.conf, another share or the daemon's end send
+    the next job to the worker again."""
+    bed = mps_bed
+    gres_conf = os.path.join(os.path.dirname(bed.conf), "gres.conf")
+    # As on a node that has not looked for lost jobs yet: the holder, alone on the node,
+    # has no look to date a ticket by (an earlier test's look would give it one).
+    checked = os.path.join(bed.state_of(NODE), "slurm-checked")
+    if os.path.exists(checked):
+        os.unlink(checked)
+    holder = bed.sbatch("sleep 120", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+    daemon = wait_until("the holder's daemon", lambda: started_records(bed), 60)[0]
+    jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
+
+    def started(job_id: int) -> None:
+        wait_until(f"job {job_id} set up", lambda: os.path.exists(
+            os.path.join(jobs_dir, f"{job_id}.env")) and "START=" in bed.output(job_id), 60)
+
+    def submit(share: int = 25, sleep: int = 20) -> int:
+        return bed.sbatch(ENV_SCRIPT.replace("{sleep}", str(sleep)), f"--gres=mps:{share}",
+                          "-w", NODE, "-c1", user=U1)
+
+    # The first job after the holder is set up by its worker, which looks for lost jobs
+    # (the holder runs) and leaves the ticket.
+    first = submit()
+    started(first)
+    assert any("cb=job_prolog detached" in line for line in prolog_lines(bed, first))
+    tickets = os.listdir(os.path.join(bed.state_of(NODE), "mps", "tickets"))
+    assert tickets == [f"u{slurmbed.uid_of(U1)}.g0.s25"], tickets
+    ok_before = epilogs_counted(bed, "prologs")[0]
+    joined = submit()
+    started(joined)
+    lines = prolog_lines(bed, joined)
+    assert len(lines) == 1, lines
+    assert f"python=skip reason=joined daemon={daemon['key']} share=25" in lines[0]
+    # What its tasks got is what the job before got, and its record differs in id and time.
+    seen = [job_values(bed.output(j)) for j in (first, joined)]
+    for values in seen:
+        values.pop("SLURM_JOB_ID"), values.pop("START")
+    assert seen[0] == seen[1] and seen[1]["CUDA_MPS_PIPE_DIRECTORY"] == daemon["pipe_dir"]
+    records = [job_record(bed, j) for j in (first, joined)]
+    assert records[1]["job_id"] == records[1]["mps"]["job_id"] == joined
+    assert abs(records[1]["created"] - time.time()) < 60
+    for record in records:
+        for value in (record, record["mps"]):
+            value.pop("job_id")
+        record.pop("created")
+    assert records[0] == records[1]
+    (record,) = started_records(bed)
+    assert record["jobs"] == {str(j): {"share_percent": 25} for j in (holder, first, joined)}
+    assert record["daemon_pid"] == daemon["daemon_pid"]
+    assert epilogs_counted(bed, "prologs")[0] == ok_before + 1
+    # A changed gres.conf: the worker checks the GPU again, and the next job joins in C.
+    os.utime(gres_conf)
+    rechecked, after = submit(sleep=0), None
+    assert bed.wait_job(rechecked, timeout=60)["JobState"] == "COMPLETED"
+    assert "fast=no reason=files" in prolog_lines(bed, rechecked)[0]
+    after = submit(sleep=0)
+    assert bed.wait_job(after, timeout=60)["JobState"] == "COMPLETED"
+    assert "python=skip reason=joined" in prolog_lines(bed, after)[0]
+    # Another share has no ticket yet: its worker sets it up.
+    other = submit(share=10, sleep=0)
+    assert bed.wait_job(other, timeout=60)["JobState"] == "COMPLETED"
+    assert "fast=no reason=no-ticket" in prolog_lines(bed, other)[0]
+    for job_id in (first, joined):
+        assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+    bed.run(["scancel", str(holder)])
+    bed.wait_job(holder)
+    assert_nothing_left(bed)
+
+
 def epilog_lines(bed, job_id: int) -> list[str]:
     """What the epilog of ``job_id`` logged (debug_log=): the C glue's decision, and the
     worker's timing line when one ran."""
@@ -347,9 +433,9 @@ def epilog_lines(bed, job_id: int) -> list[str]:
              or (" debug timing " in line and " remove=" in line))]
 
 
-def epilogs_counted(bed) -> tuple[float, float]:
-    """``gpushare metrics``: the node's epilogs that ended ok, and those of them that took
-    at most 5 ms (the histogram's first bucket)."""
+def epilogs_counted(bed, callbacks: str = "epilogs") -> tuple[float, float]:
+    """``gpushare metrics``: the node's epilogs (or prologs) that ended ok, and those of
+    them that took at most 5 ms (the histogram's first bucket)."""
     result = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "metrics", "--node", NODE],
                      env={"PYTHONPATH": bed.path("lib", "python")}, check=False)
     assert result.returncode == 0, result.stderr
@@ -358,8 +444,8 @@ def epilogs_counted(bed) -> tuple[float, float]:
         return sum(float(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines()
                    if line.startswith(name + "{") and all(x in line for x in labels))
 
-    return (value("gpushare_epilogs_total", 'result="ok"'),
-            value("gpushare_epilog_duration_seconds_bucket", 'le="0.005"'))
+    return (value(f"gpushare_{callbacks}_total", 'result="ok"'),
+            value(f"gpushare_{callbacks[:-1]}_duration_seconds_bucket", 'le="0.005"'))
 
 
 def test_a_job_leaving_others_on_its_daemon_ends_without_an_interpreter(mps_bed):

@@ -166,6 +166,7 @@ class PluginConfig(NamedTuple):
     debug_log: str = ""
     imex_channels: str = ""
     show: bool = False
+    args: tuple[str, ...] = ()  # the line's arguments as given: join tickets compare them
 
     def for_node(self, node: str) -> "PluginConfig":
         """The configuration with ``%n``/``%h`` in its paths expanded for ``node``."""
@@ -213,6 +214,7 @@ def plugin_arg_values(args: Iterable[str]) -> dict[str, str]:
 
 def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
     """Parse ``key=value`` tokens into the configuration (ConfigError as above)."""
+    args = list(args)
     values = plugin_arg_values(args)
     return PluginConfig(
         pythonpath=values["pythonpath"],
@@ -226,6 +228,7 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         debug_log=values["debug_log"],
         imex_channels=values["imex_channels"],
         show=values["show"] == "yes",
+        args=tuple(args),
     )
 
 

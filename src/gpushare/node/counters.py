@@ -15,10 +15,11 @@ Labels are bounded: refusals and failures are counted by a reason from the fixed
 below, derived from the message (never a job id or a user's text). Counting must never
 fail or slow a job: any error is logged at debug level and dropped.
 
-An epilog the C glue finishes without an interpreter (a job leaving a daemon that serves
-others) appends its duration in microseconds as one line to ``<state_dir>/counters.fast``
-while it holds the same lock; the next ``add`` folds those lines into the counters as
-epilogs that ended ``ok`` and removes the file, and ``read`` counts them meanwhile.
+A prolog or epilog the C glue finishes without an interpreter (a job joining its user's
+running daemon with a join ticket, or leaving it to other jobs) appends a line
+``<prolog|epilog> <microseconds>`` to ``<state_dir>/counters.fast`` while it holds the same
+lock; the next ``add`` folds those lines into the counters as callbacks that ended ``ok``
+and removes the file, and ``read`` counts them meanwhile.
 
 This module is imported by the callbacks: it imports nothing the package docstring
 keeps out of them.
@@ -35,7 +36,7 @@ from gpushare.common.log import get_logger
 LOG = get_logger("gpushare.counters")
 
 FILE = "counters.json"
-FAST_FILE = "counters.fast"  # the C glue's epilogs, one line of microseconds each
+FAST_FILE = "counters.fast"  # the C glue's callbacks: "<prolog|epilog> <microseconds>"
 VERSION = 1
 
 # Histogram bounds in seconds: a prolog takes tens of milliseconds, an MPS start more, a
@@ -198,7 +199,7 @@ def add(state_dir: str, keys: list[str], amounts: Optional[dict[str, int]] = Non
 
 
 def _fold_fast(values: dict[str, int], dir_fd: int) -> bool:
-    """Add the C glue's epilogs (``counters.fast``, lock held) to ``values``; True when
+    """Add the C glue's callbacks (``counters.fast``, lock held) to ``values``; True when
     there were any, so the caller removes the file once the sum is written."""
     from gpushare.common import safefs
 
@@ -209,14 +210,15 @@ def _fold_fast(values: dict[str, int], dir_fd: int) -> bool:
         return False
     if not data:
         return False
-    for line in data.split():
-        if not line.isdigit():
+    for line in data.decode("ascii", "replace").splitlines():
+        kind, _, text = line.partition(" ")
+        if kind not in CALLBACKS or not text.isdigit():
             continue
-        micros = int(line)
-        for key, amount in ((series("epilogs_total", "ok"), 1),
-                            (series("epilog_duration_bucket", _bucket(micros / 1e6)), 1),
-                            (series("epilog_duration_count"), 1),
-                            (series("epilog_duration_sum_us"), micros)):
+        micros = int(text)
+        for key, amount in ((series(f"{kind}s_total", "ok"), 1),
+                            (series(f"{kind}_duration_bucket", _bucket(micros / 1e6)), 1),
+                            (series(f"{kind}_duration_count"), 1),
+                            (series(f"{kind}_duration_sum_us"), micros)):
             values[key] = values.get(key, 0) + amount
     return True
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from gpushare.common.log import get_logger
-from gpushare.node import counters
+from gpushare.node import counters, ticket
 from gpushare.node.config import PluginConfig, beside_slurm_conf
 from gpushare.node.mps import MpsDevice, MpsError, MpsManager, limits_for
 from gpushare.node.phases import Phases
@@ -270,9 +270,41 @@ def prolog(config: PluginConfig, request: JobRequest,
     # ones hold the daemon).
     manager.update_caps(lease.key)
     phases.done("caps")
+    _write_ticket(config, request, record, manager, lease.key)
+    phases.done("ticket")
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record
+
+
+def _write_ticket(config: PluginConfig, request: JobRequest, record: JobRecord,
+                  manager: MpsManager, key: str) -> None:
+    """Let the C glue join the user's next job like this one to the same daemon by itself
+    (``gpushare.node.ticket``): for a shared job, once its daemon's caps cover it."""
+    name = ticket.name(request.uid, request.env) if record.mode == "shared" else None
+    if name is None:
+        return
+    checked = os.path.join(config.state_dir, _SLURM_CHECKED)
+    try:
+        # Not past the node's next look for lost jobs, which only a worker does.
+        until = min(time.time() + ticket.REUSE_SECONDS,
+                    os.stat(checked).st_mtime + SLURM_CHECK_INTERVAL)
+    except FileNotFoundError:
+        return
+    files = [gres_conf_path(request.env), checked]
+    if config.plan:
+        files.append(config.plan)
+    if config.inventory.startswith("sim:"):
+        files.append(config.inventory[4:])
+    show = describe(record.env, ticket.JOB_ID_MARK) if config.show else ""
+    file_lines = ticket.file_lines(files)
+    manager.write_ticket(key, record.share_percent, name, lambda daemon, record_stamp:
+                         ticket.render(key=key, until=until, uid=record.uid, gid=record.gid,
+                                       share=record.share_percent, args=config.args,
+                                       env=request.env,
+                                       options={"gpu-share": request.gpu_share},
+                                       files=file_lines, daemon=daemon,
+                                       record_stamp=record_stamp, record=record, show=show))
 
 
 def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: str,
@@ -341,8 +373,8 @@ def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[
             for d in devices]
 
 
-def describe(record_env: Mapping[str, str], job_id: int) -> str:
-    """One line a user reads in the job's output."""
+def describe(record_env: Mapping[str, str], job_id: "int | str") -> str:
+    """One line a user reads in the job's output (``job_id`` may be a join ticket's mark)."""
     parts = [f"CUDA_VISIBLE_DEVICES={record_env.get('CUDA_VISIBLE_DEVICES', '')}"]
     if SHARE_ENV in record_env:
         parts.append(f"{record_env[SHARE_ENV]}% of the GPU's SMs")

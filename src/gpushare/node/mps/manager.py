@@ -42,6 +42,7 @@ from gpushare.node.mps.limits import Limits, limits_for
 from gpushare.node.mps.lock import Lock, lock_held, locked
 from gpushare.node.mps.record import (
     MODES,
+    TICKETS,
     DaemonRecord,
     MpsDevice,
     MpsLease,
@@ -148,6 +149,38 @@ class MpsManager:
                     self._apply_caps(mps_fd, rec)
         except Exception as err:  # the lock, the record or the directory: logged only
             LOG.warning("cannot update the caps of MPS daemon %s: %s", key, err)
+
+    def write_ticket(self, key: str, share: int, ticket_name: str,
+                     render: Callable[[str, str], bytes]) -> bool:
+        """Write the join ticket ``ticket_name`` (``gpushare.node.ticket``) for daemon
+        ``key``, under its lock, when the daemon runs shared with caps of at least
+        ``share``; ``render(daemon, record_stamp)`` makes its text. False (logged) when there
+        is none to write; nothing here may fail the job, whose tasks may already run."""
+        from gpushare.node import ticket
+
+        try:
+            with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key):
+                rec = self.store.read(mps_fd, key)
+                started = (self.scan.start_time(rec.daemon_pid)
+                           if rec is not None and rec.daemon_pid else None)
+                if (rec is None or rec.mode != "shared" or started is None or
+                        rec.caps is None or rec.caps.percent < share or rec.stop_failed):
+                    return False
+                record_stamp = ticket.stamp(os.stat(key + ".json", dir_fd=mps_fd,
+                                                    follow_symlinks=False))
+                text = render(f"{rec.daemon_pid} {started}", record_stamp)
+                with suppress(FileExistsError):
+                    os.mkdir(TICKETS, 0o700, dir_fd=mps_fd)
+                tickets_fd = safefs.open_dir_at(mps_fd, TICKETS, self._path(TICKETS),
+                                                root_owned=True)
+                try:
+                    safefs.write_file_atomic_at(tickets_fd, ticket_name, text, 0o600)
+                finally:
+                    os.close(tickets_fd)
+                return True
+        except Exception as err:  # a ticket only saves the next join its worker: logged
+            LOG.warning("no join ticket for MPS daemon %s: %s", key, err)
+            return False
 
     def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
         """Drop the job's references; stop daemons nobody uses. Idempotent.
@@ -340,11 +373,11 @@ class MpsManager:
         (a failed change is retried by the next join or leave) and what ``gpushare mps``
         shows. A failure is logged, not raised: the jobs' own limits still hold.
         """
-        from gpushare.node.mps import control
-
         caps = self._limits(rec, list(rec.jobs.values()))
         if caps == rec.caps:
             return
+        from gpushare.node.mps import control  # only when the daemon is told something
+
         try:
             result = self._control(rec, [*control.default_cap_commands(caps),
                                          "get_server_list"])

@@ -60,6 +60,13 @@ class ProcScan:
             return None
         return status
 
+    def start_time(self, pid: int) -> Optional[str]:
+        """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22):
+        with the pid, it names one process for good."""
+        stat = self.read(pid, "stat")
+        fields = stat.rsplit(b")", 1)[-1].split() if stat else []
+        return fields[19].decode() if len(fields) > 19 else None
+
     def alive(self, pid: int) -> bool:
         return self.live_status(pid) is not None
 

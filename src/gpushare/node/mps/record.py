@@ -31,6 +31,7 @@ RECORD_VERSION = 2
 # Version 1 kept the jobs in the record itself; it is read, and written back as version 2.
 READ_VERSIONS = (1, 2)
 JOBS_SUFFIX = ".jobs"  # <key>.jobs/<job id>: one file per job referencing the daemon
+TICKETS = "tickets"  # join tickets (gpushare.node.ticket), beside the daemons: not a key
 MODES = ("shared", "private")
 # What daemon_key() makes; compiled on first use (re caches it), not by every import.
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
@@ -321,15 +322,36 @@ class RecordStore:
             os.close(jobs_fd)
 
     def remove(self, mps_fd: int, key: str) -> None:
-        """Remove daemon ``key``'s record and its jobs (lock held)."""
+        """Remove daemon ``key``'s record, its jobs and its join tickets (lock held)."""
         safefs.remove_tree_at(mps_fd, key + JOBS_SUFFIX)
         safefs.remove_file_at(mps_fd, key + ".json")
+        self._remove_tickets(mps_fd, key)
+
+    def _remove_tickets(self, mps_fd: int, key: str) -> None:
+        """The daemon's join tickets go with it (they could not be used any more: its record
+        is gone), and their directory once it is empty."""
+        try:
+            tickets_fd = safefs.open_dir_at(mps_fd, TICKETS, self.path(TICKETS),
+                                            root_owned=True)
+        except FileNotFoundError:
+            return
+        try:
+            names = f"\nkey {key}\n".encode()
+            for name in os.listdir(tickets_fd):
+                with suppress(OSError, safefs.UnsafePathError):
+                    head = safefs.read_small_file_at(tickets_fd, name, 4096)
+                    if head is not None and names in head:
+                        safefs.remove_file_at(tickets_fd, name)
+        finally:
+            os.close(tickets_fd)
+        with suppress(OSError):  # not empty: another daemon's tickets stay
+            os.rmdir(TICKETS, dir_fd=mps_fd)
 
     def keys(self, mps_fd: int) -> list[str]:
         """Every key with a record, a lock or a directory."""
         keys = set()
         for name in os.listdir(mps_fd):
-            if name.startswith("."):
+            if name.startswith(".") or name == TICKETS:
                 continue
             if name.endswith(JOBS_SUFFIX):
                 base = name[:-len(JOBS_SUFFIX)]
