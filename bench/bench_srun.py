@@ -16,7 +16,10 @@ Every srun is a new job. The cases:
   salloc true                an interactive allocation, no step
 
 Blocks of ``--per-block`` runs alternate between "without" (plugstack.conf empty) and
-"with"; medians over all blocks, printed as ratios.
+"with"; medians over all blocks, printed as ratios. Before each run the bench waits, untimed,
+until the jobs before it are gone from the node's gpushare state (their epilogs done), so a
+"first on its GPU" job really starts the daemon and a joining job joins the holder's; a
+second table says, from the plugin's debug log, how the jobs of each case were set up.
 
     python3 bench/bench_srun.py [--blocks 10] [--per-block 10]
 """
@@ -24,7 +27,9 @@ Blocks of ``--per-block`` runs alternate between "without" (plugstack.conf empty
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import re
 import statistics
 import sys
 import time
@@ -51,13 +56,35 @@ CASES = (
 )
 
 
-def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int) -> list[float]:
+def settle(bed: slurmbed.SlurmBed, jobs_left: int) -> None:
+    """Wait (untimed) until only ``jobs_left`` gpushare job records are left on the node:
+    the epilogs of the jobs before are done, and with them any daemon they alone held."""
+    records = os.path.join(bed.state_of(NODE), "jobs", "*.json")
+    deadline = time.monotonic() + 30
+    while len(glob.glob(records)) > jobs_left and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int) -> list[float]:
     samples = []
     for _ in range(count):
+        settle(bed, jobs_left)
         start = time.perf_counter()
         bed.run(argv, user=USER)
         samples.append(time.perf_counter() - start)
+    settle(bed, jobs_left)
     return samples
+
+
+SET_UP = (("daemon started", re.compile(r" debug timing .*daemon-start=")),
+          ("joined by a worker", re.compile(r" debug timing (?!.*daemon-start=).*verify=")),
+          ("joined in C", re.compile(r"cb=job_prolog python=skip reason=joined")),
+          ("epilog in C", re.compile(r"cb=job_epilog python=skip reason=left-daemon")))
+
+
+def set_up_counts(lines: list[str]) -> dict[str, int]:
+    """How the jobs whose lines these are were set up and ended (the plugin's debug log)."""
+    return {name: sum(1 for line in lines if pattern.search(line)) for name, pattern in SET_UP}
 
 
 def holder(bed: slurmbed.SlurmBed) -> int:
@@ -83,6 +110,7 @@ def main() -> int:
     bed = slurmbed.plan_bed(root=opts.root, port_base=opts.port, job_submit="lua",
                             job_submit_lua=LUA, prolog_flags=opts.prolog_flags)
     samples: dict[tuple[str, str], list[float]] = {}
+    set_up: dict[str, dict[str, int]] = {}
     with bed:
         gpushare = bed.plugstack_line()
         for name, without, with_, needs_holder, _goal in CASES:
@@ -91,14 +119,21 @@ def main() -> int:
             if needs_holder:
                 bed.write_plugstack(gpushare)
                 held = holder(bed)
+            left = 1 if held is not None else 0
             for _side, plugstack, argv in sides:  # warm-up
                 bed.write_plugstack(plugstack)
-                timed(bed, argv, 2)
+                timed(bed, argv, 2, left)
             for _ in range(opts.blocks):
                 for side, plugstack, argv in sides:
                     bed.write_plugstack(plugstack)
+                    seen = len(bed.debug_lines())
                     samples.setdefault((name, side), []).extend(
-                        timed(bed, argv, opts.per_block))
+                        timed(bed, argv, opts.per_block, left))
+                    if side == "with":
+                        counts = set_up_counts(bed.debug_lines()[seen:])
+                        for key, value in counts.items():
+                            set_up.setdefault(name, {}).setdefault(key, 0)
+                            set_up[name][key] += value
             if held is not None:
                 bed.write_plugstack(gpushare)
                 bed.run(["scancel", str(held)])
@@ -114,6 +149,11 @@ def main() -> int:
         with_ = statistics.median(samples[(name, "with")])
         print(f"{name:<44} {base * 1000:>10.1f} {with_ * 1000:>9.1f} {with_ / base:>7.3f} "
               f"{'<=' + str(goal):>7}")
+    print(f"\nhow the timed jobs with gpushare were set up ({runs} per case)")
+    print(f"{'case':<44} " + " ".join(f"{key:>18}" for key, _ in SET_UP))
+    for name, *_rest in CASES:
+        counts = set_up.get(name, {})
+        print(f"{name:<44} " + " ".join(f"{counts.get(key, 0):>18}" for key, _ in SET_UP))
     return 0
 
 
