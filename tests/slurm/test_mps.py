@@ -418,6 +418,16 @@ def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed
     other = submit(share=10, sleep=0)
     assert bed.wait_job(other, timeout=60)["JobState"] == "COMPLETED"
     assert "fast=no reason=no-ticket" in prolog_lines(bed, other)[0]
+    # verify_reuse=0: every job is checked and set up by its own worker, no ticket written.
+    line = bed.plugstack_line()
+    bed.write_plugstack(line.rstrip("\n") + " verify_reuse=0\n")
+    try:
+        for _ in range(2):  # one after the other, each beside the jobs on the holder's GPU
+            job_id = submit(sleep=0)
+            assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+            assert "fast=no reason=plugstack" in prolog_lines(bed, job_id)[0]
+    finally:
+        bed.write_plugstack(line)
     for job_id in (first, joined):
         assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
     bed.run(["scancel", str(holder)])

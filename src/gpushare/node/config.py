@@ -104,6 +104,12 @@ def _timeout(value: str) -> str:
     return value
 
 
+def _reuse(value: str) -> str:
+    if not value.isdigit() or int(value) > 300:
+        raise ValueError("a whole number of seconds from 0 to 300")
+    return value
+
+
 class ArgSpec(NamedTuple):
     """One plugstack key: its default, a validator, and what it is for."""
 
@@ -137,6 +143,10 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "with SwitchType=switch/nvidia_imex: where every GPU task must find its job's "
             "IMEX channel device (/dev/nvidia-caps-imex-channels); a task without one fails "
             "with a message"),
+    ArgSpec("verify_reuse", "60", _reuse, "seconds from 0 to 300",
+            "how long one job's GPU check stands for the next jobs of the same user, GPU and "
+            "share that join its running daemon, with the node's files unchanged (the plugin "
+            "then joins them without a worker); 0: every job is checked and set up by a worker"),
     ArgSpec("show", "no", _choice("yes", "no"), "yes or no",
             "also print one gpushare: line into the first task's stderr saying what the job "
             "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "
@@ -165,6 +175,7 @@ class PluginConfig(NamedTuple):
     timeout: float = 10.0
     debug_log: str = ""
     imex_channels: str = ""
+    verify_reuse: float = 60.0
     show: bool = False
     args: tuple[str, ...] = ()  # the line's arguments as given: join tickets compare them
 
@@ -227,6 +238,7 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         timeout=float(values["timeout"]),
         debug_log=values["debug_log"],
         imex_channels=values["imex_channels"],
+        verify_reuse=float(values["verify_reuse"]),
         show=values["show"] == "yes",
         args=tuple(args),
     )

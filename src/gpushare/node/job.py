@@ -282,12 +282,12 @@ def _write_ticket(config: PluginConfig, request: JobRequest, record: JobRecord,
     """Let the C glue join the user's next job like this one to the same daemon by itself
     (``gpushare.node.ticket``): for a shared job, once its daemon's caps cover it."""
     name = ticket.name(request.uid, request.env) if record.mode == "shared" else None
-    if name is None:
+    if name is None or config.verify_reuse <= 0:
         return
     checked = os.path.join(config.state_dir, _SLURM_CHECKED)
     try:
         # Not past the node's next look for lost jobs, which only a worker does.
-        until = min(time.time() + ticket.REUSE_SECONDS,
+        until = min(time.time() + config.verify_reuse,
                     os.stat(checked).st_mtime + SLURM_CHECK_INTERVAL)
     except FileNotFoundError:
         return

@@ -15,8 +15,9 @@ uses a ticket only while every condition holds:
 - the files the GPU check read (gres.conf, the plan, a simulated inventory) unchanged, and
   ``slurm-checked`` too (removing it asks the next prolog to look for lost jobs);
 - the daemon's record unchanged (so its pid and caps are), and its process the same one;
-- before ``until``: at most ``REUSE_SECONDS`` after the check the ticket reuses, and not
-  past the node's next look for jobs whose epilog was lost.
+- before ``until``: at most plugstack's ``verify_reuse=`` seconds after the check the
+  ticket reuses (none is written with 0), and not past the node's next look for jobs whose
+  epilog was lost.
 
 Any other job, or any doubt, goes to the worker, which checks and writes a ticket again.
 The format is line-based so that C reads it without a parser: ``word value`` lines, then
@@ -35,8 +36,6 @@ FORMAT = "gpushare-ticket 1"
 TICKET_ENV = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "SLURM_CONF", "SLURMD_NODENAME")
 OPTIONS = ("gpu-share", "gpu-mps")
-# How long one check of a GPU stands for the jobs that join its daemon after it.
-REUSE_SECONDS = 60.0
 JOB_ID_MARK = "@GPUSHARE_JOB_ID@"
 CREATED_MARK = "@GPUSHARE_CREATED@"
 _ID_SENTINEL = 4242424242424242

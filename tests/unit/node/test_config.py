@@ -25,12 +25,13 @@ def test_every_key_is_accepted_with_a_good_value():
     good = {"pythonpath": "/opt/gs", "state_dir": "/run/x", "mps_control": "/usr/bin/m",
             "mem_limit": "16G", "verify": "warn", "inventory": "sim:/p/%n.json",
             "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
-            "imex_channels": "/dev/nvidia-caps-imex-channels", "show": "yes"}
+            "imex_channels": "/dev/nvidia-caps-imex-channels", "verify_reuse": "0",
+            "show": "yes"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"
     assert config.inventory == "sim:/p/%n.json" and config.timeout == 2.5
-    assert config.debug_log == "" and config.show is True
+    assert config.debug_log == "" and config.show is True and config.verify_reuse == 0
     assert config.mps_dir == "/run/x/mps"
 
 
@@ -46,6 +47,9 @@ def test_every_key_is_accepted_with_a_good_value():
     ("timeout=0", "timeout='0' is invalid: expected a number of seconds between 0.1 and 600"),
     ("timeout=abc", "timeout='abc' is invalid"),
     ("show=maybe", "show='maybe' is invalid: expected one of yes, no"),
+    ("verify_reuse=-1", "verify_reuse='-1' is invalid: expected a whole number of seconds "
+                        "from 0 to 300"),
+    ("verify_reuse=301", "verify_reuse='301' is invalid"),
 ])
 def test_bad_arguments_name_the_key_and_what_is_accepted(arg, expected):
     with pytest.raises(ConfigError) as err:
