@@ -81,13 +81,19 @@ _TIMING_LINE = re.compile(r"(\d+\.\d+) pid=(\d+) .* job=(\d+) debug timing (.*)"
 _PYTHON_START = re.compile(r"(\d+\.\d+) pid=(\d+) .* python=start$")
 
 
-_FAST_EPILOG = re.compile(r".* job=(\d+) cb=job_epilog python=skip reason=left-daemon")
+_FAST = re.compile(r".* job=(\d+) cb=job_(prolog|epilog) python=skip "
+                   r"reason=(joined|left-daemon)")
 
 
 def fast_epilogs_from_debug_log(lines: list[str]) -> set[int]:
     """Jobs whose epilog the C glue finished without a worker (they left their daemon to
     other jobs)."""
-    return {int(m[1]) for line in lines for m in [_FAST_EPILOG.match(line)] if m}
+    return {int(m[1]) for line in lines for m in [_FAST.match(line)] if m and m[2] == "epilog"}
+
+
+def fast_prologs_from_debug_log(lines: list[str]) -> set[int]:
+    """Jobs the C glue joined to their user's daemon without a worker (a join ticket)."""
+    return {int(m[1]) for line in lines for m in [_FAST.match(line)] if m and m[2] == "prolog"}
 
 
 def workers_from_debug_log(lines: list[str]) -> dict[int, dict[str, float]]:
@@ -183,6 +189,7 @@ def main() -> int:
         debug_lines = bed.debug_lines()
         workers = workers_from_debug_log(debug_lines)
         fast = fast_epilogs_from_debug_log(debug_lines)
+        joined = fast_prologs_from_debug_log(debug_lines)
 
     rows = []
     for name in names:
@@ -196,21 +203,23 @@ def main() -> int:
         pro_worker = [workers[j]["prolog"] for j in counted if "prolog" in workers.get(j, {})]
         epi_worker = [workers[j]["epilog"] for j in counted if "epilog" in workers.get(j, {})]
         rows.append((name, len(ids), _ms(prolog), _ms(epilog), _ms(srun), _ms(pro_worker),
-                     _ms(epi_worker), sum(1 for j in counted if j in fast)))
+                     _ms(epi_worker), sum(1 for j in counted if j in joined),
+                     sum(1 for j in counted if j in fast)))
     base = rows[0]
     print(f"srun --gres=mps:25, {opts.rounds} rounds x {opts.per_round} jobs per variant, "
           "medians in ms (slurmd log timestamps have 1 ms resolution). prolog/epilog: what "
           "Slurm waits for; workers: gpushare's detached prolog and epilog work, which the "
-          "job's first task (prolog) or the next prolog worker (epilog) waits for; epi in C: "
-          "jobs whose epilog needed no worker (they left their daemon to other jobs)")
+          "job's first task (prolog) or the next prolog worker (epilog) waits for; pro/epi in "
+          "C: jobs whose prolog (joined with a ticket) or epilog (left others on the daemon) "
+          "needed no worker")
     print(f"{'variant':<18} {'jobs':>5} {'prolog':>8} {'epilog':>8} {'pro+epi':>8} "
           f"{'added':>7} {'srun':>8} {'added':>7} {'pro wkr':>8} {'epi wkr':>8} "
-          f"{'epi in C':>8}")
-    for name, count, prolog, epilog, srun, pro_worker, epi_worker, in_c in rows:
+          f"{'pro in C':>8} {'epi in C':>8}")
+    for name, count, prolog, epilog, srun, pro_worker, epi_worker, pro_c, epi_c in rows:
         both = prolog + epilog
         print(f"{name:<18} {count:>5} {prolog:>8.1f} {epilog:>8.1f} {both:>8.1f} "
               f"{both - base[2] - base[3]:>+7.1f} {srun:>8.1f} {srun - base[4]:>+7.1f} "
-              f"{pro_worker:>8.1f} {epi_worker:>8.1f} {in_c:>8}")
+              f"{pro_worker:>8.1f} {epi_worker:>8.1f} {pro_c:>8} {epi_c:>8}")
     print_phases(names[1:], jobs, phases_from_debug_log(debug_lines))
     return 0
 

@@ -56,5 +56,8 @@ def test_epilogs_done_without_a_worker_are_counted_not_timed():
         "103.000000 pid=31 uid=0 ctx=job_script job=9 cb=job_epilog fast=no "
         "reason=last-job daemon=u1001-GPU-1",
     ]
+    lines.append("104.000000 pid=32 uid=0 ctx=job_script job=10 cb=job_prolog python=skip "
+                 "reason=joined daemon=u1001-GPU-1 share=25")
     assert bench_prolog.fast_epilogs_from_debug_log(lines) == {8}
+    assert bench_prolog.fast_prologs_from_debug_log(lines) == {10}
     assert set(bench_prolog.workers_from_debug_log(lines)) == {7}
