@@ -848,6 +848,10 @@ def test_a_killed_prolog_worker_fails_the_task_instead_of_running_it(mps_bed):
     job_id = bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
     started = wait_until("the prolog's worker", lambda: next(
         (line for line in bed.debug_lines() if f"job={job_id} python=start" in line), None), 60)
+    # Killed while it starts the daemon (slow_start: 1.5 s), once the daemon's record names
+    # the job: what it set up is then the epilog's to undo.
+    wait_until("the daemon's record names the job", lambda: any(
+        str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
     os.kill(int(re.search(r" pid=(\d+) ", str(started))[1]), signal.SIGKILL)
     assert bed.wait_job(job_id)["JobState"] != "COMPLETED"
     output = bed.output(job_id)
