@@ -855,36 +855,91 @@ static int gs_job_options_used(spank_t sp)
  */
 #define GS_KEY_MAX 256
 
-static int gs_root_dir_fd(int fd)
+/* The directory name below dir_fd (AT_FDCWD: an absolute path), opened when it is root's
+ * and not writable by others, as root made it; -1 otherwise. */
+static int gs_open_dir_at(int dir_fd, const char *name)
 {
     struct stat st;
+    int fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
-    return fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
-           !(st.st_mode & 022) ? 0 : -1;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022))) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* A stream over the entries of the open directory fd, which stays open (closedir() it). */
+static DIR *gs_dir_stream(int fd)
+{
+    int copy = dup(fd);
+    DIR *dir = copy >= 0 ? fdopendir(copy) : NULL;
+
+    if (!dir && copy >= 0)
+        close(copy);
+    return dir;
+}
+
+/* The lock of daemon key (<key>.lock in the mps directory), taken within timeout= as
+ * gpushare.node.mps.lock takes it: on the file that still has that name. -1 when not. */
+static int gs_lock_daemon(int mps_fd, const char *key)
+{
+    char name[GS_KEY_MAX + 8];
+    struct stat held, named;
+    int fd;
+
+    snprintf(name, sizeof(name), "%s.lock", key);
+    fd = openat(mps_fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0 && fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && held.st_uid == geteuid() &&
+        gs_flock_until(fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
+        fstatat(mps_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* A root-owned regular file below dir_fd, whole, NUL-terminated (free() it); NULL if not. */
+static char *gs_read_root_file(int dir_fd, const char *name, size_t max)
+{
+    struct stat st;
+    char *text;
+    ssize_t got;
+    size_t len = 0;
+    int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+
+    if (fd < 0)
+        return NULL;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (size_t)st.st_size >= max || !(text = malloc((size_t)st.st_size + 1))) {
+        close(fd);
+        return NULL;
+    }
+    while (len < (size_t)st.st_size &&
+           (got = read(fd, text + len, (size_t)st.st_size - len)) > 0)
+        len += (size_t)got;
+    close(fd);
+    text[len] = '\0';
+    if (len != (size_t)st.st_size || strlen(text) != len) {
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 /* A share file's percent (1-100), or -1 for anything gpushare does not write. */
 static int gs_read_share(int dir_fd, const char *name)
 {
-    char text[16];
-    struct stat st;
-    ssize_t len;
-    char *end;
+    char *text = gs_read_root_file(dir_fd, name, 16), *end;
     long share;
-    int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
 
-    if (fd < 0)
+    if (!text)
         return -1;
-    len = (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
-              ? read(fd, text, sizeof(text) - 1) : -1;
-    close(fd);
-    if (len <= 0)
-        return -1;
-    text[len] = '\0';
     errno = 0;
     share = strtol(text, &end, 10);
     if (errno || end == text || (*end && strcmp(end, "\n") != 0) || share < 1 || share > 100)
-        return -1;
+        share = -1;
+    free(text);
     return (int)share;
 }
 
@@ -894,15 +949,12 @@ static int gs_daemon_of_job(int mps_fd, const char *job, char *key)
     char ref[GS_KEY_MAX + 32];
     struct dirent *entry;
     struct stat st;
-    int found = 0, fd = dup(mps_fd);
-    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    int found = 0;
+    DIR *dir = gs_dir_stream(mps_fd);
     size_t len;
 
-    if (!dir) {
-        if (fd >= 0)
-            close(fd);
+    if (!dir)
         return -1;
-    }
     while ((entry = readdir(dir))) {
         len = strlen(entry->d_name);
         if (entry->d_name[0] == '.' || len <= 5 || len - 5 >= GS_KEY_MAX ||
@@ -923,7 +975,7 @@ static int gs_drop_reference(int mps_fd, const char *key, const char *job, const
     char name[GS_KEY_MAX + 16];
     struct dirent *entry;
     struct stat st;
-    int own, share, others = 0, largest = 0, fd, jobs_fd;
+    int own, share, others = 0, largest = 0, jobs_fd;
     DIR *dir;
 
     *why = "no-record";
@@ -932,18 +984,9 @@ static int gs_drop_reference(int mps_fd, const char *key, const char *job, const
         return 0;
     *why = "jobs-unreadable";
     snprintf(name, sizeof(name), "%s.jobs", key);
-    jobs_fd = openat(mps_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (jobs_fd < 0)
+    if ((jobs_fd = gs_open_dir_at(mps_fd, name)) < 0)
         return 0;
-    if (gs_root_dir_fd(jobs_fd) < 0 || (own = gs_read_share(jobs_fd, job)) < 0) {
-        close(jobs_fd);
-        return 0;
-    }
-    fd = dup(jobs_fd);
-    dir = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!dir) {
-        if (fd >= 0)
-            close(fd);
+    if ((own = gs_read_share(jobs_fd, job)) < 0 || !(dir = gs_dir_stream(jobs_fd))) {
         close(jobs_fd);
         return 0;
     }
@@ -1002,28 +1045,23 @@ static int gs_fast_leave(spank_t sp)
     uint32_t job_id = 0;
     double started = gs_now();
     int mps_fd, lock_fd, share = 0;
-    struct stat held, named;
     const char *why = "lock";
 
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return 0;
     snprintf(job, sizeof(job), "%u", job_id);
     snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
-    mps_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (mps_fd < 0 || gs_root_dir_fd(mps_fd) < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
+    mps_fd = gs_open_dir_at(AT_FDCWD, path);
+    if (mps_fd < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
         if (mps_fd >= 0)
             close(mps_fd);
         gs_debug(sp, "cb=job_epilog fast=no reason=no-single-daemon");
         return 0;
     }
-    snprintf(path, sizeof(path), "%s.lock", key);
-    lock_fd = openat(mps_fd, path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (lock_fd >= 0 && fstat(lock_fd, &held) == 0 && S_ISREG(held.st_mode) &&
-        held.st_uid == geteuid() && gs_flock_until(lock_fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
-        fstatat(mps_fd, path, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
+    if ((lock_fd = gs_lock_daemon(mps_fd, key)) >= 0) {
         share = gs_drop_reference(mps_fd, key, job, &why);
-    if (lock_fd >= 0)
         close(lock_fd);
+    }
     close(mps_fd);
     if (!share) {
         gs_debug(sp, "cb=job_epilog fast=no reason=%s daemon=%s", why, key);
@@ -1054,34 +1092,6 @@ static int gs_fast_leave(spank_t sp)
 #define GS_TICKET_MAX (64 * 1024)
 #define GS_JOB_ID_MARK "@GPUSHARE_JOB_ID@"
 #define GS_CREATED_MARK "@GPUSHARE_CREATED@"
-
-/* A root-owned regular file below dir_fd, whole, NUL-terminated (free() it); NULL if not. */
-static char *gs_read_root_file(int dir_fd, const char *name, size_t max)
-{
-    struct stat st;
-    char *text;
-    ssize_t got;
-    size_t len = 0;
-    int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-
-    if (fd < 0)
-        return NULL;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-        (size_t)st.st_size >= max || !(text = malloc((size_t)st.st_size + 1))) {
-        close(fd);
-        return NULL;
-    }
-    while (len < (size_t)st.st_size &&
-           (got = read(fd, text + len, (size_t)st.st_size - len)) > 0)
-        len += (size_t)got;
-    close(fd);
-    text[len] = '\0';
-    if (len != (size_t)st.st_size || strlen(text) != len) {
-        free(text);
-        return NULL;
-    }
-    return text;
-}
 
 /* "<dev> <ino> <size> <mtime in ns>", as gpushare.node.ticket.stamp prints a stat. */
 static void gs_stamp(const struct stat *st, char *out, size_t size)
@@ -1316,14 +1326,14 @@ static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, co
         return -1;
     *why = "write";
     snprintf(name, sizeof(name), "%s.jobs", t->key);
-    refs_fd = openat(mps_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    refs_fd = gs_open_dir_at(mps_fd, name);
     clock_gettime(CLOCK_REALTIME, &now);
     snprintf(created, sizeof(created), "%ld.%06ld", (long)now.tv_sec, now.tv_nsec / 1000L);
     record = gs_fill(t->record, job, created);
     env = gs_fill(t->env, job, created);
     snprintf(file, sizeof(file), "%s.json", job);
     snprintf(share, sizeof(share), "%d\n", t->share);
-    if (refs_fd < 0 || gs_root_dir_fd(refs_fd) < 0 || !record || !env ||
+    if (refs_fd < 0 || !record || !env ||
         gs_write_at(jobs_fd, file, record, 0) < 0)
         goto out;
     if (gs_write_at(refs_fd, job, share, 1) < 0) {
@@ -1353,7 +1363,6 @@ static int gs_fast_join(spank_t sp, int ac, char **av)
     const char *why = "no-ticket", *share = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     const char *slurm_gpus = getenv("SLURM_JOB_GPUS");
     struct gs_ticket ticket;
-    struct stat held, named;
     uint32_t job_id = 0, uid = 0;
     double started = gs_now();
     int mps_fd = -1, jobs_fd = -1, tickets_fd = -1, lock_fd = -1, joined = 0;
@@ -1373,24 +1382,18 @@ static int gs_fast_join(spank_t sp, int ac, char **av)
     snprintf(job, sizeof(job), "%u", job_id);
     snprintf(name, sizeof(name), "u%u.g%s.s%s", uid, gpus, share);
     snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
-    if ((mps_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-        gs_root_dir_fd(mps_fd) < 0 ||
-        (tickets_fd = openat(mps_fd, "tickets", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-        gs_root_dir_fd(tickets_fd) < 0 || !(text = gs_read_root_file(tickets_fd, name, GS_TICKET_MAX)))
+    if ((mps_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (tickets_fd = gs_open_dir_at(mps_fd, "tickets")) < 0 ||
+        !(text = gs_read_root_file(tickets_fd, name, GS_TICKET_MAX)))
         goto out;
     if (gs_ticket_holds(sp, ac, av, text, &ticket, &why) < 0)
         goto out;
     snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
     why = "lock";
-    if ((jobs_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-        gs_root_dir_fd(jobs_fd) < 0)
+    if ((jobs_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (lock_fd = gs_lock_daemon(mps_fd, ticket.key)) < 0)
         goto out;
-    snprintf(path, sizeof(path), "%s.lock", ticket.key);
-    lock_fd = openat(mps_fd, path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (lock_fd >= 0 && fstat(lock_fd, &held) == 0 && S_ISREG(held.st_mode) &&
-        held.st_uid == geteuid() && gs_flock_until(lock_fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
-        fstatat(mps_fd, path, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
-        joined = gs_join_locked(mps_fd, jobs_fd, &ticket, job, &why) == 0;
+    joined = gs_join_locked(mps_fd, jobs_fd, &ticket, job, &why) == 0;
 out:
     if (lock_fd >= 0)
         close(lock_fd);
@@ -1484,7 +1487,7 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     char lock[PATH_MAX + 32], jobs[PATH_MAX];
-    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc;
+    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok;
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
@@ -1507,15 +1510,15 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
         return 0;
     }
-    if (gs_jobs_dir(jobs, sizeof(jobs)) == 0 && gs_fast_leave(sp)) {
+    jobs_ok = gs_jobs_dir(jobs, sizeof(jobs)) == 0;
+    if (jobs_ok && gs_fast_leave(sp)) {
         if (fd >= 0) {
             gs_finish("job_epilog", sp, lock);
             close(fd);
         }
         return 0;
     }
-    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 ||
-        (held = gs_hold_epilog_barrier(barrier, GS_EPILOG_LOCKS_MAX)) < 0) {
+    if (!jobs_ok || (held = gs_hold_epilog_barrier(barrier, GS_EPILOG_LOCKS_MAX)) < 0) {
         rc = gs_in_place("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
     } else {
         rc = gs_call_detached("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
