@@ -42,7 +42,6 @@ from gpushare.node.mps.limits import Limits, limits_for
 from gpushare.node.mps.lock import Lock, lock_held, locked
 from gpushare.node.mps.record import (
     MODES,
-    TICKETS,
     DaemonRecord,
     MpsDevice,
     MpsLease,
@@ -168,15 +167,8 @@ class MpsManager:
                     return False
                 record_stamp = ticket.stamp(os.stat(key + ".json", dir_fd=mps_fd,
                                                     follow_symlinks=False))
-                text = render(f"{rec.daemon_pid} {started}", record_stamp)
-                with suppress(FileExistsError):
-                    os.mkdir(TICKETS, 0o700, dir_fd=mps_fd)
-                tickets_fd = safefs.open_dir_at(mps_fd, TICKETS, self._path(TICKETS),
-                                                root_owned=True)
-                try:
-                    safefs.write_file_atomic_at(tickets_fd, ticket_name, text, 0o600)
-                finally:
-                    os.close(tickets_fd)
+                self.store.write_ticket(mps_fd, ticket_name,
+                                        render(f"{rec.daemon_pid} {started}", record_stamp))
                 return True
         except Exception as err:  # a ticket only saves the next join its worker: logged
             LOG.warning("no join ticket for MPS daemon %s: %s", key, err)

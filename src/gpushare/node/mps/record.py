@@ -277,16 +277,30 @@ class RecordStore:
             raise MpsError(f"MPS record {self.path(key)}.json is unreadable ({err}); stop "
                            "any daemon using that directory and remove it") from None
 
+    @contextmanager
+    def _subdir(self, mps_fd: int, name: str, create: bool = False) -> Iterator[Optional[int]]:
+        """A root-owned directory of the store (``<key>.jobs``, ``tickets``), made with
+        ``create``; None when it is absent."""
+        if create:
+            with suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=mps_fd)
+        try:
+            fd = safefs.open_dir_at(mps_fd, name, self.path(name), root_owned=True)
+        except FileNotFoundError:
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def read_jobs(self, mps_fd: int, key: str) -> dict[str, int]:
         """The jobs referencing daemon ``key``, each with its share: ``<key>.jobs/``.
         UnsafePathError for an entry root did not make; ValueError for a share that is not
         a whole number."""
-        try:
-            jobs_fd = safefs.open_dir_at(mps_fd, key + JOBS_SUFFIX,
-                                         self.path(key + JOBS_SUFFIX), root_owned=True)
-        except FileNotFoundError:
-            return {}
-        try:
+        with self._subdir(mps_fd, key + JOBS_SUFFIX) as jobs_fd:
+            if jobs_fd is None:
+                return {}
             jobs = {}
             for name in os.listdir(jobs_fd):
                 if not name.isdigit():
@@ -295,8 +309,6 @@ class RecordStore:
                 if text is not None:  # gone since the listing: an epilog dropped it
                     jobs[name] = int(text.decode().strip())
             return jobs
-        finally:
-            os.close(jobs_fd)
 
     def write(self, mps_fd: int, rec: DaemonRecord) -> None:
         """Write the record and make ``<key>.jobs/`` list exactly ``rec.jobs`` (lock held).
@@ -307,19 +319,20 @@ class RecordStore:
         safefs.write_file_atomic_at(mps_fd, rec.key + ".json", payload, 0o644)
 
     def _write_jobs(self, mps_fd: int, rec: DaemonRecord) -> None:
-        name = rec.key + JOBS_SUFFIX
-        with suppress(FileExistsError):
-            os.mkdir(name, 0o700, dir_fd=mps_fd)
-        jobs_fd = safefs.open_dir_at(mps_fd, name, self.path(name), root_owned=True)
-        try:
+        with self._subdir(mps_fd, rec.key + JOBS_SUFFIX, create=True) as jobs_fd:
+            assert jobs_fd is not None  # made just now
             present = set(os.listdir(jobs_fd))
             for job, share in rec.jobs.items():
                 if job not in present:  # a job's share never changes while it runs
                     safefs.write_file_atomic_at(jobs_fd, job, f"{share}\n".encode(), 0o600)
             for job in present - set(rec.jobs):
                 safefs.remove_file_at(jobs_fd, job)
-        finally:
-            os.close(jobs_fd)
+
+    def write_ticket(self, mps_fd: int, name: str, text: bytes) -> None:
+        """Replace the join ticket ``name`` (``gpushare.node.ticket``; lock held)."""
+        with self._subdir(mps_fd, TICKETS, create=True) as tickets_fd:
+            assert tickets_fd is not None  # made just now
+            safefs.write_file_atomic_at(tickets_fd, name, text, 0o600)
 
     def remove(self, mps_fd: int, key: str) -> None:
         """Remove daemon ``key``'s record, its jobs and its join tickets (lock held)."""
@@ -330,20 +343,15 @@ class RecordStore:
     def _remove_tickets(self, mps_fd: int, key: str) -> None:
         """The daemon's join tickets go with it (they could not be used any more: its record
         is gone), and their directory once it is empty."""
-        try:
-            tickets_fd = safefs.open_dir_at(mps_fd, TICKETS, self.path(TICKETS),
-                                            root_owned=True)
-        except FileNotFoundError:
-            return
-        try:
+        with self._subdir(mps_fd, TICKETS) as tickets_fd:
+            if tickets_fd is None:
+                return
             names = f"\nkey {key}\n".encode()
             for name in os.listdir(tickets_fd):
                 with suppress(OSError, safefs.UnsafePathError):
                     head = safefs.read_small_file_at(tickets_fd, name, 4096)
                     if head is not None and names in head:
                         safefs.remove_file_at(tickets_fd, name)
-        finally:
-            os.close(tickets_fd)
         with suppress(OSError):  # not empty: another daemon's tickets stay
             os.rmdir(TICKETS, dir_fd=mps_fd)
 
