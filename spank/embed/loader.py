@@ -7,6 +7,7 @@ put first on sys.path before ADAPTER is imported (the embedded interpreter is is
 reads no PYTHON* variable). After it comes the plugin's own ``_embedded.py``: its extern
 "Python" functions, which call load_adapter() and report failures with traceback_lines().
 """
+import gc
 import sys
 
 _cffi_module = __import__(CFFI_MODULE)  # noqa: F821 - put before this code by the build
@@ -22,7 +23,15 @@ def load_adapter(paths=()):
         for path in (*PYTHONPATH, *paths):  # noqa: F821 - put before this code by the build
             if path not in sys.path:
                 sys.path.insert(0, path)
-        adapter = __import__(ADAPTER, fromlist=["bind"])  # noqa: F821 - as PYTHONPATH
+        # No cyclic collection while the adapter's imports run: they make no garbage
+        # worth it, and collections would cost a tenth of a worker's start.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            adapter = __import__(ADAPTER, fromlist=["bind"])  # noqa: F821 - as PYTHONPATH
+        finally:
+            if collecting:
+                gc.enable()
         adapter.bind(ffi, lib)
         _adapter = adapter
     return _adapter
