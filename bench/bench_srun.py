@@ -8,7 +8,11 @@ Every srun is a new job. The cases:
 
   srun true                  no GPU sharing: the plugin's fast path
   srun --gres=mps:25 true    the first job on its GPU: the prolog verifies the GPU and
-                             starts the user's MPS daemon, the epilog stops it
+                             starts the user's MPS daemon, the epilog stops it; the GPU
+                             layout NVML gave a job at most verify_reuse= seconds before
+                             is reused (every job here comes within seconds of the last)
+  ... NVML asked             the same with verify_reuse=0: every job asks NVML, as on a
+                             node whose last job ended more than verify_reuse= s before
   ... joining                another job of the same user holds the GPU's daemon: the
                              prolog only joins it
   srun --gpu-share=25 true   the same share through gpushare's option (the hook turns it
@@ -42,17 +46,21 @@ USER = slurmbed.TEST_USERS[0]
 NODE = "n1"
 LUA = os.path.join(slurmbed.REPO, "submit_hooks", "job_submit.lua")
 
-# name, client command without gpushare, with gpushare, needs a holder job, goal
+# name, client command without gpushare, with gpushare, needs a holder job, goal, plugstack
+# arguments added to the admin guide's
 CASES = (
-    ("srun true", ["srun", "-N1", "-w", NODE, "true"], None, False, 1.02),
+    ("srun true", ["srun", "-N1", "-w", NODE, "true"], None, False, 1.02, ""),
     ("srun --gres=mps:25 true, first on its GPU",
-     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10),
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10, ""),
+    ("... first on its GPU, NVML asked",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
+     "verify_reuse=0"),
     ("srun --gres=mps:25 true, joining a daemon",
-     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, True, 1.10),
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, True, 1.10, ""),
     ("srun --gpu-share=25 true, first on its GPU",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"],
-     ["srun", "-N1", "-w", NODE, "--gpu-share=25", "true"], False, 1.10),
-    ("salloc true", ["salloc", "-N1", "-w", NODE, "true"], None, False, 1.02),
+     ["srun", "-N1", "-w", NODE, "--gpu-share=25", "true"], False, 1.10, ""),
+    ("salloc true", ["salloc", "-N1", "-w", NODE, "true"], None, False, 1.02, ""),
 )
 
 
@@ -76,7 +84,9 @@ def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int) -
     return samples
 
 
-SET_UP = (("daemon started", re.compile(r" debug timing .*daemon-start=")),
+SET_UP = (("NVML asked", re.compile(r" debug timing .* nvml=")),
+          ("NVML reused", re.compile(r" debug timing .* nvml-reused=")),
+          ("daemon started", re.compile(r" debug timing .*daemon-start=")),
           ("joined by a worker", re.compile(r" debug timing (?!.*daemon-start=).*verify=")),
           ("joined in C", re.compile(r"cb=job_prolog python=skip reason=joined")),
           ("epilog in C", re.compile(r"cb=job_epilog python=skip reason=left-daemon")))
@@ -113,8 +123,9 @@ def main() -> int:
     set_up: dict[str, dict[str, int]] = {}
     with bed:
         gpushare = bed.plugstack_line()
-        for name, without, with_, needs_holder, _goal in CASES:
-            sides = (("without", "", without), ("with", gpushare, with_ or without))
+        for name, without, with_, needs_holder, _goal, extra in CASES:
+            line = gpushare.rstrip("\n") + (f" {extra}\n" if extra else "\n")
+            sides = (("without", "", without), ("with", line, with_ or without))
             held = None
             if needs_holder:
                 bed.write_plugstack(gpushare)
@@ -144,16 +155,16 @@ def main() -> int:
     print(f"what a user waits for, {runs} runs per side in {opts.blocks} alternating blocks, "
           f"medians (verify=strict, plan=, Lua hook, PrologFlags={opts.prolog_flags or '-'})")
     print(f"{'case':<44} {'without ms':>10} {'with ms':>9} {'ratio':>7} {'goal':>7}")
-    for name, _without, _with, _holder, goal in CASES:
+    for name, _without, _with, _holder, goal, _extra in CASES:
         base = statistics.median(samples[(name, "without")])
         with_ = statistics.median(samples[(name, "with")])
         print(f"{name:<44} {base * 1000:>10.1f} {with_ * 1000:>9.1f} {with_ / base:>7.3f} "
               f"{'<=' + str(goal):>7}")
     print(f"\nhow the timed jobs with gpushare were set up ({runs} per case)")
-    print(f"{'case':<44} " + " ".join(f"{key:>18}" for key, _ in SET_UP))
+    print(f"{'case':<44} " + " ".join(f"{key:>15}" for key, _ in SET_UP))
     for name, *_rest in CASES:
         counts = set_up.get(name, {})
-        print(f"{name:<44} " + " ".join(f"{counts.get(key, 0):>18}" for key, _ in SET_UP))
+        print(f"{name:<44} " + " ".join(f"{counts.get(key, 0):>15}" for key, _ in SET_UP))
     return 0
 
 

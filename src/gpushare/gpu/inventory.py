@@ -45,6 +45,7 @@ __all__ = [
     "MigDevice",
     "NvLink",
     "collect",
+    "inventory_from_dict",
     "load_nvml",
     "mig_caps_files",
     "mig_profile_from_attributes",
@@ -146,6 +147,7 @@ class Inventory(NamedTuple):
 
 # Fields whose JSON name differs (a NamedTuple field cannot be called ``index``).
 _JSON_NAMES = {"nvml_index": "index"}
+_FIELD_NAMES = {json_name: name for name, json_name in _JSON_NAMES.items()}
 
 
 def _plain(value: Any) -> Any:
@@ -155,6 +157,29 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
     return value
+
+
+def inventory_from_dict(data: Any) -> Inventory:
+    """The Inventory ``Inventory.to_dict()`` wrote; ValueError when ``data`` is not one
+    (a file from another release, or damaged)."""
+    try:
+        return Inventory(**{**data, "gpus": [_gpu_from_dict(g) for g in data["gpus"]]})
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"not an inventory: {err}") from None
+
+
+def _gpu_from_dict(data: dict[str, Any]) -> Gpu:
+    fields = {_FIELD_NAMES.get(name, name): value for name, value in data.items()}
+    fabric = fields.get("fabric")
+    return Gpu(**{
+        **fields,
+        "mig_devices": [MigDevice(**{**m, "processes": [GpuProcess(**p)
+                                                        for p in m["processes"]]})
+                        for m in fields["mig_devices"]],
+        "nvlinks": [NvLink(**link) for link in fields["nvlinks"]],
+        "fabric": None if fabric is None else FabricInfo(**fabric),
+        "processes": [GpuProcess(**p) for p in fields["processes"]],
+    })
 
 
 _MIG_NAME_RE = re.compile(r"\bMIG\s+(\S+)\s*$")

@@ -144,9 +144,11 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "IMEX channel device (/dev/nvidia-caps-imex-channels); a task without one fails "
             "with a message"),
     ArgSpec("verify_reuse", "60", _reuse, "seconds from 0 to 300",
-            "how long one job's GPU check stands for the next jobs of the same user, GPU and "
-            "share that join its running daemon, with the node's files unchanged (the plugin "
-            "then joins them without a worker); 0: every job is checked and set up by a worker"),
+            "how long what NVML said about the node's GPU layout stands for the shared jobs "
+            "that follow, with gres.conf, the plan and the plugstack line unchanged: their "
+            "checks reuse it instead of asking NVML, and a job of the same user, GPU and "
+            "share joining a running daemon is set up by the plugin without a worker; 0: "
+            "every job asks NVML and is set up by a worker"),
     ArgSpec("show", "no", _choice("yes", "no"), "yes or no",
             "also print one gpushare: line into the first task's stderr saying what the job "
             "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "

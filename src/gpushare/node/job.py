@@ -26,7 +26,12 @@ from gpushare.node.state import JobRecord, JobStore
 if TYPE_CHECKING:
     from typing import Collection, Iterable
 
-    from gpushare.node.verify import ResolvedDevice
+    from gpushare.gpu.inventory import Inventory
+    from gpushare.node.verify import ResolvedDevice, VerifyResult
+
+    ResolvedDevices = list[ResolvedDevice]
+else:
+    ResolvedDevices = list  # a real annotation: a string one is compiled at every import
 
 log = get_logger("gpushare.job")
 
@@ -168,50 +173,106 @@ def gres_conf_path(env: Mapping[str, str]) -> str:
     return beside_slurm_conf(env, "gres.conf")
 
 
+class CheckedDevices(NamedTuple):
+    """The job's devices as the check resolved them, and when NVML was asked about them
+    (None: not asked, the job needs no check)."""
+
+    devices: ResolvedDevices
+    asked: Optional[float] = None
+
+
 def verify_devices(config: PluginConfig, request: JobRequest,
-                   phases: Optional[Phases] = None) -> "list[ResolvedDevice]":
+                   phases: Optional[Phases] = None) -> CheckedDevices:
     """Resolve the job's devices through NVML and check them against Slurm and the plan.
 
     Sharing needs the devices' UUIDs and memory, so they are resolved even with
-    ``verify=off``; only the findings are then ignored. NodeError when strict and wrong.
+    ``verify=off``; only the findings are then ignored. A shared job's check may use the
+    layout NVML gave another job at most ``verify_reuse=`` seconds before
+    (``gpushare.node.inventory_cache``); one that fails on it is done again on NVML's own
+    answer. NodeError when strict and wrong.
     """
     wanted = config.verify != "off" or uses_sharing(request)
     if not wanted or not (request.slurm_gpus or request.visible_devices):
-        return []
+        return CheckedDevices([])
     # Imported here, not at the top: the epilog (and a job that needs no check) never uses
     # them, and every prolog and epilog starts a fresh interpreter.
     from gpushare.gpu.gresconf import GresConfError, load_gres_conf
-    from gpushare.gpu.inventory import open_inventory
     from gpushare.gpu.nvml import InventoryError
+    from gpushare.node import inventory_cache
     from gpushare.node.verify import verify_job_devices
 
     phases = phases or Phases()
     phases.done("gpu-imports")
+    source = config.for_node(request.node).inventory
+    files = _checked_files(config, request.env)
+    # Only a shared GRES's check (verify's mps) can do without processes, so only it reuses.
+    reused = (inventory_cache.load(config.state_dir, source, files, config.verify_reuse)
+              if request.slurm_share is not None else None)
     try:
-        inventory = open_inventory(config.for_node(request.node).inventory, topology=False)
+        owner_of = _plan_owners(config, request.node)
+        phases.done("plan")
+        if reused is not None:
+            inventory, asked = reused
+            phases.done("nvml-reused")
+            result = verify_job_devices(request.env, request.node, load_gres_conf(files[0]),
+                                        inventory, owner_of(inventory))
+            if result.ok:
+                return _checked(config, result, asked)
+            log.info("the GPU layout NVML gave %.0f s ago does not pass this job's check; "
+                     "asking NVML", time.time() - asked)
+        asked = time.time()
+        inventory = _ask_nvml(source)
         phases.done("nvml")
-        gres = load_gres_conf(gres_conf_path(request.env))
+        if config.verify_reuse > 0:
+            inventory_cache.save(config.state_dir, source, files, inventory, asked)
+        gres = load_gres_conf(files[0])
         phases.done("gres.conf")
-        owner = None
-        if config.plan:
-            from gpushare.node.ownership import OwnersError, node_owners, owner_lookup
-
-            try:
-                planned = node_owners(config.plan, request.node, config.state_dir)
-            except OwnersError as err:
-                raise NodeError(str(err)) from None
-            owner = owner_lookup(planned, inventory)
-            phases.done("plan")
-        result = verify_job_devices(request.env, request.node, gres, inventory, owner)
+        result = verify_job_devices(request.env, request.node, gres, inventory,
+                                    owner_of(inventory))
     except (InventoryError, GresConfError, OSError) as err:
         raise NodeError(f"cannot verify the job's GPUs: {err}") from None
+    return _checked(config, result, asked)
+
+
+def _ask_nvml(source: str) -> "Inventory":
+    from gpushare.gpu.inventory import open_inventory
+
+    return open_inventory(source, topology=False)
+
+
+def _checked_files(config: PluginConfig, env: Mapping[str, str]) -> list[str]:
+    """The files a GPU check reads besides NVML (gres.conf first): a reused NVML answer
+    and a join ticket stand only while they are unchanged."""
+    files = [gres_conf_path(env)]
+    if config.plan:
+        files.append(config.plan)
+    if config.inventory.startswith("sim:"):
+        files.append(config.inventory[4:])
+    return files
+
+
+def _plan_owners(config: PluginConfig, node: str
+                 ) -> "Callable[[Inventory], Optional[Callable[[str], Optional[str]]]]":
+    """``owners(inventory)``: who the plan gives each GPU and slice to (None: no plan)."""
+    if not config.plan:
+        return lambda inventory: None
+    from gpushare.node.ownership import OwnersError, node_owners, owner_lookup
+
+    try:
+        planned = node_owners(config.plan, node, config.state_dir)
+    except OwnersError as err:
+        raise NodeError(str(err)) from None
+    return lambda inventory: owner_lookup(planned, inventory)
+
+
+def _checked(config: PluginConfig, result: "VerifyResult", asked: float) -> CheckedDevices:
     if config.verify == "off":
-        return result.devices
+        return CheckedDevices(result.devices, asked)
     for finding in result.findings:
         log.warning("%s (%s); fix: %s", finding.what, finding.where, finding.fix)
     if not result.ok and config.verify == "strict":
         raise NodeError(result.reason(), drain=True)  # reason(): the cause first already
-    return result.devices
+    return CheckedDevices(result.devices, asked)
 
 
 def prolog(config: PluginConfig, request: JobRequest,
@@ -222,8 +283,9 @@ def prolog(config: PluginConfig, request: JobRequest,
     sharing = uses_sharing(request)
     # root's shared job is refused before the devices are checked: a refusal of the request
     # must never become a drain of the node on what the check finds.
-    devices = (verify_devices(config, request, phases)
-               if not (sharing and request.uid == 0) else [])
+    checked = (verify_devices(config, request, phases)
+               if not (sharing and request.uid == 0) else CheckedDevices([]))
+    devices = checked.devices
     phases.done("verify")
     if not sharing:
         log.debug("no sharing asked")
@@ -270,7 +332,7 @@ def prolog(config: PluginConfig, request: JobRequest,
     # ones hold the daemon).
     manager.update_caps(lease.key)
     phases.done("caps")
-    _write_ticket(config, request, record, manager, lease.key)
+    _write_ticket(config, request, record, manager, lease.key, checked.asked)
     phases.done("ticket")
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
@@ -278,24 +340,21 @@ def prolog(config: PluginConfig, request: JobRequest,
 
 
 def _write_ticket(config: PluginConfig, request: JobRequest, record: JobRecord,
-                  manager: MpsManager, key: str) -> None:
+                  manager: MpsManager, key: str, asked: Optional[float]) -> None:
     """Let the C glue join the user's next job like this one to the same daemon by itself
-    (``gpushare.node.ticket``): for a shared job, once its daemon's caps cover it."""
+    (``gpushare.node.ticket``): for a shared job, once its daemon's caps cover it, until
+    ``verify_reuse=`` seconds after NVML was ``asked`` about its GPUs."""
     name = ticket.name(request.uid, request.env) if record.mode == "shared" else None
     if name is None or config.verify_reuse <= 0:
         return
     checked = os.path.join(config.state_dir, _SLURM_CHECKED)
     try:
         # Not past the node's next look for lost jobs, which only a worker does.
-        until = min(time.time() + config.verify_reuse,
+        until = min((time.time() if asked is None else asked) + config.verify_reuse,
                     os.stat(checked).st_mtime + SLURM_CHECK_INTERVAL)
     except FileNotFoundError:
         return
-    files = [gres_conf_path(request.env), checked]
-    if config.plan:
-        files.append(config.plan)
-    if config.inventory.startswith("sim:"):
-        files.append(config.inventory[4:])
+    files = [*_checked_files(config, request.env), checked]
     show = describe(record.env, ticket.JOB_ID_MARK) if config.show else ""
     file_lines = ticket.file_lines(files)
     manager.write_ticket(key, record.share_percent, name, lambda daemon, record_stamp:
@@ -431,11 +490,11 @@ def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterab
     taken for a lost one. Nothing is lost when slurmctld cannot answer. Without ``force``
     slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
     """
-    from gpushare.node import slurm_jobs
-
     recorded = set(store.job_ids()) - set(exclude)
     if not recorded or not (force or _check_due(config.state_dir)):
         return set()
+    from gpushare.node import slurm_jobs  # only when asking: most prologs do not
+
     # Bounded well below timeout=: a prolog must not wait long on a slow slurmctld for an
     # answer that only tidies up; the next interval asks again.
     running = slurm_jobs.jobs_on_node(node, min(config.timeout, SLURM_CHECK_TIMEOUT),
