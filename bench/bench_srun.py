@@ -9,8 +9,9 @@ Every srun is a new job. The cases:
   srun true                  no GPU sharing: the plugin's fast path
   srun --gres=mps:25 true    the first job on its GPU: the prolog verifies the GPU and
                              starts the user's MPS daemon, the epilog stops it; the GPU
-                             layout NVML gave a job at most verify_reuse= seconds before
-                             is reused (every job here comes within seconds of the last)
+                             layout NVML gave a job at most verify_reuse= seconds before,
+                             and the clean check done on it for the same devices, are
+                             reused (every job here comes within seconds of the last)
   ... NVML asked             the same with verify_reuse=0: every job asks NVML, as on a
                              node whose last job ended more than verify_reuse= s before
   ... joining                another job of the same user holds the GPU's daemon: the
@@ -86,6 +87,7 @@ def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int) -
 
 SET_UP = (("NVML asked", re.compile(r" debug timing .* nvml=")),
           ("NVML reused", re.compile(r" debug timing .* nvml-reused=")),
+          ("check reused", re.compile(r" debug timing .* check-reused=")),
           ("daemon started", re.compile(r" debug timing .*daemon-start=")),
           ("joined by a worker", re.compile(r" debug timing (?!.*daemon-start=).*verify=")),
           ("joined in C", re.compile(r"cb=job_prolog python=skip reason=joined")),

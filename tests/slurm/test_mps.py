@@ -275,6 +275,7 @@ def test_the_workers_say_where_their_time_went(mps_bed):
     """A shared job's prolog and epilog workers each log one timing line (debug_log=): the
     imports, the GPU check's parts, the daemon's start, and a total that covers them."""
     bed = mps_bed
+    forget_layout(bed)  # as on a node whose NVML nobody asked yet: this job asks it
     job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE,
                         "-c1", user=U1)
     assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
@@ -339,6 +340,65 @@ def test_the_workers_say_where_their_time_went(mps_bed):
     assert_nothing_left(bed)
 
 
+def forget_layout(bed) -> None:
+    """Remove the GPU layout NVML last gave the node (verify_reuse=)."""
+    path = os.path.join(bed.state_of(NODE), "inventory.json")
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def prolog_timing(bed, job_id: int) -> dict[str, float]:
+    """The phases of ``job_id``'s prolog worker (its debug timing line)."""
+    line = wait_until(f"job {job_id}'s prolog timing", lambda: next(
+        (line for line in bed.debug_lines()
+         if f" job={job_id} debug timing " in line and " verify=" in line), None), 60)
+    return {k: float(v) for k, v in
+            (kv.split("=") for kv in line.split(" debug timing ", 1)[1].split())}
+
+
+def test_a_first_job_checks_its_gpu_on_the_layout_nvml_gave_just_before(mps_bed):
+    """The first shared job on a GPU asks NVML, and leaves what it said and its clean check
+    in <state_dir>/inventory.json; the first job of another user on that GPU, within
+    verify_reuse= seconds, takes that check as it is, without asking NVML or reading
+    gres.conf, and still starts its own daemon. A changed gres.conf, or verify_reuse=0,
+    makes a job ask NVML."""
+    bed = mps_bed
+    forget_layout(bed)
+    layout = os.path.join(bed.state_of(NODE), "inventory.json")
+    gres_conf = os.path.join(os.path.dirname(bed.conf), "gres.conf")
+
+    def run(user: str) -> dict[str, float]:
+        job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE,
+                            "-c1", user=user)
+        assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+        assert "CUDA_MPS_PIPE_DIRECTORY" in job_values(bed.output(job_id))
+        timing = prolog_timing(bed, job_id)
+        assert "daemon-start" in timing, timing  # each job starts its user's daemon
+        assert_nothing_left(bed)
+        return timing
+
+    asked = run(U1)
+    assert "nvml" in asked and "nvml-reused" not in asked, asked
+    st = os.stat(layout)
+    assert (st.st_uid, st.st_mode & 0o022) == (0, 0)
+    with open(layout) as handle:
+        saved = json.load(handle)
+    assert saved["format"] == 1 and saved["inventory"]["gpus"], saved
+    assert [key.split()[:2] for key in saved["checks"]] == [[NODE, "mps"]], saved["checks"]
+    reused = run(U2)
+    assert "check-reused" in reused, reused
+    assert not {"nvml", "nvml-reused", "gres.conf"} & set(reused), reused
+    os.utime(gres_conf)
+    assert "nvml" in run(U1)
+    line = bed.plugstack_line()
+    bed.write_plugstack(line.rstrip("\n") + " verify_reuse=0\n")
+    try:
+        timings = [run(U2), run(U2)]
+    finally:
+        bed.write_plugstack(line)
+    assert all("nvml" in t and "nvml-reused" not in t for t in timings), timings
+
+
 def prolog_lines(bed, job_id: int) -> list[str]:
     """What the prolog of ``job_id`` decided (debug_log=): joined in C, or a worker."""
     return [line for line in bed.debug_lines() if f" job={job_id} " in line and
@@ -369,8 +429,14 @@ def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed
     jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
 
     def started(job_id: int) -> None:
+        def output() -> str:
+            try:
+                return bed.output(job_id)
+            except FileNotFoundError:  # a job joined in C is set up before its output exists
+                return ""
+
         wait_until(f"job {job_id} set up", lambda: os.path.exists(
-            os.path.join(jobs_dir, f"{job_id}.env")) and "START=" in bed.output(job_id), 60)
+            os.path.join(jobs_dir, f"{job_id}.env")) and "START=" in output(), 60)
 
     def submit(share: int = 25, sleep: int = 20) -> int:
         return bed.sbatch(ENV_SCRIPT.replace("{sleep}", str(sleep)), f"--gres=mps:{share}",

@@ -146,7 +146,8 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
     ArgSpec("verify_reuse", "60", _reuse, "seconds from 0 to 300",
             "how long what NVML said about the node's GPU layout stands for the shared jobs "
             "that follow, with gres.conf, the plan and the plugstack line unchanged: their "
-            "checks reuse it instead of asking NVML, and a job of the same user, GPU and "
+            "checks reuse it (and a clean check of the same devices) instead of asking "
+            "NVML, and a job of the same user, GPU and "
             "share joining a running daemon is set up by the plugin without a worker; 0: "
             "every job asks NVML and is set up by a worker"),
     ArgSpec("show", "no", _choice("yes", "no"), "yes or no",

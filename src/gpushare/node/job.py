@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from typing import Collection, Iterable
 
     from gpushare.gpu.inventory import Inventory
-    from gpushare.node.verify import ResolvedDevice, VerifyResult
+    from gpushare.node import inventory_cache
+    from gpushare.node.devices import ResolvedDevice
+    from gpushare.node.verify import VerifyResult
 
     ResolvedDevices = list[ResolvedDevice]
 else:
@@ -187,51 +189,78 @@ def verify_devices(config: PluginConfig, request: JobRequest,
 
     Sharing needs the devices' UUIDs and memory, so they are resolved even with
     ``verify=off``; only the findings are then ignored. A shared job's check may use the
-    layout NVML gave another job at most ``verify_reuse=`` seconds before
-    (``gpushare.node.inventory_cache``); one that fails on it is done again on NVML's own
-    answer. NodeError when strict and wrong.
+    layout NVML gave another job at most ``verify_reuse=`` seconds before, and take the
+    devices of a clean check done on it for a job like this one
+    (``gpushare.node.inventory_cache``); a check that fails on reused facts is done again
+    on NVML's own answer. NodeError when strict and wrong.
     """
     wanted = config.verify != "off" or uses_sharing(request)
     if not wanted or not (request.slurm_gpus or request.visible_devices):
         return CheckedDevices([])
+    from gpushare.node import inventory_cache
+    from gpushare.node.devices import check_key
+
+    phases = phases or Phases()
+    source = config.for_node(request.node).inventory
+    files = _checked_files(config, request.env)
+    key = check_key(request.node, request.env)
+    # Only a shared GRES's check (verify's mps) can do without processes, so only it reuses.
+    reused = (inventory_cache.load(config.state_dir, source, files, config.verify_reuse)
+              if request.slurm_share is not None else None)
+    known = reused.devices(key) if reused is not None else None
+    if reused is not None and known is not None:
+        phases.done("check-reused")
+        return CheckedDevices(known, reused.asked)
     # Imported here, not at the top: the epilog (and a job that needs no check) never uses
     # them, and every prolog and epilog starts a fresh interpreter.
     from gpushare.gpu.gresconf import GresConfError, load_gres_conf
     from gpushare.gpu.nvml import InventoryError
-    from gpushare.node import inventory_cache
     from gpushare.node.verify import verify_job_devices
 
-    phases = phases or Phases()
     phases.done("gpu-imports")
-    source = config.for_node(request.node).inventory
-    files = _checked_files(config, request.env)
-    # Only a shared GRES's check (verify's mps) can do without processes, so only it reuses.
-    reused = (inventory_cache.load(config.state_dir, source, files, config.verify_reuse)
-              if request.slurm_share is not None else None)
     try:
         owner_of = _plan_owners(config, request.node)
         phases.done("plan")
-        if reused is not None:
-            inventory, asked = reused
+        inventory = _layout(reused)
+        if reused is not None and inventory is not None:
             phases.done("nvml-reused")
             result = verify_job_devices(request.env, request.node, load_gres_conf(files[0]),
                                         inventory, owner_of(inventory))
             if result.ok:
-                return _checked(config, result, asked)
+                clean = _clean_devices(result)
+                if clean:
+                    inventory_cache.save_check(config.state_dir, source, reused, key, clean)
+                return _checked(config, result, reused.asked)
             log.info("the GPU layout NVML gave %.0f s ago does not pass this job's check; "
-                     "asking NVML", time.time() - asked)
+                     "asking NVML", time.time() - reused.asked)
         asked = time.time()
         inventory = _ask_nvml(source)
         phases.done("nvml")
-        if config.verify_reuse > 0:
-            inventory_cache.save(config.state_dir, source, files, inventory, asked)
         gres = load_gres_conf(files[0])
         phases.done("gres.conf")
         result = verify_job_devices(request.env, request.node, gres, inventory,
                                     owner_of(inventory))
     except (InventoryError, GresConfError, OSError) as err:
         raise NodeError(f"cannot verify the job's GPUs: {err}") from None
+    if config.verify_reuse > 0:
+        clean = _clean_devices(result) if request.slurm_share is not None else None
+        inventory_cache.save(config.state_dir, source, files, inventory, asked,
+                             {key: clean} if clean else {})
     return _checked(config, result, asked)
+
+
+def _layout(reused: "Optional[inventory_cache.Reusable]") -> "Optional[Inventory]":
+    """The reused layout; None when there is none, or it is not one this release reads."""
+    try:
+        return reused.inventory() if reused is not None else None
+    except ValueError:
+        return None
+
+
+def _clean_devices(result: "VerifyResult") -> "Optional[list[ResolvedDevice]]":
+    """The devices of a check that found nothing at all, for the next shared job like this
+    one to take (a warning is said again by each job's own check); None otherwise."""
+    return result.devices if result.devices and not result.findings else None
 
 
 def _ask_nvml(source: str) -> "Inventory":

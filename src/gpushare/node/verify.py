@@ -15,10 +15,11 @@ A pure function of its inputs: the caller reads the environment, gres.conf and N
 import os
 import re
 from collections.abc import Collection, Mapping
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from gpushare.gpu.gresconf import GresConf, GresDevice
 from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
+from gpushare.node.devices import ResolvedDevice, gres_name_of
 
 __all__ = ["ERROR", "WARNING", "Finding", "ResolvedDevice", "VerifyResult",
            "profile_of_gres_type", "verify_job_devices"]
@@ -51,26 +52,6 @@ class Finding(NamedTuple):
         """One line, fit for a Slurm drain reason (cut at ~100 characters) or a prolog
         failure message: what disagrees comes first, identifiers last."""
         return "gpushare: " + " ".join((self.brief or self.what).split())
-
-
-class ResolvedDevice(NamedTuple):
-    """A device the job got, as Slurm names it and as NVML reports it."""
-
-    slurm_index: int  # -1 when Slurm named it only by UUID
-    gres_name: str
-    gres_type: str
-    uuid: str  # GPU-... or MIG-...
-    gpu_uuid: str  # the parent GPU's UUID (equal to uuid for a whole GPU)
-    gpu_index: int  # NVML index of the (parent) GPU
-    minor: int  # /dev/nvidia<minor>
-    is_mig: bool
-    memory_total: int  # bytes
-    profile: str  # MIG profile, "" for a whole GPU
-    device_files: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values, as the job's record keeps them."""
-        return {**self._asdict(), "device_files": list(self.device_files)}
 
 
 class VerifyResult(NamedTuple):
@@ -349,6 +330,5 @@ def verify_job_devices(
     when Slurm set ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, else gpu. ``owner(uuid)`` returns who
     the ownership plan gives a GPU or slice to ("slurm", "kubernetes", ...; None: no plan).
     """
-    if gres_name is None:
-        gres_name = "mps" if env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") else "gpu"
-    return _Verifier(node, gres_conf, inventory, owner, job_pids, gres_name).run(env)
+    return _Verifier(node, gres_conf, inventory, owner, job_pids,
+                     gres_name or gres_name_of(env)).run(env)

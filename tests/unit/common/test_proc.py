@@ -119,3 +119,39 @@ def test_without_pidfds_commands_still_finish_and_time_out(no_pidfds):
     with pytest.raises(proc.CommandTimeout):
         proc.run(["/bin/sleep", "30"], timeout=0.3, env=env)
     assert time.monotonic() - started < 10
+
+
+def test_a_program_is_found_on_the_given_path_and_gets_only_its_three_descriptors():
+    leaked = os.open("/dev/null", os.O_RDONLY)  # inheritable, as a careless caller's fd
+    os.set_inheritable(leaked, True)
+    try:
+        result = proc.run(["ls", "/proc/self/fd"], env={"PATH": "/nonexistent:/usr/bin:/bin"},
+                          timeout=10)
+    finally:
+        os.close(leaked)
+    # 0-2, and the directory ls itself opened to list them.
+    assert len(result.stdout.split()) == 4 and str(leaked) not in result.stdout.split()[:3]
+    with pytest.raises(proc.CommandNotFound, match="not found"):
+        proc.run(["ls"], env={"PATH": "/nonexistent"}, timeout=10)
+
+
+def test_a_caller_without_stdin_still_hands_the_program_its_input():
+    saved = os.dup(0)
+    os.close(0)  # the scratch file for stdin becomes descriptor 0 itself
+    try:
+        result = proc.run(["/bin/cat"], input_text="fed\n", env=ENV, timeout=10)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert result.stdout == "fed\n"
+
+
+def test_the_program_starts_with_sigpipe_as_a_shell_would_start_it():
+    old = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        status = proc.run(["/bin/cat", "/proc/self/status"], env=ENV, timeout=10).stdout
+    finally:
+        signal.signal(signal.SIGPIPE, old)
+    ignored = int(next(line.split()[1] for line in status.splitlines()
+                       if line.startswith("SigIgn:")), 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))

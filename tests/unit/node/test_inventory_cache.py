@@ -81,13 +81,26 @@ def test_the_next_shared_jobs_reuse_nvmls_answer_until_verify_reuse_passes(node)
     phases = Phases()
     second = job.verify_devices(node.config, shared_request(node, 8), phases)
     assert len(node.asked) == 1, "a job seconds later asks NVML again"
-    assert "nvml-reused" in phases.spent and "nvml" not in phases.spent
+    # The same devices: the first job's clean check is taken as it is.
+    assert set(phases.spent) == {"check-reused"}, phases.spent
     assert second == first and second.asked == first.asked
-    # The file the worker leaves is root's and holds no processes.
+    # Another GPU is checked, on the layout NVML gave the first job, and kept in turn.
+    phases = Phases()
+    other = job.verify_devices(node.config, shared_request(node, 9, SLURM_JOB_GPUS="3"), phases)
+    assert "nvml-reused" in phases.spent and "nvml" not in phases.spent
+    assert [d.slurm_index for d in other.devices] == [3] and other.asked == first.asked
+    phases = Phases()
+    again = job.verify_devices(node.config, shared_request(node, 10, SLURM_JOB_GPUS="3"),
+                               phases)
+    assert set(phases.spent) == {"check-reused"} and again == other
+    assert len(node.asked) == 1
+    # The file the worker leaves is root's, holds no processes, and the two clean checks.
     path = os.path.join(node.config.state_dir, inventory_cache.FILE_NAME)
     saved = _read_json(path)
     assert os.stat(path).st_uid == 0 and saved["source"] == node.config.inventory
     assert all(gpu["processes"] == [] for gpu in saved["inventory"]["gpus"])
+    assert sorted(saved["checks"]) == ["n1 mps 2 -", "n1 mps 3 -"]
+    assert saved["checks"]["n1 mps 2 -"] == [d.to_dict() for d in first.devices]
     # verify_reuse= seconds after NVML was asked, the next job asks again.
     assert inventory_cache.load(node.config.state_dir, node.config.inventory,
                                 job._checked_files(node.config, node.env), 60,
@@ -136,6 +149,7 @@ def test_a_check_that_fails_on_reused_facts_is_decided_on_nvmls_own_answer(node)
     path = os.path.join(node.config.state_dir, inventory_cache.FILE_NAME)
     data = _read_json(path)
     data["inventory"]["gpus"][2]["mig_current"] = True  # what NVML said then, not now
+    data["checks"] = {}  # and no check done on it yet
     with open(path, "w") as handle:
         json.dump(data, handle)
     checked = job.verify_devices(node.config, shared_request(node, 8))
@@ -159,3 +173,31 @@ def test_a_cache_file_others_could_write_is_not_read(node):
     os.symlink(path + ".real", path)
     job.verify_devices(node.config, shared_request(node, 8))
     assert len(node.asked) == 2
+
+
+@needs_root
+def test_only_a_check_that_found_nothing_is_taken_as_it_is(node):
+    """A check with a warning is done again by each job (which says it again); a kept
+    check that is not a list of devices is done again too."""
+    with open(node.profile) as handle:
+        profile = json.load(handle)
+    profile["gpus"][3]["mig"] = {"current": False, "pending": True}  # a warning, not an error
+    with open(node.profile, "w") as handle:
+        json.dump(profile, handle)
+    warned = job.verify_devices(node.config, shared_request(node, 7, SLURM_JOB_GPUS="3"))
+    assert [d.slurm_index for d in warned.devices] == [3]
+    phases = Phases()
+    job.verify_devices(node.config, shared_request(node, 8, SLURM_JOB_GPUS="3"), phases)
+    assert "nvml-reused" in phases.spent and "check-reused" not in phases.spent
+    job.verify_devices(node.config, shared_request(node, 9))
+    path = os.path.join(node.config.state_dir, inventory_cache.FILE_NAME)
+    data = _read_json(path)
+    assert list(data["checks"]) == ["n1 mps 2 -"]
+    data["checks"]["n1 mps 2 -"] = [{"uuid": "GPU-x"}]
+    with open(path, "w") as handle:
+        json.dump(data, handle)
+    phases = Phases()
+    checked = job.verify_devices(node.config, shared_request(node, 10), phases)
+    assert "nvml-reused" in phases.spent and checked.devices[0].slurm_index == 2
+    assert _read_json(path)["checks"]["n1 mps 2 -"] == [d.to_dict() for d in checked.devices]
+    assert len(node.asked) == 1
