@@ -11,6 +11,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -397,6 +399,28 @@ def test_a_first_job_checks_its_gpu_on_the_layout_nvml_gave_just_before(mps_bed)
     finally:
         bed.write_plugstack(line)
     assert all("nvml" in t and "nvml-reused" not in t for t in timings), timings
+
+
+def test_a_health_check_leaves_nvmls_answer_for_the_next_prolog(mps_bed):
+    """``gpushare check`` run as root on the node (as HealthCheckProgram) with the plugin's
+    own source leaves NVML's answer, and the node's next shared job checks its GPU on it
+    instead of asking NVML."""
+    bed = mps_bed
+    forget_layout(bed)
+    env = dict(bed.env, PYTHONPATH=os.path.join(slurmbed.REPO, "src"))
+    result = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli", "check", "--plan", slurmbed.BED_PLAN,
+         "--node", NODE, "--gres-conf", os.path.join(os.path.dirname(bed.conf), "gres.conf"),
+         "--device-root", bed.path("dev"), "--source", "sim:" + bed.path("nodes", f"{NODE}.json")],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    assert os.path.exists(os.path.join(bed.state_of(NODE), "inventory.json"))
+    job_id = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "0"), "--gres=mps:25", "-w", NODE, "-c1",
+                        user=U1)
+    assert bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+    timing = prolog_timing(bed, job_id)
+    assert "nvml-reused" in timing and "nvml" not in timing, timing
+    assert_nothing_left(bed)
 
 
 def prolog_lines(bed, job_id: int) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from gpushare.cli import add_slurm_arguments, fail, nodeconf
@@ -24,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "status: 0 all well, 1 warnings, 2 errors. As slurm.conf's HealthCheckProgram, "
         "--drain drains the node with a readable reason when there is an error. Run as root "
         "on a node whose plugstack line names the same plan=, it also compiles the plan for "
-        "the plugin's prologs (<state_dir>/owners-<node>.json).",
+        "the plugin's prologs (<state_dir>/owners-<node>.json), and where the line names the "
+        "same inventory= source, it leaves NVML's answer for their GPU checks "
+        "(<state_dir>/inventory.json, used for verify_reuse= seconds).",
         epilog="examples:\n"
         "  gpushare check --plan /etc/gpushare/plan.yaml\n"
         "  gpushare check --plan plan.yaml --source sim:/path/node.json --json\n"
@@ -97,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         except GresConfError as err:
             findings.append(check.Finding(check.ERROR, str(err), args.gres_conf,
                                           "fix gres.conf or render it from the plan"))
+    asked = time.time()
     if args.source != "none":
         try:
             from gpushare.gpu.inventory import open_inventory
@@ -107,15 +111,22 @@ def _run(args: argparse.Namespace) -> int:
                                           args.source, "see the message; nvidia-smi should "
                                           "work on the node"))
     findings.extend(check.check_node(plan, node, gres, inventory, args.device_root))
-    _compile_for_prologs(args.plan, node)
+    _prepare_for_prologs(args, node, inventory, asked)
     return _report(args, node, findings, args.source)
 
 
-def _compile_for_prologs(plan_path: str, node: str) -> None:
-    """Compile the plan for this node's prologs now, when run as root and the plugin's line
-    names the same plan: slurmd runs HealthCheckProgram when it starts, so the node's first
-    shared job reads the compiled file instead of parsing the plan. Anything in the way is
-    left to that prolog, which reports it."""
+def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,
+                         asked: float) -> None:
+    """Leave this node's prologs what this check found, when run as root (slurmd runs
+    HealthCheckProgram when it starts, and then every HealthCheckInterval):
+
+    - the plan compiled for the node, when the plugin's line names the same plan, so the
+      node's first shared job reads the compiled file instead of parsing the plan;
+    - NVML's answer about the GPU layout, when the plugin's line names the same source, so
+      a shared job within ``verify_reuse=`` seconds of the check runs its GPU check on it
+      instead of asking NVML (gpushare.node.inventory_cache).
+
+    Anything in the way is left to the prologs, which do it themselves."""
     import contextlib
     import os
 
@@ -128,10 +139,16 @@ def _compile_for_prologs(plan_path: str, node: str) -> None:
         config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
     except ConfigError:
         return
-    if not config.plan or os.path.realpath(config.plan) != os.path.realpath(plan_path):
-        return
-    with contextlib.suppress(OwnersError):
-        node_owners(config.plan, node, config.state_dir)
+    if config.plan and os.path.realpath(config.plan) == os.path.realpath(args.plan):
+        with contextlib.suppress(OwnersError):
+            node_owners(config.plan, node, config.state_dir)
+    source = config.for_node(node).inventory
+    if inventory is not None and config.verify_reuse > 0 and args.source == source:
+        from gpushare.node import inventory_cache
+        from gpushare.node.job import checked_files
+
+        inventory_cache.save(config.state_dir, source, checked_files(config, os.environ),
+                             inventory, asked, {})
 
 
 def _report(args: argparse.Namespace, node: str, findings: list[Any], source: str) -> int:

@@ -202,7 +202,7 @@ def verify_devices(config: PluginConfig, request: JobRequest,
 
     phases = phases or Phases()
     source = config.for_node(request.node).inventory
-    files = _checked_files(config, request.env)
+    files = checked_files(config, request.env)
     key = check_key(request.node, request.env)
     # Only a shared GRES's check (verify's mps) can do without processes, so only it reuses.
     reused = (inventory_cache.load(config.state_dir, source, files, config.verify_reuse)
@@ -269,9 +269,10 @@ def _ask_nvml(source: str) -> "Inventory":
     return open_inventory(source, topology=False)
 
 
-def _checked_files(config: PluginConfig, env: Mapping[str, str]) -> list[str]:
+def checked_files(config: PluginConfig, env: Mapping[str, str]) -> list[str]:
     """The files a GPU check reads besides NVML (gres.conf first): a reused NVML answer
-    and a join ticket stand only while they are unchanged."""
+    and a join ticket stand only while they are unchanged (``gpushare check`` leaves
+    NVML's answer stamped with them too)."""
     files = [gres_conf_path(env)]
     if config.plan:
         files.append(config.plan)
@@ -383,7 +384,7 @@ def _write_ticket(config: PluginConfig, request: JobRequest, record: JobRecord,
                     os.stat(checked).st_mtime + SLURM_CHECK_INTERVAL)
     except FileNotFoundError:
         return
-    files = [*_checked_files(config, request.env), checked]
+    files = [*checked_files(config, request.env), checked]
     show = describe(record.env, ticket.JOB_ID_MARK) if config.show else ""
     file_lines = ticket.file_lines(files)
     manager.write_ticket(key, record.share_percent, name, lambda daemon, record_stamp:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -64,3 +66,44 @@ def test_a_plan_the_plugin_does_not_use_is_not_compiled(site, capsys):
     (site / "etc" / "plugstack.conf").write_text("")  # no gpushare line at all
     run_check(capsys, site / "plan.yaml")
     assert not (site / "state").exists()
+
+
+PROFILE = Path(__file__).resolve().parents[3] / "src" / "gpushare" / "gpu" / "profiles" / \
+    "a100-mig-mixed.json"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's check prepares the prologs")
+@pytest.mark.parametrize("reuse", ["60", "0"])
+def test_the_check_leaves_nvmls_answer_for_the_prologs_of_the_node(site, capsys, reuse):
+    """Run as HealthCheckProgram, the check leaves what NVML said where the node's shared
+    jobs' checks look first (verify_reuse=), when the plugin's line asks the same source."""
+    from gpushare.cli import nodeconf
+    from gpushare.node import inventory_cache
+    from gpushare.node.job import checked_files
+
+    profile = site / "node.json"
+    shutil.copy(PROFILE, profile)
+    (site / "etc" / "plugstack.conf").write_text(
+        f"required /usr/lib64/slurm/spank_gpushare.so state_dir={site}/state/%n "
+        f"plan={site / 'plan.yaml'} inventory=sim:{profile} verify_reuse={reuse}\n")
+    (site / "etc" / "gres.conf").write_text("")
+    args = ["check", "--plan", str(site / "plan.yaml"), "--node", NODE, "--gres-conf",
+            str(site / "etc" / "gres.conf")]
+    main([*args, "--source", f"sim:{PROFILE}"])  # not the plugin's source: nothing left
+    state = site / "state" / NODE
+    assert not (state / inventory_cache.FILE_NAME).exists()
+    main([*args, "--source", f"sim:{profile}"])
+    capsys.readouterr()
+    if reuse == "0":
+        assert not (state / inventory_cache.FILE_NAME).exists()
+        return
+    config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=NODE))
+    found = inventory_cache.load(config.state_dir, f"sim:{profile}",
+                                 checked_files(config, os.environ), 60)
+    assert found is not None and found.checks == {}
+    assert [g.uuid for g in found.inventory().gpus] == \
+        [g["uuid"] for g in json.loads(PROFILE.read_text())["gpus"]]
+    # An edited gres.conf, as for a prolog's own answer, makes the prologs ask NVML.
+    (site / "etc" / "gres.conf").write_text("# edited\n")
+    assert inventory_cache.load(config.state_dir, f"sim:{profile}",
+                                checked_files(config, os.environ), 60) is None

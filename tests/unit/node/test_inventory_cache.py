@@ -103,7 +103,7 @@ def test_the_next_shared_jobs_reuse_nvmls_answer_until_verify_reuse_passes(node)
     assert saved["checks"]["n1 mps 2 -"] == [d.to_dict() for d in first.devices]
     # verify_reuse= seconds after NVML was asked, the next job asks again.
     assert inventory_cache.load(node.config.state_dir, node.config.inventory,
-                                job._checked_files(node.config, node.env), 60,
+                                job.checked_files(node.config, node.env), 60,
                                 now=first.asked + 61) is None
 
 

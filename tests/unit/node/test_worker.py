@@ -116,13 +116,20 @@ def test_the_first_record_write_leaves_the_tasks_waiting(state_dir):
     assert os.path.exists(store.path(3, ".env"))
 
 
+def released(path: str) -> str:
+    return path + ".released"
+
+
 def hold_shared(path: str, seconds: float) -> subprocess.Popen:
-    """Another process holding ``path`` shared, as an epilog worker does."""
+    """Another process holding ``path`` shared, as an epilog worker does; it leaves
+    ``released(path)`` just before it lets go."""
     code = ("import fcntl, os, sys, time\n"
             f"fd = os.open({path!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
             "fcntl.flock(fd, fcntl.LOCK_SH)\n"
             "print('held', flush=True)\n"
-            f"time.sleep({seconds})\n")
+            f"time.sleep({seconds})\n"
+            f"open({released(path)!r}, 'w').close()\n"
+            "fcntl.flock(fd, fcntl.LOCK_UN)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"
     return holder
@@ -136,8 +143,9 @@ def test_a_prolog_waits_for_the_epilogs_before_it(tmp_path):
     start = time.monotonic()
     job.wait_for_epilogs(config)
     waited = time.monotonic() - start
-    assert holder.poll() is not None, "returned while the epilog still held the lock"
+    assert os.path.exists(released(lock)), "returned while the epilog still held the lock"
     assert waited > 0.1
+    holder.wait()
     # Free again: the wait took the lock exclusively and gave it back.
     fd = os.open(lock, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -147,11 +155,13 @@ def test_a_prolog_waits_for_the_epilogs_before_it(tmp_path):
 def test_a_prolog_waits_only_for_the_epilogs_of_its_own_gpus(tmp_path):
     config = PluginConfig(state_dir=str(tmp_path))
     other = hold_shared(os.path.join(str(tmp_path), job.GPU_EPILOGS_LOCK.format(1)), 5)
-    same = hold_shared(os.path.join(str(tmp_path), job.GPU_EPILOGS_LOCK.format(0)), 0.5)
+    same_lock = os.path.join(str(tmp_path), job.GPU_EPILOGS_LOCK.format(0))
+    same = hold_shared(same_lock, 0.5)
     try:
         start = time.monotonic()
         job.wait_for_epilogs(config, ["0"])
-        assert same.poll() is not None, "returned while GPU 0's epilog still held its lock"
+        assert os.path.exists(released(same_lock)), \
+            "returned while GPU 0's epilog still held its lock"
         assert time.monotonic() - start > 0.1
         assert other.poll() is None  # GPU 1's epilog still runs: nothing waited for it
         start = time.monotonic()
@@ -160,6 +170,7 @@ def test_a_prolog_waits_only_for_the_epilogs_of_its_own_gpus(tmp_path):
     finally:
         other.kill()
         other.wait()
+        same.wait()
 
 
 def test_a_hung_epilog_is_waited_for_only_so_long(tmp_path, monkeypatch):
