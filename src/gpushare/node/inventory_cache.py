@@ -12,7 +12,8 @@ So a worker that asked NVML leaves what it found in ``<state_dir>/inventory.json
 the time and the stamps of the files the check reads beside it (gres.conf, the plan, a
 simulated node's profile), processes left out. A shared job's prolog within
 ``verify_reuse=`` seconds of that, with those files unchanged, checks its GPUs against it
-instead of asking NVML. A check that fails on reused facts is done again on NVML's own
+instead of asking NVML. ``gpushare check`` run as root (HealthCheckProgram) leaves its own
+answer the same way. A check that fails on reused facts is done again on NVML's own
 answer, so a node is only ever drained on what NVML says now. A job that holds whole GPUs
 always asks NVML (its check looks for processes outside the job), and ``verify_reuse=0``
 makes every job ask.
