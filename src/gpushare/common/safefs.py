@@ -19,6 +19,7 @@ from typing import Optional
 __all__ = [
     "UnsafePathError",
     "check_root_owned_file",
+    "file_stamp",
     "make_owned_dir",
     "open_dir_at",
     "open_root_dir",
@@ -170,6 +171,13 @@ def check_root_owned_file(path: str) -> str:
         if directory == "/":
             return real
         directory = os.path.dirname(directory)
+
+
+def file_stamp(path: str) -> list[int]:
+    """What changes when a file is edited, replaced or touched: a file derived from it (a
+    compiled plan, a reused NVML answer) stands only while this is the same."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def read_small_file_at(dir_fd: int, name: str, limit: int = 1 << 20) -> Optional[bytes]:

@@ -73,17 +73,14 @@ class Reusable(NamedTuple):
 
 
 def _stamps(paths: Sequence[str]) -> list[list[Any]]:
-    """``[path, dev, inode, size, mtime_ns, ctime_ns]`` of each file, ``[path]`` when absent:
-    what changes when one is edited, replaced or removed."""
+    """``[path, *stamp]`` of each file (gpushare.common.safefs.file_stamp), ``[path]`` when
+    absent."""
     stamps: list[list[Any]] = []
     for path in paths:
         try:
-            st = os.stat(path)
+            stamps.append([path, *safefs.file_stamp(path)])
         except FileNotFoundError:
             stamps.append([path])
-            continue
-        stamps.append([path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                       st.st_ctime_ns])
     return stamps
 
 

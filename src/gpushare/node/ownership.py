@@ -75,12 +75,6 @@ def owner_lookup(gpus: "Optional[Sequence[GpuOwners]]", inventory: Any
     return owners.get
 
 
-def _stamp(path: str) -> "list[int]":
-    """What changes when the plan file is edited or replaced."""
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
 def node_owners(plan_path: str, node: str, state_dir: str) -> "Optional[list[GpuOwners]]":
     """``node``'s part of the plan: from the compiled file when it matches the plan file,
     else parsed (and the compiled file replaced). OwnersError when the plan is unusable.
@@ -90,7 +84,7 @@ def node_owners(plan_path: str, node: str, state_dir: str) -> "Optional[list[Gpu
     """
     try:
         safefs.check_root_owned_file(plan_path)
-        stamp = _stamp(plan_path)
+        stamp = safefs.file_stamp(plan_path)
     except (OSError, safefs.UnsafePathError) as err:
         raise OwnersError(f"ownership plan {plan_path}: {err}") from None
     name = f"owners-{node}.json"
