@@ -22,8 +22,10 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <ftw.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -746,6 +748,7 @@ static void gs_close_inherited(void)
 }
 
 static int gs_job_record_exists(spank_t sp);
+static int gs_fast_start(spank_t sp, int ac, char **av);
 
 /* After an epilog: the job's lock goes, and so does a note for the tasks that a prolog
  * worker left without a record (it failed before its Python could write one). */
@@ -797,6 +800,8 @@ static int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
             if (null_fd > STDERR_FILENO)
                 close(null_fd);
         }
+        if (strcmp(callback, "job_prolog") == 0 && gs_fast_start(sp, ac, av))
+            _exit(0);
         rc = gs_call_python(callback, sp, ac, av);
         if (rc != 0 && strcmp(callback, "job_prolog") == 0)
             gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log "
@@ -1011,12 +1016,12 @@ static int gs_drop_reference(int mps_fd, const char *key, const char *job, const
 }
 
 /* A prolog or epilog done here is counted as the Python callbacks are
- * (gpushare.node.counters folds counters.fast into counters.json under the same lock): one
- * line, "<prolog|epilog> <microseconds>". */
-static void gs_count_fast(const char *callback, double seconds)
+ * (gpushare.node.counters folds counters.fast into counters.json under the same lock): a
+ * line "<prolog|epilog> <microseconds>", and "note <counter>" for what it did. */
+static void gs_count_lines(const char *lines)
 {
-    char path[PATH_MAX + 32], line[32];
-    int lock_fd, fd, len;
+    char path[PATH_MAX + 32];
+    int lock_fd, fd, len = (int)strlen(lines);
     struct stat st;
 
     snprintf(path, sizeof(path), "%s/counters.json", gs_state_dir);
@@ -1028,14 +1033,23 @@ static void gs_count_fast(const char *callback, double seconds)
         snprintf(path, sizeof(path), "%s/counters.fast", gs_state_dir);
         fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd >= 0) {
-            len = snprintf(line, sizeof(line), "%s %ld\n", callback, (long)(seconds * 1e6));
-            if (write(fd, line, len) != len) {
+            if (write(fd, lines, len) != len) {
                 /* a count is best effort, as in Python */
             }
             close(fd);
         }
     }
     close(lock_fd);
+}
+
+/* One callback done here, with "note <counter>" lines (gpushare.node.counters.FAST_NOTES)
+ * after it. */
+static void gs_count_fast(const char *callback, double seconds, const char *notes)
+{
+    char lines[160];
+
+    snprintf(lines, sizeof(lines), "%s %ld\n%s", callback, (long)(seconds * 1e6), notes);
+    gs_count_lines(lines);
 }
 
 /* 1 when the job left its daemon here (its files gone too), 0 when the worker must run. */
@@ -1072,7 +1086,7 @@ static int gs_fast_leave(spank_t sp)
         (void)unlink(path);
     if (gs_job_file(sp, ".json", path, sizeof(path)) == 0)
         (void)unlink(path);
-    gs_count_fast("epilog", gs_now() - started);
+    gs_count_fast("epilog", gs_now() - started, "");
     gs_debug(sp, "cb=job_epilog python=skip reason=left-daemon daemon=%s share=%d", key, share);
     return 1;
 }
@@ -1117,35 +1131,43 @@ static int gs_file_unchanged(const char *value)
            strlen(now) == (size_t)(path - 1 - value);
 }
 
-/* "<pid> <start time>": whether that process still runs (/proc/<pid>/stat field 22). */
-static int gs_same_process(const char *value)
+/* A live process's start time (/proc/<pid>/stat field 22) into out; -1 for none or a
+ * zombie, which serves nobody. */
+static int gs_proc_start(long pid, char *out, size_t size)
 {
-    char path[64], stat_text[1024], *fields, *field;
-    long pid = strtol(value, &field, 10);
-    const char *started = field;
+    char path[64], stat_text[1024], *fields, *field, *save = NULL;
     ssize_t len;
     int fd, index = 3;
 
-    if (pid <= 1 || *started != ' ')
-        return 0;
-    started++;
+    if (pid <= 1)
+        return -1;
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
     if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return 0;
+        return -1;
     len = read(fd, stat_text, sizeof(stat_text) - 1);
     close(fd);
     if (len <= 0)
-        return 0;
+        return -1;
     stat_text[len] = '\0';
     if (!(fields = strrchr(stat_text, ')')))
-        return 0;
-    for (field = strtok(fields + 1, " "); field; field = strtok(NULL, " ")) {
+        return -1;
+    for (field = strtok_r(fields + 1, " ", &save); field; field = strtok_r(NULL, " ", &save)) {
         if (index == 3 && (*field == 'Z' || *field == 'X'))
-            return 0; /* a zombie serves nobody */
+            return -1;
         if (index++ == 22)
-            return strcmp(field, started) == 0;
+            return snprintf(out, size, "%s", field) < (int)size ? 0 : -1;
     }
-    return 0;
+    return -1;
+}
+
+/* "<pid> <start time>": whether that process still runs. */
+static int gs_same_process(const char *value)
+{
+    char started[32], *rest;
+    long pid = strtol(value, &rest, 10);
+
+    return *rest == ' ' && gs_proc_start(pid, started, sizeof(started)) == 0 &&
+           strcmp(rest + 1, started) == 0;
 }
 
 struct gs_ticket {
@@ -1156,138 +1178,182 @@ struct gs_ticket {
     const char *env;    /* the tasks' environment file */
 };
 
+/* One condition line of a ticket (either kind), split into word and value: 1 when it
+ * holds, -1 (and *why) when it does not, 0 when the word is not a condition. */
+static int gs_condition(spank_t sp, int ac, char **av, const char *word, char *value,
+                        struct gs_ticket *t, int *args, const char **why)
+{
+    uint32_t uid = 0, gid = 0;
+    struct timespec now;
+
+    if (strcmp(word, "key") == 0) {
+        *why = "format";
+        if (strlen(value) >= GS_KEY_MAX || !*value || value[0] == '.' ||
+            strspn(value, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                          "0123456789._-") != strlen(value))
+            return -1;
+        snprintf(t->key, sizeof(t->key), "%s", value);
+    } else if (strcmp(word, "until") == 0) {
+        *why = "expired";
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (now.tv_sec + now.tv_nsec / 1e9 >= strtod(value, NULL))
+            return -1;
+    } else if (strcmp(word, "uid") == 0 || strcmp(word, "gid") == 0) {
+        *why = "user";
+        if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+            spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
+            strspn(value, "0123456789") != strlen(value) || !*value ||
+            strtoul(value, NULL, 10) != (word[0] == 'u' ? uid : gid))
+            return -1;
+    } else if (strcmp(word, "share") == 0) {
+        t->share = atoi(value);
+    } else if (strcmp(word, "arg") == 0) {
+        *why = "plugstack";
+        if (*args >= ac || strcmp(av[(*args)++], value) != 0)
+            return -1;
+    } else if (strcmp(word, "env") == 0) {
+        char *eq = strchr(value, '=');
+        const char *have;
+        *why = "environment";
+        if (!eq)
+            return -1;
+        *eq = '\0';
+        have = getenv(value);
+        if (strcmp(have ? have : "", eq + 1) != 0)
+            return -1;
+    } else if (strcmp(word, "opt") == 0 || strcmp(word, "noopt") == 0) {
+        char *eq = word[0] == 'o' ? strchr(value, '=') : NULL;
+        const char *have;
+        *why = "options";
+        if (word[0] == 'o' && !eq)
+            return -1;
+        if (eq)
+            *eq = '\0';
+        have = gs_getopt(sp, value);
+        if (eq ? !have || strcmp(have, eq + 1) != 0 : have != NULL)
+            return -1;
+    } else if (strcmp(word, "file") == 0) {
+        *why = "files";
+        if (!gs_file_unchanged(value))
+            return -1;
+    } else if (strcmp(word, "nofile") == 0) {
+        struct stat st;
+        *why = "files";
+        if (stat(value, &st) == 0 || errno != ENOENT)
+            return -1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* The next "word value" line of a ticket's text at *at (split in place, *at moved past
+ * it): 1 with word and value, 0 at the end, -1 for a line without a value. A line that
+ * starts a section ("--record") comes back as its word with an empty value. */
+static int gs_ticket_line(char **at, char **word, char **value)
+{
+    char *line = *at, *next;
+
+    if (!line || !*line)
+        return 0;
+    if ((next = strchr(line, '\n')))
+        *next++ = '\0';
+    *at = next;
+    *word = line;
+    if (strncmp(line, "--", 2) == 0) {
+        *value = line + strlen(line);
+        return 1;
+    }
+    if (!(*value = strchr(line, ' ')))
+        return -1;
+    *(*value)++ = '\0';
+    return 1;
+}
+
 /* Check every condition of the ticket's text (it is split in place); 0 when they hold. */
 static int gs_ticket_holds(spank_t sp, int ac, char **av, char *text, struct gs_ticket *t,
                            const char **why)
 {
-    uint32_t uid = 0, gid = 0;
-    struct timespec now;
-    char *line, *next, *value;
-    int args = 0;
+    char *at, *word, *value;
+    int args = 0, rc;
 
-    clock_gettime(CLOCK_REALTIME, &now);
-    if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
-        spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
-        return -1;
     memset(t, 0, sizeof(*t));
     *why = "format";
     if (strncmp(text, "gpushare-ticket 1\n", 18) != 0)
         return -1;
-    for (line = text + 18; line && *line; line = next) {
-        if ((next = strchr(line, '\n')))
-            *next++ = '\0';
-        if (strcmp(line, "--record") == 0) {
-            t->record = next;
-            if (!next || !(value = strstr(next, "\n--env\n")))
+    for (at = text + 18; (rc = gs_ticket_line(&at, &word, &value)) > 0;) {
+        if (strcmp(word, "--record") == 0) {
+            t->record = at;
+            if (!at || !(value = strstr(at, "\n--env\n")))
                 return -1;
             *value = '\0';
             t->env = value + 7;
             break;
         }
-        if (!(value = strchr(line, ' ')))
+        if ((rc = gs_condition(sp, ac, av, word, value, t, &args, why)) < 0)
             return -1;
-        *value++ = '\0';
-        if (strcmp(line, "key") == 0) {
-            if (strlen(value) >= GS_KEY_MAX || !*value || value[0] == '.' ||
-                strspn(value, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                              "0123456789._-") != strlen(value))
-                return -1;
-            snprintf(t->key, sizeof(t->key), "%s", value);
-        } else if (strcmp(line, "until") == 0) {
-            *why = "expired";
-            if (now.tv_sec + now.tv_nsec / 1e9 >= strtod(value, NULL))
-                return -1;
-        } else if (strcmp(line, "uid") == 0 || strcmp(line, "gid") == 0) {
-            *why = "user";
-            if (strtoul(value, NULL, 10) != (line[0] == 'u' ? uid : gid))
-                return -1;
-        } else if (strcmp(line, "share") == 0) {
-            t->share = atoi(value);
-        } else if (strcmp(line, "arg") == 0) {
-            *why = "plugstack";
-            if (args >= ac || strcmp(av[args++], value) != 0)
-                return -1;
-        } else if (strcmp(line, "env") == 0) {
-            char *eq = strchr(value, '=');
-            const char *have;
-            *why = "environment";
-            if (!eq)
-                return -1;
-            *eq = '\0';
-            have = getenv(value);
-            if (strcmp(have ? have : "", eq + 1) != 0)
-                return -1;
-        } else if (strcmp(line, "opt") == 0 || strcmp(line, "noopt") == 0) {
-            char *eq = line[0] == 'o' ? strchr(value, '=') : NULL;
-            const char *have;
-            *why = "options";
-            if (line[0] == 'o' && !eq)
-                return -1;
-            if (eq)
-                *eq = '\0';
-            have = gs_getopt(sp, value);
-            if (eq ? !have || strcmp(have, eq + 1) != 0 : have != NULL)
-                return -1;
-        } else if (strcmp(line, "file") == 0) {
-            *why = "files";
-            if (!gs_file_unchanged(value))
-                return -1;
-        } else if (strcmp(line, "nofile") == 0) {
-            struct stat st;
-            *why = "files";
-            if (stat(value, &st) == 0 || errno != ENOENT)
-                return -1;
-        } else if (strcmp(line, "daemon") == 0) {
-            *why = "daemon";
+        if (rc > 0)
+            continue;
+        *why = "daemon";
+        if (strcmp(word, "daemon") == 0) {
             if (!gs_same_process(value))
                 return -1;
-        } else if (strcmp(line, "record") == 0) {
+        } else if (strcmp(word, "record") == 0) {
             snprintf(t->record_stamp, sizeof(t->record_stamp), "%s", value);
         } else {
+            *why = "format";
             return -1; /* a line this glue does not know: a newer worker's ticket */
         }
     }
     *why = "format";
-    if (!t->record || !t->key[0] || !t->record_stamp[0] || t->share < 1 || t->share > 100)
+    if (rc < 0 || !t->record || !t->key[0] || !t->record_stamp[0] || t->share < 1 ||
+        t->share > 100)
         return -1;
     *why = "plugstack";
     return args == ac ? 0 : -1;
 }
 
-/* text with every mark replaced (free() it). */
-static char *gs_fill(const char *text, const char *job, const char *created)
-{
-    size_t size = strlen(text) + 1, jobs = 0;
-    const char *at, *mark;
-    char *out, *to;
+struct gs_mark {
+    const char *mark, *value;
+};
 
+/* text with each of the n marks replaced by its value (free() it). */
+static char *gs_fill(const char *text, const struct gs_mark *marks, int n)
+{
+    size_t size = strlen(text) + 1, at_signs = 0, longest = 0;
+    const char *at;
+    char *out, *to;
+    int i;
+
+    for (i = 0; i < n; i++)
+        if (strlen(marks[i].value) > longest)
+            longest = strlen(marks[i].value);
     for (at = text; (at = strchr(at, '@')); at++)
-        jobs++;
-    size += jobs * (strlen(job) + strlen(created));
+        at_signs++;
+    size += at_signs * longest;
     if (!(out = malloc(size)))
         return NULL;
     for (to = out, at = text; *at;) {
-        if (strncmp(at, GS_JOB_ID_MARK, strlen(GS_JOB_ID_MARK)) == 0) {
-            mark = job;
-            at += strlen(GS_JOB_ID_MARK);
-        } else if (strncmp(at, GS_CREATED_MARK, strlen(GS_CREATED_MARK)) == 0) {
-            mark = created;
-            at += strlen(GS_CREATED_MARK);
-        } else {
+        for (i = 0; *at == '@' && i < n; i++)
+            if (strncmp(at, marks[i].mark, strlen(marks[i].mark)) == 0)
+                break;
+        if (*at != '@' || i == n) {
             *to++ = *at++;
             continue;
         }
-        to = stpcpy(to, mark);
+        to = stpcpy(to, marks[i].value);
+        at += strlen(marks[i].mark);
     }
     *to = '\0';
     return out;
 }
 
-/* name below dir_fd replaced with text (a temporary file, renamed), mode 0600. With
+/* name below dir_fd replaced with text (a temporary file, renamed), with mode. With
  * no_replace, an existing name is kept and -1 returned. */
-static int gs_write_at(int dir_fd, const char *name, const char *text, int no_replace)
+static int gs_write_mode_at(int dir_fd, const char *name, const char *text, int no_replace,
+                            mode_t mode)
 {
-    char tmp[64];
+    char tmp[GS_KEY_MAX + 64];
     size_t len = strlen(text), done = 0;
     ssize_t wrote = 0;
     int fd, rc;
@@ -1299,12 +1365,17 @@ static int gs_write_at(int dir_fd, const char *name, const char *text, int no_re
         return -1;
     while (done < len && (wrote = write(fd, text + done, len - done)) > 0)
         done += (size_t)wrote;
-    rc = done == len && fsync(fd) == 0 ? 0 : -1;
+    rc = done == len && fchmod(fd, mode) == 0 && fsync(fd) == 0 ? 0 : -1;
     close(fd);
     if (rc == 0)
         rc = no_replace ? linkat(dir_fd, tmp, dir_fd, name, 0) : renameat(dir_fd, tmp, dir_fd, name);
     (void)unlinkat(dir_fd, tmp, 0);
     return rc;
+}
+
+static int gs_write_at(int dir_fd, const char *name, const char *text, int no_replace)
+{
+    return gs_write_mode_at(dir_fd, name, text, no_replace, 0600);
 }
 
 /* Under the daemon's lock: the record, the reference, the tasks' file; undone on failure. */
@@ -1316,6 +1387,7 @@ static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, co
     struct timespec now;
     char *record = NULL, *env = NULL;
     int refs_fd = -1, rc = -1;
+    const struct gs_mark marks[] = {{GS_JOB_ID_MARK, job}, {GS_CREATED_MARK, created}};
 
     *why = "daemon-changed";
     snprintf(name, sizeof(name), "%s.json", t->key);
@@ -1329,8 +1401,8 @@ static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, co
     refs_fd = gs_open_dir_at(mps_fd, name);
     clock_gettime(CLOCK_REALTIME, &now);
     snprintf(created, sizeof(created), "%ld.%06ld", (long)now.tv_sec, now.tv_nsec / 1000L);
-    record = gs_fill(t->record, job, created);
-    env = gs_fill(t->env, job, created);
+    record = gs_fill(t->record, marks, 2);
+    env = gs_fill(t->env, marks, 2);
     snprintf(file, sizeof(file), "%s.json", job);
     snprintf(share, sizeof(share), "%d\n", t->share);
     if (refs_fd < 0 || !record || !env ||
@@ -1356,30 +1428,43 @@ out:
     return rc;
 }
 
+/* A shared job a ticket could serve: its id, its user (not root) and its GPUs (Slurm's
+ * indices joined by '_') and share as a ticket's name holds them. -1 for any other job. */
+static int gs_ticket_job(spank_t sp, char job[16], uint32_t *uid, char gpus[48],
+                         const char **share)
+{
+    const char *slurm_gpus = getenv("SLURM_JOB_GPUS");
+    uint32_t job_id = 0;
+
+    *share = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    if (!*share || !**share || strlen(*share) > 3 ||
+        strspn(*share, "0123456789") != strlen(*share) || !slurm_gpus || !*slurm_gpus ||
+        strlen(slurm_gpus) >= 48 || strspn(slurm_gpus, "0123456789,") != strlen(slurm_gpus) ||
+        gs_getopt(sp, "gpu-mps") || spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+        spank_get_item(sp, S_JOB_UID, uid) != ESPANK_SUCCESS || *uid == 0)
+        return -1;
+    snprintf(gpus, 48, "%s", slurm_gpus);
+    for (char *c = gpus; *c; c++)
+        if (*c == ',')
+            *c = '_';
+    snprintf(job, 16, "%u", job_id);
+    return 0;
+}
+
 /* 1 when the job was joined to its daemon here, 0 when the worker must set it up. */
 static int gs_fast_join(spank_t sp, int ac, char **av)
 {
     char path[PATH_MAX + 32], name[96], job[16], gpus[48];
-    const char *why = "no-ticket", *share = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
-    const char *slurm_gpus = getenv("SLURM_JOB_GPUS");
+    const char *why = "no-ticket", *share;
     struct gs_ticket ticket;
-    uint32_t job_id = 0, uid = 0;
+    uint32_t uid = 0;
     double started = gs_now();
     int mps_fd = -1, jobs_fd = -1, tickets_fd = -1, lock_fd = -1, joined = 0;
     char *text = NULL;
 
     /* The ticket's name, as gpushare.node.ticket.name makes it. */
-    if (!share || !*share || strlen(share) > 3 || strspn(share, "0123456789") != strlen(share) ||
-        !slurm_gpus || !*slurm_gpus || strlen(slurm_gpus) >= sizeof(gpus) ||
-        strspn(slurm_gpus, "0123456789,") != strlen(slurm_gpus) || gs_getopt(sp, "gpu-mps") ||
-        spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
-        spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || uid == 0)
+    if (gs_ticket_job(sp, job, &uid, gpus, &share) < 0)
         return 0;
-    snprintf(gpus, sizeof(gpus), "%s", slurm_gpus);
-    for (char *c = gpus; *c; c++)
-        if (*c == ',')
-            *c = '_';
-    snprintf(job, sizeof(job), "%u", job_id);
     snprintf(name, sizeof(name), "u%u.g%s.s%s", uid, gpus, share);
     snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
     if ((mps_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
@@ -1408,12 +1493,545 @@ out:
         free(text);
         return 0;
     }
-    gs_count_fast("prolog", gs_now() - started);
+    gs_count_fast("prolog", gs_now() - started, "");
     gs_debug(sp, "cb=job_prolog python=skip reason=joined daemon=%s share=%d", ticket.key,
              ticket.share);
-    slurm_info("gpushare: job %u: shared MPS, %d%% of GPU %s, daemon %s (joined by the "
-               "plugin)", job_id, ticket.share, gpus, ticket.key);
+    slurm_info("gpushare: job %s: shared MPS, %d%% of GPU %s, daemon %s (joined by the "
+               "plugin)", job, ticket.share, gpus, ticket.key);
     free(text);
+    return 1;
+}
+
+/* ---- the prolog worker's fast start: a shared job's own daemon, started in C ------ */
+
+/*
+ * The first shared job of a user on a GPU needs a daemon of its own, and the decisions
+ * that make it (the GPU check, the share, the daemon's environment and caps) are those of
+ * any shared job with the same share on the same GPU moments ago, whoever its user. After
+ * each shared prolog its worker leaves a start ticket, <state_dir>/mps/tickets/
+ * start.g<gpus>.s<share> (gpushare.node.ticket.render_start): the join ticket's conditions
+ * with the user left open, the recipe (program, the daemon's and the control command's
+ * environments, the cap commands) and the records to write. The prolog's worker, before it
+ * loads Python, uses one when every condition holds, no epilog runs on the job's GPUs and
+ * the user has no daemon there: under the daemon's lock it writes the job's reference and
+ * the daemon's record as acquire() does before a start, makes the daemon's directories,
+ * runs "<program> -d" as the user, waits for its control socket, tells it its caps, and
+ * writes the daemon's record, the job's record, its tasks' environment and a join ticket
+ * for the user's next job. Each step is bounded by timeout=. Anything else, or any failure,
+ * goes to the Python worker: before the start nothing is left; after it, the job's
+ * reference is taken back and the daemon's record stays without jobs, so the worker's
+ * reap stops whatever was started and starts it again, saying what went wrong.
+ */
+#define GS_START_LIST_MAX 16
+#define GS_START_INPUT_MAX 4000 /* cap commands: written to the pipe before the exec */
+#define GS_UID_MARK "@GPUSHARE_UID@"
+#define GS_GID_MARK "@GPUSHARE_GID@"
+#define GS_PID_MARK "@GPUSHARE_DAEMON_PID@"
+#define GS_STARTED_MARK "@GPUSHARE_STARTED@"
+#define GS_PID_FILE "nvidia-cuda-mps-control.pid"
+
+struct gs_start {
+    struct gs_ticket t; /* key, share; record and env: the job's sections */
+    const char *program, *pipe_dir;
+    char *daemon_env[GS_START_LIST_MAX + 1], *client_env[GS_START_LIST_MAX + 1];
+    char caps[GS_START_INPUT_MAX];
+    const char *before, *started;
+    size_t conditions_len; /* the condition lines: the join ticket's, too */
+};
+
+/* Split the start ticket's text in place and check its conditions; 0 when they hold. */
+static int gs_start_holds(spank_t sp, int ac, char **av, char *text, struct gs_start *st,
+                          const char **why)
+{
+    char *at, *word, *value, *end;
+    size_t caps_len = 0;
+    int args = 0, daemon_envs = 0, client_envs = 0, recipe = 0, rc;
+    const size_t head = strlen("gpushare-start 1\n");
+
+    memset(st, 0, sizeof(*st));
+    *why = "format";
+    if (strncmp(text, "gpushare-start 1\n", head) != 0 || !(end = strstr(text, "\n--recipe\n")))
+        return -1;
+    st->conditions_len = (size_t)(end + 1 - (text + head));
+    for (at = text + head; (rc = gs_ticket_line(&at, &word, &value)) > 0;) {
+        if (strcmp(word, "--recipe") == 0) {
+            recipe = 1;
+        } else if (!recipe) {
+            if (gs_condition(sp, ac, av, word, value, &st->t, &args, why) <= 0)
+                return -1;
+        } else if (strcmp(word, "program") == 0 && *value == '/') {
+            st->program = value;
+        } else if (strcmp(word, "daemon-env") == 0 && strchr(value, '=') &&
+                   daemon_envs < GS_START_LIST_MAX) {
+            st->daemon_env[daemon_envs++] = value;
+            if (strncmp(value, "CUDA_MPS_PIPE_DIRECTORY=", 24) == 0)
+                st->pipe_dir = value + 24;
+        } else if (strcmp(word, "client-env") == 0 && strchr(value, '=') &&
+                   client_envs < GS_START_LIST_MAX) {
+            st->client_env[client_envs++] = value;
+        } else if (strcmp(word, "caps") == 0 &&
+                   caps_len + strlen(value) + 2 < sizeof(st->caps)) {
+            caps_len += (size_t)sprintf(st->caps + caps_len, "%s\n", value);
+        } else if (strcmp(word, "--daemon-record") == 0) {
+            st->before = at;
+            break;
+        } else {
+            *why = "format";
+            return -1; /* a line this glue does not know: a newer worker's ticket */
+        }
+    }
+    *why = "format";
+    if (rc < 0 || !st->before || !st->program || !st->pipe_dir || !caps_len ||
+        !st->t.key[0] || st->t.share < 1 || st->t.share > 100)
+        return -1;
+    if (!(end = strstr(st->before, "\n--started-record\n")))
+        return -1;
+    *end = '\0';
+    st->started = end + 18;
+    if (!(end = strstr(st->started, "\n--record\n")))
+        return -1;
+    *end = '\0';
+    st->t.record = end + 10;
+    if (!(end = strstr(st->t.record, "\n--env\n")))
+        return -1;
+    *end = '\0';
+    st->t.env = end + 7;
+    *why = "plugstack";
+    return args == ac ? 0 : -1;
+}
+
+/* Whether the lock file at path is free (absent, or taken and given back at once). */
+static int gs_lock_free(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), free_now;
+
+    if (fd < 0)
+        return errno == ENOENT;
+    free_now = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd);
+    return free_now;
+}
+
+/* No epilog runs on the node as a whole or on the job's GPUs (the barrier
+ * gpushare.node.job.wait_for_epilogs waits at): 0 when none of those locks is held. */
+static int gs_no_epilog_running(const char *gpus)
+{
+    char path[PATH_MAX + 64], list[48], *token, *save = NULL;
+
+    snprintf(path, sizeof(path), "%s/epilogs.lock", gs_state_dir);
+    if (!gs_lock_free(path))
+        return -1;
+    snprintf(list, sizeof(list), "%s", gpus);
+    for (token = strtok_r(list, "_", &save); token; token = strtok_r(NULL, "_", &save)) {
+        snprintf(path, sizeof(path), "%s/epilogs.gpu%ld.lock", gs_state_dir,
+                 strtol(token, NULL, 10));
+        if (!gs_lock_free(path))
+            return -1;
+    }
+    return 0;
+}
+
+/* A program root may hand to users: a root-owned regular file out of others' reach, and
+ * so is every directory above it (as gpushare.common.safefs.check_root_owned_file). */
+static int gs_program_trusted(const char *program)
+{
+    char real[PATH_MAX], *slash;
+    struct stat st;
+
+    if (!realpath(program, real) || stat(real, &st) < 0 || !S_ISREG(st.st_mode) ||
+        gs_untrusted(&st, 0))
+        return -1;
+    while ((slash = strrchr(real, '/'))) {
+        if (slash == real)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+        if (lstat(real, &st) < 0 || gs_untrusted(&st, 1))
+            return -1;
+        if (slash == real)
+            return 0;
+    }
+    return -1;
+}
+
+/* In a child about to exec: every descriptor but 0-2 closed. */
+static void gs_close_above_stderr(void)
+{
+    struct dirent *entry;
+    DIR *dir = opendir("/proc/self/fd");
+    int fd;
+
+    if (!dir) {
+        for (fd = STDERR_FILENO + 1; fd < 1024; fd++)
+            close(fd);
+        return;
+    }
+    while ((entry = readdir(dir)))
+        if ((fd = atoi(entry->d_name)) > STDERR_FILENO && fd != dirfd(dir))
+            close(fd);
+    closedir(dir);
+}
+
+/* Run program (argv: itself and arg, if any) as uid/gid with exactly env, input on its
+ * stdin, no other descriptors, in a session of its own, from /. Its exit status within
+ * timeout=, or -1 (its session killed). */
+static int gs_run_as(const char *program, const char *arg, char **env, uid_t uid, gid_t gid,
+                     const char *input)
+{
+    char *argv[] = {(char *)program, (char *)arg, NULL};
+    int in[2], status = 0, null_fd;
+    double deadline = gs_now() + gs_timeout;
+    useconds_t pause = 200;
+    pid_t pid, done;
+
+    if (pipe2(in, O_CLOEXEC) < 0)
+        return -1;
+    if (input && write(in[1], input, strlen(input)) != (ssize_t)strlen(input)) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    close(in[1]);
+    if ((pid = fork()) < 0) {
+        close(in[0]);
+        return -1;
+    }
+    if (pid == 0) {
+        null_fd = open("/dev/null", O_RDWR);
+        if (null_fd < 0 || dup2(in[0], STDIN_FILENO) < 0 || dup2(null_fd, STDOUT_FILENO) < 0 ||
+            dup2(null_fd, STDERR_FILENO) < 0)
+            _exit(126);
+        gs_close_above_stderr();
+        if (setsid() < 0 || chdir("/") < 0 || setgroups(0, NULL) < 0 ||
+            setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0 || getuid() != uid)
+            _exit(126);
+        execve(program, argv, env);
+        _exit(127);
+    }
+    close(in[0]);
+    while ((done = waitpid(pid, &status, WNOHANG)) == 0 || (done < 0 && errno == EINTR)) {
+        if (gs_now() > deadline) {
+            (void)kill(-pid, SIGKILL);
+            (void)kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            return -1;
+        }
+        usleep(pause);
+        pause = pause < 5000 ? pause * 2 : pause;
+    }
+    return done == pid && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The user's directory name below key_fd, made fresh, root's until handed to uid/gid. */
+static int gs_make_user_dir(int key_fd, const char *name, uid_t uid, gid_t gid)
+{
+    struct stat st;
+    int fd, rc = -1;
+
+    if (mkdirat(key_fd, name, 0700) < 0)
+        return -1;
+    fd = openat(key_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == 0 && !(st.st_mode & 077) &&
+        fchown(fd, uid, gid) == 0 && fchmod(fd, 0700) == 0)
+        rc = 0;
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Whether pid is the user's MPS daemon of pipe_dir running program (as
+ * gpushare.node.mps.procscan.ProcScan.is_ours). */
+static int gs_is_daemon(long pid, uid_t uid, const char *pipe_dir, const char *program)
+{
+    char path[64], exe[PATH_MAX], real[PATH_MAX], text[16384], want[PATH_MAX + 32];
+    const char *uid_line;
+    ssize_t len, at;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%ld/status", pid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    len = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    text[len] = '\0';
+    if (!(uid_line = strstr(text, "\nUid:")) || strtoul(uid_line + 5, NULL, 10) != uid)
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%ld/exe", pid);
+    if ((len = readlink(path, exe, sizeof(exe) - 1)) <= 0)
+        return 0;
+    exe[len] = '\0';
+    if (strcmp(exe, program) != 0 && (!realpath(program, real) || strcmp(exe, real) != 0))
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%ld/environ", pid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    len = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    text[len] = '\0';
+    snprintf(want, sizeof(want), "CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
+    for (at = 0; at < len; at += (ssize_t)strlen(text + at) + 1)
+        if (strcmp(text + at, want) == 0)
+            return 1;
+    return 0;
+}
+
+/* The daemon's pid from its pid file in the user's pipe directory, once /proc confirms
+ * it; its start time into started. -1 when not (yet) known. */
+static long gs_daemon_pid(int pipe_fd, const struct gs_start *st, uid_t uid, char *started,
+                          size_t size)
+{
+    char text[32], *end;
+    struct stat info;
+    ssize_t len;
+    long pid;
+    int fd = openat(pipe_fd, GS_PID_FILE, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    len = fstat(fd, &info) == 0 && S_ISREG(info.st_mode) ? read(fd, text, sizeof(text) - 1)
+                                                          : -1;
+    close(fd);
+    if (len <= 0)
+        return -1;
+    text[len] = '\0';
+    pid = strtol(text, &end, 10);
+    if (end == text || (*end && strcmp(end, "\n") != 0) ||
+        !gs_is_daemon(pid, uid, st->pipe_dir, st->program) ||
+        gs_proc_start(pid, started, size) < 0)
+        return -1;
+    return pid;
+}
+
+/* Start the daemon with its caps (lock held, its directories made): its pid, or -1. */
+static long gs_start_daemon(int key_fd, struct gs_start *st, uid_t uid, gid_t gid,
+                            char *started, size_t size, const char **why)
+{
+    struct stat info;
+    double deadline;
+    useconds_t pause = 200;
+    long pid = -1;
+    int pipe_fd;
+
+    *why = "daemon-start";
+    if (gs_run_as(st->program, "-d", st->daemon_env, uid, gid, NULL) != 0)
+        return -1;
+    *why = "daemon-socket";
+    pipe_fd = openat(key_fd, "pipe", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (pipe_fd < 0 || fstat(pipe_fd, &info) < 0 || info.st_uid != uid) {
+        if (pipe_fd >= 0)
+            close(pipe_fd);
+        return -1;
+    }
+    deadline = gs_now() + gs_timeout;
+    while (fstatat(pipe_fd, "control", &info, AT_SYMLINK_NOFOLLOW) < 0 && gs_now() < deadline) {
+        usleep(pause);
+        pause = pause < 20000 ? pause * 2 : pause;
+    }
+    /* Listening, with its pid file written (or the worker looks through /proc for it). */
+    *why = "daemon-pid";
+    if (fstatat(pipe_fd, "control", &info, AT_SYMLINK_NOFOLLOW) == 0)
+        pid = gs_daemon_pid(pipe_fd, st, uid, started, size);
+    close(pipe_fd);
+    if (pid < 0)
+        return -1;
+    *why = "caps";
+    return gs_run_as(st->program, NULL, st->client_env, uid, gid, st->caps) == 0 ? pid : -1;
+}
+
+/* The join ticket of the started daemon: the start ticket's conditions (the user filled
+ * in), the daemon and its record's stamp, the job's sections with the pid filled in. */
+static char *gs_join_text(const char *conditions, size_t len, const char *daemon,
+                          const char *stamp, const char *record, const char *env)
+{
+    size_t size = len + strlen(daemon) + strlen(stamp) + strlen(record) + strlen(env) + 96;
+    char *text = malloc(size);
+
+    if (text)
+        snprintf(text, size, "gpushare-ticket 1\n%.*sdaemon %s\nrecord %s\n--record\n%s\n"
+                 "--env\n%s", (int)len, conditions, daemon, stamp, record, env);
+    return text;
+}
+
+/* Under the daemon's lock, its key free: start it and write what a start writes. 0 when
+ * done; -1 (and *why) when the worker must, with nothing of this job left behind. */
+static int gs_start_locked(int mps_fd, int jobs_fd, int tickets_fd, struct gs_start *st,
+                           const char *conditions, const char *job, const char *ticket_name,
+                           uid_t uid, gid_t gid, const char **why)
+{
+    char name[GS_KEY_MAX + 16], file[32], share[8], stamp[96], started[32], created[32];
+    char pid_text[24], daemon[64], started_at[32];
+    struct timespec now;
+    struct stat info;
+    char *record = NULL, *env = NULL, *daemon_record = NULL, *join_record = NULL;
+    char *join = NULL;
+    int refs_fd = -1, key_fd = -1, rc = -1, wrote_record = 0;
+    long pid;
+
+    *why = "write";
+    snprintf(name, sizeof(name), "%s.jobs", st->t.key);
+    if (mkdirat(mps_fd, name, 0700) < 0 || (refs_fd = gs_open_dir_at(mps_fd, name)) < 0)
+        goto out;
+    snprintf(share, sizeof(share), "%d\n", st->t.share);
+    snprintf(name, sizeof(name), "%s.json", st->t.key);
+    if (gs_write_at(refs_fd, job, share, 1) < 0 ||
+        gs_write_mode_at(mps_fd, name, st->before, 0, 0644) < 0)
+        goto out;
+    *why = "directories";
+    if (mkdirat(mps_fd, st->t.key, 0755) < 0 ||
+        (key_fd = openat(mps_fd, st->t.key, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        fstat(key_fd, &info) < 0 || info.st_uid != 0 || fchmod(key_fd, 0755) < 0 ||
+        gs_make_user_dir(key_fd, "pipe", uid, gid) < 0 ||
+        gs_make_user_dir(key_fd, "log", uid, gid) < 0)
+        goto out;
+    clock_gettime(CLOCK_REALTIME, &now);
+    snprintf(started_at, sizeof(started_at), "%ld.%06ld", (long)now.tv_sec,
+             now.tv_nsec / 1000L);
+    if ((pid = gs_start_daemon(key_fd, st, uid, gid, started, sizeof(started), why)) < 0)
+        goto out;
+    *why = "write";
+    snprintf(pid_text, sizeof(pid_text), "%ld", pid);
+    snprintf(daemon, sizeof(daemon), "%ld %s", pid, started);
+    clock_gettime(CLOCK_REALTIME, &now);
+    snprintf(created, sizeof(created), "%ld.%06ld", (long)now.tv_sec, now.tv_nsec / 1000L);
+    {
+        const struct gs_mark daemon_marks[] = {{GS_PID_MARK, pid_text},
+                                               {GS_STARTED_MARK, started_at}};
+        const struct gs_mark job_marks[] = {{GS_JOB_ID_MARK, job}, {GS_CREATED_MARK, created},
+                                            {GS_PID_MARK, pid_text}};
+        daemon_record = gs_fill(st->started, daemon_marks, 2);
+        record = gs_fill(st->t.record, job_marks, 3);
+        env = gs_fill(st->t.env, job_marks, 3);
+        join_record = gs_fill(st->t.record, job_marks + 2, 1);
+    }
+    if (!daemon_record || !record || !env || !join_record ||
+        gs_write_mode_at(mps_fd, name, daemon_record, 0, 0644) < 0 ||
+        fstatat(mps_fd, name, &info, AT_SYMLINK_NOFOLLOW) < 0)
+        goto out;
+    gs_stamp(&info, stamp, sizeof(stamp));
+    snprintf(file, sizeof(file), "%s.json", job);
+    if (gs_write_at(jobs_fd, file, record, 0) < 0)
+        goto out;
+    wrote_record = 1;
+    snprintf(file, sizeof(file), "%s.env", job);
+    if (gs_write_at(jobs_fd, file, env, 0) < 0)
+        goto out;
+    rc = 0;
+    /* Only saves the user's next job its worker: a ticket not written costs nothing. */
+    {
+        const struct gs_mark env_marks[] = {{GS_PID_MARK, pid_text}};
+        char *join_env = gs_fill(st->t.env, env_marks, 1);
+        join = join_env ? gs_join_text(conditions, st->conditions_len, daemon, stamp,
+                                       join_record, join_env) : NULL;
+        if (join)
+            (void)gs_write_at(tickets_fd, ticket_name, join, 0);
+        free(join_env);
+    }
+out:
+    if (rc < 0) {
+        /* The job's reference goes; the record without jobs is the worker's to reap. */
+        if (refs_fd >= 0)
+            (void)unlinkat(refs_fd, job, 0);
+        if (wrote_record) {
+            snprintf(file, sizeof(file), "%s.json", job);
+            (void)unlinkat(jobs_fd, file, 0);
+        }
+    }
+    free(record);
+    free(env);
+    free(daemon_record);
+    free(join_record);
+    free(join);
+    if (key_fd >= 0)
+        close(key_fd);
+    if (refs_fd >= 0)
+        close(refs_fd);
+    return rc;
+}
+
+/* 1 when the job's daemon was started here, 0 when the Python worker must set it up. */
+static int gs_fast_start(spank_t sp, int ac, char **av)
+{
+    char path[PATH_MAX + 32], name[96], join_name[96], job[16], gpus[48], ids[2][16];
+    char pipe_dir[PATH_MAX + GS_KEY_MAX + 16];
+    const char *why = "no-ticket", *share;
+    struct gs_start st;
+    struct stat info;
+    uint32_t uid = 0, gid = 0;
+    double began = gs_now();
+    int mps_fd = -1, jobs_fd = -1, tickets_fd = -1, lock_fd = -1, started = 0;
+    char *text = NULL, *filled = NULL, *conditions = NULL;
+
+    /* The ticket's name, as gpushare.node.ticket.start_name makes it. */
+    if (gs_ticket_job(sp, job, &uid, gpus, &share) < 0 ||
+        spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+        return 0;
+    snprintf(name, sizeof(name), "start.g%s.s%s", gpus, share);
+    snprintf(join_name, sizeof(join_name), "u%u.g%s.s%s", uid, gpus, share);
+    snprintf(ids[0], sizeof(ids[0]), "%u", uid);
+    snprintf(ids[1], sizeof(ids[1]), "%u", gid);
+    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
+    if ((mps_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (tickets_fd = gs_open_dir_at(mps_fd, "tickets")) < 0 ||
+        !(text = gs_read_root_file(tickets_fd, name, GS_TICKET_MAX)))
+        goto out;
+    {
+        const struct gs_mark user_marks[] = {{GS_UID_MARK, ids[0]}, {GS_GID_MARK, ids[1]}};
+        why = "memory";
+        if (!(filled = gs_fill(text, user_marks, 2)) || !(conditions = strdup(filled)))
+            goto out;
+    }
+    if (gs_start_holds(sp, ac, av, filled, &st, &why) < 0)
+        goto out;
+    why = "ticket";
+    snprintf(pipe_dir, sizeof(pipe_dir), "%s/mps/%s/pipe", gs_state_dir, st.t.key);
+    if (strcmp(st.pipe_dir, pipe_dir) != 0 || gs_program_trusted(st.program) < 0)
+        goto out;
+    why = "epilogs";
+    if (gs_no_epilog_running(gpus) < 0)
+        goto out;
+    snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
+    why = "lock";
+    if ((jobs_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (lock_fd = gs_lock_daemon(mps_fd, st.t.key)) < 0)
+        goto out;
+    /* A daemon of the user's there, or what is left of one: the worker's to deal with. */
+    why = "daemon-exists";
+    snprintf(path, sizeof(path), "%s.json", st.t.key);
+    if (fstatat(mps_fd, path, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT ||
+        fstatat(mps_fd, st.t.key, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+        goto out;
+    snprintf(path, sizeof(path), "%s.jobs", st.t.key);
+    if (fstatat(mps_fd, path, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+        goto out;
+    started = gs_start_locked(mps_fd, jobs_fd, tickets_fd, &st,
+                              conditions + strlen("gpushare-start 1\n"), job, join_name, uid,
+                              gid, &why) == 0;
+out:
+    if (lock_fd >= 0)
+        close(lock_fd);
+    if (jobs_fd >= 0)
+        close(jobs_fd);
+    if (tickets_fd >= 0)
+        close(tickets_fd);
+    if (mps_fd >= 0)
+        close(mps_fd);
+    free(text);
+    free(filled);
+    free(conditions);
+    if (!started) {
+        gs_debug(sp, "cb=job_prolog start=no reason=%s", why);
+        return 0;
+    }
+    gs_count_fast("prolog", gs_now() - began, "note mps_daemon_starts\n");
+    gs_debug(sp, "cb=job_prolog python=skip reason=started daemon=%s share=%d", st.t.key,
+             st.t.share);
+    slurm_info("gpushare: job %s: shared MPS, %d%% of GPU %s, daemon %s (started by the "
+               "plugin)", job, st.t.share, gpus, st.t.key);
     return 1;
 }
 

@@ -14,7 +14,7 @@ import fcntl
 import os
 import time
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from gpushare.common.log import get_logger
 from gpushare.node import counters, ticket
@@ -346,8 +346,9 @@ def prolog(config: PluginConfig, request: JobRequest,
         manager.reap_stale(_alive(store, lost))
         _forget(store, lost)
         phases.done("reap")
+        daemon_devices = mps_devices(record, devices)
         lease = manager.acquire(record.job_id, record.uid, record.gid,
-                                mps_devices(record, devices), mode=record.mode,
+                                daemon_devices, mode=record.mode,
                                 share_percent=record.share_percent, phases=phases,
                                 caps_later=True)
     except MpsError as err:
@@ -362,18 +363,21 @@ def prolog(config: PluginConfig, request: JobRequest,
     # ones hold the daemon).
     manager.update_caps(lease.key)
     phases.done("caps")
-    _write_ticket(config, request, record, manager, lease.key, checked.asked)
+    _write_tickets(config, request, record, manager, lease.key, daemon_devices, checked.asked)
     phases.done("ticket")
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
     return record
 
 
-def _write_ticket(config: PluginConfig, request: JobRequest, record: JobRecord,
-                  manager: MpsManager, key: str, asked: Optional[float]) -> None:
-    """Let the C glue join the user's next job like this one to the same daemon by itself
-    (``gpushare.node.ticket``): for a shared job, once its daemon's caps cover it, until
-    ``verify_reuse=`` seconds after NVML was ``asked`` about its GPUs."""
+def _write_tickets(config: PluginConfig, request: JobRequest, record: JobRecord,
+                   manager: MpsManager, key: str, devices: Sequence[MpsDevice],
+                   asked: Optional[float]) -> None:
+    """Let the C glue set up the next shared job like this one by itself
+    (``gpushare.node.ticket``), until ``verify_reuse=`` seconds after NVML was ``asked``
+    about its GPUs: the same user's, joining this job's daemon once its caps cover it
+    (the join ticket); anyone's, starting a daemon of their own on the same GPUs when none
+    runs (the start ticket)."""
     name = ticket.name(request.uid, request.env) if record.mode == "shared" else None
     if name is None or config.verify_reuse <= 0:
         return
@@ -387,13 +391,40 @@ def _write_ticket(config: PluginConfig, request: JobRequest, record: JobRecord,
     files = [*checked_files(config, request.env), checked]
     show = describe(record.env, ticket.JOB_ID_MARK) if config.show else ""
     file_lines = ticket.file_lines(files)
+    conditions: dict[str, Any] = {
+        "until": until, "share": record.share_percent, "args": config.args,
+        "env": request.env, "options": {"gpu-share": request.gpu_share}, "files": file_lines}
     manager.write_ticket(key, record.share_percent, name, lambda daemon, record_stamp:
-                         ticket.render(key=key, until=until, uid=record.uid, gid=record.gid,
-                                       share=record.share_percent, args=config.args,
-                                       env=request.env,
-                                       options={"gpu-share": request.gpu_share},
-                                       files=file_lines, daemon=daemon,
-                                       record_stamp=record_stamp, record=record, show=show))
+                         ticket.render(key=key, uid=record.uid, gid=record.gid,
+                                       daemon=daemon, record_stamp=record_stamp,
+                                       record=record, show=show, **conditions))
+    _write_start_ticket(manager, request, record, devices, conditions)
+
+
+def _write_start_ticket(manager: MpsManager, request: JobRequest, record: JobRecord,
+                        devices: Sequence[MpsDevice], conditions: dict[str, Any]) -> None:
+    """The start ticket for a job like ``record`` of any user (``ticket.render_start``):
+    its daemon, record and environment made again for the sentinel user and daemon."""
+    name = ticket.start_name(request.env)
+    if name is None or len(devices) != 1:
+        return  # several GPUs' daemon key is a digest of them: left to the worker
+    try:
+        recipe = manager.start_recipe(devices, ticket.UID_SENTINEL, ticket.GID_SENTINEL,
+                                      record.job_id, record.share_percent,
+                                      ticket.PID_SENTINEL, ticket.STARTED_SENTINEL)
+        template = JobRecord(**{**record.to_dict(), "uid": ticket.UID_SENTINEL,
+                                "gid": ticket.GID_SENTINEL})
+        template.mps = recipe.lease.to_record()
+        template.env = task_environment(template)
+        show = describe(template.env, ticket.JOB_ID_MARK) if manager.config.show else ""
+        text = ticket.render_start(key=recipe.key, program=recipe.program,
+                                   daemon_env=recipe.daemon_env,
+                                   client_env=recipe.client_env, caps=recipe.caps,
+                                   before=recipe.before, started=recipe.started,
+                                   record=template, show=show, **conditions)
+        manager.write_start_ticket(name, text)
+    except (OSError, ValueError, MpsError) as err:  # only saves a later job its worker
+        log.warning("no start ticket for GPU %s: %s", ",".join(record.slurm_gpus), err)
 
 
 def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: str,
@@ -521,7 +552,12 @@ def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterab
     slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
     """
     recorded = set(store.job_ids()) - set(exclude)
-    if not recorded or not (force or _check_due(config.state_dir)):
+    if not recorded:
+        # No other job here, so none is lost: as good as slurmctld's answer, and the date
+        # the tickets this prolog leaves need (gpushare.node.ticket).
+        _check_due(config.state_dir)
+        return set()
+    if not (force or _check_due(config.state_dir)):
         return set()
     from gpushare.node import slurm_jobs  # only when asking: most prologs do not
 

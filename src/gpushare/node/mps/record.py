@@ -32,6 +32,7 @@ RECORD_VERSION = 2
 READ_VERSIONS = (1, 2)
 JOBS_SUFFIX = ".jobs"  # <key>.jobs/<job id>: one file per job referencing the daemon
 TICKETS = "tickets"  # join tickets (gpushare.node.ticket), beside the daemons: not a key
+START_PREFIX = "start."  # a start ticket's name in TICKETS (gpushare.node.ticket.start_name)
 MODES = ("shared", "private")
 # What daemon_key() makes; compiled on first use (re caches it), not by every import.
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
@@ -315,8 +316,13 @@ class RecordStore:
         The jobs go first: a reader without the lock never sees a record whose jobs are
         missing."""
         self._write_jobs(mps_fd, rec)
-        payload = json.dumps(rec.to_json(), indent=1, sort_keys=True).encode()
-        safefs.write_file_atomic_at(mps_fd, rec.key + ".json", payload, 0o644)
+        safefs.write_file_atomic_at(mps_fd, rec.key + ".json", self.payload(rec).encode(),
+                                    0o644)
+
+    @staticmethod
+    def payload(rec: DaemonRecord) -> str:
+        """The text of ``rec``'s file (a start ticket carries it for the C glue to write)."""
+        return json.dumps(rec.to_json(), indent=1, sort_keys=True)
 
     def _write_jobs(self, mps_fd: int, rec: DaemonRecord) -> None:
         with self._subdir(mps_fd, rec.key + JOBS_SUFFIX, create=True) as jobs_fd:
@@ -348,6 +354,8 @@ class RecordStore:
                 return
             names = f"\nkey {key}\n".encode()
             for name in os.listdir(tickets_fd):
+                if name.startswith(START_PREFIX):
+                    continue  # for any user's daemon on those GPUs: it outlives this one
                 with suppress(OSError, safefs.UnsafePathError):
                     head = safefs.read_small_file_at(tickets_fd, name, 4096)
                     if head is not None and names in head:
