@@ -88,8 +88,9 @@ def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int) -
 SET_UP = (("NVML asked", re.compile(r" debug timing .* nvml=")),
           ("NVML reused", re.compile(r" debug timing .* nvml-reused=")),
           ("check reused", re.compile(r" debug timing .* check-reused=")),
-          ("daemon started", re.compile(r" debug timing .*daemon-start=")),
+          ("worker started", re.compile(r" debug timing .*daemon-start=")),
           ("joined by a worker", re.compile(r" debug timing (?!.*daemon-start=).*verify=")),
+          ("started in C", re.compile(r"cb=job_prolog python=skip reason=started")),
           ("joined in C", re.compile(r"cb=job_prolog python=skip reason=joined")),
           ("epilog in C", re.compile(r"cb=job_epilog python=skip reason=left-daemon")))
 

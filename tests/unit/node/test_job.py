@@ -214,13 +214,19 @@ def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch
     os.utime(checked, (old, old))
     assert job.lost_jobs(config, store, "n1", squeue=squeue) == {11}
     assert len(calls.read_text().splitlines()) == 2
-    # No record but the job's own: slurmctld is not asked at all.
+    # No record but the job's own: slurmctld is not asked at all, none can be lost, and
+    # that is noted as if it had answered (the tickets the prolog leaves are dated by it).
     store.remove(11)
     store.remove(12)
     os.utime(checked, (old, old))
     assert job.lost_jobs(config, _records(config, 20), "n1", exclude={20},
                          squeue=squeue) == set()
     assert len(calls.read_text().splitlines()) == 2
+    noted = checked.stat().st_mtime
+    assert noted > old + job.SLURM_CHECK_INTERVAL
+    # Within the interval it is left as it is: a ticket's stamp of it stays good.
+    assert job.lost_jobs(config, store, "n1", exclude={20}, squeue=squeue) == set()
+    assert checked.stat().st_mtime == noted
 
 
 def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, monkeypatch):
