@@ -1518,9 +1518,10 @@ out:
  * runs "<program> -d" as the user, waits for its control socket, tells it its caps, and
  * writes the daemon's record, the job's record, its tasks' environment and a join ticket
  * for the user's next job. Each step is bounded by timeout=. Anything else, or any failure,
- * goes to the Python worker: before the start nothing is left; after it, the job's
- * reference is taken back and the daemon's record stays without jobs, so the worker's
- * reap stops whatever was started and starts it again, saying what went wrong.
+ * goes to the Python worker. After a failure the job's reference stays on the daemon's
+ * record as written before the start (no pid), so the worker's acquire() stops whatever was
+ * started and starts it again, saying what goes wrong; and were the worker to fail before
+ * that, the job's epilog stops it.
  */
 #define GS_START_LIST_MAX 16
 #define GS_START_INPUT_MAX 4000 /* cap commands: written to the pipe before the exec */
@@ -1933,9 +1934,9 @@ static int gs_start_locked(int mps_fd, int jobs_fd, int tickets_fd, struct gs_st
     }
 out:
     if (rc < 0) {
-        /* The job's reference goes; the record without jobs is the worker's to reap. */
-        if (refs_fd >= 0)
-            (void)unlinkat(refs_fd, job, 0);
+        /* The job's reference stays, on a record without a daemon until the start is done:
+         * the worker's acquire() ends what runs and starts it again, and should the worker
+         * fail first, the job's epilog does (its release() finds the reference). */
         if (wrote_record) {
             snprintf(file, sizeof(file), "%s.json", job);
             (void)unlinkat(jobs_fd, file, 0);

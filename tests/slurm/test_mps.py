@@ -64,6 +64,11 @@ def mps_entries(bed) -> list[str]:
     return sorted(entries)
 
 
+def remove_start_tickets(bed) -> None:
+    for path in glob.glob(os.path.join(bed.state_of("*"), "mps", "tickets", "start.*")):
+        os.unlink(path)
+
+
 def start_tickets(bed, node: str = NODE) -> list[str]:
     tickets = os.path.join(bed.state_of(node), "mps", "tickets")
     return sorted(n for n in os.listdir(tickets) if n.startswith("start.")) if os.path.isdir(
@@ -182,11 +187,13 @@ def node_mem_mib(bed, node: str) -> int:
 
 @pytest.fixture
 def mps_bed(clean_bed):
-    """The bed with no fault set and no MPS state, checked clean again after the test."""
+    """The bed with no fault set and no MPS state, checked clean again after the test; no
+    start ticket either, so a test's first shared job on a GPU is its worker's."""
     faults = clean_bed.path("bin", "faults")
     if os.path.exists(faults):
         os.unlink(faults)
     assert_nothing_left(clean_bed)
+    remove_start_tickets(clean_bed)
     yield clean_bed
     if os.path.exists(faults):
         os.unlink(faults)
@@ -405,6 +412,9 @@ def test_a_first_job_checks_its_gpu_on_the_layout_nvml_gave_just_before(mps_bed)
         saved = json.load(handle)
     assert saved["format"] == 1 and saved["inventory"]["gpus"], saved
     assert [key.split()[:2] for key in saved["checks"]] == [[NODE, "mps"]], saved["checks"]
+    # Without the start ticket the first job left, the second job's worker checks its GPU
+    # (with it, the plugin would start the daemon without a worker).
+    remove_start_tickets(bed)
     reused = run(U2)
     assert "check-reused" in reused, reused
     assert not {"nvml", "nvml-reused", "gres.conf"} & set(reused), reused
@@ -585,8 +595,6 @@ def test_a_users_first_job_on_a_gpu_starts_its_daemon_without_an_interpreter(mps
                                                   if r["uid"] == uid], 60)[0]
         return record, standin_state(record), job_record(bed, job_id)
 
-    for name in start_tickets(bed):  # earlier tests' jobs left theirs
-        os.unlink(os.path.join(bed.state_of(NODE), "mps", "tickets", name))
     starts_before = metric(bed, "gpushare_mps_daemon_starts_total")
     # U1's job is set up by its worker, which leaves the start ticket.
     first = submit(U1, 4)

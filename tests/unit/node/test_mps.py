@@ -193,6 +193,26 @@ def test_the_start_recipe_is_what_acquire_does_for_another_user(bed, users):
     assert bed.entries() == []
 
 
+def test_a_start_handed_over_unfinished_is_done_again(bed, users):
+    """A record that holds the job but names no daemon (the C glue's start failed after it
+    wrote them, leaving a daemon whose pid it could not tell): acquire ends what runs in the
+    daemon's directory and starts it again, instead of taking the job as set up."""
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=21, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        mode="shared", share_percent=25)
+    store = RecordStore(bed.mps_dir)
+    with store.dir_fd() as mps_fd:
+        rec = store.read(mps_fd, first.key)
+        rec.daemon_pid = None
+        store.write(mps_fd, rec)
+    again = mgr.acquire(job_id=21, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        mode="shared", share_percent=25)
+    assert again.daemon_pid and again.daemon_pid != first.daemon_pid
+    assert alive(again.daemon_pid) and not alive(first.daemon_pid)
+    assert mgr.release(21) == [first.key] and bed.entries() == []
+
+
 def test_same_user_jobs_share_one_daemon_and_its_cap_follows_their_shares(bed, users):
     u1 = users[0]
     mgr = bed.manager()

@@ -119,7 +119,9 @@ class MpsManager:
         key = daemon_key(mode, uid, job_id, devices)
         with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
             rec = self.store.read(mps_fd, key)
-            if rec is not None and str(job_id) in rec.jobs:
+            # A record holding the job without a daemon is a start that did not finish
+            # (the C glue's, handed over, or one whose process died): started again below.
+            if rec is not None and str(job_id) in rec.jobs and rec.daemon_pid:
                 return self._lease(rec, job_id)
             if rec is not None and (rec.uid != uid or rec.mode != mode):
                 raise MpsError(f"MPS record {self._path(key)}.json belongs to uid "
