@@ -82,7 +82,7 @@ _PYTHON_START = re.compile(r"(\d+\.\d+) pid=(\d+) .* python=start$")
 
 
 _FAST = re.compile(r".* job=(\d+) cb=job_(prolog|epilog) python=skip "
-                   r"reason=(joined|left-daemon)")
+                   r"reason=(joined|started|left-daemon)")
 
 
 def fast_epilogs_from_debug_log(lines: list[str]) -> set[int]:
@@ -92,7 +92,8 @@ def fast_epilogs_from_debug_log(lines: list[str]) -> set[int]:
 
 
 def fast_prologs_from_debug_log(lines: list[str]) -> set[int]:
-    """Jobs the C glue joined to their user's daemon without a worker (a join ticket)."""
+    """Jobs the C glue joined to their user's daemon, or started one for, without Python (a
+    join or start ticket)."""
     return {int(m[1]) for line in lines for m in [_FAST.match(line)] if m and m[2] == "prolog"}
 
 
@@ -210,8 +211,8 @@ def main() -> int:
           "medians in ms (slurmd log timestamps have 1 ms resolution). prolog/epilog: what "
           "Slurm waits for; workers: gpushare's detached prolog and epilog work, which the "
           "job's first task (prolog) or the next prolog worker (epilog) waits for; pro/epi in "
-          "C: jobs whose prolog (joined with a ticket) or epilog (left others on the daemon) "
-          "needed no worker")
+          "C: jobs whose prolog (joined or started with a ticket) or epilog (left others on the "
+          "daemon) needed no worker")
     print(f"{'variant':<18} {'jobs':>5} {'prolog':>8} {'epilog':>8} {'pro+epi':>8} "
           f"{'added':>7} {'srun':>8} {'added':>7} {'pro wkr':>8} {'epi wkr':>8} "
           f"{'pro in C':>8} {'epi in C':>8}")

@@ -2029,8 +2029,8 @@ out:
         return 0;
     }
     gs_count_fast("prolog", gs_now() - began, "note mps_daemon_starts\n");
-    gs_debug(sp, "cb=job_prolog python=skip reason=started daemon=%s share=%d", st.t.key,
-             st.t.share);
+    gs_debug(sp, "cb=job_prolog python=skip reason=started daemon=%s share=%d ms=%.1f",
+             st.t.key, st.t.share, (gs_now() - began) * 1e3);
     slurm_info("gpushare: job %s: shared MPS, %d%% of GPU %s, daemon %s (started by the "
                "plugin)", job, st.t.share, gpus, st.t.key);
     return 1;
