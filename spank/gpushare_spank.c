@@ -1988,9 +1988,12 @@ static int gs_fast_start(spank_t sp, int ac, char **av)
     }
     if (gs_start_holds(sp, ac, av, filled, &st, &why) < 0)
         goto out;
+    /* The daemon the ticket describes is this user's, in its directory of the state dir. */
     why = "ticket";
+    snprintf(path, sizeof(path), "u%u-", uid);
     snprintf(pipe_dir, sizeof(pipe_dir), "%s/mps/%s/pipe", gs_state_dir, st.t.key);
-    if (strcmp(st.pipe_dir, pipe_dir) != 0 || gs_program_trusted(st.program) < 0)
+    if (strncmp(st.t.key, path, strlen(path)) != 0 || strcmp(st.pipe_dir, pipe_dir) != 0 ||
+        gs_program_trusted(st.program) < 0)
         goto out;
     why = "epilogs";
     if (gs_no_epilog_running(gpus) < 0)
