@@ -1451,43 +1451,74 @@ static int gs_ticket_job(spank_t sp, char job[16], uint32_t *uid, char gpus[48],
     return 0;
 }
 
+/* What a ticket's use holds open: the mps and tickets directories, then the jobs directory
+ * and the daemon's lock. */
+struct gs_ticket_fds {
+    int mps, tickets, jobs, lock;
+};
+
+/* The root-owned ticket name of the state directory, whole (free() it); NULL if not. */
+static char *gs_read_ticket(struct gs_ticket_fds *fds, const char *name)
+{
+    char path[PATH_MAX + 32];
+
+    fds->mps = fds->tickets = fds->jobs = fds->lock = -1;
+    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
+    if ((fds->mps = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (fds->tickets = gs_open_dir_at(fds->mps, "tickets")) < 0)
+        return NULL;
+    return gs_read_root_file(fds->tickets, name, GS_TICKET_MAX);
+}
+
+/* The jobs directory opened and daemon key's lock taken; -1 when not. */
+static int gs_ticket_lock(struct gs_ticket_fds *fds, const char *key)
+{
+    char path[PATH_MAX + 32];
+
+    snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
+    if ((fds->jobs = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (fds->lock = gs_lock_daemon(fds->mps, key)) < 0)
+        return -1;
+    return 0;
+}
+
+/* The lock given back first, then the directories closed. */
+static void gs_ticket_close(struct gs_ticket_fds *fds)
+{
+    int *each[] = {&fds->lock, &fds->jobs, &fds->tickets, &fds->mps};
+
+    for (size_t i = 0; i < sizeof(each) / sizeof(each[0]); i++)
+        if (*each[i] >= 0) {
+            close(*each[i]);
+            *each[i] = -1;
+        }
+}
+
 /* 1 when the job was joined to its daemon here, 0 when the worker must set it up. */
 static int gs_fast_join(spank_t sp, int ac, char **av)
 {
-    char path[PATH_MAX + 32], name[96], job[16], gpus[48];
+    char name[96], job[16], gpus[48];
     const char *why = "no-ticket", *share;
     struct gs_ticket ticket;
+    struct gs_ticket_fds fds;
     uint32_t uid = 0;
     double started = gs_now();
-    int mps_fd = -1, jobs_fd = -1, tickets_fd = -1, lock_fd = -1, joined = 0;
-    char *text = NULL;
+    int joined = 0;
+    char *text;
 
     /* The ticket's name, as gpushare.node.ticket.name makes it. */
     if (gs_ticket_job(sp, job, &uid, gpus, &share) < 0)
         return 0;
     snprintf(name, sizeof(name), "u%u.g%s.s%s", uid, gpus, share);
-    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
-    if ((mps_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (tickets_fd = gs_open_dir_at(mps_fd, "tickets")) < 0 ||
-        !(text = gs_read_root_file(tickets_fd, name, GS_TICKET_MAX)))
+    if (!(text = gs_read_ticket(&fds, name)) ||
+        gs_ticket_holds(sp, ac, av, text, &ticket, &why) < 0)
         goto out;
-    if (gs_ticket_holds(sp, ac, av, text, &ticket, &why) < 0)
-        goto out;
-    snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
     why = "lock";
-    if ((jobs_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (lock_fd = gs_lock_daemon(mps_fd, ticket.key)) < 0)
+    if (gs_ticket_lock(&fds, ticket.key) < 0)
         goto out;
-    joined = gs_join_locked(mps_fd, jobs_fd, &ticket, job, &why) == 0;
+    joined = gs_join_locked(fds.mps, fds.jobs, &ticket, job, &why) == 0;
 out:
-    if (lock_fd >= 0)
-        close(lock_fd);
-    if (jobs_fd >= 0)
-        close(jobs_fd);
-    if (tickets_fd >= 0)
-        close(tickets_fd);
-    if (mps_fd >= 0)
-        close(mps_fd);
+    gs_ticket_close(&fds);
     if (!joined) {
         gs_debug(sp, "cb=job_prolog fast=no reason=%s", why);
         free(text);
@@ -1960,12 +1991,14 @@ static int gs_fast_start(spank_t sp, int ac, char **av)
     char path[PATH_MAX + 32], name[96], join_name[96], job[16], gpus[48], ids[2][16];
     char pipe_dir[PATH_MAX + GS_KEY_MAX + 16];
     const char *why = "no-ticket", *share;
+    const char *const leftovers[] = {".json", "", ".jobs"}; /* record, directories, jobs */
     struct gs_start st;
     struct stat info;
     uint32_t uid = 0, gid = 0;
     double began = gs_now();
-    int mps_fd = -1, jobs_fd = -1, tickets_fd = -1, lock_fd = -1, started = 0;
-    char *text = NULL, *filled = NULL, *conditions = NULL;
+    struct gs_ticket_fds fds;
+    int started = 0;
+    char *text, *filled = NULL, *conditions = NULL;
 
     /* The ticket's name, as gpushare.node.ticket.start_name makes it. */
     if (gs_ticket_job(sp, job, &uid, gpus, &share) < 0 ||
@@ -1975,10 +2008,7 @@ static int gs_fast_start(spank_t sp, int ac, char **av)
     snprintf(join_name, sizeof(join_name), "u%u.g%s.s%s", uid, gpus, share);
     snprintf(ids[0], sizeof(ids[0]), "%u", uid);
     snprintf(ids[1], sizeof(ids[1]), "%u", gid);
-    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
-    if ((mps_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (tickets_fd = gs_open_dir_at(mps_fd, "tickets")) < 0 ||
-        !(text = gs_read_root_file(tickets_fd, name, GS_TICKET_MAX)))
+    if (!(text = gs_read_ticket(&fds, name)))
         goto out;
     {
         const struct gs_mark user_marks[] = {{GS_UID_MARK, ids[0]}, {GS_GID_MARK, ids[1]}};
@@ -1998,32 +2028,21 @@ static int gs_fast_start(spank_t sp, int ac, char **av)
     why = "epilogs";
     if (gs_no_epilog_running(gpus) < 0)
         goto out;
-    snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
     why = "lock";
-    if ((jobs_fd = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (lock_fd = gs_lock_daemon(mps_fd, st.t.key)) < 0)
+    if (gs_ticket_lock(&fds, st.t.key) < 0)
         goto out;
     /* A daemon of the user's there, or what is left of one: the worker's to deal with. */
     why = "daemon-exists";
-    snprintf(path, sizeof(path), "%s.json", st.t.key);
-    if (fstatat(mps_fd, path, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT ||
-        fstatat(mps_fd, st.t.key, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
-        goto out;
-    snprintf(path, sizeof(path), "%s.jobs", st.t.key);
-    if (fstatat(mps_fd, path, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
-        goto out;
-    started = gs_start_locked(mps_fd, jobs_fd, tickets_fd, &st,
+    for (size_t i = 0; i < sizeof(leftovers) / sizeof(leftovers[0]); i++) {
+        snprintf(path, sizeof(path), "%s%s", st.t.key, leftovers[i]);
+        if (fstatat(fds.mps, path, &info, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+            goto out;
+    }
+    started = gs_start_locked(fds.mps, fds.jobs, fds.tickets, &st,
                               conditions + strlen("gpushare-start 1\n"), job, join_name, uid,
                               gid, &why) == 0;
 out:
-    if (lock_fd >= 0)
-        close(lock_fd);
-    if (jobs_fd >= 0)
-        close(jobs_fd);
-    if (tickets_fd >= 0)
-        close(tickets_fd);
-    if (mps_fd >= 0)
-        close(mps_fd);
+    gs_ticket_close(&fds);
     free(text);
     free(filled);
     free(conditions);
