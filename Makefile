@@ -26,13 +26,15 @@ venv: deps
 
 # The SPANK plugin (built by the system python3 it embeds, hardened, with CFLAGS/LDFLAGS
 # from the environment) and the Python it runs: the core and the two modules the RPM bundles,
-# from the source archives packaging/gpushare.spec pins.
+# from the source archives packaging/gpushare.spec pins. build/pylib is what the plugin accepts
+# as pythonpath=: the builder's (root's) files, writable by no one else whatever the umask.
 build: deps
 	@$(SYSTEM_PYTHON) spank/build.py --out build/spank_gpushare.so
 	@rm -rf build/pylib && mkdir -p build/pylib
 	@scripts/vendored.sh --modules build/pylib
 	@cp -r src/gpushare build/pylib/gpushare && find build/pylib -name __pycache__ -prune -exec rm -rf {} +
 	@$(SYSTEM_PYTHON) -m compileall -q build/pylib >/dev/null
+	@chmod -R u=rwX,go=rX build/pylib
 
 # ruff, then mypy (configured in pyproject.toml) for the oldest Python the core supports and
 # the newest one tested (Debian 13's python3).

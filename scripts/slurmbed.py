@@ -244,16 +244,18 @@ class SlurmBed:
                      os.makedev(240, minor))
 
     def _install_gpushare(self) -> None:
-        """Copy the built plugin and its Python where the job's user can read them."""
+        """Copy the built plugin and its Python where the job's user can read them, with
+        their owners and modes: the plugin checks them as it would the build's own files."""
         plugin = os.path.join(BUILD, "spank_gpushare.so")
         pylib = os.path.join(BUILD, "pylib")
         if self.plugstack != "" and not (os.path.exists(plugin) and os.path.isdir(pylib)):
             raise BedError(f"{plugin} or {pylib} missing: run `make build` first")
         for name in ("spank_gpushare.so", "spank_gpushare_core.so"):
             if os.path.exists(os.path.join(BUILD, name)):
-                shutil.copy2(os.path.join(BUILD, name), self.path("lib", name))
+                subprocess.run(["cp", "-a", os.path.join(BUILD, name), self.path("lib", name)],
+                               check=True)
         if os.path.isdir(pylib):
-            shutil.copytree(pylib, self.path("lib", "python"))
+            subprocess.run(["cp", "-a", pylib, self.path("lib", "python")], check=True)
             # Always the current core, even when pylib was built earlier.
             shutil.rmtree(self.path("lib", "python", "gpushare"), ignore_errors=True)
             shutil.copytree(os.path.join(REPO, "src", "gpushare"),

@@ -6,7 +6,8 @@
 # depend on a build backend's layout, on pip's cache or on what the index serves today.
 #
 #   scripts/vendored.sh --sdists DIR    the two verified archives in DIR (the RPM's sources)
-#   scripts/vendored.sh --modules DIR   pynvml.py and hostlist.py from them in DIR (make build)
+#   scripts/vendored.sh --modules DIR   pynvml.py and hostlist.py from them in DIR (make build),
+#                                       the builder's files (root's under make build), mode 0644
 #
 # Archives already in build/vendored with the pinned sum are used again; others are fetched
 # with `pip download --no-binary :all:` and refused unless their sum is the pinned one.
@@ -73,6 +74,12 @@ while read -r project version archive sum module; do
     if [ "$MODE" = --sdists ]; then
         cp "$STORE/$archive" "$DEST/"
     else
-        tar xzf "$STORE/$archive" -C "$DEST" --strip-components=1 "${archive%.tar.gz}/$module"
+        # Installed, not unpacked in place: tar run as root keeps the archive's owner and
+        # mode, and the plugin refuses a pythonpath= file that is not root's or that group
+        # or others can write. install leaves the builder's own file, mode 0644.
+        mkdir -p "$FETCHED/unpacked"
+        tar xzf "$STORE/$archive" -C "$FETCHED/unpacked" --no-same-owner --no-same-permissions \
+            --strip-components=1 "${archive%.tar.gz}/$module"
+        install -m 0644 "$FETCHED/unpacked/$module" "$DEST/$module"
     fi
 done <<<"$PROJECTS"

@@ -237,6 +237,25 @@ def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     assert not os.path.exists(marker)
 
 
+def test_the_builds_own_python_is_accepted_as_it_is(clean_bed):
+    """pythonpath=<checkout>/build/pylib, as a site may point it after `make build`: the
+    plugin's own check accepts every file the build left, and the job's prolog runs it."""
+    pylib = os.path.join(slurmbed.BUILD, "pylib")
+    default = f"pythonpath={clean_bed.path('lib', 'python')}"
+    assert default in clean_bed.plugstack_line()
+    clean_bed.write_plugstack(clean_bed.plugstack_line().replace(default, f"pythonpath={pylib}"))
+    seen = len(_slurmd_log(clean_bed, "n3"))
+    # A whole GPU: never joined in C, so the prolog checks pythonpath= and its worker runs
+    # the Python there; the task waits for the worker's word, which fails it on an error.
+    result = clean_bed.run(["srun", "--gres=gpu:h100:1", "-w", "n3", "-c1", "true"],
+                           user=USER, check=False)
+    log = _slurmd_log(clean_bed, "n3")[seen:]
+    assert "refusing pythonpath=" not in log, log[-3000:]
+    assert result.returncode == 0, (result.stderr, log[-3000:])
+    job_id = last_job_id(clean_bed)
+    wait_for_line(clean_bed, job_id, r"\btiming ")  # the prolog's Python ran
+
+
 def test_core_library_others_can_write_is_never_loaded(clean_bed):
     core = clean_bed.path("lib", "spank_gpushare_core.so")
     os.chmod(core, 0o777)
