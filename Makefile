@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
 .PHONY: all deps build venv test test-host test-other release-root unit unit39 lint demo bench \
-	rpm slurm-testsuite clean
+	rpm deb slurm-testsuite clean
 
 all: build
 
@@ -90,6 +90,11 @@ slurm-testsuite: build
 # The RPM (build/rpmbuild/RPMS): both plugins built against the installed Slurm.
 rpm: deps
 	@scripts/build_rpm.sh
+
+# The Debian package (build/deb): both plugins in Debian's Slurm plugin directory, built
+# against the installed Slurm (libslurm-dev) with debhelper from packaging/debian.
+deb: deps
+	@scripts/build_deb.sh
 
 clean:
 	rm -rf build dist rpmbuild *.egg-info src/*.egg-info
