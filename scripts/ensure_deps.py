@@ -8,12 +8,31 @@ import sys
 
 import slurmbed  # scripts/slurmbed.py, beside this script
 
+# The C checks (`make lint`, tests/c): clang with its libFuzzer and sanitizer runtime, which
+# Debian only recommends (so it is named, by the release's clang version), and cppcheck.
+C_CHECK_PACKAGES = ("clang", "cppcheck")
+CLANG_RUNTIME = {"bookworm": "libclang-rt-14-dev", "trixie": "libclang-rt-19-dev"}
+
+
+def debian_codename() -> str:
+    try:
+        with open("/etc/os-release") as handle:
+            for line in handle:
+                key, _, value = line.strip().partition("=")
+                if key == "VERSION_CODENAME":
+                    return value.strip('"')
+    except FileNotFoundError:
+        pass
+    return ""
+
 
 def main() -> int:
     if os.geteuid() != 0:
         print("gpushare: run as root (it installs Debian packages and creates test users)")
         return 1
-    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, "python3-venv", "rpm"))
+    runtime = CLANG_RUNTIME.get(debian_codename())
+    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, "python3-venv", "rpm",
+                              *C_CHECK_PACKAGES, *([runtime] if runtime else [])))
     for user in slurmbed.TEST_USERS:
         slurmbed.ensure_user(user)
     return 0
