@@ -19,7 +19,7 @@ from slurmbed import wait_until
 
 pytestmark = pytest.mark.slurm
 
-U1 = slurmbed.TEST_USERS[0]
+U1, U2 = slurmbed.TEST_USERS[0], slurmbed.TEST_USERS[1]
 SCONTROL = shutil.which("scontrol") or "/usr/bin/scontrol"
 SINFO = shutil.which("sinfo") or "/usr/bin/sinfo"
 
@@ -144,30 +144,39 @@ def gres_used(bed, node: str) -> str:
     return re.search(r"GresUsed=(\S+)", result.stdout).group(1)
 
 
+def running_shares(bed, node: str) -> int:
+    """The MPS units the running jobs on ``node`` asked for (squeue's TRES per node)."""
+    listed = bed.run(["squeue", "-h", "-t", "R", "-w", node, "-o", "%b"]).stdout
+    return sum(int(match) for match in re.findall(r"mps(?::h100)?:(\d+)", listed))
+
+
 def test_status_cluster_from_the_real_slurmctld(clean_bed):
     bed = clean_bed
     bed.wait_idle()
     whole = bed.sbatch("sleep 60", "--gres=gpu:h100:2", "-w", "n2", "-c1", user=U1)
     shared = bed.sbatch("sleep 60", "--gres=mps:25", "-w", "n1", "-c1", user=U1)
+    other = bed.sbatch("sleep 60", "--gres=mps:50", "-w", "n1", "-c1", user=U2)
     mig = bed.sbatch("sleep 60", "--gres=gpu:1g.10gb:3", "-w", "n5", "-c1", user=U1)
     bed.run(["scontrol", "update", "NodeName=n4", "State=DRAIN",
              "Reason=gpushare: MPS daemon could not be stopped"])
+    jobs = (whole, shared, other, mig)
     try:
-        for job_id in (whole, shared, mig):
+        for job_id in jobs:
             bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
-        # What slurmctld says of the MPS job, in GresUsed: mps:h100:<units>(IDX:<gpu>) on
-        # 22.05, mps:h100:<units>(<used>/<total>,...) per GPU on 24.11.
-        mps = re.search(r"mps:h100:(\d+)\((IDX:[0-9,-]+|[0-9]+/[0-9/,]+)\)",
-                        gres_used(bed, "n1"))
-        assert mps, gres_used(bed, "n1")
+        # Two users' shares on one node: 75 units, whatever GresUsed says (22.05 says
+        # mps:h100:1(IDX:0); 24.11 mps:h100:75(75/100,0/100,...)).
+        assert running_shares(bed, "n1") == 75, gres_used(bed, "n1")
         for backend in ("sinfo", "scontrol"):
             nodes = status(bed, "--backend", backend)
             assert sorted(nodes) == ["n1", "n2", "n3", "n4", "n5"], backend
             (n2,) = nodes["n2"]["gpus"]
             assert (n2["type"], n2["total"], n2["used"], n2["free"]) == ("h100", 8, 2, 6)
             (n1,) = nodes["n1"]["gpus"]
-            assert (n1["mps_used"], n1["mps_total"]) == (int(mps.group(1)), 800), backend
-            assert (n1["mps_busy"], n1["free"]) == (1, 7)  # the MPS job's GPU is taken
+            assert (n1["mps_used"], n1["mps_total"]) == (75, 800), (
+                backend, gres_used(bed, "n1"), [bed.job(j).get("JobState") for j in jobs])
+            # all_sharing lets Slurm put the two jobs on one GPU or two: those are taken.
+            busy = n1["mps_busy"]
+            assert busy in (1, 2) and n1["free"] == 8 - busy
             (slices,) = nodes["n5"]["mig"]
             assert (slices["mig_profile"], slices["free"], slices["total"]) == ("1g.10gb", 4, 7)
             assert nodes["n4"]["drained"] and nodes["n4"]["drained_by_gpushare"]
@@ -177,9 +186,12 @@ def test_status_cluster_from_the_real_slurmctld(clean_bed):
         row = next(line.split() for line in table.stdout.splitlines()
                    if line.startswith("n2 "))
         assert row[2:4] == ["h100", "6/8"], table.stdout
+        row = next(line.split() for line in table.stdout.splitlines()
+                   if line.startswith("n1 "))
+        assert row[4] == "75/800", table.stdout  # the MPS USED column
         assert "n4  gpushare: MPS daemon could not be stopped" in table.stdout
     finally:
-        bed.run(["scancel", str(whole), str(shared), str(mig)], check=False)
+        bed.run(["scancel", *map(str, jobs)], check=False)
         bed.resume("n4")
-        for job_id in (whole, shared, mig):
+        for job_id in jobs:
             bed.wait_job(job_id)

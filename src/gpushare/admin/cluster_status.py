@@ -9,12 +9,16 @@ A GPU serving MPS jobs is not free for a whole-GPU job: the GPUs named by the MP
 allocations' ``IDX:`` are taken off the free count of the node's GPU type (MPS is
 configured per GPU, so each MPS index is one GPU of that type). 24.11 gives MPS use per GPU
 (``used/total`` in device order) instead of ``IDX:``; both are read.
+
+MPS use is taken from the jobs' allocations when they are given (``scontrol -d show job``):
+22.05's ``GresUsed`` counts one unit for all of a GPU's MPS jobs (``mps:h100:1(IDX:0)`` while
+jobs of mps:25 and mps:50 run), so only the jobs tell how many shares are in use.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 from gpushare.admin.slurm_client import GRES_ITEM_SPLIT, SlurmNode, gres_item
 
@@ -109,8 +113,13 @@ def _gpu_counts(text: str) -> dict[str, int]:
     return counts
 
 
-def node_sharing(node: SlurmNode) -> Optional[NodeSharing]:
-    """One node's sharing; None for a node without GPUs or MPS in its GRES."""
+def node_sharing(node: SlurmNode,
+                 held: Optional[Sequence[str]] = None) -> Optional[NodeSharing]:
+    """One node's sharing; None for a node without GPUs or MPS in its GRES.
+
+    ``held``: the GRES the node's jobs hold there (``mps:25(IDX:0)``, one per job); when
+    given, MPS use is their sum rather than GresUsed's.
+    """
     total = _gpu_counts(node.gres)
     used = _gpu_counts(node.gres_used)
     mps_total: dict[str, int] = {}
@@ -119,8 +128,13 @@ def node_sharing(node: SlurmNode) -> Optional[NodeSharing]:
     for name, gres_type, count, _detail in _items(node.gres):
         if name == "mps":
             mps_total[gres_type] = mps_total.get(gres_type, 0) + count
-    for name, gres_type, count, detail in _items(node.gres_used):
-        if name == "mps":
+    in_use = [node.gres_used] if held is None else list(held)
+    for text in in_use:
+        for name, gres_type, count, detail in _items(text):
+            if name != "mps":
+                continue
+            if not gres_type and len(mps_total) == 1:  # a job's untyped mps:25
+                gres_type = next(iter(mps_total))
             mps_used[gres_type] = mps_used.get(gres_type, 0) + count
             mps_gpus.setdefault(gres_type, set()).update(used_indexes(detail))
     if not total and not mps_total:
@@ -143,8 +157,12 @@ def node_sharing(node: SlurmNode) -> Optional[NodeSharing]:
     return NodeSharing(node.name, node.states, node.draining, node.reason, tuple(types))
 
 
-def summary(nodes: Sequence[SlurmNode]) -> list[NodeSharing]:
-    return [sharing for sharing in map(node_sharing, nodes) if sharing is not None]
+def summary(nodes: Sequence[SlurmNode],
+            held: Optional[Mapping[str, Sequence[str]]] = None) -> list[NodeSharing]:
+    """Every node with GPUs; ``held`` (node → its jobs' GRES) gives MPS use when known."""
+    found = (node_sharing(node, None if held is None else held.get(node.name, ()))
+             for node in nodes)
+    return [sharing for sharing in found if sharing is not None]
 
 
 def totals(sharing: Sequence[NodeSharing]) -> dict[str, Any]:

@@ -25,8 +25,10 @@ __all__ = [
     "SlurmNode",
     "gres_item",
     "installed_release",
+    "job_gres",
     "open_client",
     "parse_node_gres",
+    "parse_scontrol_jobs",
     "parse_scontrol_nodes",
     "parse_sinfo_json",
 ]
@@ -246,6 +248,44 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             gres_used=fields.get("GresUsed", ""),
         ))
     return nodes
+
+
+# Jobs holding their GRES: a suspended job keeps its GPUs, a completing one until its epilog.
+HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
+# One node's part of a job in ``scontrol -d show -o job``: ``Nodes=n[1-2] CPU_IDs=0 Mem=0
+# GRES=mps:25(IDX:0)`` (22.05) or ``GRES=mps:25(25/100,0/100)`` (24.11).
+_JOB_NODES_RE = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S+ Mem=\S+(?: GRES=(\S*))?")
+
+
+def parse_scontrol_jobs(text: str) -> dict[str, list[str]]:
+    """Per node, the GRES that the jobs holding resources were given there, from
+    ``scontrol -d show -o job`` (one line per job): {"n1": ["mps:25(IDX:0)", ...]}.
+
+    These are what the jobs hold; 22.05's node ``GresUsed`` counts MPS wrongly (two jobs of
+    mps:25 and mps:50 show as ``mps:h100:1``).
+    """
+    held: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if not line.startswith("JobId="):
+            continue
+        state = re.search(r"(?:^|\s)JobState=(\S+)", line)
+        if state is None or state.group(1).upper() not in HOLDING_STATES:
+            continue
+        for match in _JOB_NODES_RE.finditer(line):
+            gres = match.group(2) or ""
+            if gres in ("", "(null)", "N/A"):
+                continue
+            for name in _expand(match.group(1)):
+                held.setdefault(name, []).append(gres)
+    return held
+
+
+def job_gres(scontrol: str = DEFAULT_SCONTROL, timeout: float = 10.0) -> dict[str, list[str]]:
+    """What the jobs holding resources have on each node (parse_scontrol_jobs), asked of
+    slurmctld; both releases print the same per-node lines."""
+    if not scontrol.startswith("/"):
+        raise SlurmClientError(f"{scontrol}: give the Slurm command as an absolute path")
+    return parse_scontrol_jobs(_run([scontrol, "-d", "show", "-o", "job"], timeout))
 
 
 # --------------------------------------------------------------------------------------------

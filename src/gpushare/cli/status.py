@@ -21,8 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "status",
         help="the cluster's GPU sharing at a glance (--cluster), from slurmctld's view",
         description="With --cluster, ask slurmctld for every node's GRES and what is in use "
-        "(GresUsed), and print per node and GPU type the whole GPUs free, the MPS shares "
-        "used of the total and the MIG slices free by profile, then the drained nodes with "
+        "(GresUsed, and the running jobs' GRES from scontrol -d show job for MPS: 22.05's "
+        "GresUsed miscounts it), and print per node and GPU type the whole GPUs free, the MPS "
+        "shares used of the total and the MIG slices free by profile, then the drained nodes with "
         "their reasons (gpushare's own marked). A GPU serving MPS jobs is not counted free. "
         "For one node's MPS daemons use gpushare mps on it. Exit status: 0 shown, "
         "2 slurmctld could not be asked.",
@@ -78,7 +79,7 @@ def format_status(nodes: list[NodeSharing], totals: dict[str, Any], backend: str
 
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.cluster_status import summary, totals
-    from gpushare.admin.slurm_client import SlurmClientError, open_client
+    from gpushare.admin.slurm_client import SlurmClientError, job_gres, open_client
 
     if not args.cluster:
         return fail("status", "say --cluster (the cluster from slurmctld's view); for this node's "
@@ -87,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         return fail("status", "--timeout must be between 0.1 and 600 seconds")
     try:
         client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
-        nodes = summary(client.nodes())
+        nodes = summary(client.nodes(), job_gres(args.scontrol, args.timeout))
     except SlurmClientError as err:
         return fail("status", str(err))
     sums = totals(nodes)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare status --cluster: slurmctld's GRES and GresUsed in the shapes of Slurm 22.05
-(openapi v0.0.38, captured from the test Slurm) and 24.11 (data_parser v0.0.42)."""
+(openapi v0.0.38, captured from the test Slurm) and 24.11 (data_parser v0.0.42), and the
+jobs' GRES (``scontrol -d show -o job``) that MPS use is counted from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gpushare.admin.cluster_status import node_sharing, summary, totals, used_in
 from gpushare.admin.slurm_client import (
     SlurmClientError,
     SlurmNode,
+    parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_sinfo_json,
 )
@@ -105,6 +107,62 @@ def test_scontrol_detail_text_has_gres_used():
     assert (h100.free, h100.mps_used) == (5, 25)
 
 
+# n1's line while the jobs of scontrol-jobs-<release>.txt ran (mps:25 by one user, mps:50 by
+# another, gpu:h100:2), captured from the test Slurm of each release.
+NODE_LINES = {
+    "22.05": "NodeName=n1 Gres=gpu:h100:8,mps:h100:800 GresDrain=N/A "
+             "GresUsed=gpu:h100:2(IDX:1-2),mps:h100:1(IDX:0),shard:0 State=MIXED",
+    "24.11": "NodeName=n1 Gres=gpu:h100:8,mps:h100:800 GresDrain=N/A "
+             "GresUsed=gpu:h100:2(IDX:1-2),mps:h100:75(75/100,0/100,0/100,0/100,0/100,0/100,"
+             "0/100,0/100) State=MIXED",
+}
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11"])
+def test_mps_use_is_the_sum_of_the_jobs_shares(release):
+    held = parse_scontrol_jobs(fixture(f"scontrol-jobs-{release}.txt"))
+    assert list(held) == ["n1"]
+    assert [item.split("(")[0] for item in held["n1"]] == ["mps:25", "mps:50", "gpu:h100:2"]
+    (node,) = parse_scontrol_nodes(NODE_LINES[release])
+    (sharing,) = summary([node], held)
+    (h100,) = sharing.types
+    assert (h100.mps_used, h100.mps_total, h100.mps_busy) == (75, 800, 1)
+    assert (h100.used, h100.free) == (2, 5)  # GPUs 1-2 whole, GPU 0 serving MPS
+
+
+def test_22_05_gres_used_alone_miscounts_mps():
+    """Why the jobs are asked: GresUsed of 22.05 says 1 while 75 shares run."""
+    (node,) = parse_scontrol_nodes(NODE_LINES["22.05"])
+    (h100,) = node_sharing(node).types
+    assert h100.mps_used == 1
+
+
+def test_jobs_on_several_nodes_and_jobs_holding_nothing():
+    text = "\n".join([
+        "JobId=7 UserId=a(1) JobState=RUNNING Reason=None NodeList=n[1-2] "
+        "JOB_GRES=mps:h100:40   Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=mps:h100:40(IDX:3) "
+        "MinCPUsNode=1",
+        "JobId=8 UserId=a(1) JobState=COMPLETING Reason=None NodeList=n2 "
+        "JOB_GRES=mps:10   Nodes=n2 CPU_IDs=1 Mem=0 GRES=mps:10(IDX:3) MinCPUsNode=1",
+        "JobId=9 UserId=a(1) JobState=PENDING Reason=Resources NodeList=(null) "
+        "JOB_GRES=mps:30 MinCPUsNode=1",
+        "JobId=10 UserId=a(1) JobState=RUNNING Reason=None NodeList=n3 JOB_GRES=(null)   "
+        "Nodes=n3 CPU_IDs=0 Mem=0 GRES= MinCPUsNode=1",
+        "JobId=11 UserId=a(1) JobState=COMPLETED Reason=None NodeList=n1 "
+        "JOB_GRES=mps:50   Nodes=n1 CPU_IDs=0 Mem=0 GRES=mps:50(IDX:0) MinCPUsNode=1",
+    ])
+    assert parse_scontrol_jobs(text) == {"n1": ["mps:h100:40(IDX:3)"],
+                                         "n2": ["mps:h100:40(IDX:3)", "mps:10(IDX:3)"]}
+    assert parse_scontrol_jobs("No jobs in the system\n") == {}
+
+
+def test_no_job_means_no_mps_use_whatever_gres_used_says():
+    (node,) = parse_scontrol_nodes(NODE_LINES["22.05"])
+    (sharing,) = summary([node], {})
+    (h100,) = sharing.types
+    assert (h100.mps_used, h100.mps_busy, h100.free) == (0, 0, 6)
+
+
 def test_used_indexes():
     assert used_indexes("IDX:0-2,5") == {0, 1, 2, 5}
     assert used_indexes("IDX:N/A") == set()
@@ -123,20 +181,28 @@ def test_untyped_mps_belongs_to_the_only_gpu_type():
     assert (l40s.mps_used, l40s.mps_total, l40s.mps_busy, l40s.free) == (60, 400, 2, 2)
 
 
+def _printing(path, name: str) -> str:
+    path.write_text(f"#!/bin/sh\ncat {os.path.join(DATA, name)}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture
 def fake_sinfo(tmp_path):
     """An executable printing a fixture as sinfo --json would."""
-    def make(name: str) -> str:
-        script = tmp_path / "sinfo"
-        script.write_text(f"#!/bin/sh\ncat {os.path.join(DATA, name)}\n")
-        script.chmod(0o755)
-        return str(script)
-    return make
+    return lambda name: _printing(tmp_path / "sinfo", name)
 
 
-def test_cli_table(fake_sinfo, capsys):
+@pytest.fixture
+def fake_scontrol(tmp_path):
+    """An executable printing a fixture as scontrol -d show -o job would."""
+    return lambda name: _printing(tmp_path / "scontrol", name)
+
+
+def test_cli_table(fake_sinfo, fake_scontrol, capsys):
     status = cli_main(["status", "--cluster", "--backend", "sinfo", "--sinfo",
-                       fake_sinfo("sinfo-24.11.json")])
+                       fake_sinfo("sinfo-24.11.json"), "--scontrol",
+                       fake_scontrol("scontrol-jobs-24.11.txt")])
     out = capsys.readouterr().out
     assert status == 0, out
     lines = out.splitlines()
@@ -145,17 +211,18 @@ def test_cli_table(fake_sinfo, capsys):
     assert header.split() == ["NODE", "STATE", "GPU", "TYPE", "WHOLE", "FREE", "MPS", "USED",
                               "MIG", "FREE"]
     n1 = next(line for line in lines if line.startswith("n1 "))
-    assert n1.split() == ["n1", "mixed", "h100", "5/8", "25/800", "-"]
+    assert n1.split() == ["n1", "mixed", "h100", "5/8", "75/800", "-"]  # the jobs' 25 + 50
     n5 = next(line for line in lines if line.startswith("n5 "))
     assert n5.split() == ["n5", "mixed", "a100", "1/1", "-", "1g.10gb:5/7"]
     assert "Drained: 2 node(s), 1 by gpushare" in out
     assert any(line.split()[:2] == ["n4", "Prolog"] for line in lines)
-    assert "h100 13/32 whole GPUs free, MPS 25/3200 used; 1g.10gb 5/7 slices free" in out
+    assert "h100 13/32 whole GPUs free, MPS 75/3200 used; 1g.10gb 5/7 slices free" in out
 
 
-def test_cli_json(fake_sinfo, capsys):
+def test_cli_json(fake_sinfo, fake_scontrol, capsys):
     assert cli_main(["status", "--cluster", "--json", "--backend", "sinfo", "--sinfo",
-                     fake_sinfo("sinfo-22.05.json")]) == 0
+                     fake_sinfo("sinfo-22.05.json"), "--scontrol",
+                     fake_scontrol("scontrol-jobs-22.05.txt")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"] == "sinfo-json"
     n5 = next(node for node in report["nodes"] if node["name"] == "n5")
@@ -164,6 +231,8 @@ def test_cli_json(fake_sinfo, capsys):
     n3 = next(node for node in report["nodes"] if node["name"] == "n3")
     assert n3["drained"] and n3["drained_by_gpushare"] and n3["state"] == ["IDLE", "DRAIN"]
     assert report["totals"]["drained_nodes"] == 1
+    (n1,) = next(node for node in report["nodes"] if node["name"] == "n1")["gpus"]
+    assert (n1["mps_used"], n1["mps_busy"]) == (75, 1)  # the jobs', not GresUsed's
 
 
 def test_cli_needs_cluster_and_a_working_slurm(tmp_path, capsys):
