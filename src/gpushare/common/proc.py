@@ -10,6 +10,11 @@ child exits; older kernels fall back to subprocess's sleeping wait. ``subprocess
 imported on the first command, not with this module: the prolog of a job whose GPUs are
 only verified (no MPS) runs none.
 No threads are used (the plugin forbids them).
+
+A program that stays behind as a user's daemon (``isolate=``) starts as a job's first
+process would, not as slurmd's child: ``oom_score_adj`` 0, no blocked or ignored signal,
+umask 077, the node's default rlimits, a cgroup of its own; all set in the child, as root,
+before it becomes the user and runs the program.
 """
 
 import contextlib
@@ -22,9 +27,10 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 if TYPE_CHECKING:
     import subprocess
+    from typing import Callable
 
-__all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "ProcError", "Result", "run",
-           "wait_for_exit"]
+__all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "Isolation", "ProcError",
+           "Result", "run", "wait_for_exit"]
 
 _OUTPUT_LIMIT = 64 * 1024
 
@@ -65,6 +71,62 @@ class Result(NamedTuple):
     def output(self) -> str:
         """stdout and stderr, stripped, for log lines and error messages."""
         return "\n".join(part for part in (self.stdout.strip(), self.stderr.strip()) if part)
+
+
+class Isolation(NamedTuple):
+    """How a program that outlives its command starts (``run(isolate=...)``).
+
+    ``rlimits``: (resource, soft, hard) for each limit to set; ``cgroup``: a cgroup v2
+    directory (root's) the child moves itself into, or "" to stay where it is.
+    """
+
+    rlimits: tuple[tuple[int, int, int], ...] = ()
+    cgroup: str = ""
+    oom_score_adj: int = 0
+    umask: int = 0o077
+
+
+def _write_proc_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _isolating_child(isolation: Isolation, uid: int, gid: int) -> "Callable[[], None]":
+    """The child's last steps before exec: as root, then it becomes ``uid``/``gid`` itself
+    (subprocess's own ``user=`` switch comes before ``preexec_fn``, too late: a user may
+    neither write its ``oom_score_adj`` nor leave its cgroup)."""
+    import resource as resource_module
+
+    def child() -> None:
+        _write_proc_file("/proc/self/oom_score_adj", f"{isolation.oom_score_adj}\n")
+        if isolation.cgroup:
+            try:
+                _write_proc_file(os.path.join(isolation.cgroup, "cgroup.procs"), "0\n")
+            except FileNotFoundError:  # an emptied cgroup removed meanwhile: made again
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(isolation.cgroup, 0o755)
+                _write_proc_file(os.path.join(isolation.cgroup, "cgroup.procs"), "0\n")
+        for resource, soft, hard in isolation.rlimits:
+            try:
+                resource_module.setrlimit(resource, (soft, hard))
+            except (ValueError, OSError):  # above what this process may raise to
+                ceiling = resource_module.getrlimit(resource)[1]
+                if ceiling != resource_module.RLIM_INFINITY:
+                    soft = ceiling if soft == resource_module.RLIM_INFINITY else min(
+                        soft, ceiling)
+                resource_module.setrlimit(resource, (soft, ceiling))
+        for sig in signal.valid_signals():
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                with contextlib.suppress(OSError, ValueError):
+                    signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    return child
 
 
 def _scratch_file(name: str, data: bytes = b"") -> int:
@@ -148,10 +210,12 @@ def run(
     gid: Optional[int] = None,
     check: bool = False,
     output_limit: Optional[int] = _OUTPUT_LIMIT,
+    isolate: Optional[Isolation] = None,
 ) -> Result:
     """Run ``argv`` with exactly ``env``, as ``uid``/``gid`` when given, within ``timeout`` s.
 
     Each of stdout and stderr is kept up to ``output_limit`` bytes (None: all of it).
+    ``isolate`` (with ``uid``) starts it as a job's process starts (see the module).
     Raises CommandNotFound, CommandTimeout, or (with ``check``) CommandFailed.
     """
     import subprocess
@@ -168,7 +232,10 @@ def run(
     try:
         stdin, stdout, stderr = fds
         kwargs: dict = {}
-        if uid is not None:
+        if isolate is not None and uid is not None:
+            kwargs.update(umask=isolate.umask, preexec_fn=_isolating_child(
+                isolate, uid, gid if gid is not None else uid))
+        elif uid is not None:
             kwargs.update(user=uid, group=gid if gid is not None else uid, extra_groups=[])
         try:
             proc = subprocess.Popen(
@@ -182,6 +249,10 @@ def run(
                                   denied=True) from None
         except OSError as err:
             raise ProcError(f"{name}: cannot be started ({err})") from None
+        except subprocess.SubprocessError:  # raised in the isolating child, before exec
+            raise ProcError(f"{name}: cannot be started: its oom_score_adj, cgroup "
+                            f"{isolate.cgroup if isolate else ''}, rlimits or signals could "
+                            "not be set") from None
         try:
             returncode = _wait(proc, max(0.0, timeout))
         except subprocess.TimeoutExpired:

@@ -104,6 +104,12 @@ def _timeout(value: str) -> str:
     return value
 
 
+def _cgroup(value: str) -> str:
+    if value in ("auto", "none"):
+        return value
+    return _abs_path(value)
+
+
 def _reuse(value: str) -> str:
     if not value.isdigit() or int(value) > 300:
         raise ValueError("a whole number of seconds from 0 to 300")
@@ -127,6 +133,10 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "root-owned node-local state: per-job records, MPS reference counts"),
     ArgSpec("mps_control", "/usr/bin/nvidia-cuda-mps-control", _abs_path, "an absolute path",
             "the nvidia-cuda-mps-control binary (must be root-owned, not writable by others)"),
+    ArgSpec("mps_cgroup", "auto", _cgroup, "auto, none or an absolute directory",
+            "the cgroup v2 directory whose children the users' MPS daemons run in, one "
+            "each, for the admin to cap (auto: gpushare-mps at the top of the node's "
+            "cgroup v2 hierarchy; none: they stay in the cgroup the prolog runs in)"),
     ArgSpec("mem_limit", "proportional", _mem_limit, "proportional, off, or a size like 16G",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for shared jobs"),
     ArgSpec("verify", "strict", _choice("strict", "warn", "off"), "strict, warn or off",
@@ -147,9 +157,9 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "how long what NVML said about the node's GPU layout stands for the shared jobs "
             "that follow, with gres.conf, the plan and the plugstack line unchanged: their "
             "checks reuse it (and a clean check of the same devices) instead of asking "
-            "NVML, and a job of the same user, GPU and share joining a running daemon, or "
-            "any user's first job with that share on that GPU starting one, is set up by "
-            "the plugin without Python; 0: every job asks NVML and is set up by a worker"),
+            "NVML, and a job of the same user, GPU and share joining a running daemon is set "
+            "up by the plugin without Python; 0: every job asks NVML and is set up by a "
+            "worker"),
     ArgSpec("show", "no", _choice("yes", "no"), "yes or no",
             "also print one gpushare: line into the first task's stderr saying what the job "
             "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "
@@ -158,7 +168,7 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
 
 _SPECS_BY_KEY = {spec.key: spec for spec in ARG_SPECS}
 _PATH_KEYS = ("pythonpath", "state_dir", "mps_control", "inventory", "plan", "debug_log",
-              "imex_channels")
+              "imex_channels", "mps_cgroup")
 
 
 class PluginConfig(NamedTuple):
@@ -171,6 +181,7 @@ class PluginConfig(NamedTuple):
     pythonpath: str = ""
     state_dir: str = "/run/gpushare"
     mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
+    mps_cgroup: str = "auto"
     mem_limit: str = "proportional"
     verify: str = "strict"
     inventory: str = "nvml"
@@ -234,6 +245,7 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         pythonpath=values["pythonpath"],
         state_dir=values["state_dir"],
         mps_control=values["mps_control"],
+        mps_cgroup=values["mps_cgroup"],
         mem_limit=values["mem_limit"],
         verify=values["verify"],
         inventory=values["inventory"],

@@ -26,13 +26,16 @@ def test_every_key_is_accepted_with_a_good_value():
             "mem_limit": "16G", "verify": "warn", "inventory": "sim:/p/%n.json",
             "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
             "imex_channels": "/dev/nvidia-caps-imex-channels", "verify_reuse": "0",
-            "show": "yes"}
+            "show": "yes", "mps_cgroup": "/sys/fs/cgroup/mps.slice/%n"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"
     assert config.inventory == "sim:/p/%n.json" and config.timeout == 2.5
     assert config.debug_log == "" and config.show is True and config.verify_reuse == 0
     assert config.mps_dir == "/run/x/mps"
+    assert config.for_node("n1").mps_cgroup == "/sys/fs/cgroup/mps.slice/n1"
+    for setting in ("auto", "none"):
+        assert parse_plugin_args([f"mps_cgroup={setting}"]).mps_cgroup == setting
 
 
 @pytest.mark.parametrize("arg, expected", [
@@ -40,6 +43,7 @@ def test_every_key_is_accepted_with_a_good_value():
     ("verify", "unknown plugstack argument 'verify'"),
     ("verify=maybe", "verify='maybe' is invalid: expected one of strict, warn, off"),
     ("state_dir=relative", "state_dir='relative' is invalid: expected an absolute path"),
+    ("mps_cgroup=yes", "mps_cgroup='yes' is invalid: expected an absolute path"),
     ("mem_limit=lots", "mem_limit='lots' is invalid: expected a positive size"),
     ("mem_limit=0G", "mem_limit='0G' is invalid"),
     ("inventory=fake", "inventory='fake' is invalid: expected nvml, or sim:"),

@@ -154,49 +154,10 @@ def test_acquire_starts_daemon_as_the_user_with_a_clean_environment(bed, users, 
     assert bed.entries() == []
 
 
-def test_the_start_recipe_is_what_acquire_does_for_another_user(bed, users):
-    """A start ticket's recipe, made for sentinel values and filled in with another user's,
-    starts the daemon acquire() starts for that user: the same key, environments, caps,
-    records and lease (the C glue writes the recipe's records as they are)."""
-    u2 = users[1]
-    mgr = bed.manager()
-    sentinels = (4000001, 4000002, 4000003, 4000004.5)
-    recipe = mgr.start_recipe([GPU0], *sentinels[:2], 99, 25, *sentinels[2:])
-
-    lease = mgr.acquire(job_id=12, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
-                        mode="shared", share_percent=25)
-    with open(os.path.join(bed.mps_dir, lease.key + ".json")) as handle:
-        record_text = handle.read()
-    started_at = json.loads(record_text)["started_at"]
-
-    def filled(value):
-        text = json.dumps(value)
-        for sentinel, real in zip(sentinels, (u2.pw_uid, u2.pw_gid, lease.daemon_pid,
-                                              started_at)):
-            text = text.replace(str(sentinel), str(real))
-        return json.loads(text.replace('"99"', '"12"').replace(": 99,", ": 12,"))
-
-    state = standin_state(lease)
-    assert filled(recipe.key) == lease.key
-    assert recipe.program == bed.standin.program
-    assert filled(recipe.daemon_env) == state["env"]
-    assert recipe.caps == [c for c in state["commands"] if c != "get_server_list"]
-    assert filled(recipe.started) == record_text
-    assert json.loads(filled(recipe.before)) == {
-        **json.loads(record_text), "daemon_pid": None, "started_at": None, "caps": None,
-        "dirs_made": False}
-    assert MpsLease.from_record(filled(recipe.lease.to_record())) == lease
-    assert filled(recipe.client_env) == {k: v for k, v in state["env"].items()
-                                         if k != "CUDA_VISIBLE_DEVICES"}
-    assert mgr.release(12) == [lease.key]
-    # Nothing was started or written for the recipe.
-    assert bed.entries() == []
-
-
-def test_a_start_handed_over_unfinished_is_done_again(bed, users):
-    """A record that holds the job but names no daemon (the C glue's start failed after it
-    wrote them, leaving a daemon whose pid it could not tell): acquire ends what runs in the
-    daemon's directory and starts it again, instead of taking the job as set up."""
+def test_a_start_that_did_not_finish_is_done_again(bed, users):
+    """A record that holds the job but names no daemon (a start that died before it knew
+    the daemon's pid): acquire ends what runs in the daemon's directory and starts it
+    again, instead of taking the job as set up."""
     u1 = users[0]
     mgr = bed.manager()
     first = mgr.acquire(job_id=21, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
@@ -438,7 +399,6 @@ def test_bad_requests_are_refused_with_a_reason(bed, users):
     u1 = users[0]
     mgr = bed.manager()
     cases = [
-        (dict(uid=0, gid=0, devices=[GPU0]), "root"),
         (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[]), "without any GPU"),
         (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[MpsDevice("../etc")]), "not a GPU"),
         (dict(uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=0), "1..100"),
@@ -688,7 +648,7 @@ def test_a_daemon_that_cannot_be_stopped_fails_release_naming_gpu_and_daemon(
     lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                         share_percent=25)
     bed.standin.set_faults("ignore_quit")
-    monkeypatch.setattr(mgr, "_send_signal", lambda pid, sig: None)  # signals have no effect
+    monkeypatch.setattr(mgr, "_signal_if_ours", lambda pid, rec, sig: None)  # no effect
     with pytest.raises(MpsError) as err:
         mgr.release(1)
     message = str(err.value)
@@ -950,13 +910,17 @@ def test_a_prolog_ends_what_runs_in_a_directory_without_record_before_removing_i
     assert bed.entries() == []
 
 
-def test_reap_never_acts_for_root_in_a_directory_without_record(bed, users):
-    """An MPS process of root's there is reported, not quit through a user's pipe."""
+def test_reap_never_acts_for_root_in_a_users_directory_without_record(bed, users):
+    """An MPS process of root's in a pipe directory a user holds is reported, not quit
+    through that user's pipe (root's own daemon has a pipe directory of root's)."""
     mgr = bed.manager()
     mgr.reap_stale(lambda job_id: True)  # creates the state directories
     key = "u0-" + GPU0.uuid
+    pipe_dir = os.path.join(bed.mps_dir, key, "pipe")
+    os.makedirs(pipe_dir)
+    os.chown(pipe_dir, users[0].pw_uid, users[0].pw_gid)
     env = {"PATH": "/usr/bin:/bin",
-           "CUDA_MPS_PIPE_DIRECTORY": os.path.join(bed.mps_dir, key, "pipe"),
+           "CUDA_MPS_PIPE_DIRECTORY": pipe_dir,
            "CUDA_MPS_LOG_DIRECTORY": os.path.join(bed.base, "root-log")}
     subprocess.run([bed.standin.program, "-d"], env=env, check=True, timeout=30)
     pid = None

@@ -16,6 +16,12 @@ class MpsError(RuntimeError):
         self.brief = brief or message
 
 
+class MpsUserError(MpsError):
+    """What the job's own user did to their daemon or its directories stops MPS for their
+    job (a ``control`` that is not their daemon's socket): that job fails with the
+    message; the node is not at fault and stays in service."""
+
+
 def joined(errors: Sequence[MpsError]) -> MpsError:
     """One error for several daemons: every message, the first one's brief."""
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -31,13 +31,13 @@ import os
 import re
 import time
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from gpushare.common import safefs
 from gpushare.common.log import get_logger
 from gpushare.node import counters
 from gpushare.node.config import PluginConfig
-from gpushare.node.mps.errors import MpsError, joined
+from gpushare.node.mps.errors import MpsError, MpsUserError, joined
 from gpushare.node.mps.limits import Limits, limits_for
 from gpushare.node.mps.lock import Lock, lock_held, locked
 from gpushare.node.mps.record import (
@@ -51,10 +51,12 @@ from gpushare.node.mps.record import (
 from gpushare.node.phases import Phases
 
 if TYPE_CHECKING:
+    import signal
+
     from gpushare.common import proc
     from gpushare.node.mps.procscan import ProcScan
 
-__all__ = ["MpsManager", "StartRecipe"]
+__all__ = ["MpsManager"]
 
 LOG = get_logger("gpushare.mps")
 
@@ -64,19 +66,6 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 # may bind under a temporary name first, as the stand-in does); this much is kept free.
 SOCKET_NAME_ROOM = 4
 _UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$"  # compiled on first use
-
-
-class StartRecipe(NamedTuple):
-    """How one shared daemon is started for one job (``MpsManager.start_recipe``)."""
-
-    key: str
-    program: str
-    daemon_env: dict[str, str]
-    client_env: dict[str, str]
-    caps: list[str]  # the control commands that set a new daemon's caps
-    before: str  # the daemon record's text while it starts
-    started: str  # and once it runs with its caps
-    lease: MpsLease
 
 
 class MpsManager:
@@ -120,7 +109,7 @@ class MpsManager:
         with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
             rec = self.store.read(mps_fd, key)
             # A record holding the job without a daemon is a start that did not finish
-            # (the C glue's, handed over, or one whose process died): started again below.
+            # (its process died before its pid was known): started again below.
             if rec is not None and str(job_id) in rec.jobs and rec.daemon_pid:
                 return self._lease(rec, job_id)
             if rec is not None and (rec.uid != uid or rec.mode != mode):
@@ -128,6 +117,7 @@ class MpsManager:
                                f"{rec.uid} mode {rec.mode}; remove it after stopping "
                                "its daemon")
             if rec is not None and rec.daemon_pid and self._is_ours(rec.daemon_pid, rec):
+                self._check_control(mps_fd, rec)
                 rec.jobs[str(job_id)] = share_percent
                 self.store.write(mps_fd, rec)
                 if not caps_later:
@@ -188,31 +178,6 @@ class MpsManager:
         except Exception as err:  # a ticket only saves the next join its worker: logged
             LOG.warning("no join ticket for MPS daemon %s: %s", key, err)
             return False
-
-    def start_recipe(self, devices: Sequence[MpsDevice], uid: int, gid: int, job_id: int,
-                     share: int, daemon_pid: int, started_at: float) -> StartRecipe:
-        """What ``acquire`` does to start user ``uid``'s shared daemon on ``devices`` for one
-        job of ``share``, as data for a start ticket (``gpushare.node.ticket``), which
-        renders it with sentinels for the user, the job and the daemon (``daemon_pid``,
-        started at ``started_at``). Raises MpsError for a program root may not run."""
-        from gpushare.node.mps import control
-
-        devices = tuple(devices)
-        self._check_request(job_id, uid, devices, "shared", share)
-        rec = self.store.new(daemon_key("shared", uid, job_id, devices), "shared", uid, gid,
-                             devices)
-        before = self.store.payload(rec)
-        rec.jobs = {str(job_id): share}
-        rec.caps = self._limits(rec, [share])
-        rec.daemon_pid, rec.started_at, rec.dirs_made = daemon_pid, started_at, True
-        return StartRecipe(rec.key, self._program(), control.daemon_env(rec),
-                           control.client_env(rec), control.default_cap_commands(rec.caps),
-                           before, self.store.payload(rec), self._lease(rec, job_id))
-
-    def write_start_ticket(self, name: str, text: bytes) -> None:
-        """Replace the start ticket ``name``; it belongs to no daemon (no lock)."""
-        with self.store.dir_fd() as mps_fd:
-            self.store.write_ticket(mps_fd, name, text)
 
     def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
         """Drop the job's references; stop daemons nobody uses. Idempotent.
@@ -361,9 +326,6 @@ class MpsManager:
                        mode: str, share_percent: int) -> None:
         if mode not in MODES:
             raise MpsError(f"MPS mode {mode!r} is unknown; use shared or private")
-        if uid == 0:
-            raise MpsError("MPS daemons never run as root; MPS sharing is not offered to "
-                           "jobs of root")
         if not devices:
             raise MpsError(f"job {job_id} asks for MPS without any GPU")
         for dev in devices:
@@ -472,9 +434,19 @@ class MpsManager:
             return MpsError(f"cannot start MPS on {what}: {detail}{self._log_tail(mps_fd, key)}",
                             brief=f"MPS start failed: {cause} ({short}, daemon {key})")
 
+        from gpushare.node.mps import isolation
+
+        try:
+            isolate = isolation.isolation(self.config.mps_cgroup, key, self.proc_root)
+        except OSError as err:
+            raise MpsError(f"cannot start MPS on {what}: no cgroup for its daemon under "
+                           f"mps_cgroup={self.config.mps_cgroup}: {err}; fix plugstack "
+                           "mps_cgroup= (or set it to none)",
+                           brief=f"MPS start failed: no cgroup for the daemon ({short})"
+                           ) from None
         try:
             result = proc.run([program, "-d"], env=control.daemon_env(rec), uid=rec.uid,
-                              gid=rec.gid, timeout=self.timeout)
+                              gid=rec.gid, timeout=self.timeout, isolate=isolate)
         except proc.CommandNotFound as err:
             raise MpsError(f"cannot start MPS on {what}: {err}; install the NVIDIA MPS "
                            "tools or fix plugstack mps_control=",
@@ -503,6 +475,7 @@ class MpsManager:
                                  f"{rec.pipe_dir} within {self.timeout:g} s")
                 time.sleep(pause)
                 pause = min(pause * 2, 0.02)
+            self._check_control_at(pipe_fd, rec)
             rec.daemon_pid = self._find_daemon_pid(pipe_fd, rec)
         phases.done("daemon-socket")
         caps = self._limits(rec, list(rec.jobs.values()))
@@ -564,6 +537,29 @@ class MpsManager:
         finally:
             os.close(dir_fd)
 
+    def _check_control(self, mps_fd: int, rec: DaemonRecord) -> None:
+        """``_check_control_at`` through the daemon's pipe directory."""
+        try:
+            with self._user_dir_fd(mps_fd, rec.key, "pipe") as pipe_fd:
+                self._check_control_at(pipe_fd, rec)
+        except (OSError, safefs.UnsafePathError) as err:
+            raise MpsUserError(f"{rec.describe()}: its pipe directory {rec.pipe_dir} cannot "
+                               f"be used ({err}); the job's user changed it",
+                               brief=f"MPS pipe directory of daemon {rec.key} changed by its "
+                               "user") from None
+
+    def _check_control_at(self, pipe_fd: int, rec: DaemonRecord) -> None:
+        """Root talks to a daemon only through ``control`` when it is a socket of the
+        daemon's user, in a pipe directory of theirs: anything else there was put by that
+        user (a daemon only binds sockets), and stops MPS for their job alone."""
+        problem = control_problem(pipe_fd, rec.uid)
+        if problem:
+            raise MpsUserError(
+                f"{rec.describe()}: {os.path.join(rec.pipe_dir, 'control')} {problem}, not "
+                "the daemon's socket; the job's user put it there. Stop what runs in "
+                f"{rec.pipe_dir} and submit again",
+                brief=f"MPS control of daemon {rec.key} {problem}")
+
     def _find_daemon_pid(self, pipe_fd: int, rec: DaemonRecord) -> Optional[int]:
         """The daemon's pid from its pid file, trusted only once /proc confirms it."""
         try:
@@ -596,11 +592,11 @@ class MpsManager:
             owner = self.scan.owner(pid)
             if owner is None:
                 continue  # gone meanwhile
-            if owner[0] == 0:
-                # gpushare never runs MPS as root: root's own process is left to root, and
-                # no control command runs as root through a user's pipe directory.
+            if owner[0] == 0 and not self._root_pipe_dir(key):
+                # root's daemon has a pipe directory of root's: no control command runs as
+                # root through a directory a user holds.
                 raise MpsError(f"pid {pid} runs MPS as root in {self._path(key, 'pipe')}, "
-                               "which gpushare never does; end it by hand")
+                               "a directory not root's; end it by hand")
             by_user.setdefault(owner, []).append(pid)
         for (owner_uid, owner_gid), group in sorted(by_user.items()):
             rec = DaemonRecord(key, "", owner_uid, owner_gid, (), self._path(key, "pipe"),
@@ -612,9 +608,51 @@ class MpsManager:
             self._stop_daemon(rec)
         return bool(pids)
 
-    def _send_signal(self, pid: int, sig: int) -> None:
-        with suppress(ProcessLookupError):
-            os.kill(pid, sig)
+    def _root_pipe_dir(self, key: str) -> bool:
+        """Whether daemon ``key``'s pipe directory is root's alone (root's daemon's)."""
+        try:
+            info = os.lstat(self._path(key, "pipe"))
+        except OSError:
+            return False
+        return info.st_uid == 0 and not info.st_mode & 0o077 and os.path.isdir(
+            self._path(key, "pipe")) and not os.path.islink(self._path(key, "pipe"))
+
+    def _signal_if_ours(self, pid: int, rec: DaemonRecord, sig: "signal.Signals") -> None:
+        """Send ``sig`` to ``pid`` when it is ``rec``'s daemon or server, through a pidfd
+        taken before the check: the process checked is the process signalled, even if
+        it exits and its pid is reused in between. Without pidfds (kernels before 5.3),
+        the check is made again right before ``kill``."""
+        import signal
+
+        try:
+            pidfd: Optional[int] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        except (AttributeError, OSError):
+            pidfd = None
+        try:
+            if not self._is_ours(pid, rec):
+                return
+            LOG.warning("sending %s to pid %d left by %s", sig.name, pid, rec.describe())
+            with suppress(ProcessLookupError):
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, sig)
+                elif self._is_ours(pid, rec):
+                    os.kill(pid, sig)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _control_usable(self, rec: DaemonRecord) -> bool:
+        """Whether ``quit`` may go through the daemon's ``control`` (logged when not: the
+        daemon is then ended with signals)."""
+        try:
+            with self.store.dir_fd() as mps_fd:
+                self._check_control(mps_fd, rec)
+        except (OSError, MpsError) as err:
+            LOG.warning("%s; ending it with signals", err)
+            return False
+        return True
 
     def _wait_gone(self, pids: Sequence[int], seconds: float) -> bool:
         """Wait until none of ``pids`` (each ours when chosen) exists any more.
@@ -642,7 +680,7 @@ class MpsManager:
         import signal
 
         pid = rec.daemon_pid
-        if pid and self._is_ours(pid, rec):
+        if pid and self._is_ours(pid, rec) and self._control_usable(rec):
             try:
                 self._control(rec, ["quit"])
             except MpsError as err:
@@ -657,12 +695,13 @@ class MpsManager:
             if not left:
                 break
             for victim in left:
-                if self._is_ours(victim, rec):
-                    LOG.warning("sending %s to pid %d left by %s", sig.name, victim,
-                                rec.describe())
-                    self._send_signal(victim, sig)
+                self._signal_if_ours(victim, rec, sig)
             self._wait_gone(left, min(self.timeout, 5.0))
             left = [p for p in left if self._is_ours(p, rec)]
+        if not left:
+            from gpushare.node.mps import isolation
+
+            isolation.remove_cgroup(self.config.mps_cgroup, rec.key)
         if left:
             raise MpsError(f"cannot stop {rec.describe()}: pids "
                            f"{' '.join(map(str, left))} survive SIGKILL; drain this node and "
@@ -703,6 +742,27 @@ class MpsManager:
             safefs.remove_tree_at(mps_fd, rec.key)
         self.store.remove(mps_fd, rec.key)
         lock.remove = True
+
+
+def control_problem(pipe_fd: int, uid: int) -> str:
+    """What is wrong with ``control`` in a daemon's pipe directory for a daemon of ``uid``
+    ("" when it is a socket of that user): read with ``lstat``, never followed."""
+    import stat
+
+    try:
+        info = os.lstat("control", dir_fd=pipe_fd)
+    except FileNotFoundError:
+        return "is missing"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISSOCK(info.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else (
+            "a directory" if stat.S_ISDIR(info.st_mode) else "a regular file"
+            if stat.S_ISREG(info.st_mode) else "not a socket")
+        return f"is {kind}" if kind.startswith("a ") else kind
+    if info.st_uid != uid:
+        return f"is a socket of uid {info.st_uid}"
+    return ""
 
 
 def _exists_at(dir_fd: int, name: str) -> bool:

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """Finding MPS processes through ``/proc``: a daemon and its servers are told from anything
-else by their uid, their ``CUDA_MPS_PIPE_DIRECTORY`` and the program they run."""
+else by their uid, their ``CUDA_MPS_PIPE_DIRECTORY`` and the program the kernel runs for
+them (``/proc/<pid>/exe``, never their argv). This is the one definition of "the daemon"."""
 
 import os
 import re
@@ -91,13 +92,13 @@ class ProcScan:
         return self.runs_one_of(pid, programs)
 
     def runs_one_of(self, pid: int, programs: set[str]) -> bool:
+        """Whether ``pid`` runs one of ``programs``, by what the kernel executes (its
+        ``/proc`` exe): argv is the process's own to write (``exec -a``) and says nothing."""
         try:
             exe = os.readlink(os.path.join(self.proc_root, str(pid), "exe"))
         except OSError:
-            exe = ""
-        argv = [a.decode(errors="replace")
-                for a in (self.read(pid, "cmdline") or b"").split(b"\0")[:2]]
-        return exe in programs or any(a in programs for a in argv)
+            return False
+        return exe in programs
 
     def leftovers(self, uid: int, pipe_dir: str) -> list[int]:
         """Live processes that are a daemon or its servers (by uid, pipe dir, program)."""

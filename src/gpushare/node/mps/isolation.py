@@ -1,0 +1,140 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""Where and how a user's MPS daemon runs: the node's default rlimits and a cgroup of its
+own, so that it starts as a job's process would and not as a child of slurmd (whose
+``oom_score_adj``, limits and cgroup are slurmd's).
+
+``mps_cgroup=`` says where: ``auto`` (``<cgroup v2 mount>/gpushare-mps/<daemon key>``,
+none where the node has no cgroup v2), ``none``, or a cgroup v2 directory whose children
+the daemons get. The admin caps them all through that parent (``memory.max``,
+``cpu.max``, ``pids.max`` with the controllers enabled in its parent's
+``cgroup.subtree_control``).
+"""
+
+import contextlib
+import errno
+import os
+from typing import Optional
+
+from gpushare.common import proc
+
+__all__ = ["AUTO_PARENT", "cgroup_of", "cgroup_parent", "daemon_cgroup", "isolation",
+           "node_rlimits", "remove_cgroup"]
+
+AUTO_PARENT = "gpushare-mps"
+
+# /proc/<pid>/limits' row names, as the kernel writes them, and their resources' names.
+_LIMIT_ROWS = {
+    "Max cpu time": "RLIMIT_CPU", "Max file size": "RLIMIT_FSIZE",
+    "Max data size": "RLIMIT_DATA", "Max stack size": "RLIMIT_STACK",
+    "Max core file size": "RLIMIT_CORE", "Max resident set": "RLIMIT_RSS",
+    "Max processes": "RLIMIT_NPROC", "Max open files": "RLIMIT_NOFILE",
+    "Max locked memory": "RLIMIT_MEMLOCK", "Max address space": "RLIMIT_AS",
+    "Max file locks": "RLIMIT_LOCKS", "Max pending signals": "RLIMIT_SIGPENDING",
+    "Max msgqueue size": "RLIMIT_MSGQUEUE", "Max nice priority": "RLIMIT_NICE",
+    "Max realtime priority": "RLIMIT_RTPRIO", "Max realtime timeout": "RLIMIT_RTTIME",
+}
+
+
+def node_rlimits(proc_root: str = "/proc") -> tuple[tuple[int, int, int], ...]:
+    """The limits a process of the node gets by default: PID 1's, from which every login
+    and service inherits (slurmd's own may be raised or lowered by its unit)."""
+    import resource
+
+    try:
+        with open(os.path.join(proc_root, "1", "limits"), encoding="ascii") as handle:
+            lines = handle.read().splitlines()[1:]
+    except (OSError, UnicodeDecodeError):
+        return ()
+    limits = []
+    for line in lines:
+        name = line[:26].strip()
+        words = line[26:].split()
+        attr = _LIMIT_ROWS.get(name)
+        if attr is None or len(words) < 2 or not hasattr(resource, attr):
+            continue
+        try:
+            soft, hard = (resource.RLIM_INFINITY if word == "unlimited" else int(word)
+                          for word in words[:2])
+        except ValueError:
+            continue
+        limits.append((getattr(resource, attr), soft, hard))
+    return tuple(limits)
+
+
+def _cgroup2_mount(proc_root: str = "/proc") -> Optional[str]:
+    """Where this node mounts the cgroup v2 hierarchy (``/sys/fs/cgroup`` on a unified
+    host, ``/sys/fs/cgroup/unified`` on a hybrid one); None without one."""
+    try:
+        with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8",
+                  errors="replace") as handle:
+            for line in handle:
+                fields = line.split(" - ", 1)
+                if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
+                    return fields[0].split()[4].replace("\\040", " ")
+    except OSError:
+        pass
+    return None
+
+
+def cgroup_parent(setting: str, proc_root: str = "/proc") -> Optional[str]:
+    """The cgroup under which daemons run for ``mps_cgroup=``; None: they stay where the
+    prolog's worker runs (``none``, or ``auto`` without cgroup v2)."""
+    if setting == "none":
+        return None
+    if setting == "auto":
+        mount = _cgroup2_mount(proc_root)
+        return os.path.join(mount, AUTO_PARENT) if mount else None
+    return setting
+
+
+def daemon_cgroup(setting: str, key: str) -> Optional[str]:
+    """Make (root's, 0755) and return daemon ``key``'s cgroup; None where it has none.
+    Raises OSError when the cgroup cannot be made."""
+    parent = cgroup_parent(setting)
+    if parent is None:
+        return None
+    for path in (parent, os.path.join(parent, key)):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+        info = os.lstat(path)
+        if not os.path.isdir(path) or os.path.islink(path) or info.st_uid != 0:
+            raise OSError(errno.EPERM, f"{path} is not a directory of root's")
+    if not os.path.exists(os.path.join(parent, key, "cgroup.procs")):
+        raise OSError(errno.ENOTSUP, f"{parent} is not in a cgroup v2 hierarchy")
+    return os.path.join(parent, key)
+
+
+def remove_cgroup(setting: str, key: str) -> None:
+    """Remove daemon ``key``'s cgroup once its processes are gone (a busy or missing one
+    stays as it is: it is made again, or emptied, by the next start)."""
+    parent = cgroup_parent(setting)
+    if parent is None:
+        return
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.join(parent, key))
+
+
+def isolation(setting: str, key: str, proc_root: str = "/proc") -> proc.Isolation:
+    """How daemon ``key`` starts (``proc.run(isolate=...)``); OSError when its cgroup
+    cannot be made."""
+    return proc.Isolation(rlimits=node_rlimits(proc_root),
+                          cgroup=daemon_cgroup(setting, key) or "")
+
+
+def cgroup_of(pid: int, proc_root: str = "/proc") -> str:
+    """Where process ``pid`` runs: its cgroup v2 path (``0::`` in ``/proc/<pid>/cgroup``),
+    or on a cgroup v1 host its memory controller's; "" when it is gone."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8",
+                  errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return ""
+    found = {}
+    for line in lines:
+        _, controllers, path = ([*line.split(":", 2), "", ""])[:3]
+        found[controllers] = path
+    if "" in found and found[""] != "/":
+        return found[""]
+    return next((path for names, path in found.items() if "memory" in names.split(",")),
+                found.get("", ""))
