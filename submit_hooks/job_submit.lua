@@ -20,11 +20,13 @@ Return codes: 2072 (ESLURM_INVALID_GRES) for every rejection the rules make (the
 concern the GPU request); slurm.ERROR only when policy.on_error is "reject" and the hook
 itself failed. An internal error never reaches slurmctld: it is caught, logged, and the
 job is accepted unchanged or rejected, as policy.on_error says. Without readable facts
-the hook logs at load and accepts every job unchanged.
+the hook logs at load and accepts every job unchanged; so it does with facts rendered for
+another Slurm release than its slurmctld's (`slurmctld -V`, asked at load).
 ]]
 
 local FACTS_PATH = "/etc/slurm/gpushare-facts.json"
 local facts_path = os.getenv("GPUSHARE_FACTS") or FACTS_PATH
+local slurmctld_path = os.getenv("GPUSHARE_SLURMCTLD") or "/usr/sbin/slurmctld"
 
 local NO_VAL = 4294967294
 local NO_VAL16 = 65534
@@ -356,6 +358,7 @@ local function check_facts(data)
    local lower_gpu = {}
    for i, g in ipairs(gpu_types) do lower_gpu[i] = string.lower(g) end
    return {
+      gres_syntax = syntax,
       gres_prefix = (syntax == "22.05") and "gres:" or "gres/",
       units = units,
       gpu_types = gpu_types,
@@ -1050,10 +1053,44 @@ end
 -- slurmctld entry points.
 ---------------------------------------------------------------------------------------------
 
+-- The release of the slurmctld running this script, which job_submit/lua does not tell
+-- it: the daemon's own -V (no configuration needed), asked once per load. nil when unknown.
+local function running_release()
+   local ok, handle = pcall(io.popen, slurmctld_path .. " -V 2>/dev/null")
+   if not ok or not handle then return nil end
+   local text = handle:read("*a") or ""
+   handle:close()
+   local major, minor, rest = string.match(text, "^slurm%S* (%d+)%.(%d+)([%.%d]*)")
+   if not major then return nil end
+   return {major = tonumber(major), minor = tonumber(minor), text = major .. "." .. minor .. rest}
+end
+
+local SYNTAX_RELEASES = {["22.05"] = "before 23.11", ["23.11"] = "23.11 or later"}
+local SYNTAX_EXAMPLE = {["22.05"] = "gres:gpu:1", ["23.11"] = "gres/gpu:1"}
+
+-- Why facts rendered for another Slurm release are refused (nil: they are this one's):
+-- their request strings are the other release's, which slurmctld rejects in every job the
+-- rules rewrite (gpushare.submit.hook.other_release says the same).
+local function other_release(facts, running)
+   if running == nil then return nil end
+   local syntax = (running.major * 100 + running.minor < 2311) and "22.05" or "23.11"
+   if facts.gres_syntax == syntax then return nil end
+   return facts_path .. " was rendered for Slurm " .. SYNTAX_RELEASES[facts.gres_syntax]
+      .. " (requests as " .. SYNTAX_EXAMPLE[facts.gres_syntax] .. "), but this slurmctld is "
+      .. "Slurm " .. running.text .. " (requests as " .. SYNTAX_EXAMPLE[syntax] .. "): set "
+      .. "slurm.version in the plan to this Slurm's release and render the facts again "
+      .. "(gpushare render facts), then touch this script"
+end
+
 local FACTS, FACTS_ERROR = nil, nil
 do
    local ok, res = pcall(load_facts, facts_path)
-   if ok then
+   local refused = ok and other_release(res, running_release())
+   if refused then
+      FACTS_ERROR = refused
+      slurm.log_error("gpushare: refusing the facts: %s; jobs pass unchanged until then",
+                      refused)
+   elseif ok then
       FACTS = res
       slurm.log_info("gpushare: loaded cluster facts from %s", facts_path)
    else

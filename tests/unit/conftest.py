@@ -9,3 +9,9 @@ def no_host_slurm(monkeypatch, tmp_path_factory):
     """``squeue``/``scontrol`` find no slurm.conf: a controller that happens to run on this
     machine (its /etc/slurm) cannot change what a unit test sees."""
     monkeypatch.setenv("SLURM_CONF", str(tmp_path_factory.getbasetemp() / "no-slurm.conf"))
+    # Nor its release (22.05 on one test machine, 24.11 on the other): no Slurm here, unless
+    # a test says otherwise.
+    from gpushare.admin import slurm_client
+
+    monkeypatch.setattr(slurm_client, "installed_release", lambda *args, **kwargs: None)
+    monkeypatch.setenv("GPUSHARE_SLURMCTLD", "/nonexistent/slurmctld")  # job_submit.lua's

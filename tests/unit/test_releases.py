@@ -1,18 +1,20 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""What differs between Slurm releases: request syntax chosen for the installed Slurm, 24.11's
-per-GPU MPS use, topology/block rendering and --segment, and the plugin's job_desc fields."""
+"""What differs between Slurm releases: the plan's release rendered wherever it is and
+compared with the running one by check and the hooks, 24.11's per-GPU MPS use,
+topology/block rendering and --segment, and the plugin's job_desc fields."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
 
 import slurmbed
 from gpushare.admin.cluster_status import used_indexes
-from gpushare.admin.plan import PlanError, load_plan, with_slurm_version
+from gpushare.admin.plan import PlanError, load_plan, release_tuple, with_slurm_version
 from gpushare.admin.render import (
     RenderError,
     for_installed_slurm,
@@ -20,6 +22,7 @@ from gpushare.admin.render import (
     render_slurm_conf,
     render_topology,
 )
+from gpushare.admin.slurm_client import installed_release as host_release
 from gpushare.submit import hook as submit_hook
 from gpushare.submit.facts import FactsError, facts_from_dict, load_facts
 from gpushare.submit.rules import apply
@@ -52,15 +55,115 @@ def test_no_installed_slurm_is_said():
     assert plan.slurm.version == "22.05" and "no Slurm is installed here" in note
 
 
-def test_a_plan_for_the_other_syntax_is_refused(tmp_path):
-    path = tmp_path / "plan.yaml"
-    with open(slurmbed.BED_PLAN) as handle:
-        path.write_text(handle.read().replace("slurm:\n", 'slurm:\n  version: "22.05"\n', 1))
-    plan = load_plan(str(path))
-    assert plan.slurm.version_given
-    with pytest.raises(RenderError, match=r'this machine runs Slurm 24\.11\.5.*"24\.11"'):
-        for_installed_slurm(plan, "24.11.5")
-    assert for_installed_slurm(plan, "22.05.8") == (plan, "")
+def _plan_for(tmp_path, version: str, source: str = slurmbed.BED_PLAN) -> str:
+    path = tmp_path / f"plan-{version}.yaml"
+    with open(source) as handle:
+        path.write_text(handle.read().replace("slurm:\n", f'slurm:\n  version: "{version}"\n',
+                                              1))
+    return str(path)
+
+
+def _render(capsys, *argv: str) -> tuple[int, str, str]:
+    from gpushare.cli import main
+
+    rc = main(["render", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("wanted, installed, syntax", [("24.11", "22.05.8", "23.11"),
+                                                       ("22.05", "24.11.5", "22.05")])
+def test_render_takes_the_plans_release_not_the_installed_one(tmp_path, capsys, monkeypatch,
+                                                              wanted, installed, syntax):
+    """A site renders where another release runs (or none): every output is the plan's."""
+    from gpushare.admin import slurm_client
+
+    monkeypatch.setattr(slurm_client, "installed_release", lambda *args, **kwargs: installed)
+    plan = _plan_for(tmp_path, wanted)
+    rc, out, err = _render(capsys, "facts", "--plan", plan)
+    assert (rc, err) == (0, "") and json.loads(out)["gres_syntax"] == syntax
+    for target in ("gres", "topology", "plugstack", "slurm-conf", "mig-parted"):
+        rc, out, err = _render(capsys, target, "--plan", plan)
+        assert rc == 0 and out and err == "", (target, err)
+    assert for_installed_slurm(load_plan(plan), installed) == (load_plan(plan), "")
+
+
+def test_render_with_a_release_needs_no_slurm_here(tmp_path, capsys, monkeypatch):
+    """No Slurm on the rendering host: the release is never even looked up."""
+    from gpushare.admin import slurm_client
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("a plan with slurm.version looked up the installed Slurm")
+
+    monkeypatch.setattr(slurm_client, "installed_release", no_lookup)
+    rc, out, err = _render(capsys, "facts", "--plan", _plan_for(tmp_path, "24.11", BLOCK_PLAN))
+    assert (rc, err) == (0, "") and json.loads(out)["topology"] == "block"
+    monkeypatch.setattr(slurm_client, "installed_release", lambda *args, **kwargs: None)
+    rc, out, err = _render(capsys, "facts", "--plan", slurmbed.BED_PLAN)
+    assert rc == 0 and "no Slurm is installed here: rendering for Slurm 22.05" in err
+    assert json.loads(out)["gres_syntax"] == "22.05"
+
+
+def test_render_on_this_host_for_the_other_release(tmp_path, capsys):
+    """The real lookup on this machine (22.05 on one test machine, 24.11 on the other): a
+    plan for the other release renders all the same."""
+    release = host_release()
+    if release is None:
+        pytest.skip("no Slurm installed here")
+    other = "24.11" if release_tuple(release) < (23, 11) else "22.05"
+    rc, out, err = _render(capsys, "facts", "--plan", _plan_for(tmp_path, other))
+    assert (rc, err) == (0, ""), err
+    assert json.loads(out)["gres_syntax"] == ("23.11" if other == "24.11" else "22.05")
+
+
+@pytest.mark.parametrize("running, controller, expected", [
+    ("22.05.8", True, ["error: the plan is for Slurm 24.11: the submit facts rendered from "
+                       "it write requests as gres/gpu:1, which Slurm 22.05.8 running here "
+                       "rejects (it takes gres:gpu:1)"]),
+    ("22.05.8", False, ["warning: the plan is for Slurm 24.11: the submit facts rendered from "
+                        "it write requests as gres/gpu:1, which Slurm 22.05.8 running here "
+                        "rejects (it takes gres:gpu:1)"]),
+    ("24.05.3", True, ["warning: the plan is for Slurm 24.11, Slurm 24.05.3 runs here"]),
+    ("24.11.5", True, []),
+    (None, True, []),
+])
+def test_check_compares_the_plans_release_with_the_running_one(tmp_path, running, controller,
+                                                               expected):
+    from gpushare.admin.check import check_release
+
+    plan = load_plan(_plan_for(tmp_path, "24.11"))
+    found = check_release(plan, running, controller)
+    assert [f"{f.severity}: {f.what}" for f in found] == expected
+    for finding in found:
+        assert finding.fix == f'set slurm.version: "{running[:5]}" in {plan.path} and render again'
+    # A plan without a release is rendered for the running one: nothing to compare.
+    assert check_release(load_plan(slurmbed.BED_PLAN), "24.11.5", True) == []
+
+
+def test_check_block_plan_on_a_release_without_blocks(tmp_path):
+    from gpushare.admin.check import check_release
+
+    plan = load_plan(_plan_for(tmp_path, "24.11", BLOCK_PLAN))
+    (found,) = check_release(plan, "23.02.7", True)
+    assert found.severity == "error" and "24.05 or later" in found.what
+    assert found.fix.startswith("upgrade Slurm, or set slurm.version")
+
+
+def test_gpushare_check_says_the_release(tmp_path, capsys, monkeypatch):
+    """`gpushare check --all-nodes` on a controller whose Slurm is not the plan's: exit 2."""
+    from gpushare.admin import slurm_client
+    from gpushare.admin.render import render_gres_conf
+    from gpushare.cli import main
+
+    monkeypatch.setattr(slurm_client, "installed_release", lambda *args, **kwargs: "22.05.8")
+    plan = _plan_for(tmp_path, "24.11")
+    gres = tmp_path / "gres.conf"
+    gres.write_text(render_gres_conf(load_plan(plan)))
+    rc = main(["check", "--plan", plan, "--all-nodes", "--gres-conf", str(gres)])
+    out = capsys.readouterr().out
+    assert rc == 2 and "the plan is for Slurm 24.11" in out, out
+    monkeypatch.setattr(slurm_client, "installed_release", lambda *args, **kwargs: "24.11.5")
+    assert main(["check", "--plan", plan, "--all-nodes", "--gres-conf", str(gres)]) == 0
 
 
 def test_several_slurm_mig_profiles_render_on_24_11_only(tmp_path):
@@ -192,22 +295,36 @@ class _Log:
     exception = error
 
 
-def test_plugin_uses_the_running_slurms_syntax_and_says_so(monkeypatch):
+def test_plugin_refuses_facts_for_another_release_and_says_why(monkeypatch, tmp_path):
     log = _Log()
     errors = log.errors
     monkeypatch.setattr(submit_hook, "log", log)
+    job = {"spank_job_env": ["_SLURM_SPANK_OPTION_gpushare_gpu_share=25"], "user_id": 1000}
     try:
         submit_hook.init(BED_FACTS, 0x180B05)  # 24.11.5, facts written for 22.05
-        facts = submit_hook.current_facts()
-        assert facts is not None and facts.gres_syntax == "23.11"
-        assert "says gres_syntax 22.05" in errors[0] and "Render the facts again" in errors[0]
-        rc, changes, message = submit_hook.job_submit(
-            {"spank_job_env": ["_SLURM_SPANK_OPTION_gpushare_gpu_share=25"], "user_id": 1000},
-            1000)
-        assert (rc, changes["tres_per_node"]) == (0, "gres/mps:25"), message
+        assert submit_hook.current_facts() is None
+        (error,) = errors
+        assert error == (
+            f"submit hook: refusing the facts: {BED_FACTS} was rendered for Slurm before "
+            "23.11 (requests as gres:gpu:1), but this slurmctld is Slurm 24.11.5 (requests as "
+            "gres/gpu:1): set slurm.version in the plan to this Slurm's release and render "
+            "the facts again (gpushare render facts), then scontrol reconfigure; jobs pass "
+            "unchanged until then")
+        assert submit_hook.job_submit(job, 1000) == (0, {}, "")  # unchanged: never rejected
         errors.clear()
         submit_hook.init(BED_FACTS, 0x160508)  # 22.05.8: as written, nothing to say
         assert submit_hook.current_facts().gres_syntax == "22.05" and errors == []
+        rc, changes, _message = submit_hook.job_submit(job, 1000)
+        assert (rc, changes["tres_per_node"]) == (0, "gres:mps:25")
+        # Facts for another release on reconfigure: the ones loaded before stay.
+        other = tmp_path / "facts.json"
+        with open(BED_FACTS) as handle:
+            other.write_text(handle.read().replace('"gres_syntax": "22.05"',
+                                                   '"gres_syntax": "23.11"'))
+        submit_hook._facts_path = str(other)
+        submit_hook.reload()
+        assert submit_hook.current_facts().gres_syntax == "22.05"
+        assert "keeping the facts loaded before until then" in errors[0]
     finally:
         submit_hook.init(BED_FACTS, None)
 
@@ -235,3 +352,51 @@ def test_stored_strings_follow_the_release(monkeypatch):
     assert slurmbed.stored("x -> gres:gpu:h100:1 (y)", per_task=True) == "x -> gres/gpu:h100=1 (y)"
     monkeypatch.setattr(slurmbed, "_RELEASE", [(22, 5)])
     assert slurmbed.stored("gres:gpu:h100:1") == "gres:gpu:h100:1"
+
+
+_LUA_DRIVER = """
+slurm = {SUCCESS = 0, ERROR = -1, FAILURE = -1}
+local function say(kind)
+   return function(fmt, ...) print(kind .. ": " .. string.format(fmt, ...)) end
+end
+slurm.log_user, slurm.log_info, slurm.log_error = say("user"), say("info"), say("error")
+dofile(arg[1])
+local job = {tres_per_node = "gres:gpu:H100:1"}
+slurm_job_submit(job, nil, 1000)
+print("job: " .. job.tres_per_node)
+"""
+
+
+@pytest.mark.parametrize("release, loaded", [("slurm-wlm 24.11.5", False),
+                                             ("slurm 23.11.0", False),
+                                             ("slurm-wlm 22.05.8", True),
+                                             ("", True)])  # -V says nothing: not refused
+def test_lua_hook_refuses_facts_for_another_release(tmp_path, release, loaded):
+    """job_submit.lua asks its slurmctld's -V at load (job_submit/gpushare is told the
+    release it was built for) and refuses facts rendered for the other request syntax. Run
+    by the distribution's Lua 5.1, as slurmctld's job_submit/lua embeds it: lupa's has no
+    io.popen."""
+    lua = shutil.which("lua5.1")
+    if lua is None:
+        pytest.skip("no lua5.1 here (Debian's lua5.1 package)")
+    slurmctld = tmp_path / "slurmctld"
+    slurmctld.write_text(f"#!/bin/sh\n[ \"$1\" = -V ] && echo '{release}'\n")
+    slurmctld.chmod(0o755)
+    driver = tmp_path / "driver.lua"
+    driver.write_text(_LUA_DRIVER)
+    env = dict(os.environ, GPUSHARE_SLURMCTLD=str(slurmctld), GPUSHARE_FACTS=BED_FACTS)
+    done = subprocess.run([lua, str(driver), os.path.join(REPO, "submit_hooks", "job_submit.lua")],
+                          env=env, capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    if loaded:
+        assert lines == [f"info: gpushare: loaded cluster facts from {BED_FACTS}",
+                         "user: gpushare: --gres=gpu:H100:1 -> gres:gpu:h100:1",
+                         "job: gres:gpu:h100:1"], done.stdout
+        return
+    version = release.split()[1]
+    assert lines == [
+        f"error: gpushare: refusing the facts: {BED_FACTS} was rendered for Slurm before 23.11 "
+        f"(requests as gres:gpu:1), but this slurmctld is Slurm {version} (requests as "
+        "gres/gpu:1): set slurm.version in the plan to this Slurm's release and render the "
+        "facts again (gpushare render facts), then touch this script; jobs pass unchanged "
+        "until then", "job: gres:gpu:H100:1"], done.stdout

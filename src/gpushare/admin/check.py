@@ -15,7 +15,13 @@ from typing import Iterable, Optional
 import hostlist
 
 from gpushare.admin.plan import NodeGroup, Plan, PlanError, check_mig_change
-from gpushare.admin.render import PlannedDevice, RenderError, expected_gres, slurm_node_gres
+from gpushare.admin.render import (
+    PlannedDevice,
+    RenderError,
+    expected_gres,
+    release_findings,
+    slurm_node_gres,
+)
 from gpushare.admin.slurm_client import SlurmNode, parse_node_gres
 from gpushare.gpu.gresconf import GresConf
 from gpushare.gpu.inventory import Gpu, Inventory
@@ -29,6 +35,7 @@ __all__ = [
     "check_cluster",
     "check_gres_all_nodes",
     "check_node",
+    "check_release",
     "drain_node",
     "drain_reason",
     "exit_status",
@@ -40,6 +47,25 @@ _RANK = {ERROR: 2, WARNING: 1}
 def exit_status(findings: Iterable[Finding]) -> int:
     """0 when all is well, 1 for warnings only, 2 when there is an error."""
     return max((_RANK.get(f.severity, 0) for f in findings), default=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The running Slurm
+
+
+def check_release(plan: Plan, running: Optional[str], controller: bool) -> list[Finding]:
+    """The plan's Slurm release against ``running``, the one here (None: no Slurm here).
+
+    Rendering takes the plan's ``slurm.version`` and never looks at the host, so this is
+    where a plan written for another release shows. On the controller (``--cluster``,
+    ``--all-nodes``) what cannot work is an error; on a node it is a warning, since the
+    node's own jobs do not depend on it and a health check must not drain every node of a
+    cluster for a line of the plan."""
+    found = []
+    for severity, message, fix in release_findings(plan, running):
+        level = ERROR if severity == "error" and controller else WARNING
+        found.append(Finding(level, message, f"{plan.path}: slurm.version", fix))
+    return found
 
 
 # --------------------------------------------------------------------------------------------

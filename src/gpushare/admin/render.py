@@ -216,33 +216,53 @@ def _fold(devices: list[PlannedDevice]) -> list[dict[str, Any]]:
 
 
 def for_installed_slurm(plan: Plan, installed: Optional[str]) -> tuple[Plan, str]:
-    """The plan to render for this machine's Slurm ``installed`` (None: none here), and a
-    note for the admin ("" when there is nothing to say).
+    """The plan to render, and a note for the admin ("" when there is nothing to say).
 
-    A plan without ``slurm.version`` takes the installed release; one that names a release
-    whose request strings differ from the installed one's (``gres:gpu:1`` before 23.11,
-    ``gres/gpu:1`` after) is refused: facts in the wrong syntax make slurmctld reject the
-    jobs the hooks rewrite.
+    A plan that names ``slurm.version`` is rendered for that release whatever runs here
+    (``installed`` is not consulted: sites render in configuration management, often where
+    no Slurm or another release runs; ``gpushare check`` and the submit hooks compare it with
+    the running Slurm). A plan without one takes the installed release ``installed`` (None:
+    none here, so the plan's default, said in the note).
     """
-    if not plan.slurm.version_given:
-        if installed is None:
-            return plan, (f"the plan has no slurm.version and no Slurm is installed here: "
-                          f"rendering for Slurm {plan.slurm.version}")
-        if (plan.slurm.topology == "block" or plan.slurm.imex) and \
-                release_tuple(installed) < (24, 5):
-            raise RenderError(
-                f"{plan.path}: slurm.topology: block and slurm.imex need Slurm 24.05 or later "
-                f"(topology/block with BlockSizes, --segment, switch/nvidia_imex); this "
-                f"machine runs Slurm {installed}")
-        return with_slurm_version(plan, installed), ""
-    if installed is not None and gres_syntax_of(installed) != plan.slurm.gres_syntax:
+    if plan.slurm.version_given:
+        return plan, ""
+    if installed is None:
+        return plan, (f"the plan has no slurm.version and no Slurm is installed here: "
+                      f"rendering for Slurm {plan.slurm.version}")
+    if (plan.slurm.topology == "block" or plan.slurm.imex) and \
+            release_tuple(installed) < (24, 5):
         raise RenderError(
-            f"{plan.path}: slurm.version is {plan.slurm.version}, but this machine runs Slurm "
-            f"{installed}, whose request strings differ ({_example(plan.slurm.gres_syntax)} "
-            f"against {_example(gres_syntax_of(installed))}): set slurm.version to "
-            f"\"{'.'.join(installed.split('.')[:2])}\" (or remove it), or render where the "
-            f"plan's Slurm runs")
-    return plan, ""
+            f"{plan.path}: slurm.topology: block and slurm.imex need Slurm 24.05 or later "
+            f"(topology/block with BlockSizes, --segment, switch/nvidia_imex); this "
+            f"machine runs Slurm {installed}: set slurm.version to the cluster's release")
+    return with_slurm_version(plan, installed), ""
+
+
+def release_findings(plan: Plan, running: Optional[str]) -> list[tuple[str, str, str]]:
+    """What differs between the plan's Slurm release and ``running``, the one that runs
+    here: (``"error"`` or ``"warning"``, what, how to fix it) for ``gpushare check``. None
+    when they agree, when the plan names no release (it is then rendered for the running
+    one) or when nothing runs here. An error where what is rendered from the plan cannot
+    work with the running Slurm (a feature it lacks; request strings in the other syntax,
+    which slurmctld rejects), a warning where only the release differs."""
+    if not plan.slurm.version_given or running is None:
+        return []
+    wanted = plan.slurm.version
+    if release_tuple(wanted) == release_tuple(running):
+        return []
+    fix = (f'set slurm.version: "{".".join(running.split(".")[:2])}" in {plan.path} and '
+           "render again")
+    if (plan.slurm.topology == "block" or plan.slurm.imex) and \
+            release_tuple(running) < (24, 5):
+        return [("error", f"the plan is for Slurm {wanted} with slurm.topology: block or "
+                          f"slurm.imex, which Slurm {running} running here lacks (they need "
+                          "24.05 or later)", f"upgrade Slurm, or {fix}")]
+    if gres_syntax_of(running) != plan.slurm.gres_syntax:
+        return [("error", f"the plan is for Slurm {wanted}: the submit facts rendered from it "
+                          f"write requests as {_example(plan.slurm.gres_syntax)}, which Slurm "
+                          f"{running} running here rejects (it takes "
+                          f"{_example(gres_syntax_of(running))})", fix)]
+    return [("warning", f"the plan is for Slurm {wanted}, Slurm {running} runs here", fix)]
 
 
 def _example(syntax: str) -> str:

@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import check
     from gpushare.admin.plan import PlanError, load_plan
-    from gpushare.admin.slurm_client import SlurmClientError, open_client
+    from gpushare.admin.slurm_client import SlurmClientError, installed_release, open_client
     from gpushare.gpu.gresconf import GresConfError, load_gres_conf
     from gpushare.gpu.nvml import InventoryError
 
@@ -78,10 +78,12 @@ def _run(args: argparse.Namespace) -> int:
         findings = [check.Finding(check.ERROR, p.split(": ", 1)[-1], p.split(": ", 1)[0],
                                   "fix the plan") for p in err.problems]
         return _report(args, node, findings, "plan")
+    release = check.check_release(plan, installed_release(args.sinfo, args.timeout),
+                                  controller=args.cluster or args.all_nodes)
     if args.cluster:
         try:
             client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
-            findings = check.check_cluster(plan, client.nodes())
+            findings = release + check.check_cluster(plan, client.nodes())
         except SlurmClientError as err:
             return fail("check", str(err))
         return _report(args, "cluster", findings, client.backend)
@@ -90,9 +92,9 @@ def _run(args: argparse.Namespace) -> int:
             conf = load_gres_conf(args.gres_conf)
         except GresConfError as err:
             return fail("check", str(err))
-        findings = check.check_gres_all_nodes(plan, conf, args.device_root)
+        findings = release + check.check_gres_all_nodes(plan, conf, args.device_root)
         return _report(args, "all nodes", findings, args.gres_conf)
-    findings = []
+    findings = release
     gres = inventory = None
     if args.gres_conf != "none":
         try:

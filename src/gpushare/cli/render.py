@@ -23,8 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Slurm goes into gres.conf; the mig-parted config is the Kubernetes side's MIG layout; "
         "topology.conf makes each NVLink domain a leaf switch (slurm.topology: tree) or a block "
         "(block); facts is the JSON the submit hooks read; slurm-conf is the TopologyPlugin= "
-        "and SwitchType= lines the plan implies. A plan without slurm.version is rendered for "
-        "the installed Slurm; one whose request syntax differs from it is refused.",
+        "and SwitchType= lines the plan implies. Everything is rendered for the plan's "
+        "slurm.version, whatever Slurm runs here (none is needed); a plan without one is "
+        "rendered for the installed Slurm. gpushare check compares the plan's release with "
+        "the running one.",
         epilog="examples:\n"
         "  gpushare render gres --plan /etc/gpushare/plan.yaml --output /etc/slurm/gres.conf\n"
         "  gpushare render gres --plan plan.yaml --node a100-01 --source nvml\n"
@@ -66,8 +68,10 @@ def _run(args: argparse.Namespace) -> int:
         return fail("render", "--device-root must be an absolute directory, not "
                     f"{args.device_root!r}")
     try:
-        plan, note = render.for_installed_slurm(load_plan(args.plan),
-                                                installed_release())
+        plan = load_plan(args.plan)
+        # The plan's own slurm.version when it names one: no Slurm needed here.
+        plan, note = render.for_installed_slurm(
+            plan, None if plan.slurm.version_given else installed_release())
         if note:
             print(f"gpushare render: {note}", file=sys.stderr)
         inventories = _inventory(args)

@@ -14,7 +14,6 @@ job is handled by the facts' ``policy.on_error``: accepted unchanged, or rejecte
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from typing import Any
 
@@ -37,6 +36,7 @@ _lock = threading.Lock()
 _facts_path: str | None = None
 _facts: Facts | None = None
 _running_syntax: str | None = None  # the GRES syntax of the slurmctld we run in
+_running_release: str | None = None  # its release, "24.11.5"
 
 
 def syntax_of_version_number(number: int) -> str:
@@ -47,41 +47,54 @@ def syntax_of_version_number(number: int) -> str:
 def init(facts_path: str, slurm_version_number: int | None = None) -> int:
     """Remember where the facts live and which Slurm runs us, and load the facts; always
     returns SLURM_SUCCESS."""
-    global _facts_path, _running_syntax
+    global _facts_path, _running_syntax, _running_release
     _facts_path = facts_path
+    _running_syntax = _running_release = None
     if slurm_version_number is not None:
         _running_syntax = syntax_of_version_number(slurm_version_number)
+        number = slurm_version_number
+        _running_release = f"{number >> 16 & 255}.{number >> 8 & 255:02d}.{number & 255}"
     return reload()
 
 
-def _for_running_slurm(facts: Facts) -> Facts:
-    """Facts whose request syntax is this slurmctld's: items the rules create from nothing
-    (``--gpu-share`` alone) use it, and slurmctld rejects the other one. A mismatch means the
-    facts were rendered for another Slurm: said loudly, and corrected."""
+_SYNTAX_RELEASES = {"22.05": "before 23.11", "23.11": "23.11 or later"}
+_SYNTAX_EXAMPLE = {"22.05": "gres:gpu:1", "23.11": "gres/gpu:1"}
+
+
+def other_release(facts: Facts) -> str:
+    """Why facts rendered for another Slurm than the one running us are refused ("" when
+    they are this one's): their request strings are the other release's, which slurmctld
+    rejects in every job the rules rewrite, and what else they say (topology/block, for
+    one) may be beyond this release."""
     if _running_syntax is None or facts.gres_syntax == _running_syntax:
-        return facts
-    log.error("submit hook: %s says gres_syntax %s, but this slurmctld writes requests in "
-              "%s syntax; using %s. Render the facts again for this Slurm (slurm.version in "
-              "the plan)", _facts_path, facts.gres_syntax, _running_syntax, _running_syntax)
-    return dataclasses.replace(facts, gres_syntax=_running_syntax)
+        return ""
+    return (f"{_facts_path} was rendered for Slurm {_SYNTAX_RELEASES[facts.gres_syntax]} "
+            f"(requests as {_SYNTAX_EXAMPLE[facts.gres_syntax]}), but this slurmctld is "
+            f"Slurm {_running_release} (requests as {_SYNTAX_EXAMPLE[_running_syntax]}): "
+            f"set slurm.version in the plan to this Slurm's release and render the facts "
+            f"again (gpushare render facts), then scontrol reconfigure")
 
 
 def reload() -> int:
-    """Read the facts again (``scontrol reconfigure``); keep the old ones if the new are bad."""
+    """Read the facts again (``scontrol reconfigure``); keep the old ones if the new are bad
+    or were rendered for another Slurm release."""
     global _facts
     if _facts_path is None:
         log.error("submit hook: reload before init; jobs pass unchanged")
         return SLURM_SUCCESS
+    kept = "keeping the facts loaded before" if _facts else "jobs pass unchanged"
     try:
         facts = load_facts(_facts_path)
     except FactsError as err:
-        kept = "keeping the facts loaded before" if _facts else "jobs pass unchanged"
         log.error("submit hook: %s; %s until it is fixed", err, kept)
         return SLURM_SUCCESS
     except Exception:  # never into slurmctld
         log.exception("submit hook: loading %s failed", _facts_path)
         return SLURM_SUCCESS
-    facts = _for_running_slurm(facts)
+    refused = other_release(facts)
+    if refused:
+        log.error("submit hook: refusing the facts: %s; %s until then", refused, kept)
+        return SLURM_SUCCESS
     with _lock:
         _facts = facts
     log.info("submit hook: loaded cluster facts from %s", _facts_path)
