@@ -69,7 +69,8 @@ static void *grow(void *data, size_t count, size_t size)
     if (size && count > SIZE_MAX / size)
         out_of_memory();
     bytes = count * size;
-    grown = realloc(data, bytes > 0 ? bytes : 1);
+    /* malloc for a new block: gcc's analyzer takes realloc(NULL) for a free of NULL */
+    grown = data ? realloc(data, bytes > 0 ? bytes : 1) : malloc(bytes > 0 ? bytes : 1);
     if (!grown)
         out_of_memory();
     return grown;
@@ -1139,6 +1140,8 @@ static void resolve_paths(void)
     join(d.state_tmp, d.log_dir, "standin-state.json.tmp");
 }
 
+static char *device_text;
+
 /* CUDA_VISIBLE_DEVICES split on commas, each stripped, empty ones dropped; unset: one. */
 static void read_devices(void)
 {
@@ -1151,7 +1154,8 @@ static void read_devices(void)
         d.device_count = 1;
         return;
     }
-    copy = grow(NULL, strlen(visible) + 1, 1);
+    /* kept for the daemon's life: d.devices point into it */
+    copy = device_text = grow(NULL, strlen(visible) + 1, 1);
     strcpy(copy, visible);
     d.devices = grow(NULL, strlen(visible) / 2 + 1, sizeof(*d.devices));
     for (p = copy;; p = end + 1) {
