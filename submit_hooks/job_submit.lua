@@ -922,12 +922,6 @@ local function check(job, facts)
              .. "share must fit on one GPU (at most mps:" .. fmt_int(units) .. ")",
              "for more, ask for whole GPUs: --gres=gpu:" .. fmt_int(math.ceil(mps_total / units)))
    end
-   if number(job.user_id) == 0 and (is_share or private_mps) then
-      local flag = "--gpu-mps"
-      if not private_mps then flag = share_flag(mps_items, share_text) end
-      reject(flag, "runs under an MPS daemon, and MPS daemons never run as root",
-             "submit the job as a normal user (root may use whole GPUs without --gpu-mps)")
-   end
    if share_units ~= nil and #mps_items == 0 then
       local items = fields.tres_per_node or {}
       local prefix = first_prefix(items, facts.gres_prefix)

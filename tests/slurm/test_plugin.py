@@ -165,11 +165,11 @@ def test_gpu_share_option_reaches_prolog_and_must_agree_with_the_gres(clean_bed)
     assert "DRAIN" not in clean_bed.node_state("n2")["State"]
 
 
-def test_roots_shared_job_fails_alone_and_never_drains_the_node(clean_bed):
-    result = clean_bed.run(["srun", "-w", "n3", "--gres=mps:10", "true"], check=False)
-    assert result.returncode != 0
-    assert "MPS daemons never run as root" in result.stderr
-    assert "submit it as a normal user" in result.stderr
+def test_roots_shared_job_runs_under_a_daemon_of_roots(clean_bed):
+    result = clean_bed.run(["srun", "-w", "n3", "--gres=mps:10", "printenv",
+                            "CUDA_MPS_PIPE_DIRECTORY"], check=False)
+    assert result.returncode == 0, result.stderr
+    assert "/mps/u0-" in result.stdout
     assert "DRAIN" not in clean_bed.node_state("n3")["State"]
     # root's unshared GPU jobs are untouched.
     assert clean_bed.run(["srun", "-w", "n3", "--gres=gpu:1", "true"]).returncode == 0

@@ -50,7 +50,7 @@ CALLBACKS = ("prolog", "epilog")
 RESULTS = ("ok", "refused", "failed")
 REFUSAL_REASONS = ("invalid_share", "private_with_share", "private_without_gpu",
                    "share_without_gpu", "share_on_several_gpus", "share_with_whole_gpus",
-                   "share_mismatch", "root", "other")
+                   "share_mismatch", "user_daemon", "other")
 DRAIN_REASONS = ("device_check", "verify_error", "plan", "no_device", "mps_start",
                    "mps_stop", "internal", "other")
 TIMEOUTS = ("lock", "command", "daemon_start", "daemon_quit")
@@ -65,7 +65,7 @@ _REFUSALS = (
     ("is invalid: give a whole percent", "invalid_share"),
     ("cannot be combined with whole GPUs", "share_with_whole_gpus"),
     ("ask for different shares", "share_mismatch"),
-    ("never run as root", "root"),
+    ("the job's user ", "user_daemon"),  # MpsUserError: what they did to their own daemon
 )
 # The NodeErrors of gpushare.node.job, by the start of their message.
 _FAILURES = (

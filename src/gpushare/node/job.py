@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, 
 from gpushare.common.log import get_logger
 from gpushare.node import counters, ticket
 from gpushare.node.config import PluginConfig, beside_slurm_conf
-from gpushare.node.mps import MpsDevice, MpsError, MpsManager, limits_for
+from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, limits_for
 from gpushare.node.phases import Phases
 from gpushare.node.state import JobRecord, JobStore
 
@@ -112,11 +112,6 @@ def plan_job(request: JobRequest, devices: "Sequence[ResolvedDevice]" = ()) -> J
     asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
     granted = request.slurm_share
     gpus = request.slurm_gpus
-    if request.uid == 0:
-        # A request, not the node, is wrong: the job fails, the node stays in service.
-        raise UserError("MPS daemons never run as root, so a job of root cannot share a GPU "
-                        "(--gres=mps, --gpu-share, --gpu-mps); submit it as a normal user, "
-                        "or ask for whole GPUs (--gres=gpu:N) without sharing")
     if request.private_mps:
         if granted is not None or asked is not None:
             raise UserError("--gpu-mps runs a private MPS daemon over whole GPUs; it cannot be "
@@ -311,10 +306,7 @@ def prolog(config: PluginConfig, request: JobRequest,
     ``phases`` is told where the time went."""
     phases = phases or Phases()
     sharing = uses_sharing(request)
-    # root's shared job is refused before the devices are checked: a refusal of the request
-    # must never become a drain of the node on what the check finds.
-    checked = (verify_devices(config, request, phases)
-               if not (sharing and request.uid == 0) else CheckedDevices([]))
+    checked = verify_devices(config, request, phases)
     devices = checked.devices
     phases.done("verify")
     if not sharing:
@@ -351,6 +343,13 @@ def prolog(config: PluginConfig, request: JobRequest,
                                 daemon_devices, mode=record.mode,
                                 share_percent=record.share_percent, phases=phases,
                                 caps_later=True)
+    except MpsUserError as err:
+        # What the job's user did to their own daemon: their job fails, the node stays.
+        record.mode, record.error = "error", str(err)
+        store.write(record)
+        log.warning("MPS for job %s refused: %s", record.job_id, err)
+        counters.refused(str(err))
+        return record
     except MpsError as err:
         raise NodeError(f"MPS for job {record.job_id}: {err}", drain=True,
                         brief=err.brief) from None

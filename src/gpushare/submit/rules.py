@@ -8,8 +8,9 @@ depends on the array index: slurmctld calls job_submit once per array.
 
 Order of checks (the first problem wins, so a user fixes one thing at a time):
 GRES syntax, the gpushare options, GPU/MIG types (an untyped GPU gets the type the plan's
-``untyped_gpu`` policy gives), shares, private MPS, MPS for root, then ``--switches`` (from
-the NVLink domains of the GPU type asked for).
+``untyped_gpu`` policy gives), shares, private MPS, then ``--switches`` (from the NVLink
+domains of the GPU type asked for). root shares as any user does: its jobs get a daemon of
+root's own on the node.
 """
 
 from __future__ import annotations
@@ -428,11 +429,6 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
         raise _reject(flag, f"asks for {mps_total / units:g} GPUs of MPS; a share must fit on "
                       f"one GPU (at most mps:{units})",
                       f"for more, ask for whole GPUs: --gres=gpu:{-(-mps_total // units)}")
-    if _number(job.get("user_id")) == 0 and (is_share or private_mps):
-        flag = "--gpu-mps" if private_mps else _share_flag(mps_items, share_text)
-        raise _reject(flag, "runs under an MPS daemon, and MPS daemons never run as root",
-                      "submit the job as a normal user (root may use whole GPUs without "
-                      "--gpu-mps)")
     if share_units is not None and not mps_items:
         items = fields.get("tres_per_node", [])
         prefix = next((it.prefix for it in items if it.is_gres and it.prefix),

@@ -170,14 +170,16 @@ def test_every_refusal_of_the_core_has_its_reason():
                                                 env={"SLURM_JOB_GPUS": "0"}),
         "share_mismatch": job.JobRequest(1, 1000, 1000, "n1", gpu_share="20", env={
             "SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}),
-        "root": job.JobRequest(1, 0, 0, "n1", env={
-            "SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}),
     }
     for reason, request in cases.items():
         with pytest.raises(job.UserError) as err:
             job.plan_job(request)
         assert counters.refusal_reason(str(err.value)) == reason, err.value
-    assert set(cases) | {"other"} == set(counters.REFUSAL_REASONS)
+    # MpsUserError: what the job's user did to their own daemon (manager._check_control_at)
+    tampered = ("MPS control daemon k: /run/gpushare/mps/k/pipe/control is a FIFO, not the "
+                "daemon's socket; the job's user put it there. Stop what runs ...")
+    assert counters.refusal_reason(tampered) == "user_daemon"
+    assert set(cases) | {"user_daemon", "other"} == set(counters.REFUSAL_REASONS)
 
 
 def test_drain_reasons_of_the_core_messages():

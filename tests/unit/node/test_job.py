@@ -45,11 +45,13 @@ def test_gpu_share_beside_whole_gpus_is_refused_as_the_hooks_do():
         job.plan_job(request(gpu_share="25", env={"SLURM_JOB_GPUS": "0"}))
 
 
-@pytest.mark.parametrize("extra", [dict(gpu_share="25"), dict(private_mps=True), dict()])
-def test_root_never_shares_and_the_refusal_is_the_jobs_not_the_nodes(extra):
+@pytest.mark.parametrize("extra", [dict(gpu_share="25"), dict()])
+def test_roots_shared_job_is_planned_as_anyones(extra):
+    """Slurm's own MPS tests run as root: root's share gets its own daemon (of root's,
+    reachable by root alone) like any user's."""
     env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
-    with pytest.raises(job.UserError, match="never run as root"):
-        job.plan_job(request(uid=0, gid=0, env=env, **extra))
+    rec = job.plan_job(request(uid=0, gid=0, env=env, **extra))
+    assert (rec.uid, rec.mode, rec.share_percent, rec.error) == (0, "shared", 25, "")
 
 
 @pytest.mark.parametrize("value", ["0", "101", "abc", "", "-5", "2.5"])
@@ -241,18 +243,17 @@ def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, mo
     assert job.lost_jobs(config, store, "n1", force=True, squeue=str(script)) == set()
 
 
-def test_roots_shared_job_is_refused_before_its_devices_are_checked(tmp_path):
-    """A device the check would fail (here: no inventory at all) must not turn root's
-    refused request into a drain."""
+def test_roots_shared_job_has_its_devices_checked_as_anyones(tmp_path):
+    """A device the check fails (here: no inventory at all) is the node's fault for root's
+    shared job too."""
     from gpushare.node.config import parse_plugin_args
 
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=strict",
                                 "inventory=sim:/nonexistent/profile.json"])
     env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
-    rec = job.prolog(config, request(uid=0, gid=0, env=env))
-    assert rec is not None and "never run as root" in rec.error
-    with pytest.raises(job.NodeError):  # the same devices for another user: a node problem
-        job.prolog(config, request(env=env))
+    for uid in (0, 1000):
+        with pytest.raises(job.NodeError):
+            job.prolog(config, request(uid=uid, gid=uid, env=env))
 
 
 def test_a_squeue_others_can_replace_is_never_run(tmp_path):
