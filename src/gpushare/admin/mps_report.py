@@ -39,6 +39,7 @@ class DaemonView(NamedTuple):
     pipe_dir: str = ""
     problems: tuple[str, ...] = ()
     gpu_indexes: tuple[int, ...] = ()  # NVML index of each device's (parent) GPU
+    cgroup: str = ""  # where the running daemon runs (its cgroup v2 path), for its caps
 
     def to_dict(self) -> dict[str, Any]:
         data = self._asdict()
@@ -112,6 +113,11 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
                         "drops them now, as the node's next shared job would within "
                         "minutes")
     devices = rec.devices
+    cgroup = ""
+    if status == "running" and pid:
+        from gpushare.node.mps.isolation import cgroup_of
+
+        cgroup = cgroup_of(pid)
     return DaemonView(
         key=key, status=status, mode=rec.mode, uid=rec.uid, user=_user_name(rec.uid),
         devices=tuple(d.label or f"GPU {d.gpu_index}" for d in devices),
@@ -121,7 +127,7 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
         cap_percent=None if rec.caps is None else rec.caps.percent,
         mem_limits=() if rec.caps is None else tuple(sorted(rec.caps.mem)),
         pipe_dir=rec.pipe_dir, problems=tuple(problems),
-        gpu_indexes=tuple(d.gpu_index for d in devices),
+        gpu_indexes=tuple(d.gpu_index for d in devices), cgroup=cgroup,
     )
 
 

@@ -74,7 +74,7 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
     if not views:
         return head
     rows = [["DAEMON", "STATUS", "PID", "UP", "USER", "MODE", "DEVICES", "JOBS (SHARE)",
-             "CAP"]]
+             "CAP", "CGROUP"]]
     for view in views:
         cap = "-" if view.cap_percent is None else f"{view.cap_percent}%"
         if view.mem_limits:
@@ -83,6 +83,7 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
             view.key, view.status, str(view.daemon_pid or "-"), _age(view.started_at, now),
             view.user or "-", view.mode or "-", ",".join(view.devices) or "-",
             " ".join(f"{job}:{share}%" for job, share in view.jobs) or "-", cap,
+            view.cgroup or "-",
         ])
     lines = [head, "", *text_table(rows)]
     for view in views:

@@ -267,3 +267,24 @@ def test_roots_shared_job_gets_a_daemon_no_one_else_can_reach(bed, users):
     finally:
         assert mgr.release(7) == [lease.key]
     assert not alive(lease.daemon_pid)
+
+
+def test_gpushare_mps_shows_where_each_daemon_runs(users, cgroup_parent):
+    from gpushare.admin.mps_report import inspect_daemons
+    from gpushare.cli.mps import format_views
+
+    u1 = users[0]
+    made = Bed(cgroup=cgroup_parent)
+    try:
+        mgr = made.manager()
+        lease = mgr.acquire(1, u1.pw_uid, u1.pw_gid, [GPU0], share_percent=25)
+        (view,) = inspect_daemons(made.config)
+        assert view.status == "running"
+        assert view.cgroup == isolation.cgroup_of(lease.daemon_pid)
+        assert view.cgroup.endswith(f"/{os.path.basename(cgroup_parent)}/{lease.key}")
+        table = format_views([view], made.config.state_dir, "test").splitlines()
+        assert table[2].split()[-1] == "CGROUP" and table[3].split()[-1] == view.cgroup
+        assert view.to_dict()["cgroup"] == view.cgroup
+        assert mgr.release(1) == [lease.key]
+    finally:
+        made.close()
