@@ -443,12 +443,16 @@ def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: 
 # lock per GPU of its job shared, by Slurm's index, or the node's when it cannot tell them.
 EPILOGS_LOCK = "epilogs.lock"
 GPU_EPILOGS_LOCK = "epilogs.gpu{}.lock"
+# How long a worker, a task or an epilog waits for a worker: WAIT_LIMIT_TIMEOUTS times
+# timeout= plus WAIT_LIMIT_MARGIN seconds. spank/build.py hands these names to the C glue.
+WAIT_LIMIT_TIMEOUTS = 4
+WAIT_LIMIT_MARGIN = 5.0
 
 
 def epilog_wait_limit(config: PluginConfig) -> float:
     """How long a worker waits for another: its commands are each bounded by timeout=, and it
-    runs at most a few of them (the C glue's gs_wait_limit)."""
-    return 4 * config.timeout + 5
+    runs at most a few of them (the C glue's gs_wait_limit uses the same constants)."""
+    return WAIT_LIMIT_TIMEOUTS * config.timeout + WAIT_LIMIT_MARGIN
 
 
 def wait_for_epilogs(config: PluginConfig, gpus: "Sequence[str]" = ()) -> None:

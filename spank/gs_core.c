@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
+/*
+ * The Python core (spank_gpushare_core.so, next to this plugin): loaded with dlopen() only
+ * when a job needs it and never inside slurmd, after the library and everything below
+ * pythonpath= are found out of every user's reach. The SPANK calls the core makes are lent
+ * to it through struct gs_host (gs_host.h).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "gs_host.h"
+#include "gs_internal.h"
+
+#define GS_TREE_MAX_ENTRIES 20000
+
+static gs_core_dispatch_f gs_core_dispatch = NULL;
+static int gs_core_failed = 0;
+
+/* The core lives next to this plugin: <dir of spank_gpushare.so>/GS_CORE_NAME. */
+static int gs_core_path(char *path, size_t size)
+{
+    Dl_info info;
+    const char *slash;
+
+    if (!dladdr((void *)&gs_core_path, &info) || !info.dli_fname)
+        return -1;
+    slash = strrchr(info.dli_fname, '/');
+    if (!slash)
+        return snprintf(path, size, "%s", GS_CORE_NAME) < (int)size ? 0 : -1;
+    return snprintf(path, size, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
+                    GS_CORE_NAME) < (int)size ? 0 : -1;
+}
+
+
+static const char *gs_tree_what;
+static int gs_tree_entries;
+
+static int gs_tree_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)ftw;
+    if (++gs_tree_entries > GS_TREE_MAX_ENTRIES) {
+        slurm_error("gpushare: refusing %s: more than %d entries below it; point "
+                    "pythonpath= at a directory holding only gpushare and what it imports",
+                    gs_tree_what, GS_TREE_MAX_ENTRIES);
+        return -1;
+    }
+    if (type == FTW_SL || type == FTW_SLN) {
+        slurm_error("gpushare: refusing %s: %s is a symbolic link; install real files there",
+                    gs_tree_what, path);
+        return -1;
+    }
+    if (type == FTW_NS || type == FTW_DNR) {
+        slurm_error("gpushare: refusing %s: cannot read %s", gs_tree_what, path);
+        return -1;
+    }
+    if (gs_untrusted(st, 0))
+        return gs_refuse(gs_tree_what, path, st, "chown -R root and chmod -R go-w the "
+                         "pythonpath= directory");
+    return 0;
+}
+
+/* The pythonpath= directory: its parents, itself and everything below it. */
+static int gs_check_pythonpath(void)
+{
+    char real[PATH_MAX];
+
+    if (!gs_pythonpath[0])
+        return 0;
+    if (!realpath(gs_pythonpath, real)) {
+        slurm_error("gpushare: plugstack argument pythonpath=%s: %m (install gpushare's "
+                    "Python package there, or fix the path)", gs_pythonpath);
+        return -1;
+    }
+    gs_tree_what = "pythonpath=";
+    gs_tree_entries = 0;
+    if (gs_check_parents("pythonpath=", real) < 0)
+        return -1;
+    return nftw(real, gs_tree_entry, 16, FTW_PHYS) == 0 ? 0 : -1;
+}
+
+/* The core library that is about to be loaded, and the directories above it. */
+static int gs_check_core(const char *path)
+{
+    char real[PATH_MAX];
+    struct stat st;
+
+    if (!realpath(path, real) || stat(real, &st) < 0) {
+        slurm_error("gpushare: cannot load the Python core %s: %m (install it next to "
+                    "spank_gpushare.so)", path);
+        return -1;
+    }
+    if (gs_untrusted(&st, 0))
+        return gs_refuse("the Python core", real, &st, "chown root and chmod go-w it");
+    return gs_check_parents("the Python core", real);
+}
+
+/* The core library and pythonpath=, checked before anything of them is loaded. */
+int gs_core_trusted(char *path, size_t size)
+{
+    if (gs_core_path(path, size) < 0) {
+        slurm_error("gpushare: cannot find the directory of spank_gpushare.so");
+        return -1;
+    }
+    if (gs_check_core(path) < 0 || gs_check_pythonpath() < 0)
+        return -1;
+    return 0;
+}
+
+static int gs_load_core(spank_t sp)
+{
+    char path[PATH_MAX];
+    gs_core_start_f start;
+    void *handle;
+
+    if (gs_core_dispatch)
+        return 0;
+    if (gs_core_failed)
+        return -1;
+    if (spank_context() == S_CTX_SLURMD) {
+        slurm_error("gpushare: refusing to start Python inside slurmd");
+        return -1;
+    }
+    gs_core_failed = 1; /* until it has loaded */
+    if (gs_core_trusted(path, sizeof(path)) < 0)
+        return -1;
+    /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
+    handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+        slurm_error("gpushare: cannot load the Python core %s: %s (install it next to "
+                    "spank_gpushare.so)", path, dlerror());
+        return -1;
+    }
+    start = (gs_core_start_f)dlsym(handle, "gpushare_core_start");
+    gs_core_dispatch = (gs_core_dispatch_f)dlsym(handle, "gpushare_core_dispatch");
+    if (!start || !gs_core_dispatch) {
+        slurm_error("gpushare: %s is not gpushare's core (missing symbols)", path);
+        gs_core_dispatch = NULL;
+        return -1;
+    }
+    if (start() != 0) {
+        gs_core_dispatch = NULL;
+        return -1;
+    }
+    gs_core_failed = 0;
+    gs_debug(sp, "python=start");
+    return 0;
+}
+
+
+static int gs_job_ids(void *handle, uint32_t *job_id, uint32_t *uid, uint32_t *gid)
+{
+    spank_t sp = (spank_t)handle;
+    uid_t u;
+    gid_t g;
+
+    if (spank_get_item(sp, S_JOB_ID, job_id) != ESPANK_SUCCESS)
+        return -1;
+    if (spank_get_item(sp, S_JOB_UID, &u) != ESPANK_SUCCESS)
+        return -1;
+    if (spank_get_item(sp, S_JOB_GID, &g) != ESPANK_SUCCESS)
+        return -1;
+    *uid = (uint32_t)u;
+    *gid = (uint32_t)g;
+    return 0;
+}
+
+
+/* Run one callback in the core; any failure becomes a logged error and a -1. */
+int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
+{
+    struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt};
+    int rc;
+
+    if (gs_load_core(sp) < 0)
+        return -1;
+    rc = gs_core_dispatch(callback, &host, ac, av);
+    gs_debug(sp, "cb=%s python rc=%d", callback, rc);
+    return rc;
+}

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
+/*
+ * What the C glue says: one line per decision in the admin's debug_log=, the core's log
+ * lines to slurmd's log (lent through struct gs_host), and the counters of the callbacks
+ * done without Python (folded by gpushare.node.counters).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gs_host.h"
+#include "gs_internal.h"
+
+static const char *gs_ctx_name(void)
+{
+    switch (spank_context()) {
+    case S_CTX_LOCAL: return "local";
+    case S_CTX_REMOTE: return "remote";
+    case S_CTX_ALLOCATOR: return "allocator";
+    case S_CTX_SLURMD: return "slurmd";
+    case S_CTX_JOB_SCRIPT: return "job_script";
+    default: return "error";
+    }
+}
+
+/* One line per decision, appended to the admin-chosen debug_log (never a symlink). */
+void gs_debug(spank_t sp, const char *fmt, ...)
+{
+    char line[1024];
+    int off, fd;
+    uint32_t job_id = 0;
+    va_list ap;
+    struct timespec now;
+
+    if (!gs_debug_log[0])
+        return;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (sp)
+        (void)spank_get_item(sp, S_JOB_ID, &job_id);
+    off = snprintf(line, sizeof(line), "%ld.%06ld pid=%d uid=%d ctx=%s job=%u ",
+                   (long)now.tv_sec, now.tv_nsec / 1000L, (int)getpid(), (int)getuid(),
+                   gs_ctx_name(), job_id);
+    va_start(ap, fmt);
+    vsnprintf(line + off, sizeof(line) - off - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    fd = open(gs_debug_log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    if (write(fd, line, strlen(line)) < 0) {
+        /* a debug line is best effort */
+    }
+    close(fd);
+}
+
+/* A line of the core for slurmd's log, at its level (gs_host.h). */
+void gs_log(int level, const char *msg)
+{
+    switch (level) {
+    case GS_LOG_ERROR: slurm_error("%s", msg); break;
+    case GS_LOG_INFO: slurm_info("%s", msg); break;
+    case GS_LOG_VERBOSE: slurm_verbose("%s", msg); break;
+    case GS_LOG_USER: slurm_spank_log("%s", msg); break;
+    default: slurm_debug("%s", msg); break;
+    }
+}
+
+/* A prolog or epilog done here is counted as the Python callbacks are
+ * (gpushare.node.counters folds counters.fast into counters.json under the same lock): a
+ * line "<prolog|epilog> <microseconds>", and "note <counter>" for what it did. */
+static void gs_count_lines(const char *lines)
+{
+    char path[PATH_MAX + 32];
+    int lock_fd, fd, len = (int)strlen(lines);
+    struct stat st;
+
+    snprintf(path, sizeof(path), "%s/counters.json", gs_state_dir);
+    lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (lock_fd < 0)
+        return;
+    if (fstat(lock_fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+        gs_flock_until(lock_fd, LOCK_EX, gs_now() + 1.0) == 0) {
+        snprintf(path, sizeof(path), "%s/counters.fast", gs_state_dir);
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            if (write(fd, lines, len) != len) {
+                /* a count is best effort, as in Python */
+            }
+            close(fd);
+        }
+    }
+    close(lock_fd);
+}
+
+/* One callback done here, with "note <counter>" lines (gpushare.node.counters.FAST_NOTES)
+ * after it. */
+void gs_count_fast(const char *callback, double seconds, const char *notes)
+{
+    char lines[160];
+
+    snprintf(lines, sizeof(lines), "%s %ld\n%s", callback, (long)(seconds * 1e6), notes);
+    gs_count_lines(lines);
+}
