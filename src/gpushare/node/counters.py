@@ -52,7 +52,7 @@ REFUSAL_REASONS = ("invalid_share", "private_with_share", "private_without_gpu",
                    "share_without_gpu", "share_on_several_gpus", "share_with_whole_gpus",
                    "share_mismatch", "user_daemon", "other")
 DRAIN_REASONS = ("device_check", "verify_error", "plan", "no_device", "mps_start",
-                   "mps_stop", "internal", "other")
+                   "mps_stop", "state_dir_full", "internal", "other")
 TIMEOUTS = ("lock", "command", "daemon_start", "daemon_quit")
 EVENTS = ("mps_daemon_starts", "mps_stop_failures", "mps_reaped_references")
 
@@ -72,6 +72,7 @@ _FAILURES = (
     ("ownership plan ", "plan"),
     ("cannot verify the job's GPUs", "verify_error"),
     ("MPS for job ", "mps_start"),
+    ("no space left in state_dir=", "state_dir_full"),
 )
 
 _notes: list[str] = []

@@ -145,7 +145,13 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         counters.failed(name, str(err))
         _failed(name, spank, config, err.brief, str(err))
         return -1
-    except Exception:
+    except Exception as err:
+        full = state_dir_full(config, err)
+        if full:
+            logger.error("%s: %s", name, full)
+            counters.failed(name, full)
+            _failed(name, spank, config, f"state_dir= full: {config.state_dir}", full)
+            return -1
         logger.exception("%s: internal error", name)
         counters.failed(name, "")
         _failed(name, spank, config, f"internal error in {name}, see slurmd's log",
@@ -157,6 +163,24 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         # nothing imported it, there is only this one.
         threading = sys.modules.get("threading")
         logger.debug("%s done, threads=%d", name, threading.active_count() if threading else 1)
+
+
+def state_dir_full(config: PluginConfig, err: BaseException) -> str:
+    """What to tell the admin and the job when ``err`` (or what caused it) says the state
+    directory's file system is full or over quota; "" for any other error."""
+    import errno
+
+    seen: Optional[BaseException] = err
+    while seen is not None and not (isinstance(seen, OSError) and seen.errno in (
+            errno.ENOSPC, errno.EDQUOT)):
+        seen = seen.__cause__ or seen.__context__
+    if not isinstance(seen, OSError):
+        return ""
+    err = seen
+    where = f" ({err.filename})" if err.filename else ""
+    return (f"no space left in state_dir= {config.state_dir}{where}: {err.strerror}; free "
+            "it (`gpushare check` says what fills it; the users' MPS directories belong on "
+            "a mount of their own, see docs/admin.md)")
 
 
 def _failed(name: str, spank: Spank, config: Optional[PluginConfig], reason: str,

@@ -1,0 +1,309 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The Debian package: built by `make deb` with debhelper, lintian-clean, and complete:
+installed with apt on this machine (Debian 12, or the Debian 13 root of
+tests/release_root.py), its own plugins in Debian's Slurm plugin directory, its Python, its
+job_submit plugin and its command run a real Slurm's shared and multi-node jobs, with
+nothing taken from the repository; then purged, leaving nothing behind.
+
+Installing touches this machine's /usr and /etc: like every test that starts Slurm, this one
+runs under the shared lock, and it purges the package again (also when a test fails)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import gpushare
+import slurmbed
+
+pytestmark = pytest.mark.slurm
+
+USER = slurmbed.TEST_USERS[0]
+BUILD_DEB = os.path.join(slurmbed.REPO, "scripts", "build_deb.sh")
+# A bed beside the session one: its own root, ports (+80) and node names (cgroups).
+ROOT = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed") + "-deb"
+PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200")) + 80
+PREFIX = "deb"
+PACKAGE = "gpushare"
+PYTHONDIR = "/usr/share/gpushare/python"
+CONFFILE = "/etc/slurm/plugstack.conf.d/gpushare.conf"
+PLUGINS = ("spank_gpushare.so", "spank_gpushare_core.so", "job_submit_gpushare.so")
+# Appended to dpkg-buildflags' CFLAGS and LDFLAGS for the test build, so the packaged plugins
+# show that both reached the compiler and the linker: -frecord-gcc-switches leaves a
+# .GCC.command.line section, -z origin the ORIGIN dynamic flag.
+CFLAGS_PROBE = "-frecord-gcc-switches"
+LDFLAGS_PROBE = "-Wl,-z,origin"
+# Directories only the package puts files in: empty or gone after the purge.
+OWN_DIRS = ("/usr/share/gpushare", "/usr/share/doc/gpushare")
+
+
+def multiarch() -> str:
+    return subprocess.run(["dpkg-architecture", "-qDEB_HOST_MULTIARCH"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def plugin_dir() -> str:
+    """Debian's Slurm plugin directory: where slurm-wlm-basic-plugins puts Slurm's own."""
+    return f"/usr/lib/{multiarch()}/slurm-wlm"
+
+
+def installed_slurm_version() -> tuple[int, int, int]:
+    with open("/usr/include/slurm/slurm_version.h") as handle:
+        number = int(re.search(r"#define SLURM_VERSION_NUMBER (0x[0-9a-fA-F]+)",
+                               handle.read()).group(1), 16)
+    return number >> 16 & 255, number >> 8 & 255, number & 255
+
+
+def dpkg_buildflag(name: str) -> str:
+    return subprocess.run(["dpkg-buildflags", "--get", name], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def is_installed() -> bool:
+    result = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", PACKAGE],
+                            capture_output=True, text=True)
+    return result.returncode == 0 and result.stdout.strip() not in ("", "un")
+
+
+def apt_get(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["apt-get", "-y", "-q", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+
+
+def own_files() -> list[str]:
+    """Files left in the package's own directories."""
+    return [os.path.join(top, name) for own in OWN_DIRS
+            for top, _dirs, names in os.walk(own) for name in names]
+
+
+@pytest.fixture(scope="module")
+def built():
+    """`scripts/build_deb.sh --lint` with probe flags: the .deb and the script's result."""
+    if os.geteuid() != 0:
+        pytest.skip("building, installing and the local Slurm need root")
+    env = dict(os.environ, DEB_CFLAGS_APPEND=CFLAGS_PROBE, DEB_LDFLAGS_APPEND=LDFLAGS_PROBE)
+    result = subprocess.run([BUILD_DEB, "--lint"], capture_output=True, text=True, timeout=900,
+                            env=env)
+    debs = [line for line in result.stdout.splitlines() if line.endswith(".deb")]
+    assert len(debs) == 1 and os.path.exists(debs[0]), result.stdout + result.stderr
+    return debs[0], result
+
+
+def deb_field(deb: str, field: str) -> str:
+    return subprocess.run(["dpkg-deb", "-f", deb, field], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def deb_files(deb: str) -> list[str]:
+    listing = subprocess.run(["dpkg-deb", "-c", deb], capture_output=True, text=True,
+                             check=True).stdout
+    return [line.split(None, 5)[5].lstrip(".") for line in listing.splitlines()]
+
+
+def test_lintian_reports_no_error_or_warning(built):
+    _deb, result = built
+    assert result.returncode == 0, result.stdout + result.stderr
+    tags = [line for line in result.stdout.splitlines() if re.match(r"[EW]: ", line)]
+    assert tags == [], result.stdout
+
+
+def test_package_holds_the_product_and_no_test_parts(built):
+    files = deb_files(built[0])
+    plugins = plugin_dir()
+    for wanted in (f"{plugins}/spank_gpushare.so", f"{plugins}/spank_gpushare_core.so",
+                   f"{plugins}/job_submit_gpushare.so", "/usr/bin/gpushare",
+                   "/usr/bin/gpushare-check", f"{PYTHONDIR}/gpushare/node/job.py",
+                   f"{PYTHONDIR}/gpushare/admin/templates/gres.conf.j2",
+                   f"{PYTHONDIR}/pynvml.py", f"{PYTHONDIR}/hostlist.py",
+                   "/usr/share/gpushare/job_submit.lua", "/usr/share/man/man1/gpushare.1.gz",
+                   "/usr/share/doc/gpushare/admin.md", CONFFILE):
+        assert wanted in files, wanted
+    units = [f for f in files if f.endswith(("/gpushare-metrics.service",
+                                             "/gpushare-metrics.timer"))]
+    assert len(units) == 2 and all("/systemd/system/" in f for f in units), units
+    assert not [f for f in files if "/profiles" in f or "mps_standin" in f
+                or "nvidia-cuda-mps-control" in f or f.endswith(".pyc")], files
+    conffiles = subprocess.run(["dpkg-deb", "--info", built[0], "conffiles"],
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert conffiles == [CONFFILE]
+
+
+def test_package_depends_on_the_slurm_release_and_debian_python(built):
+    major, minor, _micro = installed_slurm_version()
+    depends = [d.strip() for d in deb_field(built[0], "Depends").split(",")]
+    assert f"slurm-wlm-basic-plugins (>= {major}.{minor:02d})" in depends, depends
+    assert f"slurm-wlm-basic-plugins (<< {major}.{minor + 1:02d}~)" in depends, depends
+    for name in ("python3-cffi-backend", "python3-jinja2", "python3-yaml"):
+        assert name in depends, (name, depends)
+    # The embedded interpreter's library, found by dpkg-shlibdeps.
+    assert any(d.startswith("libpython3.") for d in depends), depends
+
+
+def test_version_names_the_slurm_release(built):
+    """Packages for two Slurm releases never share a version."""
+    major, minor, _micro = installed_slurm_version()
+    version = f"{gpushare.__version__}-1+slurm{major}.{minor:02d}"
+    assert deb_field(built[0], "Version") == version
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert os.path.basename(built[0]) == f"gpushare_{version}_{arch}.deb"
+
+
+def test_packaged_plugins_are_hardened_and_built_with_dpkg_buildflags(built, tmp_path):
+    subprocess.run(["dpkg-deb", "-x", built[0], str(tmp_path)], check=True)
+    for name in PLUGINS:
+        plugin = os.path.join(str(tmp_path), plugin_dir().lstrip("/"), name)
+        dynamic, _headers = slurmbed.assert_hardened(plugin)
+        assert re.search(r"\(FLAGS_1\)\s.*\bNOW\b", dynamic), (name, dynamic)
+        # dpkg-buildflags' LDFLAGS reached the linker, its CFLAGS the compiler.
+        assert re.search(r"\(FLAGS\)\s.*\bORIGIN\b", dynamic), (name, dynamic)
+        switches = slurmbed.readelf("-p", ".GCC.command.line", plugin)
+        assert "-fstack-protector-strong" in switches, (name, switches)
+        for flag in dpkg_buildflag("CFLAGS").split():
+            if flag.startswith(("-O", "-f", "-m", "-g")) and "=/" not in flag:
+                assert flag in switches.split(), (name, flag, switches)
+
+
+@pytest.fixture(scope="module")
+def installed(built):
+    """The package installed with apt-get on this machine; purged again at the end."""
+    if is_installed():
+        apt_get("purge", PACKAGE)
+    leftover = own_files()
+    assert not leftover, f"files of an earlier gpushare install: {leftover}"
+    result = apt_get("install", "--no-install-recommends", os.path.abspath(built[0]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    try:
+        yield built[0]
+    finally:
+        if is_installed():
+            apt_get("purge", PACKAGE)
+
+
+def test_installed_core_is_root_owned_and_byte_compiled(installed):
+    """What the plugin's own check accepts: root's files, writable by no one else; the
+    bytecode py3compile wrote at install among them."""
+    cached = glob.glob(f"{PYTHONDIR}/gpushare/node/__pycache__/job.*.pyc")
+    assert cached, os.listdir(f"{PYTHONDIR}/gpushare/node")
+    for top, dirs, names in os.walk(PYTHONDIR):
+        for entry in [top, *(os.path.join(top, n) for n in dirs + names)]:
+            status = os.lstat(entry)
+            assert status.st_uid == 0 and not status.st_mode & 0o022, entry
+
+
+def test_units_are_installed_disabled(installed):
+    unit_files = subprocess.run(["dpkg", "-L", PACKAGE], capture_output=True, text=True,
+                                check=True).stdout.split()
+    timer = [f for f in unit_files if f.endswith("/gpushare-metrics.timer")]
+    assert len(timer) == 1 and os.path.isfile(timer[0]), unit_files
+    assert not glob.glob("/etc/systemd/system/*/gpushare-metrics.*"), \
+        glob.glob("/etc/systemd/system/*/gpushare-metrics.*")
+
+
+def test_installed_command_runs_from_the_installed_core(installed):
+    result = subprocess.run(["/usr/bin/gpushare", "--help"], capture_output=True, text=True,
+                            timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert "render" in result.stdout and "check" in result.stdout
+    probe = subprocess.run(["/usr/bin/gpushare", "render", "gres", "--plan", slurmbed.BED_PLAN],
+                           capture_output=True, text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert probe.returncode == 0, probe.stderr
+    assert "Name=gpu" in probe.stdout and "Type=1g.10gb" in probe.stdout
+
+
+def conffile_line() -> str:
+    with open(CONFFILE) as handle:
+        lines = [line.strip() for line in handle if line.strip() and not line.startswith("#")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_conffile_names_the_installed_plugin_and_core(installed):
+    assert conffile_line() == (f"required {plugin_dir()}/spank_gpushare.so "
+                               f"pythonpath={PYTHONDIR}")
+    with open(os.path.join(plugin_dir(), "job_submit_gpushare.so"), "rb") as handle:
+        assert f"PYTHONPATH = ['{PYTHONDIR}']".encode() in handle.read()
+
+
+@pytest.fixture(scope="module")
+def deb_bed(installed):
+    """A bed whose plugstack line is the installed conffile's with the bed's own arguments,
+    and whose slurmctld loads JobSubmitPlugins=gpushare from Debian's default PluginDir."""
+    bed = slurmbed.plan_bed(root=ROOT, port_base=PORT, node_prefix=PREFIX, job_submit="gpushare")
+    args = {k: v for k, v in bed.default_plugin_args().items() if k != "pythonpath"}
+    bed.plugstack = f"{conffile_line()} {' '.join(f'{k}={v}' for k, v in args.items())}\n"
+    bed.start()
+    try:
+        # The repository's build, copied by the bed, must play no part.
+        shutil.rmtree(bed.path("lib"))
+        yield bed
+    finally:
+        bed.stop()
+
+
+def debug_lines_for(bed, job_id: int) -> list[str]:
+    return [line for line in bed.debug_lines() if f" job={job_id} " in line]
+
+
+def test_installed_plugin_runs_a_shared_job(deb_bed):
+    result = deb_bed.run(["srun", "--gres=mps:25", "bash", "-c",
+                          "echo JOB=$SLURM_JOB_ID PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+                          "PIPE=$CUDA_MPS_PIPE_DIRECTORY"], user=USER)
+    values = dict(re.findall(r"(\w+)=(\S*)", result.stdout))
+    assert values["PCT"] == "25", result.stdout
+    assert values["PIPE"].startswith(deb_bed.state_dir), result.stdout
+    # The packaged core ran the job's prolog and epilog (the worker's last word is logged
+    # when it ends, which may be after the task ran).
+    job_id = int(values["JOB"])
+    for done in ("cb=job_prolog python rc=0", "cb=job_epilog python rc=0"):
+        slurmbed.wait_until(f"job {job_id}: {done}", lambda done=done: any(
+            done in line for line in debug_lines_for(deb_bed, job_id)), 120)
+
+
+def test_installed_hook_keeps_a_multi_node_job_in_one_domain(deb_bed):
+    result = deb_bed.run(["srun", "-N2", "--gres=gpu:1", "bash", "-c",
+                          "echo NODE=$SLURMD_NODENAME JOB=$SLURM_JOB_ID"], user=USER)
+    found = re.findall(r"NODE=(\S+) JOB=(\d+)", result.stdout)
+    nodes = {node for node, _job in found}
+    assert nodes in ({f"{PREFIX}1", f"{PREFIX}2"}, {f"{PREFIX}3", f"{PREFIX}4"}), result.stdout
+    info = deb_bed.job(int(found[0][1]))
+    assert info.get("Switches", "").startswith("1@"), info
+
+
+def test_slurmd_logs_the_packaged_gpushare(deb_bed):
+    major, minor, micro = installed_slurm_version()
+    line = f"gpushare {gpushare.__version__} loaded (built for Slurm {major}.{minor:02d}.{micro})"
+    for node in deb_bed.nodes:
+        with open(deb_bed.path("log", f"slurmd-{node.name}.log"), errors="replace") as handle:
+            found = [text for text in handle if "gpushare" in text and " loaded (" in text]
+        assert len(found) == 1 and found[0].rstrip().endswith(line), (node.name, found)
+
+
+def test_remove_keeps_the_edited_conffile_and_purge_leaves_nothing(installed, deb_bed):
+    """Last: remove, then purge, while the bed still runs."""
+    listed = subprocess.run(["dpkg", "-L", PACKAGE], capture_output=True, text=True,
+                            check=True).stdout.split()
+    packaged = [path for path in listed if os.path.isfile(path)]
+    with open(CONFFILE, "a") as handle:
+        handle.write("# a site's edit\n")
+    removed = apt_get("remove", PACKAGE)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    with open(CONFFILE) as handle:
+        assert "# a site's edit" in handle.read()
+    purged = apt_get("purge", PACKAGE)
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert not is_installed()
+    still = subprocess.run(["dpkg", "-L", PACKAGE], capture_output=True, text=True)
+    assert still.returncode != 0 and not still.stdout.strip(), still.stdout
+    assert [path for path in packaged if os.path.lexists(path)] == []
+    assert own_files() == [] and not os.path.exists(PYTHONDIR)
+    assert not os.path.exists(CONFFILE)
+    assert not glob.glob(f"{plugin_dir()}/*gpushare*")
+    assert not glob.glob("/var/lib/systemd/deb-systemd-helper-enabled/**/gpushare*",
+                         recursive=True)
