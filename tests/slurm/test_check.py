@@ -31,6 +31,54 @@ def check(bed, *args: str, profile: str = "") -> subprocess.CompletedProcess[str
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
 
+def mps_dir(bed) -> str:
+    return os.path.join(bed.state_of(NODE), "mps")
+
+
+def mount_mps_dir(bed) -> None:
+    """The node's MPS directories on a small tmpfs of their own, as a site sets them up."""
+    os.makedirs(mps_dir(bed), mode=0o755, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=8m,nr_inodes=4096",
+                    "gpushare-test-mps", mps_dir(bed)], check=True)
+
+
+@pytest.fixture(autouse=True)
+def own_mps_mount(request, bed):
+    """Every test here but the one about it sees the MPS directories set up as they should
+    be: on a file system apart from root's state."""
+    if request.node.name.startswith("test_mps_dirs_beside_roots_state"):
+        yield
+        return
+    mount_mps_dir(bed)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", mps_dir(bed)], check=True)
+
+
+def test_mps_dirs_beside_roots_state_are_a_warning_until_mounted_apart(clean_bed):
+    """What users write in their MPS directories must not fill root's records: check warns
+    while they share a file system, and, as root, reports a nearly full one."""
+    os.makedirs(mps_dir(clean_bed), mode=0o755, exist_ok=True)
+    report = json.loads(check(clean_bed, "--json").stdout)
+    shared = [f for f in report["findings"] if f["where"] == mps_dir(clean_bed)]
+    assert len(shared) == 1 and shared[0]["severity"] == "warning", report
+    assert "share a file system with root's job records" in shared[0]["what"]
+    assert "run-gpushare-mps.mount" in shared[0]["fix"]
+    mount_mps_dir(clean_bed)
+    try:
+        report = json.loads(check(clean_bed, "--json").stdout)
+        assert [f for f in report["findings"] if f["where"] == mps_dir(clean_bed)] == []
+        filler = os.path.join(mps_dir(clean_bed), "filler")
+        with open(filler, "wb") as handle:
+            handle.write(b"\0" * ((8 << 20) - (1 << 19)))  # all but 512 KiB of 8 MiB
+        report = json.loads(check(clean_bed, "--json").stdout)
+        (low,) = [f for f in report["findings"] if f["where"] == mps_dir(clean_bed)]
+        assert "less than 10% of its space free" in low["what"], low
+    finally:
+        subprocess.run(["umount", mps_dir(clean_bed)], check=True)
+
+
 @pytest.fixture
 def wrong_profile(clean_bed, tmp_path):
     """n5's profile with one of GPU 0's 1g.10gb slices (Slurm's) recreated as 2g.20gb."""

@@ -36,6 +36,7 @@ __all__ = [
     "check_gres_all_nodes",
     "check_node",
     "check_release",
+    "check_state_space",
     "drain_node",
     "drain_reason",
     "exit_status",
@@ -70,6 +71,51 @@ def check_release(plan: Plan, running: Optional[str], controller: bool) -> list[
 
 # --------------------------------------------------------------------------------------------
 # One node
+
+
+# Below this share of its blocks or inodes free, a state file system is reported.
+_LOW_FREE = 0.1
+
+
+def check_state_space(state_dir: str) -> list[Finding]:
+    """Where the plugin's state lives: the users' MPS directories (``<state_dir>/mps``) on a
+    file system of their own, so that what users write there cannot fill the one holding
+    root's job records, task environments, locks and counters; and neither nearly full."""
+    import os
+
+    findings: list[Finding] = []
+    mps_dir = os.path.join(state_dir, "mps")
+    try:
+        state = os.stat(state_dir)
+    except OSError:
+        return findings  # no shared job ran yet: nothing to look at
+    try:
+        mps = os.stat(mps_dir)
+    except OSError:
+        mps = None
+    if mps is None or mps.st_dev == state.st_dev:
+        findings.append(Finding(
+            WARNING, "the users' MPS pipe and log directories share a file system with "
+            "root's job records, so a user who fills them fails every job's set-up here",
+            mps_dir, "mount a tmpfs of its own there before slurmd starts (size= and "
+            "nr_inodes=; the package ships run-gpushare-mps.mount for /run/gpushare)"))
+    for path, what in ((state_dir, "root's state"), (mps_dir, "the users' MPS directories")):
+        if path == mps_dir and mps is None:
+            continue
+        try:
+            room = os.statvfs(path)
+        except OSError:
+            continue
+        low = [name for name, free, total in (("space", room.f_bavail, room.f_blocks),
+                                              ("inodes", room.f_favail, room.f_files))
+               if total and free < total * _LOW_FREE]
+        if low:
+            findings.append(Finding(
+                WARNING, f"the file system of {what} has less than "
+                f"{_LOW_FREE:.0%} of its {' and '.join(low)} free", path,
+                "find what fills it (du -x, find -xdev); a job whose set-up finds it full "
+                "fails and drains the node with the reason state_dir= full"))
+    return findings
 
 
 def check_node(plan: Plan, node: str, gres: Optional[GresConf] = None,

@@ -113,8 +113,22 @@ def _run(args: argparse.Namespace) -> int:
                                           args.source, "see the message; nvidia-smi should "
                                           "work on the node"))
     findings.extend(check.check_node(plan, node, gres, inventory, args.device_root))
+    findings.extend(_state_findings(node))
     _prepare_for_prologs(args, node, inventory, asked)
     return _report(args, node, findings, args.source)
+
+
+def _state_findings(node: str) -> list[Any]:
+    """Where the plugin's state lives on this node, by its plugstack line (none without
+    one)."""
+    from gpushare.admin import check
+    from gpushare.node.config import ConfigError
+
+    try:
+        config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
+    except ConfigError:
+        return []
+    return check.check_state_space(config.for_node(node).state_dir)
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,
