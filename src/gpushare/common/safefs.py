@@ -12,26 +12,30 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
+import time
 from typing import Optional
 
 __all__ = [
     "UnsafePathError",
     "check_root_owned_file",
+    "discard_tree_at",
     "file_stamp",
     "make_owned_dir",
     "open_dir_at",
     "open_root_dir",
+    "purge_trash_at",
     "read_small_file_at",
     "remove_file_at",
     "remove_tree_at",
+    "trash_entries_at",
     "write_file_atomic",
     "write_file_atomic_at",
 ]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MAX_DEPTH = 64
 
 
 class UnsafePathError(OSError):
@@ -255,30 +259,231 @@ def remove_file_at(dir_fd: int, name: str) -> bool:
     return True
 
 
-def remove_tree_at(parent_fd: int, name: str, _depth: int = 0) -> bool:
+TRASH = ".trash"  # below the directory a discarded tree was in: root's, mode 0700
+PURGE_BUDGET = 20000  # entries one purge removes or looks at before it leaves the rest
+_OPEN_DIRS_MAX = 16  # directories a purge holds open; deeper ones move up to the trash
+_DISCARDS = itertools.count()
+
+
+def remove_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET) -> bool:
     """Remove ``name`` below ``parent_fd`` and all it holds, walking by descriptor.
 
-    A symlink is unlinked, never followed; a directory swapped for a symlink mid-walk
-    makes the open fail instead of escaping. False if ``name`` was absent.
+    A symlink is unlinked, never followed; a directory swapped for a symlink mid-walk is
+    unlinked as the link it has become. Any depth and any kind of entry (FIFO, socket,
+    device) is removed without recursion; after ``budget`` entries, or when a writer
+    still adds entries, what is left stays in the trash beside it (``discard_tree_at``),
+    for the next ``purge_trash_at`` to finish. Never raises for what the tree holds.
+    False if ``name`` was absent.
     """
-    if _depth > _MAX_DEPTH:
-        raise UnsafePathError(f"{name}: directory tree deeper than {_MAX_DEPTH} levels")
+    return discard_tree_at(parent_fd, name, budget)
+
+
+def discard_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET) -> bool:
+    """Take ``name`` below ``parent_fd`` out of every user's reach at once, then purge it.
+
+    A directory is renamed into ``<parent>/.trash/`` (root's, 0700, the same filesystem),
+    so it is gone from its place in one step whatever it holds or whoever still writes
+    into it; ``purge_trash_at`` then removes it by descriptor, at most ``budget`` entries
+    per call. Anything else is unlinked. False if ``name`` was absent.
+    """
     try:
         st = os.lstat(name, dir_fd=parent_fd)
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=parent_fd)
-        return True
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    try:
-        for entry in list(os.scandir(fd)):
-            if entry.is_dir(follow_symlinks=False):
-                remove_tree_at(fd, entry.name, _depth + 1)
-            else:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(name, dir_fd=parent_fd)
+            return True
+    for _ in range(3):  # another purge may remove the empty trash between open and rename
+        trash_fd = _open_trash(parent_fd)
+        try:
+            try:
+                os.rename(name, _trash_name(name), src_dir_fd=parent_fd, dst_dir_fd=trash_fd)
+            except FileNotFoundError:
+                if not _lexists_at(parent_fd, name):
+                    return False
+                continue
+            except NotADirectoryError:  # swapped for a file or link since the lstat
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.name, dir_fd=fd)
+                    os.unlink(name, dir_fd=parent_fd)
+                return True
+            _purge_then_tidy(parent_fd, trash_fd, budget)
+            return True
+        finally:
+            os.close(trash_fd)
+    raise FileNotFoundError(errno.ENOENT, f"cannot move {name} into {TRASH}")
+
+
+def purge_trash_at(parent_fd: int, budget: int = PURGE_BUDGET) -> bool:
+    """Go on removing what ``discard_tree_at`` moved into ``<parent>/.trash/``, at most
+    ``budget`` entries; True when the trash is empty (or absent)."""
+    try:
+        trash_fd = open_dir_at(parent_fd, TRASH, TRASH, root_owned=True)
+    except FileNotFoundError:
+        return True
+    try:
+        return _purge_then_tidy(parent_fd, trash_fd, budget)
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
+        os.close(trash_fd)
+
+
+def _purge_then_tidy(parent_fd: int, trash_fd: int, budget: int) -> bool:
+    """``_purge``, then the trash itself once it is empty, so a clean node shows none."""
+    if not _purge(trash_fd, budget):
+        return False
+    with contextlib.suppress(OSError):  # not empty: another discard came in meanwhile
+        os.rmdir(TRASH, dir_fd=parent_fd)
     return True
+
+
+def _lexists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def trash_entries_at(parent_fd: int) -> list[str]:
+    """What waits in ``<parent>/.trash/`` to be purged (``gpushare check`` reports it)."""
+    try:
+        trash_fd = open_dir_at(parent_fd, TRASH, TRASH, root_owned=True)
+    except FileNotFoundError:
+        return []
+    try:
+        return sorted(os.listdir(trash_fd))
+    finally:
+        os.close(trash_fd)
+
+
+def _open_trash(parent_fd: int) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(TRASH, 0o700, dir_fd=parent_fd)
+    fd = open_dir_at(parent_fd, TRASH, TRASH, root_owned=True)
+    if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+        os.fchmod(fd, 0o700)
+    return fd
+
+
+def _trash_name(name: str) -> str:
+    """A name no other discard takes: the tree's name, this process and a clock."""
+    return f"{name[:64]}.{os.getpid()}.{time.monotonic_ns()}.{next(_DISCARDS)}"
+
+
+def _purge(trash_fd: int, budget: int) -> bool:
+    """Remove the trash's entries, each by ``_purge_entry``, within ``budget``; True when
+    nothing is left. Passes repeat while they make progress (a deep tree's lower parts
+    come back to the trash's top); an entry that fails stays for the next purge."""
+    names = os.listdir(trash_fd)
+    while names and budget > 0:
+        for name in names:
+            if budget <= 0:
+                break
+            try:
+                budget = _purge_entry(trash_fd, name, budget)
+            except OSError:
+                budget -= 1  # left in the trash: a later purge tries again
+        left = os.listdir(trash_fd)
+        if set(left) == set(names):
+            return False  # no progress: a writer keeps up, or entries refuse removal
+        names = left
+    return not names
+
+
+def _purge_entry(trash_fd: int, name: str, budget: int) -> int:
+    """Remove ``name`` below ``trash_fd`` depth first with an explicit stack of open
+    directories, never following a link; returns the budget left.
+
+    Every entry is unlinked first and opened as a directory only when the unlink says it
+    is one, so nothing is trusted from a listing a writer may change. A directory deeper
+    than ``_OPEN_DIRS_MAX`` is moved up into the trash and purged as its own entry, so
+    any depth needs a bounded number of descriptors and no recursion. Each directory is
+    listed once per visit, so a wide one costs what it holds, not its square.
+    """
+    stack: list[_Open] = []
+    try:
+        if not _unlink_or_open(trash_fd, name, stack):
+            return budget - 1
+        while stack and budget > 0:
+            top = stack[-1]
+            if top.pending is None:
+                top.pending = os.listdir(top.fd)
+            if top.pending:
+                entry = top.pending.pop()
+                budget -= 1
+                if len(stack) >= _OPEN_DIRS_MAX and _is_dir_at(top.fd, entry):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(entry, _trash_name(entry), src_dir_fd=top.fd,
+                                  dst_dir_fd=trash_fd)
+                else:
+                    _unlink_or_open(top.fd, entry, stack)
+                continue
+            stack.pop()
+            os.close(top.fd)
+            parent_fd = stack[-1].fd if stack else trash_fd
+            try:
+                os.rmdir(top.name, dir_fd=parent_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                # A writer added entries meanwhile: walk it again while the budget lasts.
+                budget -= 1
+                _unlink_or_open(parent_fd, top.name, stack)
+        if len(stack) > 1:
+            # Out of budget deep down: the next purge starts from here, not from the top.
+            with contextlib.suppress(OSError):
+                os.rename(stack[-1].name, _trash_name(stack[-1].name),
+                          src_dir_fd=stack[-2].fd, dst_dir_fd=trash_fd)
+        return budget
+    finally:
+        for held in stack:
+            os.close(held.fd)
+
+
+class _Open:
+    """A directory a purge has open: its descriptor, its name in the one above, and the
+    entries of its listing still to remove (None: not listed yet)."""
+
+    __slots__ = ("fd", "name", "pending")
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd = fd
+        self.name = name
+        self.pending: Optional[list[str]] = None
+
+
+def _unlink_or_open(dir_fd: int, name: str, stack: list[_Open]) -> bool:
+    """Unlink ``name`` (a file, FIFO, socket or link: never followed); when it is a
+    directory, open it onto ``stack`` instead and return True."""
+    for _ in range(3):  # a writer may swap the entry between the two calls
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+            return False
+        except FileNotFoundError:
+            return False
+        except IsADirectoryError:
+            pass
+        except PermissionError:
+            # EPERM is what unlink says for a directory where EISDIR is not given.
+            if not _is_dir_at(dir_fd, name):
+                raise
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                continue  # no longer a directory: unlink what it became
+            raise
+        stack.append(_Open(child, name))
+        return True
+    return False
+
+
+def _is_dir_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except FileNotFoundError:
+        return False
