@@ -82,7 +82,7 @@ _PYTHON_START = re.compile(r"(\d+\.\d+) pid=(\d+) .* python=start$")
 
 
 _FAST = re.compile(r".* job=(\d+) cb=job_(prolog|epilog) python=skip "
-                   r"reason=(joined|started|left-daemon)")
+                   r"reason=(joined|left-daemon)")
 
 
 def fast_epilogs_from_debug_log(lines: list[str]) -> set[int]:
@@ -92,8 +92,7 @@ def fast_epilogs_from_debug_log(lines: list[str]) -> set[int]:
 
 
 def fast_prologs_from_debug_log(lines: list[str]) -> set[int]:
-    """Jobs the C glue joined to their user's daemon, or started one for, without Python (a
-    join or start ticket)."""
+    """Jobs the C glue joined to their user's daemon without Python (a join ticket)."""
     return {int(m[1]) for line in lines for m in [_FAST.match(line)] if m and m[2] == "prolog"}
 
 

@@ -7,14 +7,10 @@ MIG node), configured as docs/admin.md says: the plugin with ``verify=strict`` a
 Every srun is a new job. The cases:
 
   srun true                  no GPU sharing: the plugin's fast path
-  srun --gres=mps:25 true    the first job on its GPU: the user's MPS daemon is started,
-                             and stopped by the epilog; started by the plugin with the
-                             start ticket the last shared job with that share on that GPU
-                             left (every job here comes within seconds of the last)
-  ... by a worker            the same without a start ticket (removed before each run, as
-                             for the first job with a share the GPU has not had lately): a
-                             worker verifies the GPU on the layout NVML gave a job at most
-                             verify_reuse= seconds before, and starts the daemon
+  srun --gres=mps:25 true    the first job on its GPU: the user's MPS daemon is started
+                             by the job's worker, which verifies the GPU on the layout NVML
+                             gave a job at most verify_reuse= seconds before (every job here
+                             comes within seconds of the last), and stopped by the epilog
   ... NVML asked             the same with verify_reuse=0: every job asks NVML, as on a
                              node whose last job ended more than verify_reuse= s before
   ... joining                another job of the same user holds the GPU's daemon: the
@@ -51,15 +47,11 @@ NODE = "n1"
 LUA = os.path.join(slurmbed.REPO, "submit_hooks", "job_submit.lua")
 
 # name, client command without gpushare, with gpushare, needs a holder job, goal, plugstack
-# arguments added to the admin guide's (NO_START_TICKET: removes the start tickets instead)
-NO_START_TICKET = "-"
+# arguments added to the admin guide's
 CASES = (
     ("srun true", ["srun", "-N1", "-w", NODE, "true"], None, False, 1.02, ""),
     ("srun --gres=mps:25 true, first on its GPU",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10, ""),
-    ("... first on its GPU, by a worker",
-     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
-     NO_START_TICKET),
     ("... first on its GPU, NVML asked",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
      "verify_reuse=0"),
@@ -72,24 +64,19 @@ CASES = (
 )
 
 
-def settle(bed: slurmbed.SlurmBed, jobs_left: int, no_start_ticket: bool = False) -> None:
+def settle(bed: slurmbed.SlurmBed, jobs_left: int) -> None:
     """Wait (untimed) until only ``jobs_left`` gpushare job records are left on the node:
-    the epilogs of the jobs before are done, and with them any daemon they alone held.
-    With ``no_start_ticket``, the start tickets the jobs before left are removed."""
+    the epilogs of the jobs before are done, and with them any daemon they alone held."""
     records = os.path.join(bed.state_of(NODE), "jobs", "*.json")
     deadline = time.monotonic() + 30
     while len(glob.glob(records)) > jobs_left and time.monotonic() < deadline:
         time.sleep(0.01)
-    if no_start_ticket:
-        for path in glob.glob(os.path.join(bed.state_of(NODE), "mps", "tickets", "start.*")):
-            os.unlink(path)
 
 
-def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int,
-          no_start_ticket: bool = False) -> list[float]:
+def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int) -> list[float]:
     samples = []
     for _ in range(count):
-        settle(bed, jobs_left, no_start_ticket)
+        settle(bed, jobs_left)
         start = time.perf_counter()
         bed.run(argv, user=USER)
         samples.append(time.perf_counter() - start)
@@ -102,17 +89,8 @@ SET_UP = (("NVML asked", re.compile(r" debug timing .* nvml=")),
           ("check reused", re.compile(r" debug timing .* check-reused=")),
           ("worker started", re.compile(r" debug timing .*daemon-start=")),
           ("joined by a worker", re.compile(r" debug timing (?!.*daemon-start=).*verify=")),
-          ("started in C", re.compile(r"cb=job_prolog python=skip reason=started")),
           ("joined in C", re.compile(r"cb=job_prolog python=skip reason=joined")),
           ("epilog in C", re.compile(r"cb=job_epilog python=skip reason=left-daemon")))
-
-
-_STARTED_MS = re.compile(r"python=skip reason=started .* ms=([0-9.]+)")
-
-
-def start_times(lines: list[str]) -> list[float]:
-    """How long each daemon start the plugin did itself took, in ms (its debug line)."""
-    return [float(m[1]) for line in lines for m in [_STARTED_MS.search(line)] if m]
 
 
 def set_up_counts(lines: list[str]) -> dict[str, int]:
@@ -144,12 +122,9 @@ def main() -> int:
                             job_submit_lua=LUA, prolog_flags=opts.prolog_flags)
     samples: dict[tuple[str, str], list[float]] = {}
     set_up: dict[str, dict[str, int]] = {}
-    starts: list[float] = []
     with bed:
         gpushare = bed.plugstack_line()
         for name, without, with_, needs_holder, _goal, extra in CASES:
-            no_start = extra == NO_START_TICKET
-            extra = "" if no_start else extra
             line = gpushare.rstrip("\n") + (f" {extra}\n" if extra else "\n")
             sides = (("without", "", without), ("with", line, with_ or without))
             held = None
@@ -159,15 +134,14 @@ def main() -> int:
             left = 1 if held is not None else 0
             for _side, plugstack, argv in sides:  # warm-up
                 bed.write_plugstack(plugstack)
-                timed(bed, argv, 2, left, no_start)
+                timed(bed, argv, 2, left)
             for _ in range(opts.blocks):
                 for side, plugstack, argv in sides:
                     bed.write_plugstack(plugstack)
                     seen = len(bed.debug_lines())
                     samples.setdefault((name, side), []).extend(
-                        timed(bed, argv, opts.per_block, left, no_start))
+                        timed(bed, argv, opts.per_block, left))
                     if side == "with":
-                        starts.extend(start_times(bed.debug_lines()[seen:]))
                         counts = set_up_counts(bed.debug_lines()[seen:])
                         for key, value in counts.items():
                             set_up.setdefault(name, {}).setdefault(key, 0)
@@ -192,10 +166,6 @@ def main() -> int:
     for name, *_rest in CASES:
         counts = set_up.get(name, {})
         print(f"{name:<44} " + " ".join(f"{counts.get(key, 0):>15}" for key, _ in SET_UP))
-    if starts:
-        print(f"\ndaemons the plugin started itself: {len(starts)}, median "
-              f"{statistics.median(starts):.1f} ms, slowest {max(starts):.1f} ms (in the job's "
-              "detached worker, while Slurm starts the step)")
     return 0
 
 

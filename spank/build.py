@@ -58,7 +58,7 @@ int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
 # parsers (gs_ticket.c, gs_envfile.c, gs_parse.c) include no Slurm header.
 PLUGIN_SOURCES = ("gpushare_spank.c", "gs_args.c", "gs_core.c", "gs_worker.c", "gs_fastpath.c",
                   "gs_taskenv.c", "gs_safefs.c", "gs_log.c", "gs_ticket.c", "gs_envfile.c",
-                  "gs_parse.c", "gs_start.c")
+                  "gs_parse.c")
 
 
 def _printf_format(python_format: str) -> str:

@@ -143,7 +143,7 @@ int gs_fast_leave(spank_t sp)
         (void)unlink(path);
     if (gs_job_file(sp, ".json", path, sizeof(path)) == 0)
         (void)unlink(path);
-    gs_count_fast("epilog", gs_now() - started, "");
+    gs_count_fast("epilog", gs_now() - started);
     gs_debug(sp, "cb=job_epilog python=skip reason=left-daemon daemon=%s share=%d", key, share);
     return 1;
 }
@@ -372,7 +372,7 @@ out:
         free(text);
         return 0;
     }
-    gs_count_fast("prolog", gs_now() - started, "");
+    gs_count_fast("prolog", gs_now() - started);
     gs_debug(sp, "cb=job_prolog python=skip reason=joined daemon=%s share=%d", ticket.key,
              ticket.share);
     slurm_info("gpushare: job %s: shared MPS, %d%% of GPU %s, daemon %s (joined by the "

@@ -33,7 +33,7 @@ const char *gs_getopt(void *sp, const char *name);
 /* ---- gs_log.c: the debug log, slurmd's log for the core, the counters --------------- */
 void gs_debug(spank_t sp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gs_log(int level, const char *msg);
-void gs_count_fast(const char *callback, double seconds, const char *notes);
+void gs_count_fast(const char *callback, double seconds);
 
 /* ---- gs_safefs.c: root-safe files, directories and locks --------------------------- */
 double gs_now(void);
@@ -84,8 +84,5 @@ int gs_proc_start(long pid, char *out, size_t size);
 
 /* ---- gs_taskenv.c: the task's environment, the IMEX check -------------------------- */
 int gs_task_env(spank_t sp, int asked_to_share);
-
-/* ---- gs_start.c: a shared job's own daemon, started in C --------------------------- */
-int gs_fast_start(spank_t sp, int ac, char **av);
 
 #endif

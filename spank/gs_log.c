@@ -73,13 +73,16 @@ void gs_log(int level, const char *msg)
 
 /* A prolog or epilog done here is counted as the Python callbacks are
  * (gpushare.node.counters folds counters.fast into counters.json under the same lock): a
- * line "<prolog|epilog> <microseconds>", and "note <counter>" for what it did. */
-static void gs_count_lines(const char *lines)
+ * line "<prolog|epilog> <microseconds>". */
+void gs_count_fast(const char *callback, double seconds)
 {
+    char lines[64];
     char path[PATH_MAX + 32];
-    int lock_fd, fd, len = (int)strlen(lines);
+    int lock_fd, fd, len;
     struct stat st;
 
+    snprintf(lines, sizeof(lines), "%s %ld\n", callback, (long)(seconds * 1e6));
+    len = (int)strlen(lines);
     snprintf(path, sizeof(path), "%s/counters.json", gs_state_dir);
     lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (lock_fd < 0)
@@ -96,14 +99,4 @@ static void gs_count_lines(const char *lines)
         }
     }
     close(lock_fd);
-}
-
-/* One callback done here, with "note <counter>" lines (gpushare.node.counters.FAST_NOTES)
- * after it. */
-void gs_count_fast(const char *callback, double seconds, const char *notes)
-{
-    char lines[160];
-
-    snprintf(lines, sizeof(lines), "%s %ld\n%s", callback, (long)(seconds * 1e6), notes);
-    gs_count_lines(lines);
 }

@@ -190,8 +190,6 @@ int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
             if (null_fd > STDERR_FILENO)
                 close(null_fd);
         }
-        if (strcmp(callback, "job_prolog") == 0 && gs_fast_start(sp, ac, av))
-            _exit(0);
         rc = gs_call_python(callback, sp, ac, av);
         if (rc != 0 && strcmp(callback, "job_prolog") == 0)
             gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log "

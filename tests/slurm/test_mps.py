@@ -9,7 +9,6 @@ import fcntl
 import glob
 import json
 import os
-import pwd
 import re
 import signal
 import subprocess
@@ -49,9 +48,8 @@ def mps_dirs(bed) -> list[str]:
 
 
 def mps_entries(bed) -> list[str]:
-    """What every node's MPS directory holds of daemons and their users: its entries, the
-    join tickets among them, but not the start tickets (no daemon's, no user's), which
-    stay until they run out."""
+    """What every node's MPS directory holds of daemons and their users: its entries, and the
+    join tickets among them."""
     entries = []
     for path in mps_dirs(bed):
         node = os.path.basename(os.path.dirname(path))
@@ -59,20 +57,8 @@ def mps_entries(bed) -> list[str]:
             if entry != "tickets":
                 entries.append(f"{node}:{entry}")
                 continue
-            entries += [f"{node}:tickets/{name}" for name in os.listdir(os.path.join(path, entry))
-                        if not name.startswith("start.")]
+            entries += [f"{node}:tickets/{name}" for name in os.listdir(os.path.join(path, entry))]
     return sorted(entries)
-
-
-def remove_start_tickets(bed) -> None:
-    for path in glob.glob(os.path.join(bed.state_of("*"), "mps", "tickets", "start.*")):
-        os.unlink(path)
-
-
-def start_tickets(bed, node: str = NODE) -> list[str]:
-    tickets = os.path.join(bed.state_of(node), "mps", "tickets")
-    return sorted(n for n in os.listdir(tickets) if n.startswith("start.")) if os.path.isdir(
-        tickets) else []
 
 
 def daemon_jobs(record_path: str) -> dict[str, dict]:
@@ -187,13 +173,11 @@ def node_mem_mib(bed, node: str) -> int:
 
 @pytest.fixture
 def mps_bed(clean_bed):
-    """The bed with no fault set and no MPS state, checked clean again after the test; no
-    start ticket either, so a test's first shared job on a GPU is its worker's."""
+    """The bed with no fault set and no MPS state, checked clean again after the test."""
     faults = clean_bed.path("bin", "faults")
     if os.path.exists(faults):
         os.unlink(faults)
     assert_nothing_left(clean_bed)
-    remove_start_tickets(clean_bed)
     yield clean_bed
     if os.path.exists(faults):
         os.unlink(faults)
@@ -412,9 +396,7 @@ def test_a_first_job_checks_its_gpu_on_the_layout_nvml_gave_just_before(mps_bed)
         saved = json.load(handle)
     assert saved["format"] == 1 and saved["inventory"]["gpus"], saved
     assert [key.split()[:2] for key in saved["checks"]] == [[NODE, "mps"]], saved["checks"]
-    # Without the start ticket the first job left, the second job's worker checks its GPU
-    # (with it, the plugin would start the daemon without a worker).
-    remove_start_tickets(bed)
+    # The second job's worker reuses the first one's check of its GPU.
     reused = run(U2)
     assert "check-reused" in reused, reused
     assert not {"nvml", "nvml-reused", "gres.conf"} & set(reused), reused
@@ -500,7 +482,7 @@ def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed
     started(first)
     assert any("cb=job_prolog detached" in line for line in prolog_lines(bed, first))
     tickets = sorted(os.listdir(os.path.join(bed.state_of(NODE), "mps", "tickets")))
-    assert tickets == ["start.g0.s25", f"u{slurmbed.uid_of(U1)}.g0.s25"], tickets
+    assert tickets == [f"u{slurmbed.uid_of(U1)}.g0.s25"], tickets
     ok_before = epilogs_counted(bed, "prologs")[0]
     joined = submit()
     started(joined)
@@ -551,121 +533,6 @@ def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed
     bed.run(["scancel", str(holder)])
     bed.wait_job(holder)
     assert_nothing_left(bed)
-
-
-def daemon_state_view(record: dict, uid: int) -> dict:
-    """A daemon record with what names its user and its process taken out."""
-    view = {k: v for k, v in record.items() if k not in ("daemon_pid", "started_at", "jobs")}
-    for name in ("key", "pipe_dir", "log_dir"):
-        view[name] = view[name].replace(f"u{uid}-", "u<uid>-")
-    view.pop("uid"), view.pop("gid")
-    return view
-
-
-def job_record_view(record: dict, uid: int) -> dict:
-    """A job record with what names the job, its user and its daemon's process taken out."""
-    text = json.dumps({k: v for k, v in record.items()
-                       if k not in ("job_id", "created", "uid", "gid")})
-    view = json.loads(text.replace(f"u{uid}-", "u<uid>-"))
-    for name in ("job_id", "daemon_pid", "uid", "gid"):
-        view["mps"].pop(name)
-    return view
-
-
-def test_a_users_first_job_on_a_gpu_starts_its_daemon_without_an_interpreter(mps_bed):
-    """A shared job of any user on a GPU where a shared job with the same share was set up
-    moments ago, by whichever user, starts its own daemon in the C glue with that job's
-    start ticket: a daemon of its own user with its own directories and the caps of its
-    share, the records a worker would have written, the task environment, a join ticket
-    for the user's next job, the daemon stopped at the end and the start counted. A start
-    that fails in C is taken over by the worker, which starts the daemon again."""
-    bed = mps_bed
-    uids = {user: slurmbed.uid_of(user) for user in (U1, U2)}
-    jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
-
-    def submit(user: str, sleep: int) -> int:
-        return bed.sbatch(ENV_SCRIPT.replace("{sleep}", str(sleep)), "--gres=mps:25", "-w",
-                          NODE, "-c1", user=user)
-
-    def seen_running(job_id: int, uid: int) -> tuple[dict, dict, dict]:
-        """The job's daemon record, its state as the stand-in keeps it, the job's record."""
-        wait_until(f"job {job_id} set up", lambda: os.path.exists(
-            os.path.join(jobs_dir, f"{job_id}.env")), 60)
-        record = wait_until("its daemon", lambda: [r for r in started_records(bed)
-                                                  if r["uid"] == uid], 60)[0]
-        return record, standin_state(record), job_record(bed, job_id)
-
-    starts_before = metric(bed, "gpushare_mps_daemon_starts_total")
-    # U1's job is set up by its worker, which leaves the start ticket.
-    first = submit(U1, 4)
-    daemon_1, state_1, record_1 = seen_running(first, uids[U1])
-    assert any("cb=job_prolog detached" in line for line in prolog_lines(bed, first))
-    assert start_tickets(bed) == ["start.g0.s25"]
-    assert bed.wait_job(first, timeout=60)["JobState"] == "COMPLETED"
-    assert_nothing_left(bed)
-
-    # U2's first job on the GPU: its daemon started in C, as the worker would have.
-    second = submit(U2, 4)
-    daemon_2, state_2, record_2 = seen_running(second, uids[U2])
-    lines = prolog_lines(bed, second)
-    assert any(f"python=skip reason=started daemon={daemon_2['key']} share=25" in line
-               for line in lines), lines
-    debug = [line for line in bed.debug_lines() if f" job={second} " in line]
-    assert not any("python=start" in line or " debug timing " in line for line in debug)
-    assert daemon_2["key"] == daemon_1["key"].replace(f"u{uids[U1]}-", f"u{uids[U2]}-")
-    assert daemon_2["gid"] == pwd.getpwnam(U2).pw_gid
-    assert daemon_state_view(daemon_2, uids[U2]) == daemon_state_view(daemon_1, uids[U1])
-    assert daemon_2["jobs"] == {str(second): {"share_percent": 25}}
-    assert alive(daemon_2["daemon_pid"]) and state_2["pid"] == daemon_2["daemon_pid"]
-    assert state_2["uid"] == uids[U2] and state_2["groups"] == state_1["groups"]
-    assert state_2["env"] == {**state_1["env"], **{
-        k: v.replace(f"u{uids[U1]}-", f"u{uids[U2]}-") for k, v in state_1["env"].items()}}
-    assert state_2["default_active_thread_percentage"] == 25
-    # The worker also asks for the daemon's servers; a daemon just started has none.
-    assert state_2["commands"] == [c for c in state_1["commands"] if c != "get_server_list"]
-    for directory in (daemon_2["pipe_dir"], daemon_2["log_dir"]):
-        info = os.lstat(directory)
-        assert (info.st_uid, info.st_mode & 0o7777) == (uids[U2], 0o700), directory
-    assert os.lstat(os.path.dirname(daemon_2["pipe_dir"])).st_uid == 0
-    assert record_2["job_id"] == record_2["mps"]["job_id"] == second
-    assert record_2["uid"] == uids[U2] and record_2["mps"]["daemon_pid"] == daemon_2["daemon_pid"]
-    assert job_record_view(record_2, uids[U2]) == job_record_view(record_1, uids[U1])
-    # The user's next job joins the daemon started in C, with the ticket written there.
-    joining = submit(U2, 0)
-    assert bed.wait_job(joining, timeout=60)["JobState"] == "COMPLETED"
-    assert any(f"python=skip reason=joined daemon={daemon_2['key']}" in line
-               for line in prolog_lines(bed, joining))
-    assert bed.wait_job(second, timeout=60)["JobState"] == "COMPLETED"
-    # Its tasks got what the worker gave the first job's, with their own daemon's pipe.
-    outputs = [job_values(bed.output(j)) for j in (first, second)]
-    for values in outputs:
-        values.pop("SLURM_JOB_ID"), values.pop("START"), values.pop("END")
-    assert outputs[1]["CUDA_MPS_PIPE_DIRECTORY"] == daemon_2["pipe_dir"]
-    assert outputs[1]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-    assert json.loads(json.dumps(outputs[1]).replace(f"u{uids[U2]}-", "u-")) == json.loads(
-        json.dumps(outputs[0]).replace(f"u{uids[U1]}-", "u-"))
-    assert_nothing_left(bed)
-    assert metric(bed, "gpushare_mps_daemon_starts_total") == starts_before + 2
-
-    # A start in C that fails (no pid file: the daemon's pid is not known) is taken over by
-    # the worker: it stops what was started and starts the daemon again.
-    set_fault(bed, "no_pid_file")
-    third = submit(U1, 0)
-    assert bed.wait_job(third, timeout=90)["JobState"] == "COMPLETED"
-    debug = [line for line in bed.debug_lines() if f" job={third} " in line]
-    assert any("cb=job_prolog start=no reason=daemon-pid" in line for line in debug), debug
-    assert any(" debug timing " in line and "daemon-start=" in line for line in debug), debug
-    assert job_values(bed.output(third))["CUDA_MPS_PIPE_DIRECTORY"] == daemon_1["pipe_dir"]
-    assert_nothing_left(bed)
-
-
-def metric(bed, name: str) -> float:
-    """One of the node's counters, summed over its labels (``gpushare metrics``)."""
-    result = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "metrics", "--node", NODE],
-                     env={"PYTHONPATH": bed.path("lib", "python")}, check=False)
-    assert result.returncode == 0, result.stderr
-    return sum(float(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines()
-               if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
 def epilog_lines(bed, job_id: int) -> list[str]:

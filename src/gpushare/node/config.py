@@ -157,9 +157,9 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "how long what NVML said about the node's GPU layout stands for the shared jobs "
             "that follow, with gres.conf, the plan and the plugstack line unchanged: their "
             "checks reuse it (and a clean check of the same devices) instead of asking "
-            "NVML, and a job of the same user, GPU and share joining a running daemon, or "
-            "any user's first job with that share on that GPU starting one, is set up by "
-            "the plugin without Python; 0: every job asks NVML and is set up by a worker"),
+            "NVML, and a job of the same user, GPU and share joining a running daemon is set "
+            "up by the plugin without Python; 0: every job asks NVML and is set up by a "
+            "worker"),
     ArgSpec("show", "no", _choice("yes", "no"), "yes or no",
             "also print one gpushare: line into the first task's stderr saying what the job "
             "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "

@@ -16,12 +16,10 @@ below, derived from the message (never a job id or a user's text). Counting must
 fail or slow a job: any error is logged at debug level and dropped.
 
 A prolog or epilog the C glue finishes without an interpreter (a job joining its user's
-running daemon with a join ticket or starting one with a start ticket, or leaving it to
-other jobs) appends a line ``<prolog|epilog> <microseconds>`` to
-``<state_dir>/counters.fast`` while it holds the same lock, and ``note <counter>`` for an
-event among ``FAST_NOTES`` (a daemon it started); the next ``add`` folds those lines into
-the counters, the callbacks as ended ``ok``, and removes the file, and ``read`` counts them
-meanwhile.
+running daemon with a join ticket, or leaving it to other jobs) appends a line
+``<prolog|epilog> <microseconds>`` to ``<state_dir>/counters.fast`` while it holds the same
+lock; the next ``add`` folds those lines into the counters, the callbacks as ended ``ok``,
+and removes the file, and ``read`` counts them meanwhile.
 
 This module is imported by the callbacks: it imports nothing the package docstring
 keeps out of them.
@@ -39,7 +37,6 @@ LOG = get_logger("gpushare.counters")
 
 FILE = "counters.json"
 FAST_FILE = "counters.fast"  # the C glue's callbacks: "<prolog|epilog> <microseconds>"
-FAST_NOTES = ("mps_daemon_starts",)  # and its "note <counter>" lines
 VERSION = 1
 
 # Histogram bounds in seconds: a prolog takes tens of milliseconds, an MPS start more, a
@@ -216,9 +213,6 @@ def _fold_fast(values: dict[str, int], dir_fd: int) -> bool:
         return False
     for line in data.decode("ascii", "replace").splitlines():
         kind, _, text = line.partition(" ")
-        if kind == "note" and text in FAST_NOTES:
-            values[series(text)] = values.get(series(text), 0) + 1
-            continue
         if kind not in CALLBACKS or not text.isdigit():
             continue
         micros = int(text)

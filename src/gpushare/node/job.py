@@ -362,7 +362,7 @@ def prolog(config: PluginConfig, request: JobRequest,
     # ones hold the daemon).
     manager.update_caps(lease.key)
     phases.done("caps")
-    _write_tickets(config, request, record, manager, lease.key, daemon_devices, checked.asked)
+    _write_tickets(config, request, record, manager, lease.key, checked.asked)
     phases.done("ticket")
     log.info("%s MPS, %d%% of GPU %s, daemon %s", record.mode,
              record.share_percent, ",".join(record.slurm_gpus), lease.key)
@@ -370,13 +370,10 @@ def prolog(config: PluginConfig, request: JobRequest,
 
 
 def _write_tickets(config: PluginConfig, request: JobRequest, record: JobRecord,
-                   manager: MpsManager, key: str, devices: Sequence[MpsDevice],
-                   asked: Optional[float]) -> None:
-    """Let the C glue set up the next shared job like this one by itself
-    (``gpushare.node.ticket``), until ``verify_reuse=`` seconds after NVML was ``asked``
-    about its GPUs: the same user's, joining this job's daemon once its caps cover it
-    (the join ticket); anyone's, starting a daemon of their own on the same GPUs when none
-    runs (the start ticket)."""
+                   manager: MpsManager, key: str, asked: Optional[float]) -> None:
+    """Let the C glue join the same user's next shared job like this one to this job's
+    daemon by itself, once its caps cover it (the join ticket, ``gpushare.node.ticket``),
+    until ``verify_reuse=`` seconds after NVML was ``asked`` about its GPUs."""
     name = ticket.name(request.uid, request.env) if record.mode == "shared" else None
     if name is None or config.verify_reuse <= 0:
         return
@@ -397,33 +394,6 @@ def _write_tickets(config: PluginConfig, request: JobRequest, record: JobRecord,
                          ticket.render(key=key, uid=record.uid, gid=record.gid,
                                        daemon=daemon, record_stamp=record_stamp,
                                        record=record, show=show, **conditions))
-    _write_start_ticket(manager, request, record, devices, conditions)
-
-
-def _write_start_ticket(manager: MpsManager, request: JobRequest, record: JobRecord,
-                        devices: Sequence[MpsDevice], conditions: dict[str, Any]) -> None:
-    """The start ticket for a job like ``record`` of any user (``ticket.render_start``):
-    its daemon, record and environment made again for the sentinel user and daemon."""
-    name = ticket.start_name(request.env)
-    if name is None or len(devices) != 1:
-        return  # several GPUs' daemon key is a digest of them: left to the worker
-    try:
-        recipe = manager.start_recipe(devices, ticket.UID_SENTINEL, ticket.GID_SENTINEL,
-                                      record.job_id, record.share_percent,
-                                      ticket.PID_SENTINEL, ticket.STARTED_SENTINEL)
-        template = JobRecord(**{**record.to_dict(), "uid": ticket.UID_SENTINEL,
-                                "gid": ticket.GID_SENTINEL})
-        template.mps = recipe.lease.to_record()
-        template.env = task_environment(template)
-        show = describe(template.env, ticket.JOB_ID_MARK) if manager.config.show else ""
-        text = ticket.render_start(key=recipe.key, program=recipe.program,
-                                   daemon_env=recipe.daemon_env,
-                                   client_env=recipe.client_env, caps=recipe.caps,
-                                   before=recipe.before, started=recipe.started,
-                                   record=template, show=show, **conditions)
-        manager.write_start_ticket(name, text)
-    except (OSError, ValueError, MpsError) as err:  # only saves a later job its worker
-        log.warning("no start ticket for GPU %s: %s", ",".join(record.slurm_gpus), err)
 
 
 def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: str,

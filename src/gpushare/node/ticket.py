@@ -7,7 +7,7 @@ environment are those of the job before it with its own id, and its GPU passed t
 of that job moments ago. So after each shared prolog the worker writes, under the daemon's
 lock, ``<state_dir>/mps/tickets/u<uid>.g<gpus>.s<share>`` (``name``): the conditions under
 which that holds, then the record and the task environment to write with the job's id and
-time filled in. The C glue's job prolog (``gs_fast_join`` in ``spank/gpushare_spank.c``)
+time filled in. The C glue's job prolog (``gs_fast_join`` in ``spank/gs_fastpath.c``)
 uses a ticket only while every condition holds:
 
 - the same plugstack arguments, uid and gid, the same values of the environment the prolog
@@ -69,10 +69,10 @@ def file_lines(paths: Sequence[str]) -> list[str]:
     return lines
 
 
-def _conditions(*, key: str, until: float, uid: "int | str", gid: "int | str", share: int,
+def _conditions(*, key: str, until: float, uid: int, gid: int, share: int,
                 args: Sequence[str], env: Mapping[str, str],
                 options: Mapping[str, Optional[str]], files: Sequence[str]) -> list[str]:
-    """The ``word value`` lines every condition of a ticket is: the same for both kinds."""
+    """The ``word value`` lines every condition of a ticket is."""
     lines = [f"key {key}", f"until {until:.6f}", f"uid {uid}", f"gid {gid}", f"share {share}"]
     lines += [f"arg {arg}" for arg in args]
     lines += [f"env {var}={env.get(var, '')}" for var in TICKET_ENV]
@@ -83,7 +83,7 @@ def _conditions(*, key: str, until: float, uid: "int | str", gid: "int | str", s
 
 def _job_sections(record: JobRecord, show: str) -> list[str]:
     """``--record``, the job's record with its id and time as sentinels, ``--env``, the tasks'
-    environment: the last part of either kind of ticket."""
+    environment: the last part of a ticket."""
     template = JobRecord(**{**record.to_dict(), "job_id": _ID_SENTINEL,
                             "created": _CREATED_SENTINEL})
     if template.mps is not None:
@@ -118,52 +118,3 @@ def render(*, key: str, until: float, uid: int, gid: int, share: int, args: Sequ
     _no_newlines(lines)
     return _marked([*lines, *_job_sections(record, show)], _JOB_SENTINELS)
 
-
-# The start ticket (``start_name``): what lets the C glue start a shared job's daemon by
-# itself, for any user, on GPUs a worker checked (``render_start``).
-START_FORMAT = "gpushare-start 1"
-UID_MARK = "@GPUSHARE_UID@"
-GID_MARK = "@GPUSHARE_GID@"
-PID_MARK = "@GPUSHARE_DAEMON_PID@"
-STARTED_MARK = "@GPUSHARE_STARTED@"
-# What a start ticket is rendered with where the job's user and its daemon go; none is a
-# substring of another or of the job sentinels.
-UID_SENTINEL = 3737373701
-GID_SENTINEL = 3737373702
-PID_SENTINEL = 3737373703
-STARTED_SENTINEL = 3737373737.5
-_START_SENTINELS = (*_JOB_SENTINELS, (str(UID_SENTINEL), UID_MARK),
-                    (str(GID_SENTINEL), GID_MARK), (str(PID_SENTINEL), PID_MARK),
-                    (repr(STARTED_SENTINEL), STARTED_MARK))
-
-
-def start_name(env: Mapping[str, str]) -> Optional[str]:
-    """The start ticket a shared job with this environment would use, whoever its user (the
-    C glue builds the same name); None when its GPUs or share are not plain numbers."""
-    joined = name(0, env)
-    return None if joined is None else "start." + joined.split(".", 1)[1]
-
-
-def render_start(*, key: str, until: float, share: int, args: Sequence[str],
-                 env: Mapping[str, str], options: Mapping[str, Optional[str]],
-                 files: Sequence[str], program: str, daemon_env: Mapping[str, str],
-                 client_env: Mapping[str, str], caps: Sequence[str], before: str,
-                 started: str, record: JobRecord, show: str) -> bytes:
-    """The start ticket's text: the conditions of a join ticket for a user to be filled in
-    (``key`` and everything after rendered with the ``*_SENTINEL`` user and daemon), then
-    ``--recipe`` (the daemon program, its environment, the control environment, the cap
-    commands), the daemon record ``before`` the start and once ``started``, and the job's
-    record and environment. ValueError when a value holds a newline or a sentinel."""
-    lines = [START_FORMAT, *_conditions(key=key, until=until, uid=UID_SENTINEL,
-                                        gid=GID_SENTINEL, share=share, args=args, env=env,
-                                        options=options, files=files),
-             "--recipe", f"program {program}"]
-    lines += [f"daemon-env {var}={value}" for var, value in daemon_env.items()]
-    lines += [f"client-env {var}={value}" for var, value in client_env.items()]
-    lines += [f"caps {command}" for command in caps]
-    _no_newlines(lines)
-    outside = [*args, *env.values(), *files, program]
-    if any(sentinel in value for value in outside for sentinel, _ in _START_SENTINELS):
-        raise ValueError("a value holds a start ticket's sentinel")
-    return _marked([*lines, "--daemon-record", before, "--started-record", started,
-                    *_job_sections(record, show)], _START_SENTINELS)

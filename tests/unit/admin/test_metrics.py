@@ -116,9 +116,9 @@ def test_concurrent_callbacks_lose_no_count(state_dir):
 @needs_root
 def test_callbacks_the_c_glue_finished_are_folded_into_the_counters(state_dir):
     """The C glue notes each prolog or epilog it finishes itself as a line "<callback>
-    <microseconds>" in counters.fast, and a daemon it started as "note mps_daemon_starts";
-    read() counts them at once, the next callback's count folds them in. A line it cannot
-    read is left out."""
+    <microseconds>" in counters.fast; read() counts them at once, the next callback's count
+    folds them in. A line it cannot read is left out, and so is an earlier release's
+    "note <counter>" line."""
     counters.begin()
     counters.count("job_epilog", 0, PluginConfig(state_dir=state_dir))
     worker_us = counters.read(state_dir)["epilog_duration_sum_us"]
@@ -127,8 +127,7 @@ def test_callbacks_the_c_glue_finished_are_folded_into_the_counters(state_dir):
         handle.write("epilog 180\nepilog 250\nprolog 900\nnote mps_daemon_starts\n"
                      "epilog 7000\nepilog x\nnote prologs_total:ok\n")
     values = counters.read(state_dir)
-    # A daemon the C glue started is counted; a note of anything else is not taken.
-    assert values["mps_daemon_starts"] == 1
+    assert values.get("mps_daemon_starts", 0) == 0 and values["prologs_total:ok"] == 1
     assert values["epilogs_total:ok"] == values["epilog_duration_count"] == 4
     assert (values["epilog_duration_bucket:0"], values["epilog_duration_bucket:1"]) == (3, 1)
     assert os.path.exists(fast)  # read() only looks
@@ -139,7 +138,7 @@ def test_callbacks_the_c_glue_finished_are_folded_into_the_counters(state_dir):
     assert not os.path.exists(fast)
     after = counters.read(state_dir)
     assert after["epilogs_total:ok"] == 4 and after["prologs_total:ok"] == 2
-    assert after["mps_daemon_starts"] == 1
+    assert after.get("mps_daemon_starts", 0) == 0
     assert after["epilog_duration_sum_us"] == values["epilog_duration_sum_us"] == (
         worker_us + 180 + 250 + 7000)
 

@@ -154,49 +154,10 @@ def test_acquire_starts_daemon_as_the_user_with_a_clean_environment(bed, users, 
     assert bed.entries() == []
 
 
-def test_the_start_recipe_is_what_acquire_does_for_another_user(bed, users):
-    """A start ticket's recipe, made for sentinel values and filled in with another user's,
-    starts the daemon acquire() starts for that user: the same key, environments, caps,
-    records and lease (the C glue writes the recipe's records as they are)."""
-    u2 = users[1]
-    mgr = bed.manager()
-    sentinels = (4000001, 4000002, 4000003, 4000004.5)
-    recipe = mgr.start_recipe([GPU0], *sentinels[:2], 99, 25, *sentinels[2:])
-
-    lease = mgr.acquire(job_id=12, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
-                        mode="shared", share_percent=25)
-    with open(os.path.join(bed.mps_dir, lease.key + ".json")) as handle:
-        record_text = handle.read()
-    started_at = json.loads(record_text)["started_at"]
-
-    def filled(value):
-        text = json.dumps(value)
-        for sentinel, real in zip(sentinels, (u2.pw_uid, u2.pw_gid, lease.daemon_pid,
-                                              started_at)):
-            text = text.replace(str(sentinel), str(real))
-        return json.loads(text.replace('"99"', '"12"').replace(": 99,", ": 12,"))
-
-    state = standin_state(lease)
-    assert filled(recipe.key) == lease.key
-    assert recipe.program == bed.standin.program
-    assert filled(recipe.daemon_env) == state["env"]
-    assert recipe.caps == [c for c in state["commands"] if c != "get_server_list"]
-    assert filled(recipe.started) == record_text
-    assert json.loads(filled(recipe.before)) == {
-        **json.loads(record_text), "daemon_pid": None, "started_at": None, "caps": None,
-        "dirs_made": False}
-    assert MpsLease.from_record(filled(recipe.lease.to_record())) == lease
-    assert filled(recipe.client_env) == {k: v for k, v in state["env"].items()
-                                         if k != "CUDA_VISIBLE_DEVICES"}
-    assert mgr.release(12) == [lease.key]
-    # Nothing was started or written for the recipe.
-    assert bed.entries() == []
-
-
-def test_a_start_handed_over_unfinished_is_done_again(bed, users):
-    """A record that holds the job but names no daemon (the C glue's start failed after it
-    wrote them, leaving a daemon whose pid it could not tell): acquire ends what runs in the
-    daemon's directory and starts it again, instead of taking the job as set up."""
+def test_a_start_that_did_not_finish_is_done_again(bed, users):
+    """A record that holds the job but names no daemon (a start that died before it knew
+    the daemon's pid): acquire ends what runs in the daemon's directory and starts it
+    again, instead of taking the job as set up."""
     u1 = users[0]
     mgr = bed.manager()
     first = mgr.acquire(job_id=21, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],

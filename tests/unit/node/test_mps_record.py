@@ -167,16 +167,17 @@ def test_the_store_reads_what_was_written_before_and_names_a_bad_file(tmp_path):
         assert store.peek(mps_fd, KEY) is None and store.read(mps_fd, "u1-none") is None
 
 
-def test_a_daemons_removal_takes_its_join_tickets_and_leaves_start_tickets(tmp_path):
-    """Join tickets name their daemon and go with it; a start ticket is for any user's
-    daemon on its GPUs, so it stays even when its text names the key being removed."""
+def test_a_daemons_removal_takes_its_join_tickets_and_an_earlier_releases_start_tickets(
+        tmp_path):
+    """Join tickets name their daemon and go with it; another daemon's stay. A start ticket
+    an earlier release left (read by nothing now) goes whatever its text names."""
     os.chmod(tmp_path, 0o755)
     store = RecordStore(str(tmp_path / "mps"))
     tickets = tmp_path / "mps" / "tickets"
     with store.dir_fd() as mps_fd:
         store.write(mps_fd, DaemonRecord(KEY, "shared", 1001, 1001, (GPU0,), "/p", "/l"))
         for name, key in (("u1001.g0.s25", KEY), ("u1002.g0.s25", "u1002-other"),
-                          ("start.g0.s25", KEY)):
+                          ("start.g0.s25", "u1002-other")):
             store.write_ticket(mps_fd, name, f"gpushare-ticket 1\nkey {key}\n".encode())
         store.remove(mps_fd, KEY)
-    assert sorted(p.name for p in tickets.iterdir()) == ["start.g0.s25", "u1002.g0.s25"]
+    assert sorted(p.name for p in tickets.iterdir()) == ["u1002.g0.s25"]

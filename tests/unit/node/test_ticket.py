@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""The join and start tickets a shared prolog leaves for the C glue: their names, conditions and
-templates.
+"""The join ticket a shared prolog leaves for the C glue: its name, conditions and template.
 (That the C glue honours them is shown on the real Slurm: tests/slurm/test_mps.py.)"""
 
 import json
@@ -87,72 +86,3 @@ def test_a_value_with_a_newline_makes_no_ticket():
     with pytest.raises(ValueError, match="newline"):
         _render(args=["plan=/etc/a\nkey other"])
 
-
-def test_a_start_ticket_is_named_by_gpus_and_share_for_any_user():
-    assert ticket.start_name(ENV) == "start.g3.s25"
-    assert ticket.start_name({**ENV, "SLURM_JOB_GPUS": "0,1"}) == "start.g0_1.s25"
-    assert ticket.start_name({**ENV, "SLURM_JOB_GPUS": "../x"}) is None
-
-
-def _start_record() -> JobRecord:
-    record = _record()
-    record.uid = record.gid = ticket.UID_SENTINEL
-    record.mps = {**record.mps, "key": f"u{ticket.UID_SENTINEL}-GPU-1",
-                  "daemon_pid": ticket.PID_SENTINEL}
-    return record
-
-
-def _render_start(**changes) -> str:
-    arguments = dict(key=f"u{ticket.UID_SENTINEL}-GPU-1", until=1700000060.25, share=25,
-                     args=["state_dir=/run/gpushare"], env=ENV, options={"gpu-share": None},
-                     files=["nofile /etc/plan.yaml"], program="/usr/bin/nvidia-cuda-mps-control",
-                     daemon_env={"PATH": "/usr/bin", "CUDA_MPS_PIPE_DIRECTORY":
-                                 f"/run/gpushare/mps/u{ticket.UID_SENTINEL}-GPU-1/pipe"},
-                     client_env={"PATH": "/usr/bin"},
-                     caps=["set_default_active_thread_percentage 25"],
-                     before=json.dumps({"uid": ticket.UID_SENTINEL, "daemon_pid": None}),
-                     started=json.dumps({"uid": ticket.UID_SENTINEL,
-                                         "daemon_pid": ticket.PID_SENTINEL,
-                                         "started_at": ticket.STARTED_SENTINEL}),
-                     record=_start_record(), show="")
-    arguments.update(changes)
-    return ticket.render_start(**arguments).decode()
-
-
-def test_a_start_ticket_has_the_join_conditions_for_a_user_left_open_then_its_recipe():
-    text = _render_start()
-    head, rest = text.split("\n--recipe\n")
-    assert head.splitlines() == [
-        "gpushare-start 1", f"key u{ticket.UID_MARK}-GPU-1", "until 1700000060.250000",
-        f"uid {ticket.UID_MARK}", f"gid {ticket.GID_MARK}", "share 25",
-        "arg state_dir=/run/gpushare", "env SLURM_JOB_GPUS=3", "env CUDA_VISIBLE_DEVICES=3",
-        "env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "env SLURM_CONF=/etc/slurm/slurm.conf",
-        "env SLURMD_NODENAME=n1", "noopt gpu-share", "noopt gpu-mps", "nofile /etc/plan.yaml"]
-    recipe, rest = rest.split("\n--daemon-record\n")
-    assert recipe.splitlines() == [
-        "program /usr/bin/nvidia-cuda-mps-control", "daemon-env PATH=/usr/bin",
-        f"daemon-env CUDA_MPS_PIPE_DIRECTORY=/run/gpushare/mps/u{ticket.UID_MARK}-GPU-1/pipe",
-        "client-env PATH=/usr/bin", "caps set_default_active_thread_percentage 25"]
-    before, rest = rest.split("\n--started-record\n")
-    started, rest = rest.split("\n--record\n")
-    record, env = rest.split("\n--env\n")
-    assert before == f'{{"uid": {ticket.UID_MARK}, "daemon_pid": null}}'
-    assert started == (f'{{"uid": {ticket.UID_MARK}, "daemon_pid": {ticket.PID_MARK}, '
-                       f'"started_at": {ticket.STARTED_MARK}}}')
-    # Filled in, the job's sections are the record and environment of the user's job.
-    for mark, value in ((ticket.JOB_ID_MARK, "4711"), (ticket.CREATED_MARK, "1700000000.5"),
-                        (ticket.UID_MARK, "1001"), (ticket.PID_MARK, "4242")):
-        record = record.replace(mark, value)
-    expected = _record()
-    expected.mps = {**expected.mps, "daemon_pid": 4242}
-    assert json.loads(record) == expected.to_dict()
-    assert env == _record().to_env_file()
-    for sentinel in (ticket.UID_SENTINEL, ticket.GID_SENTINEL, ticket.PID_SENTINEL):
-        assert str(sentinel) not in text
-
-
-def test_a_start_ticket_refuses_values_it_cannot_carry():
-    with pytest.raises(ValueError, match="newline"):
-        _render_start(caps=["set_default_active_thread_percentage 25\nquit"])
-    with pytest.raises(ValueError, match="sentinel"):
-        _render_start(args=[f"state_dir=/run/{ticket.UID_SENTINEL}"])

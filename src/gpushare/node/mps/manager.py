@@ -31,7 +31,7 @@ import os
 import re
 import time
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from gpushare.common import safefs
 from gpushare.common.log import get_logger
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from gpushare.common import proc
     from gpushare.node.mps.procscan import ProcScan
 
-__all__ = ["MpsManager", "StartRecipe"]
+__all__ = ["MpsManager"]
 
 LOG = get_logger("gpushare.mps")
 
@@ -66,19 +66,6 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 # may bind under a temporary name first, as the stand-in does); this much is kept free.
 SOCKET_NAME_ROOM = 4
 _UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$"  # compiled on first use
-
-
-class StartRecipe(NamedTuple):
-    """How one shared daemon is started for one job (``MpsManager.start_recipe``)."""
-
-    key: str
-    program: str
-    daemon_env: dict[str, str]
-    client_env: dict[str, str]
-    caps: list[str]  # the control commands that set a new daemon's caps
-    before: str  # the daemon record's text while it starts
-    started: str  # and once it runs with its caps
-    lease: MpsLease
 
 
 class MpsManager:
@@ -122,7 +109,7 @@ class MpsManager:
         with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
             rec = self.store.read(mps_fd, key)
             # A record holding the job without a daemon is a start that did not finish
-            # (the C glue's, handed over, or one whose process died): started again below.
+            # (its process died before its pid was known): started again below.
             if rec is not None and str(job_id) in rec.jobs and rec.daemon_pid:
                 return self._lease(rec, job_id)
             if rec is not None and (rec.uid != uid or rec.mode != mode):
@@ -191,31 +178,6 @@ class MpsManager:
         except Exception as err:  # a ticket only saves the next join its worker: logged
             LOG.warning("no join ticket for MPS daemon %s: %s", key, err)
             return False
-
-    def start_recipe(self, devices: Sequence[MpsDevice], uid: int, gid: int, job_id: int,
-                     share: int, daemon_pid: int, started_at: float) -> StartRecipe:
-        """What ``acquire`` does to start user ``uid``'s shared daemon on ``devices`` for one
-        job of ``share``, as data for a start ticket (``gpushare.node.ticket``), which
-        renders it with sentinels for the user, the job and the daemon (``daemon_pid``,
-        started at ``started_at``). Raises MpsError for a program root may not run."""
-        from gpushare.node.mps import control
-
-        devices = tuple(devices)
-        self._check_request(job_id, uid, devices, "shared", share)
-        rec = self.store.new(daemon_key("shared", uid, job_id, devices), "shared", uid, gid,
-                             devices)
-        before = self.store.payload(rec)
-        rec.jobs = {str(job_id): share}
-        rec.caps = self._limits(rec, [share])
-        rec.daemon_pid, rec.started_at, rec.dirs_made = daemon_pid, started_at, True
-        return StartRecipe(rec.key, self._program(), control.daemon_env(rec),
-                           control.client_env(rec), control.default_cap_commands(rec.caps),
-                           before, self.store.payload(rec), self._lease(rec, job_id))
-
-    def write_start_ticket(self, name: str, text: bytes) -> None:
-        """Replace the start ticket ``name``; it belongs to no daemon (no lock)."""
-        with self.store.dir_fd() as mps_fd:
-            self.store.write_ticket(mps_fd, name, text)
 
     def release(self, job_id: int, hint: Optional[str] = None) -> list[str]:
         """Drop the job's references; stop daemons nobody uses. Idempotent.

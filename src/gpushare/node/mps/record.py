@@ -32,7 +32,8 @@ RECORD_VERSION = 2
 READ_VERSIONS = (1, 2)
 JOBS_SUFFIX = ".jobs"  # <key>.jobs/<job id>: one file per job referencing the daemon
 TICKETS = "tickets"  # join tickets (gpushare.node.ticket), beside the daemons: not a key
-START_PREFIX = "start."  # a start ticket's name in TICKETS (gpushare.node.ticket.start_name)
+# The start tickets of an earlier release (read by nothing now): removed as found.
+_OLD_START_PREFIX = "start."
 MODES = ("shared", "private")
 # What daemon_key() makes; compiled on first use (re caches it), not by every import.
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
@@ -321,7 +322,7 @@ class RecordStore:
 
     @staticmethod
     def payload(rec: DaemonRecord) -> str:
-        """The text of ``rec``'s file (a start ticket carries it for the C glue to write)."""
+        """The text of ``rec``'s file."""
         return json.dumps(rec.to_json(), indent=1, sort_keys=True)
 
     def _write_jobs(self, mps_fd: int, rec: DaemonRecord) -> None:
@@ -354,9 +355,10 @@ class RecordStore:
                 return
             names = f"\nkey {key}\n".encode()
             for name in os.listdir(tickets_fd):
-                if name.startswith(START_PREFIX):
-                    continue  # for any user's daemon on those GPUs: it outlives this one
                 with suppress(OSError, safefs.UnsafePathError):
+                    if name.startswith(_OLD_START_PREFIX):
+                        safefs.remove_file_at(tickets_fd, name)
+                        continue
                     head = safefs.read_small_file_at(tickets_fd, name, 4096)
                     if head is not None and names in head:
                         safefs.remove_file_at(tickets_fd, name)
