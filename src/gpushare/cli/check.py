@@ -27,7 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "on a node whose plugstack line names the same plan=, it also compiles the plan for "
         "the plugin's prologs (<state_dir>/owners-<node>.json), and where the line names the "
         "same inventory= source, it leaves NVML's answer for their GPU checks "
-        "(<state_dir>/inventory.json, used for verify_reuse= seconds).",
+        "(<state_dir>/inventory.json, used for verify_reuse= seconds). A plan whose "
+        "slurm.version is not the running Slurm's release is reported: an error on the "
+        "controller (--cluster, --all-nodes) where what is rendered from it cannot work "
+        "there, else a warning.",
         epilog="examples:\n"
         "  gpushare check --plan /etc/gpushare/plan.yaml\n"
         "  gpushare check --plan plan.yaml --source sim:/path/node.json --json\n"
