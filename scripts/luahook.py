@@ -34,7 +34,7 @@ slurm.log_error = recorder("error")
 """
 
 JOB_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket",
-              "min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch")
+              "min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "features")
 SUBMIT_UID = 1000  # slurmctld's submit_uid; the rules read job_desc.user_id, never this
 
 

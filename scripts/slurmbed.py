@@ -120,6 +120,7 @@ class Node:
     cpus: int = 8
     memory_mb: int = 4000
     gres: str = ""  # slurm.conf Gres=, e.g. "gpu:h100:8,mps:800"
+    features: str = ""  # slurm.conf Features=, e.g. "gpushare_whole"
     profile: str = ""  # simulated node profile (JSON path), copied to <root>/nodes/<name>.json
     simulated: Optional[dict[str, Any]] = None  # or the profile itself (gpushare simulate)
 
@@ -341,9 +342,10 @@ class SlurmBed:
             lines.append(extra)
         for node in self.nodes:
             gres = f" Gres={node.gres}" if node.gres else ""
+            features = f" Features={node.features}" if node.features else ""
             lines.append(f"NodeName={node.name} NodeHostname={hostname} NodeAddr=127.0.0.1 "
-                         f"Port={node.port} CPUs={node.cpus} RealMemory={node.memory_mb}{gres} "
-                         "State=UNKNOWN")
+                         f"Port={node.port} CPUs={node.cpus} RealMemory={node.memory_mb}{gres}"
+                         f"{features} State=UNKNOWN")
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self._write("etc/slurm.conf", "\n".join(lines) + "\n")
         # CgroupAutomount is defunct in 24.11 (every daemon and step logs an error).
@@ -667,11 +669,13 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     """
     from gpushare.admin.plan import load_plan
     from gpushare.admin.render import (
+        WHOLE_GPU_FEATURE,
         for_installed_slurm,
         render_facts,
         render_gres_conf,
         render_topology,
         slurm_node_gres,
+        whole_gpu_nodes,
     )
     from gpushare.admin.slurm_client import installed_release
     from gpushare.gpu.gresconf import parse_gres_conf
@@ -684,17 +688,19 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     profiles = profiles or PROFILES
     # Imported here: the bed's own setup needs no gpushare, the plan bed renders with it.
     nodes, inventories = [], {}
+    whole = set(whole_gpu_nodes(plan))  # NodeName's Features=, as render slurm-conf says
     for group in plan.groups:
         for name in group.nodes:
             port = port_base + len(nodes) + 1
+            features = WHOLE_GPU_FEATURE if name in whole else ""
             if simulate:
                 nodes.append(Node(name=name, port=port, gres=slurm_node_gres(group),
-                                  simulated=profile_from_plan(plan, name)))
+                                  features=features, simulated=profile_from_plan(plan, name)))
                 continue
             nvml = load_nvml("sim:" + profiles[group.name])
             inventories[name] = collect(nvml, "sim", nvml.mig_minors_text, nvml.device_dir, name)
             nodes.append(Node(name=name, port=port, gres=slurm_node_gres(group),
-                              profile=profiles[group.name]))
+                              features=features, profile=profiles[group.name]))
     gres = render_gres_conf(plan, inventories, device_root=os.path.join(root, "dev"))
     files = {f for name in plan.nodes for device in parse_gres_conf(gres).devices(name)
              for f in device.files}

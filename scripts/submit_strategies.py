@@ -82,4 +82,7 @@ def job_desc(draw) -> dict:
         job["spank_job_env"] = draw(st.permutations(env))
     if draw(st.booleans()):
         job["array_inx"] = draw(st.sampled_from(["1-10", "0-999%100", "5"]))
+    if draw(st.booleans()):  # --constraint, which an untyped GPU may get a feature added to
+        job["features"] = draw(st.sampled_from(["", "ib", "ib|eth", "[rack1|rack2]",
+                                                "gpushare_whole", "ib&gpushare_whole"]))
     return job

@@ -46,6 +46,7 @@ typedef struct job_descriptor {
     char *tres_per_node;
     char *tres_per_socket;
     char *tres_per_task;
+    char *features;
     uint32_t min_nodes;
     uint32_t max_nodes;
     uint32_t req_switch;

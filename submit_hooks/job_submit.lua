@@ -355,6 +355,12 @@ local function check_facts(data)
    if topology ~= "tree" and topology ~= "block" then
       facts_error('"topology" must be one of tree, block')
    end
+   local whole_feature = data.whole_gpu_feature
+   if whole_feature == nil then whole_feature = "" end
+   if type(whole_feature) ~= "string"
+      or (whole_feature ~= "" and not string.match(whole_feature, "^[%w_%.%-]+$")) then
+      facts_error('"whole_gpu_feature" must be a node feature name (letters, digits, _, . and -)')
+   end
    local lower_gpu = {}
    for i, g in ipairs(gpu_types) do lower_gpu[i] = string.lower(g) end
    return {
@@ -373,6 +379,7 @@ local function check_facts(data)
       on_error = on_error,
       untyped_gpu = untyped,
       topology = topology,
+      whole_gpu_feature = whole_feature,
    }
 end
 
@@ -594,7 +601,10 @@ local function nearest(wanted, names)
    return best
 end
 
-local function untyped_type(field, item, facts)
+-- untyped_type's answer for a request kept whole by the node feature, not by a type.
+local BY_FEATURE = {}
+
+local function untyped_type(field, item, facts, constrain)
    local policy = facts.untyped_gpu
    if policy == "any" then return nil end
    if policy ~= "whole" then return policy end
@@ -606,9 +616,29 @@ local function untyped_type(field, item, facts)
              .. listing(facts.mig_types) .. ")", "ask for a slice by its profile, e.g. "
              .. example(field, "gpu", facts.mig_types[1], item.count))
    end
+   if facts.whole_gpu_feature ~= "" and constrain then return BY_FEATURE end
+   local where = ""
+   if facts.whole_gpu_feature == "" then
+      where = ", and a node has both whole GPUs and MIG slices for Slurm"
+   end
    reject(flag, "does not say which GPU, and here it could get a MIG slice (whole GPUs: "
-          .. listing(facts.gpu_types) .. "; MIG: " .. listing(facts.mig_types) .. ")",
-          "name the type, e.g. " .. example(field, "gpu", facts.gpu_types[1], item.count))
+          .. listing(facts.gpu_types) .. "; MIG: " .. listing(facts.mig_types) .. where
+          .. ")", "name the type, e.g. " .. example(field, "gpu", facts.gpu_types[1],
+                                                     item.count))
+end
+
+-- constraint and feature both required: "a|b" -> "(a|b)&feature".
+local function with_feature(constraint, feature)
+   local old = constraint
+   if type(old) ~= "string" then old = "" end
+   old = string.match(old, "^%s*(.-)%s*$")
+   if old == "" or old == "(null)" then return feature end
+   local words = string.gsub(old, "[%(%)%[%]|]", "&")
+   for word in string.gmatch(words, "[^&]+") do
+      if word == feature then return old end
+   end
+   if string.find(old, "|", 1, true) then old = "(" .. old .. ")" end
+   return old .. "&" .. feature
 end
 
 local function normalise_type(field, item, facts)
@@ -743,7 +773,7 @@ local function set_change(changes, order, field, value)
 end
 
 -- Returns changes (field -> value), their order, and the notes for the user's line.
-local function check(job, facts)
+local function check(job, facts, constrain)
    local changes, order, notes = {}, {}, {}
    local units = facts.units
 
@@ -822,8 +852,26 @@ local function check(job, facts)
             if item.is_gres and SHARING[item.name] and item.type ~= nil then
                spelled = normalise_type(f[1], item, facts)
             elseif item.is_gres and item.name == "gpu" and item.count > 0 then
-               spelled = untyped_type(f[1], item, facts)
-               if spelled ~= nil then written_in = spelled end
+               spelled = untyped_type(f[1], item, facts, constrain)
+               if spelled == BY_FEATURE then
+                  spelled = item.type
+                  if changes.features == nil then
+                     local old = job.features
+                     if type(old) ~= "string" then old = nil end
+                     local new = with_feature(old, facts.whole_gpu_feature)
+                     if new ~= old then
+                        set_change(changes, order, "features", new)
+                        local shown = ""
+                        if old ~= nil and old ~= "" then
+                           shown = "--constraint=" .. old .. " -> "
+                        end
+                        notes[#notes + 1] = user_item(f[1], item) .. ": " .. shown
+                           .. "--constraint=" .. new .. " (a GPU without a type is a whole "
+                           .. "GPU here: nodes with " .. facts.whole_gpu_feature
+                           .. " have no MIG slice)"
+                     end
+                  end
+               elseif spelled ~= nil then written_in = spelled end
             end
             if spelled ~= item.type then
                local copy = {}
@@ -1028,8 +1076,9 @@ local function check(job, facts)
 end
 
 -- The decision for one job: {changes, order, messages, reject = {code, text} or nil}.
-local function apply(job, facts)
-   local ok, changes, order, notes = pcall(check, job, facts)
+local function apply(job, facts, constrain)
+   if constrain == nil then constrain = true end
+   local ok, changes, order, notes = pcall(check, job, facts, constrain)
    if not ok then
       local err = changes
       if type(err) == "table" and err.rejection then
@@ -1150,7 +1199,7 @@ function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
          and view.tres_per_socket == nil then
          return slurm.SUCCESS
       end
-      local decision = apply(view, FACTS)
+      local decision = apply(view, FACTS, false)  -- the job's constraint is not in view
       if decision.reject then
          pcall(slurm.log_user, "%s", decision.messages[1])
          return decision.reject.code

@@ -250,6 +250,73 @@ def test_untyped_gpu_gets_a_whole_gpu_never_a_slice(hooked):
     assert "Requested node configuration is not available" in on_mig_node.stderr
 
 
+@pytest.fixture
+def whole_policy(hooked):
+    """The bed's facts with policy untyped_gpu: whole (its nodes: n1-n4 whole H100, n5 a
+    whole A100 beside Slurm's 1g.10gb slices), loaded into the running hook; restored
+    after, node features too."""
+    with open(hooked.facts_path) as handle:
+        rendered = handle.read()
+    facts = json.loads(rendered)
+    assert facts["gpu_types"] == ["a100", "h100"] and facts["mig_types"] == ["1g.10gb"]
+    assert "whole_gpu_feature" not in facts  # n5 has both whole GPUs and slices
+
+    def load(**keys: object) -> None:
+        with open(hooked.facts_path, "w") as handle:
+            json.dump(dict(facts, policy=dict(facts["policy"], untyped_gpu="whole"), **keys),
+                      handle)
+        _reload(hooked)
+
+    try:
+        yield load
+    finally:
+        with open(hooked.facts_path, "w") as handle:
+            handle.write(rendered)
+        _reload(hooked)
+        hooked.run(["scontrol", "update", "NodeName=n[1-4]", "AvailableFeatures=",
+                    "ActiveFeatures="], check=False)
+
+
+def test_untyped_gpu_is_kept_whole_by_the_node_feature(hooked, whole_policy):
+    """Several whole types and Slurm's MIG slices: where a node has both, an untyped
+    --gres=gpu:4 is refused with the type to name; where the facts carry the feature of
+    the nodes without slices, it gets --constraint for it (merged with the user's) and runs
+    on whole GPUs there."""
+    whole_policy()
+    refused = submit(hooked, "--gres=gpu:4")
+    assert refused.returncode != 0
+    assert gpushare_lines(refused.stderr) == [
+        "sbatch: error: gpushare: --gres=gpu:4 does not say which GPU, and here it could get "
+        "a MIG slice (whole GPUs: a100, h100; MIG: 1g.10gb, and a node has both whole GPUs "
+        "and MIG slices for Slurm); name the type, e.g. --gres=gpu:a100:4"]
+
+    whole_policy(whole_gpu_feature="gpushare_whole")
+    for nodes, features in (("n[1-2]", "gpushare_whole,ib"), ("n[3-4]", "gpushare_whole,eth")):
+        hooked.run(["scontrol", "update", f"NodeName={nodes}", f"AvailableFeatures={features}",
+                    f"ActiveFeatures={features}"])
+    note = ("(a GPU without a type is a whole GPU here: nodes with gpushare_whole have no "
+            "MIG slice)")
+    result = submit(hooked, "--gres=gpu:4")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [
+        f"sbatch: gpushare: --gres=gpu:4: --constraint=gpushare_whole {note}"]
+    info = hooked.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", info
+    assert info["Features"] == "gpushare_whole"
+    assert info["NodeList"] in ("n1", "n2", "n3", "n4")
+    assert info["TresPerNode"] == stored("gres:gpu:4")
+
+    merged = submit(hooked, "--gres=gpu:4", "--constraint=ib|eth")
+    job_id = accepted(merged)
+    assert gpushare_lines(merged.stderr) == [
+        f"sbatch: gpushare: --gres=gpu:4: --constraint=ib|eth -> "
+        f"--constraint=(ib|eth)&gpushare_whole {note}"]
+    info = hooked.wait_job(job_id)
+    assert info["Features"] == "(ib|eth)&gpushare_whole"
+    assert info["JobState"] == "COMPLETED", info
+    assert info["NodeList"] in ("n1", "n2", "n3", "n4")
+
+
 def test_tasks_spanning_nodes_without_N_get_switches(hooked):
     """-n 16 --gpus-per-task=1: no -N, but 16 GPUs need 2 of the bed's 8-GPU nodes."""
     result = submit(hooked, "-n16", "--gpus-per-task=h100:1")

@@ -39,7 +39,11 @@ __all__ = [
     "render_plugstack",
     "render_topology",
     "slurm_node_gres",
+    "whole_gpu_nodes",
 ]
+
+# The node feature of the nodes whose Slurm GPUs are all whole (whole_gpu_nodes).
+WHOLE_GPU_FEATURE = "gpushare_whole"
 
 _TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 _ENV: Optional[jinja2.Environment] = None
@@ -362,15 +366,44 @@ def render_topology(plan: Plan, inventory_by_node: Optional[Mapping[str, Invento
                    switches=switches, blocks=[])
 
 
+def whole_gpu_nodes(plan: Plan) -> list[str]:
+    """The nodes that get the node feature WHOLE_GPU_FEATURE: those whose Slurm GPUs are
+    all whole, where Slurm also owns MIG slices and no node has both. The submit hooks then
+    keep an untyped ``--gres=gpu:N`` on these nodes (facts ``whole_gpu_feature``) instead
+    of refusing it; where a node has both, a feature cannot keep a job off its slices.
+    Empty when there is nothing to keep apart."""
+    whole: list[str] = []
+    slices = False
+    for group in plan.groups:
+        has_whole = any(not gpu.mig and gpu.owner == "slurm" for gpu in group.gpus)
+        has_slices = any(gpu.slices_of("slurm") for gpu in group.gpus)
+        if has_whole and has_slices:
+            return []
+        slices = slices or has_slices
+        if has_whole:
+            whole.extend(group.nodes)
+    return whole if slices else []
+
+
 def render_slurm_conf(plan: Plan) -> str:
     """The slurm.conf lines the plan implies: the topology plugin for its NVLink domains,
-    and the IMEX channel allocation of multi-node NVLink jobs (slurm.imex)."""
+    the IMEX channel allocation of multi-node NVLink jobs (slurm.imex), and the feature of
+    the nodes whose Slurm GPUs are all whole, for their own NodeName lines."""
     lines = [f"# slurm.conf lines rendered by gpushare from {plan.path}"]
     if plan.domains or plan.domains_from_fabric:
         lines.append(f"TopologyPlugin=topology/{plan.slurm.topology}")
     if plan.slurm.imex:
         lines.append("# An IMEX channel per job for multi-node NVLink (Slurm 24.05 or later)")
         lines.append("SwitchType=switch/nvidia_imex")
+    whole = whole_gpu_nodes(plan)
+    if whole:
+        lines += [
+            f"# Add Features={WHOLE_GPU_FEATURE} to the NodeName lines of these nodes (their",
+            "# Slurm GPUs are all whole, the MIG slices are on other nodes): the submit hooks",
+            f"# add --constraint={WHOLE_GPU_FEATURE} to a --gres=gpu:N without a type.",
+            f"#   NodeName={hostlist.collect_hostlist(whole)} ... "
+            f"Features={WHOLE_GPU_FEATURE}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -490,6 +523,8 @@ def render_facts(plan: Plan, inventory_by_node: Optional[Mapping[str, Inventory]
     }
     if plan.slurm.topology != "tree":  # absent means tree: older hooks read the file too
         facts["topology"] = plan.slurm.topology
+    if whole_gpu_nodes(plan):
+        facts["whole_gpu_feature"] = WHOLE_GPU_FEATURE
     return facts
 
 

@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "explain",
         help="show what the submit hooks would do to a job's sbatch/srun flags",
         description="Turn sbatch/srun flags (--gres, --gpus, --gpus-per-node, --gpus-per-task, "
-        "--gpus-per-socket, -N, -n, --switches, --array, --gpu-share, --gpu-mps) into the "
+        "--gpus-per-socket, -N, -n, --switches, --array, --constraint, --gpu-share, --gpu-mps) "
+        "into the "
         "job_desc fields slurmctld would see, run the submit rules on them, and say what "
         "would change, or why the job would be rejected; a --gres that sbatch/srun refuse "
         "themselves (before any submit hook runs) is reported with Slurm's own answer. "
@@ -74,6 +75,7 @@ def _flag_parser() -> argparse.ArgumentParser:
     parser.add_argument("--array", "-a")
     parser.add_argument("--gpu-share")
     parser.add_argument("--gpu-mps", nargs="?", const="")
+    parser.add_argument("--constraint", "-C")
     return parser
 
 
@@ -143,6 +145,8 @@ def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[s
             job["wait4switch"] = time_str2secs(wait)
     if args.array:
         job["array_inx"] = args.array
+    if args.constraint is not None:
+        job["features"] = args.constraint
     env = []
     if args.gpu_share is not None:
         env.append(f"{SPANK_OPTION_PREFIX}gpu_share={args.gpu_share}")
@@ -208,9 +212,12 @@ def untyped_policy(facts: Facts) -> str:
         return f"whole (written in as {written}, never a MIG slice)"
     if not facts.mig_types:
         return "whole (no MIG slices here: left as it is)"
+    if facts.gpu_types and facts.whole_gpu_feature:
+        return (f"whole (kept on the nodes with feature {facts.whole_gpu_feature}, whose "
+                "Slurm GPUs are all whole: --constraint gets it added)")
     return ("whole (refused: Slurm owns " + (
-        "several whole-GPU types" if facts.gpu_types else "no whole GPUs") + " and MIG slices "
-        "here; the user must name the type)")
+        "several whole-GPU types, a node has both them and MIG slices" if facts.gpu_types
+        else "no whole GPUs, only MIG slices") + " here; the user must name the type)")
 
 
 def _shown(field: str, value: Any) -> str:

@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Slurm goes into gres.conf; the mig-parted config is the Kubernetes side's MIG layout; "
         "topology.conf makes each NVLink domain a leaf switch (slurm.topology: tree) or a block "
         "(block); facts is the JSON the submit hooks read; slurm-conf is the TopologyPlugin= "
-        "and SwitchType= lines the plan implies. Everything is rendered for the plan's "
+        "and SwitchType= lines the plan implies, and the nodes whose NodeName lines take "
+        "Features=gpushare_whole (Slurm GPUs all whole, MIG slices on other nodes). "
+        "Everything is rendered for the plan's "
         "slurm.version, whatever Slurm runs here (none is needed); a plan without one is "
         "rendered for the installed Slurm. gpushare check compares the plan's release with "
         "the running one.",

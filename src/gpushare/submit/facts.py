@@ -87,6 +87,10 @@ class Facts:
     gpus_per_node: Mapping[str, int]
     policy: Policy = field(default_factory=Policy)
     topology: str = "tree"
+    # The node feature of every node whose Slurm GPUs are all whole, rendered only where no
+    # node has both whole GPUs and MIG slices for Slurm: an untyped request constrained to
+    # it never lands on a slice ("" when there is none).
+    whole_gpu_feature: str = ""
 
     @property
     def gres_prefix(self) -> str:
@@ -197,11 +201,21 @@ def facts_from_dict(data: Any) -> Facts:
     topology = data.get("topology", "tree")
     if topology not in TOPOLOGIES:
         raise FactsError(f'"topology" must be one of {", ".join(TOPOLOGIES)}')
+    whole_feature = data.get("whole_gpu_feature", "")
+    if not isinstance(whole_feature, str) or (whole_feature and not _is_feature(whole_feature)):
+        raise FactsError('"whole_gpu_feature" must be a node feature name (letters, digits, '
+                         '_, . and -)')
     return Facts(version=version, gres_syntax=syntax, mps_units_per_gpu=units,
                  gpu_types=gpu_types, mig_types=mig_types, types=types, domains=domains,
                  gpus_per_node=gpus_per_node,
                  policy=Policy(switch_wait_s=wait, max_switch_wait_s=max_wait,
-                               on_error=on_error, untyped_gpu=untyped), topology=topology)
+                               on_error=on_error, untyped_gpu=untyped), topology=topology,
+                 whole_gpu_feature=whole_feature)
+
+
+def _is_feature(name: str) -> bool:
+    """A name Slurm takes as one node feature (no operator of a constraint in it)."""
+    return name.isascii() and all(char.isalnum() or char in "_.-" for char in name)
 
 
 def _no_constant(name: str) -> Any:

@@ -14,11 +14,11 @@ from gpushare.submit import hook as submit_hook
 from gpushare.submit.facts import facts_path
 
 STRING_FIELDS = ("tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",
-                 "array_inx")
+                 "features", "array_inx")  # features: --constraint
 NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "user_id")
 # Only in the job_desc of Slurm 24.11 and later (--segment, topology/block).
 OPTIONAL_FIELDS = ("segment_size",)
-WRITABLE = set(STRING_FIELDS[:4]) | {"req_switch", "wait4switch", "segment_size"}
+WRITABLE = set(STRING_FIELDS[:5]) | {"req_switch", "wait4switch", "segment_size"}
 
 _ffi: Any = None
 _lib: Any = None

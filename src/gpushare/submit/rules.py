@@ -42,6 +42,7 @@ __all__ = [
     "format_wait",
     "mig_profile",
     "spank_options",
+    "with_feature",
 ]
 
 NO_VAL = 0xFFFFFFFE
@@ -241,12 +242,21 @@ def _nearest(wanted: str, names: tuple[str, ...]) -> str:
     return best
 
 
-def _untyped_type(field_name: str, item: GresItem, facts: Facts) -> str | None:
-    """The type an untyped GPU request gets (policy ``untyped_gpu``), None to leave it.
+# _untyped_type's answer for a request kept whole by the node feature, not by a type.
+BY_FEATURE = "\0feature"
+
+
+def _untyped_type(field_name: str, item: GresItem, facts: Facts,
+                  constrain: bool) -> str | None:
+    """The type an untyped GPU request gets (policy ``untyped_gpu``), None to leave it,
+    BY_FEATURE to keep it on the nodes of the facts' ``whole_gpu_feature``.
 
     ``whole`` (the default) keeps such a request off MIG slices: where Slurm owns slices, it
-    writes in the one whole-GPU type, and refuses the request when there is none or several
-    (gpushare cannot know which the user meant). ``any`` leaves it to Slurm.
+    writes in the one whole-GPU type; with several, it constrains the job to the nodes whose
+    Slurm GPUs are all whole (the plan renders that feature where no node has both), and
+    refuses where that cannot be done (a node has both, or a job_modify, which does not
+    carry the job's constraint): gpushare cannot know which type the user meant. ``any``
+    leaves it to Slurm.
     """
     policy = facts.policy.untyped_gpu
     if policy == "any":
@@ -262,10 +272,27 @@ def _untyped_type(field_name: str, item: GresItem, facts: Facts) -> str | None:
         raise _reject(flag, "asks for a whole GPU, and Slurm has only MIG slices here "
                       f"({_listing(facts.mig_types)})", "ask for a slice by its profile, e.g. "
                       + _example(field_name, "gpu", facts.mig_types[0], item.count))
+    if facts.whole_gpu_feature and constrain:
+        return BY_FEATURE
+    where = ("" if facts.whole_gpu_feature else
+             ", and a node has both whole GPUs and MIG slices for Slurm")
     raise _reject(flag, "does not say which GPU, and here it could get a MIG slice (whole "
-                  f"GPUs: {_listing(facts.gpu_types)}; MIG: {_listing(facts.mig_types)})",
-                  "name the type, e.g. "
+                  f"GPUs: {_listing(facts.gpu_types)}; MIG: {_listing(facts.mig_types)}"
+                  f"{where})", "name the type, e.g. "
                   + _example(field_name, "gpu", facts.gpu_types[0], item.count))
+
+
+def with_feature(constraint: str | None, feature: str) -> str:
+    """``constraint`` and ``feature`` both required: ``a|b`` -> ``(a|b)&feature``."""
+    old = (constraint or "").strip()
+    if not old or old == "(null)":
+        return feature
+    if feature in old.replace("(", "&").replace(")", "&").replace("[", "&").replace(
+            "]", "&").replace("|", "&").split("&"):
+        return old  # already asked for
+    if "|" in old:
+        old = f"({old})"
+    return f"{old}&{feature}"
 
 
 def _fewest_domains(nodes: int, sizes: tuple[int, ...]) -> int:
@@ -305,7 +332,8 @@ def _share_flag(items: list[tuple[str, GresItem]], share_text: str | None) -> st
     return f"--gpu-share={share_text}"
 
 
-def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]]:
+def _check(job: dict[str, Any], facts: Facts,
+           constrain: bool = True) -> tuple[dict[str, Any], list[str]]:
     changes: dict[str, Any] = {}
     notes: list[str] = []
     units = facts.mps_units_per_gpu
@@ -374,8 +402,23 @@ def _check(job: dict[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str]
                 if spelled != item.type:
                     new_items[index] = item.with_type(spelled)
             elif item.is_gres and item.name == "gpu" and item.count > 0:
-                target = _untyped_type(field_name, item, facts)
-                if target is not None:
+                target = _untyped_type(field_name, item, facts, constrain)
+                if target == BY_FEATURE:
+                    if "features" not in changes:
+                        old = job.get("features")
+                        if not isinstance(old, str):
+                            old = None
+                        changes["features"] = with_feature(old, facts.whole_gpu_feature)
+                        if changes["features"] == old:
+                            del changes["features"]
+                        else:
+                            shown = f"--constraint={old} -> " if old else ""
+                            notes.append(
+                                f"{user_item(field_name, item)}: {shown}--constraint="
+                                f"{changes['features']} (a GPU without a type is a whole GPU "
+                                f"here: nodes with {facts.whole_gpu_feature} have no MIG "
+                                "slice)")
+                elif target is not None:
                     new_items[index] = item.with_type(target)
                     written_in = target
         if new_items != items:
@@ -573,10 +616,14 @@ def _prefixed(item: GresItem, items: list[GresItem], facts: Facts) -> GresItem:
                     count_sep=item.count_sep, raw=item.raw)
 
 
-def apply(job: dict[str, Any], facts: Facts) -> Decision:
-    """Run every rule on one job_desc (field names as slurmctld gives them to Lua)."""
+def apply(job: dict[str, Any], facts: Facts, constrain: bool = True) -> Decision:
+    """Run every rule on one job_desc (field names as slurmctld gives them to Lua).
+
+    ``constrain``: the job's whole ``features`` (--constraint) is in ``job``, so a node
+    feature may be added to it (not so in a job_modify).
+    """
     try:
-        changes, notes = _check(job, facts)
+        changes, notes = _check(job, facts, constrain)
     except _Rejected as rejected:
         return Decision(messages=[rejected.rejection.text], reject=rejected.rejection)
     messages = ["gpushare: " + "; ".join(notes)] if notes else []
@@ -592,4 +639,4 @@ def apply_modify(job: dict[str, Any], facts: Facts) -> Decision:
     view = {name: job[name] for name, _ in GRES_FIELDS if job.get(name) is not None}
     if not view:
         return Decision()
-    return apply(view, facts)
+    return apply(view, facts, constrain=False)

@@ -17,8 +17,10 @@ from gpushare.admin.render import (
     render_gres_conf,
     render_mig_parted,
     render_plugstack,
+    render_slurm_conf,
     render_topology,
     slurm_node_gres,
+    whole_gpu_nodes,
 )
 from gpushare.gpu.gresconf import parse_gres_conf
 from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
@@ -176,3 +178,29 @@ def test_plugstack_line_of_an_imex_cluster_checks_each_gpu_tasks_channel():
     line = lines(render_plugstack(plan))[0]
     assert line.endswith(" imex_channels=/dev/nvidia-caps-imex-channels")
     assert "imex_channels" not in render_plugstack(parse_plan(MIXED))
+
+
+def test_nodes_with_only_whole_gpus_get_the_feature_where_slices_are_elsewhere():
+    """etc/plan.example.yaml: whole H100 and L40S nodes, Slurm's 1g.5gb slices on the A100
+    nodes alone: the whole nodes get gpushare_whole, and the facts say so."""
+    plan = load_plan(EXAMPLE)
+    assert whole_gpu_nodes(plan) == [f"h100-{i:02d}" for i in range(1, 9)] + [
+        f"l40s-{i:02d}" for i in range(1, 17)]
+    assert render_facts(plan)["whole_gpu_feature"] == "gpushare_whole"
+    assert facts_from_dict(render_facts(plan)).whole_gpu_feature == "gpushare_whole"
+    conf = render_slurm_conf(plan)
+    assert "#   NodeName=h100-[01-08],l40s-[01-16] ... Features=gpushare_whole" in conf
+    # The rendered lines other than comments are still only slurm.conf keys.
+    assert lines(conf) == ["TopologyPlugin=topology/tree"]
+
+
+def test_no_feature_where_a_node_has_both_or_there_are_no_slices():
+    """MIXED's a-nodes hold whole GPUs and slices for Slurm: a feature cannot keep an
+    untyped job off their slices, so none is rendered (the hooks refuse instead)."""
+    whole_only = parse_plan("version: 1\nslurm: {version: \"22.05\"}\nnode_groups:\n"
+                            "  - {name: l, nodes: 'l[1-2]', gpu_model: l40s, gpus: 4,\n"
+                            "     layout: {all: {owner: slurm}}}\n")
+    for plan in (parse_plan(MIXED), whole_only):
+        assert whole_gpu_nodes(plan) == []
+        assert "whole_gpu_feature" not in render_facts(plan)
+        assert "Features=" not in render_slurm_conf(plan)

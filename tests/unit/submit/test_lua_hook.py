@@ -101,7 +101,7 @@ def test_facts_path_constant_and_env_override():
           deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job=job_desc())
 def test_lua_and_python_agree_on_generated_jobs(job):
-    for name in ("h100-2205", "a100-2311"):
+    for name in ("h100-2205", "a100-2311", "split-mig-2205"):
         expected = apply(job, load_facts(facts_path(name))).to_dict()
         result = hook_for(name).submit(job)
         result.pop("rc")

@@ -15,7 +15,8 @@ from gpushare.submit.rules import apply
 from luahook import facts_path
 from submit_strategies import job_desc
 
-FACTS = [load_facts(facts_path(name)) for name in ("h100-2205", "a100-2311", "untyped-2205")]
+FACTS = [load_facts(facts_path(name)) for name in ("h100-2205", "a100-2311", "untyped-2205",
+                                                   "split-mig-2205")]
 EXAMPLES = int(os.environ.get("GPUSHARE_FUZZ_EXAMPLES", "2000"))
 
 
