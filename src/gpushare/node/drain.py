@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""Draining this node with gpushare's reason, from a failing prolog or ``gpushare check``.
+"""Draining this node with gpushare's reason, from a failing prolog or ``gpushare check``,
+and requeueing the job whose prolog failed, as Slurm does.
 
 Light on purpose: a prolog that fails on a node problem imports only this and ``proc``,
 not the plan, PyYAML or jinja2 that ``gpushare check`` needs.
@@ -11,7 +12,7 @@ from typing import Optional
 
 from gpushare.common import proc, safefs
 
-__all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason"]
+__all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason", "requeue_job"]
 
 # What `sinfo -R` shows without cutting: the cause must come first and fit.
 DRAIN_REASON_MAX = 100
@@ -38,18 +39,50 @@ def fit_reason(text: str, more: str = "") -> str:
 def drain_node(node: str, reason: str, scontrol: str = SCONTROL,
                timeout: float = 10.0) -> Optional[str]:
     """Drain ``node``; None on success, else why it failed (never raises)."""
+    done = _scontrol(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+                     scontrol, timeout)
+    return done if isinstance(done, str) else None
+
+
+# What slurmctld answers `scontrol requeue` for a job it will not requeue: one that asked
+# --no-requeue (or JobRequeue=0 without --requeue), or one that is not a batch job.
+NOT_REQUEUED = ("disabled", "batch job")
+
+
+def requeue_job(job_id: int, scontrol: str = SCONTROL,
+                timeout: float = 10.0) -> tuple[str, Optional[str]]:
+    """Requeue a job whose prolog failed on this node, as Slurm does after a failing
+    prolog: held (``requeuehold``) unless slurm.conf's SchedulerParameters has
+    ``nohold_on_prolog_fail``. slurmctld itself refuses a job that asked ``--no-requeue``
+    (or runs under ``JobRequeue=0`` without ``--requeue``) and any job that is not a batch
+    job, as it does for its own prolog failures.
+
+    Returns what was done (``"held"``, ``"requeued"`` or ``""``) and, when nothing was,
+    why (slurmctld's answer). Never raises."""
+    config = _scontrol(["show", "config"], scontrol, timeout)
+    if isinstance(config, str):
+        return "", config
+    held = not re.search(r"^SchedulerParameters\s*=.*\bnohold_on_prolog_fail\b",
+                         config.output, re.MULTILINE)
+    done = _scontrol(["requeuehold" if held else "requeue", str(job_id)], scontrol, timeout)
+    if isinstance(done, str):
+        return "", done
+    return ("held" if held else "requeued"), None
+
+
+def _scontrol(args: list[str], scontrol: str, timeout: float) -> "proc.Result | str":
+    """Run ``scontrol args``: its result, or why it failed (never raises)."""
     if not scontrol.startswith("/"):
         return f"{scontrol}: scontrol must be given as an absolute path"
     try:  # run as root: only a program no user can replace
         safefs.check_root_owned_file(scontrol)
     except safefs.UnsafePathError as err:
         return f"scontrol refused: {err}"
-    argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     if os.environ.get("SLURM_CONF"):  # slurmd's own, passed to its prologs
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
     try:
-        done = proc.run(argv, timeout=timeout, env=env)
+        done = proc.run([scontrol, *args], timeout=timeout, env=env)
     except proc.CommandNotFound as err:
         return f"{scontrol} cannot be run: {err}"
     except proc.CommandTimeout:
@@ -59,4 +92,4 @@ def drain_node(node: str, reason: str, scontrol: str = SCONTROL,
     if done.returncode != 0:
         detail = done.output.splitlines()
         return f"scontrol failed (exit {done.returncode}): {detail[-1] if detail else ''}"
-    return None
+    return done

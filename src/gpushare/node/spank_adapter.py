@@ -140,23 +140,8 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
     gslog.set_job(_job_id(spank))
     try:
         return callback(spank, config)
-    except job.NodeError as err:
-        logger.error("%s: %s", name, err)
-        counters.failed(name, str(err))
-        _failed(name, spank, config, err.brief, str(err))
-        return -1
     except Exception as err:
-        full = state_dir_full(config, err)
-        if full:
-            logger.error("%s: %s", name, full)
-            counters.failed(name, full)
-            _failed(name, spank, config, f"state_dir= full: {config.state_dir}", full)
-            return -1
-        logger.exception("%s: internal error", name)
-        counters.failed(name, "")
-        _failed(name, spank, config, f"internal error in {name}, see slurmd's log",
-                "an internal error (slurmd's log has the details)")
-        return -1
+        return _sorted_failure(name, spank, config, err)
     finally:
         # No Python thread may outlive a callback: a thread holding the GIL across
         # slurmstepd's fork() hangs every task. Threads start through `threading`; when
@@ -165,40 +150,79 @@ def _dispatch(name: str, spank: Spank, args: list[str]) -> int:
         logger.debug("%s done, threads=%d", name, threading.active_count() if threading else 1)
 
 
-def state_dir_full(config: PluginConfig, err: BaseException) -> str:
-    """What to tell the admin and the job when ``err`` (or what caused it) says the state
-    directory's file system is full or over quota; "" for any other error."""
-    import errno
+def _sorted_failure(name: str, spank: Spank, config: PluginConfig,
+                    err: Exception) -> int:
+    """Do what the failure's cause calls for (``gpushare.node.faults``): a user's fault
+    fails their job and leaves the node in service; a node's drains it and, for a prolog,
+    requeues the job as Slurm would."""
+    from gpushare.node import faults  # only on this rare path
 
-    seen: Optional[BaseException] = err
-    while seen is not None and not (isinstance(seen, OSError) and seen.errno in (
-            errno.ENOSPC, errno.EDQUOT)):
-        seen = seen.__cause__ or seen.__context__
-    if not isinstance(seen, OSError):
-        return ""
-    err = seen
-    where = f" ({err.filename})" if err.filename else ""
-    return (f"no space left in state_dir= {config.state_dir}{where}: {err.strerror}; free "
-            "it (`gpushare check` says what fills it; the users' MPS directories belong on "
-            "a mount of their own, see docs/admin.md)")
+    fault = faults.classify(name, err, config.state_dir)
+    if fault.who == faults.USER:
+        logger.warning("%s: the job's own doing, the node stays in service: %s", name,
+                       fault.detail)
+        counters.refused(fault.counted)
+        if name == "job_prolog":
+            _record(spank, config, f"this job cannot run on node "
+                    f"{job.node_name(os.environ)}: {fault.detail}")
+        return 0
+    if fault.counted or isinstance(err, job.NodeError):
+        logger.error("%s: %s", name, fault.detail)
+    else:
+        logger.exception("%s: %s", name, fault.brief)
+    counters.failed(name, fault.counted)
+    _failed(name, spank, config, fault.brief, fault.detail)
+    return -1
+
+
+def state_dir_full(config: PluginConfig, err: BaseException) -> str:
+    """``gpushare.node.faults.state_dir_full`` for ``config``'s state directory."""
+    from gpushare.node import faults
+
+    return faults.state_dir_full(config.state_dir, err)
 
 
 def _failed(name: str, spank: Spank, config: Optional[PluginConfig], reason: str,
             detail: str) -> None:
     """What Slurm did for a failing prolog or epilog when it waited for them, gpushare now
-    does: they run in a worker Slurm does not wait for. The node is drained with the cause,
-    and a prolog leaves the job's tasks a record that fails them with it."""
+    does: they run in a worker Slurm does not wait for. The node is drained with the cause;
+    a prolog's batch job is requeued as Slurm requeues one after a failing prolog (held
+    unless ``nohold_on_prolog_fail``, never against ``--no-requeue`` or ``JobRequeue=0``),
+    and its tasks get a record that fails them with the cause."""
     _drain(reason, config)
     if name != "job_prolog" or config is None:
         return
+    node = job.node_name(os.environ)
+    job_id = _job_id(spank)
+    requeued, why = _requeue(job_id, config)
+    if requeued == "held":
+        then = (f"the job was requeued and held, as Slurm holds a job whose prolog failed: "
+                f"`scontrol release {job_id}` runs it on another node")
+    elif requeued:
+        then = "the job was requeued to run on another node"
+    else:
+        logger.info("job %d not requeued: %s", job_id, why)
+        then = "submit the job again"
+    _record(spank, config, f"could not set up this job on node {node}: {detail}. The node "
+            f"was drained; {then}")
+
+
+def _record(spank: Spank, config: PluginConfig, message: str) -> None:
+    """Leave the job's tasks a record that fails them with ``message``."""
     try:
         job_id, uid, gid = spank.ids()
-        job.record_failure(config, job_id, uid, gid, job.node_name(os.environ),
-                           f"could not set up this job on node "
-                           f"{job.node_name(os.environ)}: {detail}. The node was drained; "
-                           "submit the job again")
-    except Exception as err:  # the drain above is what matters; the tasks time out
+        job.record_failure(config, job_id, uid, gid, job.node_name(os.environ), message)
+    except Exception as err:  # the tasks time out waiting instead
         logger.error("cannot record the failure for the job's tasks: %s", err)
+
+
+def _requeue(job_id: int, config: PluginConfig) -> tuple[str, Optional[str]]:
+    """Requeue the job whose prolog failed here (``gpushare.node.drain.requeue_job``)."""
+    from gpushare.node.drain import requeue_job  # only on this rare path
+
+    if not job_id:
+        return "", "no job id"
+    return requeue_job(job_id, timeout=config.timeout)
 
 
 def _drain(reason: str, config: Optional[PluginConfig]) -> None:

@@ -25,6 +25,7 @@ def adapter(monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     drains: list[str] = []
     monkeypatch.setattr(spank_adapter, "_drain", lambda reason, config: drains.append(reason))
+    monkeypatch.setattr(spank_adapter, "_requeue", lambda job_id, config: ("", "not here"))
     yield drains
     gslog.uninstall()
 
@@ -64,7 +65,7 @@ def test_a_full_state_dir_is_the_drain_reason_and_the_jobs_message(
     assert counters.read(state_dir)["drains_total:state_dir_full"] == 1
 
 
-def test_other_errors_stay_internal(adapter, tmp_path, monkeypatch):
+def test_other_errors_name_their_cause(adapter, tmp_path, monkeypatch):
     state_dir = str(tmp_path / "state")
 
     def prolog(config, request, phases=None):
@@ -74,4 +75,4 @@ def test_other_errors_stay_internal(adapter, tmp_path, monkeypatch):
     counters.begin()
     args = [f"state_dir={state_dir}", "inventory=sim:/nonexistent/%n.json"]
     assert spank_adapter.dispatch("job_prolog", FakeHost(6, {"gpu-share": "30"}), args) == -1
-    assert adapter == ["internal error in job_prolog, see slurmd's log"]
+    assert adapter == [f"job_prolog failed: Input/output error ({state_dir})"]

@@ -32,10 +32,18 @@ def adapter(monkeypatch):
     monkeypatch.setattr(spank_adapter, "_ffi", FakeFfi)
     monkeypatch.setattr(spank_adapter, "_config", None)
     monkeypatch.setattr(spank_adapter, "_drain", lambda reason, config: drained.append(reason))
+    requeued: list[int] = []
+
+    def requeue(job_id, config):
+        requeued.append(job_id)
+        return "held", None
+
+    monkeypatch.setattr(spank_adapter, "_requeue", requeue)
     for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", job.SHARE_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     spank_adapter.drained = drained  # type: ignore[attr-defined]
+    spank_adapter.requeued = requeued  # type: ignore[attr-defined]
     yield spank_adapter
     gslog.uninstall()
 
@@ -58,7 +66,10 @@ def test_a_node_error_drains_and_fails_the_tasks_with_its_cause(adapter, state_d
     assert adapter.drained == ["NVML is gone"]
     text = env_file(state_dir, 5)
     assert text.startswith("#error=could not set up this job on node n1: cannot verify the "
-                           "job's GPUs: NVML is gone. The node was drained"), text
+                           "job's GPUs: NVML is gone. The node was drained; the job was "
+                           "requeued and held, as Slurm holds a job whose prolog failed: "
+                           "`scontrol release 5` runs it on another node"), text
+    assert adapter.requeued == [5]
     record = JobStore(state_dir).read(5)
     assert record is not None and record.mode == "error"
     # The epilog finds the record and removes it.
@@ -80,11 +91,13 @@ def test_an_internal_error_drains_and_keeps_what_the_prolog_recorded(adapter, st
 
     monkeypatch.setattr(job, "prolog", breaks)
     assert adapter.dispatch("job_prolog", FakeHost(6, {}), [f"state_dir={state_dir}"]) == -1
-    assert adapter.drained == ["internal error in job_prolog, see slurmd's log"]
+    # The cause is named even for what gpushare did not expect.
+    assert adapter.drained == ["internal error in job_prolog: KeyError: 'oops'"]
     record = store.read(6)
     assert record is not None
     assert record.mps == {"key": "u1000-GPU-x"}  # the epilog still finds the daemon
-    assert "an internal error (slurmd's log has the details)" in record.error
+    assert ("an internal error in job_prolog (KeyError: 'oops'; slurmd's log has the "
+            "details)") in record.error
     assert env_file(state_dir, 6).startswith("#error=could not set up this job")
 
 
@@ -97,6 +110,7 @@ def test_a_failing_epilog_drains_but_writes_no_record(adapter, state_dir, monkey
     assert adapter.dispatch("job_epilog", FakeHost(8, {}), [f"state_dir={state_dir}"]) == -1
     assert adapter.drained == ["MPS stop failed"]
     assert JobStore(state_dir).read(8) is None
+    assert adapter.requeued == []  # only a prolog's job is requeued
 
 
 def test_a_bad_plugstack_line_drains_too(adapter):
