@@ -217,6 +217,7 @@ class MpsManager:
         stopped: list[str] = []
         errors: list[MpsError] = []
         with self.store.dir_fd() as mps_fd:
+            self._purge_trash(mps_fd)
             keys = self.store.keys(mps_fd)
             if strays:
                 keys = sorted(set(keys) | set(self.scan.strays()))
@@ -250,6 +251,14 @@ class MpsManager:
         if errors:
             raise joined(errors)
         return stopped
+
+    def _purge_trash(self, mps_fd: int) -> None:
+        """Go on removing daemon directories discarded before (``safefs.discard_tree_at``)
+        within a bounded budget; what is left waits for the next prolog. Never fails one."""
+        try:
+            safefs.purge_trash_at(mps_fd)
+        except OSError as err:
+            LOG.warning("cannot purge %s: %s", os.path.join(self.mps_dir, safefs.TRASH), err)
 
     def _drop_collecting(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
                          job_ids: Sequence[str], stopped: list[str],
