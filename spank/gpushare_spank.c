@@ -132,7 +132,7 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
 
 GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
-    char lock[PATH_MAX + 32], core[PATH_MAX], jobs[PATH_MAX];
+    char lock[PATH_MAX + 32], env[PATH_MAX + 32], core[PATH_MAX], jobs[PATH_MAX];
     int fd, rc;
 
     if (gs_parse_args(ac, av) < 0)
@@ -154,6 +154,10 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
         close(fd);
         return -1;
     }
+    /* A job id that comes back (a requeued job) starts clean: a tasks' file its earlier
+     * run left behind (an epilog lost with slurmd) never reaches this run's tasks. */
+    if (gs_job_file(sp, ".env", env, sizeof(env)) == 0)
+        (void)unlink(env);
     if (gs_fast_join(sp, ac, av)) {
         close(fd); /* the tasks have their file: the job's lock is free for its epilog */
         return 0;
