@@ -37,6 +37,7 @@ __all__ = [
     "check_node",
     "check_release",
     "check_state_space",
+    "check_trash",
     "drain_node",
     "drain_reason",
     "exit_status",
@@ -116,6 +117,35 @@ def check_state_space(state_dir: str) -> list[Finding]:
                 "find what fills it (du -x, find -xdev); a job whose set-up finds it full "
                 "fails and drains the node with the reason state_dir= full"))
     return findings
+
+
+def check_trash(state_dir: str) -> list[Finding]:
+    """Go on purging the daemon directories a prolog or epilog moved into
+    ``<state_dir>/mps/.trash`` (root only, within the same budget as they do), and say
+    what is still there: a user's tree too large for one purge, or one still written to."""
+    import os
+
+    from gpushare.common import safefs
+
+    mps_dir = os.path.join(state_dir, "mps")
+    if os.geteuid() != 0:
+        return []
+    try:
+        fd = safefs.open_root_dir(mps_dir, create=False)
+    except (OSError, safefs.UnsafePathError):
+        return []  # absent, or refused: the prologs say why
+    try:
+        if safefs.purge_trash_at(fd):
+            return []
+        left = safefs.trash_entries_at(fd)
+    except OSError as err:
+        left = [str(err)]
+    finally:
+        os.close(fd)
+    return [Finding(WARNING, f"{len(left)} stopped daemons' directories still wait to be "
+                    "removed (a very large tree a user left, or one still written to)",
+                    os.path.join(mps_dir, safefs.TRASH), "each gpushare check and each "
+                    "prolog removes more; nothing needs doing unless this stays")]
 
 
 def check_node(plan: Plan, node: str, gres: Optional[GresConf] = None,

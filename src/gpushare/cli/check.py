@@ -131,7 +131,8 @@ def _state_findings(node: str) -> list[Any]:
         config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
     except ConfigError:
         return []
-    return check.check_state_space(config.for_node(node).state_dir)
+    state_dir = config.for_node(node).state_dir
+    return check.check_state_space(state_dir) + check.check_trash(state_dir)
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,
