@@ -287,6 +287,37 @@ def test_whole_gpus_run_where_the_plan_gives_them(example):
     assert_no_node_drained(bed)
 
 
+def test_an_untyped_whole_gpu_job_runs_where_slices_are_on_other_nodes(example):
+    """An existing job script's --gres=gpu:4, on a cluster with whole GPUs of several types
+    and Slurm's MIG slices on other nodes: the hook adds the whole nodes' feature (which
+    `gpushare render slurm-conf` tells the site to give them) and the job runs on 4 whole
+    GPUs of one of those nodes."""
+    import hostlist
+
+    bed, _plan = example
+    facts = json.loads(bed.facts_json)
+    if "plan.example.yaml" in bed.plan_source:
+        assert facts.get("whole_gpu_feature") == "gpushare_whole", facts
+    if not facts.get("whole_gpu_feature"):
+        pytest.skip("no node feature keeps untyped GPU requests whole in this plan")
+    feature = facts["whole_gpu_feature"]
+    rendered = gpushare("render", "slurm-conf", "--plan", bed.plan_source)
+    match = re.search(rf"^#   NodeName=(\S+) \.\.\. Features={feature}$", rendered, re.MULTILINE)
+    assert match, rendered
+    told = set(hostlist.expand_hostlist(match.group(1)))
+    shown = bed.run(["sinfo", "-h", "-N", "-o", "%N %f"]).stdout.split("\n")
+    have = {line.split()[0] for line in shown
+            if line.strip() and feature in line.split()[1].split(",")}
+    assert have == told
+    job_id = bed.sbatch(SCRIPT.replace("{sleep}", "0"), "--gres=gpu:4", user=USER)
+    info = finished(bed, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    assert info["Features"] == feature and info["NodeList"] in told, info
+    devices = job_devices(bed, info["NodeList"], job_id)
+    assert len(devices) == 4 and {d.type for d in devices} <= set(facts["gpu_types"])
+    assert_no_node_drained(bed)
+
+
 def test_every_slurm_mig_slice_runs_mixed_gpus_included(example):
     """Slurm's slices of a GPU the plan splits with Kubernetes (owner mixed) run too."""
     from gpushare.admin.mig_profiles import caps_minors, gi_id_for_placement
