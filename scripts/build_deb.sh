@@ -29,7 +29,7 @@ test -r /usr/include/slurm/slurm_version.h ||
 
 # The Debian packaging tools (only what is missing): the Build-Depends beyond them are the
 # ones `make deps` installs.
-TOOLS=(dpkg-dev debhelper dh-python help2man)
+TOOLS=(build-essential dpkg-dev debhelper dh-python help2man)
 [ "$LINT" = yes ] && TOOLS+=(lintian)
 MISSING=()
 for package in "${TOOLS[@]}"; do
