@@ -6,10 +6,17 @@ For each ownership plan ``etc/*plan*.yaml`` a bed is started with every node of 
 gres.conf, topology.conf and the submit facts written by ``gpushare render``, slurm.conf
 holding the lines of ``etc/slurm.conf.example`` (the Python submit hook, the health check),
 and plugstack.conf being ``etc/plugstack.conf.example``, which includes ``etc/gpushare.conf``
-with the plan's arguments and ``plan=``, as docs/admin.md says. Only the installation paths
-are moved into the bed. A normal user then runs a job on each device the plan gives Slurm
-(whole GPUs, MPS shares, every MIG slice, those of a GPU split with Kubernetes included),
-each job must complete on the devices it asked for, and no node may be drained.
+with the plan's arguments and ``plan=``, as docs/admin.md says; the keys that
+``gpushare render slurm-conf`` prints replace the example's (``TopologyPlugin=topology/block``
+for a plan of NVLink blocks). Only the installation paths are moved into the bed, and a
+plan's ``slurm.version`` is set to the running release, as a site sets it to its own (a plan
+that needs a newer release than the running one is skipped). ``SwitchType=switch/nvidia_imex``
+stays out: it needs NVIDIA's IMEX driver (``nvidia-caps-imex-channels``), which the bed has
+not; the bed makes the channel device that plugin would make for each job, where the
+plugstack line's ``imex_channels=`` looks. A normal user then runs a job on each device the
+plan gives Slurm (whole GPUs, MPS shares, every MIG slice, those of a GPU split with
+Kubernetes included) and one on two nodes of an NVLink domain; each job must complete on the
+devices it asked for, and no node may be drained.
 
 The bed uses ``GPUSHARE_BED_PORT`` + 140 up (one port per node) and the root
 ``/tmp/gsbed-ex-<that port>``; its node names are the plans', so its cgroups never meet
@@ -58,6 +65,7 @@ def gpushare(*args: str) -> str:
 def installed(bed: slurmbed.SlurmBed, text: str) -> str:
     """The shipped text with the installation's paths moved into the bed, nothing else."""
     moves = (
+        ("/dev/nvidia-caps-imex-channels", bed.path("dev", "nvidia-caps-imex-channels")),
         ("/etc/slurm/", bed.path("etc") + "/"),
         ("/etc/gpushare/plan.yaml", bed.path("etc", "plan.yaml")),
         ("/usr/lib64/slurm/", bed.path("lib") + "/"),
@@ -80,8 +88,46 @@ def plugin_args(line: str) -> list[str]:
     return words[2:]
 
 
+def for_running_release(plan_path: str) -> str:
+    """The plan with its ``slurm.version`` set to the running Slurm's release, as a site
+    sets it (a copy beside the bed's root), or the plan itself when it names none or that
+    one. Skips a plan that needs a newer Slurm than the running one."""
+    from gpushare.admin.plan import load_plan, release_tuple
+
+    plan = load_plan(plan_path)
+    running = slurmbed.slurm_release()
+    if (plan.slurm.topology == "block" or plan.slurm.imex) and running < (24, 5):
+        pytest.skip(f"{os.path.basename(plan_path)} needs Slurm 24.05 or later "
+                    f"(topology/block, switch/nvidia_imex); this is {running[0]}.{running[1]:02d}")
+    if not plan.slurm.version_given or release_tuple(plan.slurm.version) == running:
+        return plan_path
+    with open(plan_path) as handle:
+        text = handle.read()
+    release = f"{running[0]}.{running[1]:02d}"
+    moved, count = re.subn(r'(?m)^(  version: )"[0-9.]+"', rf'\g<1>"{release}"', text, count=1)
+    assert count == 1, f"{plan_path}: no slurm.version line to set"
+    copy = f"{ROOT}.{os.path.basename(plan_path)}"
+    with open(copy, "w") as handle:
+        handle.write(moved)
+    return copy
+
+
+def slurm_conf_lines(bed: slurmbed.SlurmBed, plan_path: str) -> list[str]:
+    """slurm.conf.example's lines, each key ``gpushare render slurm-conf`` prints replaced by
+    its line (SwitchType=switch/nvidia_imex left out: see the module doc), paths moved."""
+    rendered = {line.split("=", 1)[0]: line for line in
+                gpushare("render", "slurm-conf", "--plan", plan_path).splitlines()
+                if line.strip() and not line.startswith("#")}
+    rendered.pop("SwitchType", None)
+    lines = []
+    for line in conf_lines(os.path.join(ETC, "slurm.conf.example")):
+        lines.append(installed(bed, rendered.pop(line.split("=", 1)[0], line)))
+    return lines + list(rendered.values())
+
+
 def example_bed(plan_path: str) -> slurmbed.SlurmBed:
     """The bed for one example plan, configured from etc/ as shipped (see the module doc)."""
+    plan_path = for_running_release(plan_path)
     bed = slurmbed.plan_bed(root=ROOT, port_base=PORT, plan_path=plan_path, simulate=True)
     dev = bed.path("dev")
     # What a site renders from the plan, with the CLI the docs show.
@@ -91,9 +137,9 @@ def example_bed(plan_path: str) -> slurmbed.SlurmBed:
     rendered = [line for line in gpushare("render", "plugstack", "--plan", plan_path)
                 .splitlines() if line.startswith("required ")]
     assert len(rendered) == 1, rendered
-    slurm_conf = "\n".join(installed(bed, line) for line in conf_lines(
-        os.path.join(ETC, "slurm.conf.example")))
-    bed.extra_conf = f"{slurm_conf}\nPluginDir={SLURM_PLUGINS}:{bed.path('jobsubmit')}"
+    conf = slurm_conf_lines(bed, plan_path)
+    bed.example_conf = conf  # type: ignore[attr-defined]
+    bed.extra_conf = "\n".join(conf) + f"\nPluginDir={SLURM_PLUGINS}:{bed.path('jobsubmit')}"
     with open(os.path.join(ETC, "plugstack.conf.example")) as handle:
         bed.plugstack = installed(bed, handle.read())
     # gpushare.conf as shipped, then the plan's arguments, then what only a bed needs
@@ -112,6 +158,13 @@ def example_bed(plan_path: str) -> slurmbed.SlurmBed:
 
     def prepare_as_shipped() -> None:
         prepare()
+        if "imex_channels=" in line:
+            # What switch/nvidia_imex makes for a job: a channel device (major of
+            # nvidia-caps-imex-channels), which every GPU task must find.
+            channels = bed.path("dev", "nvidia-caps-imex-channels")
+            assert f"imex_channels={channels}" in line, line
+            os.makedirs(channels)
+            os.mknod(os.path.join(channels, "channel0"), 0o666 | 0o020000, os.makedev(234, 0))
         os.makedirs(bed.path("etc", "plugstack.conf.d"))
         with open(bed.path("etc", "plugstack.conf.d", "gpushare.conf"), "w") as handle:
             handle.write(line + "\n")
@@ -153,7 +206,7 @@ def example(request):
     print(f"{os.path.basename(request.param)}: {len(bed.nodes)} nodes idle after "
           f"{time.monotonic() - started:.1f} s")
     try:
-        yield bed, load_plan(request.param)
+        yield bed, load_plan(bed.plan_source)
     finally:
         bed.stop()
 
@@ -235,8 +288,8 @@ def test_slurm_conf_example_is_what_slurmctld_runs_with(example):
         key, sep, value = line.partition("=")
         if sep:
             config[key.strip()] = value.strip()
-    for line in conf_lines(os.path.join(ETC, "slurm.conf.example")):
-        key, value = (part.strip() for part in installed(bed, line).split("=", 1))
+    for line in bed.example_conf:
+        key, value = (part.strip() for part in line.split("=", 1))
         shown = config[key]
         if key == "HealthCheckInterval":
             shown = shown.split()[0]  # "300 sec"
@@ -391,6 +444,31 @@ def test_a_job_runs_on_every_node(example):
         requests += [(node, f"{name}:1" if name.startswith("gpu:") else f"{name}:{count}")
                      for node in group.nodes]
     run_jobs(bed, requests)
+    assert_no_node_drained(bed)
+
+
+def test_a_multi_node_job_stays_in_one_nvlink_domain(example):
+    """Two nodes' whole GPUs, submitted as a user would: the hook keeps the job in one
+    domain (--switches on a tree, --segment on blocks) and Slurm places it there."""
+    bed, plan = example
+    domains = {node: domain.name for domain in plan.domains for node in domain.nodes}
+    for group in plan.groups:
+        whole = [gpu for gpu in group.gpus if not gpu.mig and gpu.owner == "slurm"]
+        in_domain = [n for n in group.nodes if n in domains]
+        if whole and len(in_domain) >= 2:
+            break
+    else:
+        pytest.skip("no node group with whole GPUs on two nodes of an NVLink domain")
+    gres = f"gpu:{group.model.gres_type}:{len(whole)}"
+    result = bed.run(["sbatch", "--parsable", "-N2", f"--gres={gres}", "--wrap", "true"],
+                     user=USER)
+    job_id = int(result.stdout.strip())
+    flag = "--segment=2" if plan.slurm.topology == "block" else "--switches=1@"
+    assert f"gpushare: {flag}" in result.stderr, result.stderr
+    info = finished(bed, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    nodes = bed.run(["scontrol", "show", "hostnames", info["NodeList"]]).stdout.split()
+    assert len(nodes) == 2 and len({domains[n] for n in nodes}) == 1, info["NodeList"]
     assert_no_node_drained(bed)
 
 
