@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.mps",
     "gpushare.cli.metrics",
     "gpushare.cli.status",
+    "gpushare.cli.relayout",
 )
 
 

@@ -186,7 +186,7 @@ def _why_not(model: GpuModel, slices: list[tuple[str, str, Optional[int], int]])
 def node_group(c: Checker, raw: Any, line: int, position: int, units_default: int,
            cache: dict[Any, Optional[list[int]]]) -> Optional[NodeGroup]:
     what = f"node_groups[{position}]"
-    section = c.mapping(raw, line, what, _GROUP_KEYS, _GROUP_KEYS)
+    section = c.mapping(raw, line, what, (*_GROUP_KEYS, "relayout"), _GROUP_KEYS)
     if section is None or any(key not in section for key in _GROUP_KEYS):
         return None
     name = c.string(section["name"], line_of(section, "name"), f"{what}.name")
@@ -244,7 +244,14 @@ def node_group(c: Checker, raw: Any, line: int, position: int, units_default: in
             gpus.append(gpu)
     if len(gpus) != count:
         return None
-    return NodeGroup(name, expr, nodes, model, tuple(gpus), section.line)
+    menu = None
+    if "relayout" in section:
+        from gpushare.admin.relayout.menu import parse_menu
+
+        changeable = sum(gpu.changeable for gpu in gpus) * len(nodes)
+        menu = parse_menu(c, section["relayout"], line_of(section, "relayout"), where, model,
+                          changeable)
+    return NodeGroup(name, expr, nodes, model, tuple(gpus), section.line, menu)
 
 
 def _reindex(gpu: GpuPlan, index: int) -> GpuPlan:

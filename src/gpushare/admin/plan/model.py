@@ -5,10 +5,13 @@ topology.conf, the plugstack line and the submit hooks' facts are rendered from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from gpushare.admin.mig_profiles import GpuModel
 from gpushare.submit.facts import Policy
+
+if TYPE_CHECKING:
+    from gpushare.admin.relayout.menu import Menu
 
 OWNERS = ("slurm", "kubernetes")
 PLAN_VERSION = 1
@@ -50,6 +53,11 @@ class GpuPlan:
     def slices_of(self, owner: str) -> list[MigSlice]:
         return [s for s in self.slices if s.owner == owner]
 
+    @property
+    def changeable(self) -> bool:
+        """Whether a relayout may change it: every slice (or the whole GPU) is Slurm's."""
+        return self.owner == "slurm"
+
 
 @dataclass(frozen=True)
 class NodeGroup:
@@ -59,6 +67,7 @@ class NodeGroup:
     model: GpuModel
     gpus: tuple[GpuPlan, ...]
     line: int
+    relayout: Optional[Menu] = None  # the layouts its Slurm-only GPUs may take
 
     @property
     def label(self) -> str:
