@@ -29,8 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import gpushare  # noqa: E402
-from gpushare.node import job  # noqa: E402
+from gpushare.node import counters, job, state, ticket  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
+from gpushare.node.mps import record  # noqa: E402
 
 
 def _load_embedbuild():
@@ -61,11 +62,23 @@ PLUGIN_SOURCES = ("gpushare_spank.c", "gs_args.c", "gs_core.c", "gs_worker.c", "
                   "gs_parse.c")
 
 
-def _printf_format(python_format: str) -> str:
-    """A name with one ``{}`` for an integer as a C printf format."""
-    if python_format.count("{}") != 1 or "%" in python_format:
+def _printf_format(python_format: str, *fields: tuple[str, str]) -> str:
+    """A Python format with ``{}`` (an integer) or the named ``fields`` as a C printf format
+    (each field's C conversion given with it)."""
+    if "%" in python_format:
         raise ValueError(f"cannot turn {python_format!r} into a C format")
-    return python_format.replace("{}", "%ld")
+    if not fields:
+        if python_format.count("{}") != 1:
+            raise ValueError(f"cannot turn {python_format!r} into a C format")
+        return python_format.replace("{}", "%ld")
+    converted = python_format
+    for name, conversion in fields:
+        if converted.count("{" + name + "}") != 1:
+            raise ValueError(f"{python_format!r} must name {{{name}}} once")
+        converted = converted.replace("{" + name + "}", conversion)
+    if "{" in converted or "}" in converted:
+        raise ValueError(f"{python_format!r} has fields the C glue does not fill")
+    return converted
 
 
 def constants() -> dict[str, str]:
@@ -83,6 +96,20 @@ def constants() -> dict[str, str]:
         "GS_WAIT_LIMIT_MARGIN": repr(float(job.WAIT_LIMIT_MARGIN)),
         "GS_EPILOGS_LOCK": embedbuild.c_string(job.EPILOGS_LOCK),
         "GS_GPU_EPILOGS_LOCK_FMT": embedbuild.c_string(_printf_format(job.GPU_EPILOGS_LOCK)),
+        "GS_JOBS_DIR": embedbuild.c_string(state.JOBS_DIR),
+        "GS_RECORD_SUFFIX": embedbuild.c_string(state.RECORD_SUFFIX),
+        "GS_ENV_SUFFIX": embedbuild.c_string(state.ENV_SUFFIX),
+        "GS_LOCK_SUFFIX": embedbuild.c_string(state.LOCK_SUFFIX),
+        "GS_MPS_DIR": embedbuild.c_string(os.path.basename(PluginConfig().mps_dir)),
+        "GS_TICKETS_DIR": embedbuild.c_string(record.TICKETS),
+        "GS_DAEMON_JOBS_SUFFIX": embedbuild.c_string(record.JOBS_SUFFIX),
+        "GS_TICKET_FORMAT": embedbuild.c_string(ticket.FORMAT),
+        "GS_TICKET_NAME_FMT": embedbuild.c_string(_printf_format(
+            ticket.NAME_FORMAT, ("uid", "%u"), ("gpus", "%s"), ("share", "%s"))),
+        "GS_JOB_ID_MARK": embedbuild.c_string(ticket.JOB_ID_MARK),
+        "GS_CREATED_MARK": embedbuild.c_string(ticket.CREATED_MARK),
+        "GS_COUNTERS_FILE": embedbuild.c_string(counters.FILE),
+        "GS_COUNTERS_FAST_FILE": embedbuild.c_string(counters.FAST_FILE),
     }
 
 

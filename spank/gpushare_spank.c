@@ -24,6 +24,7 @@
  * generates the constants shared with Python (GS_KNOWN_KEYS, GS_DEFAULT_STATE_DIR, ...).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -143,10 +144,11 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
         gs_debug(sp, "cb=job_prolog python=skip reason=no-gpu");
         return 0;
     }
-    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 || gs_job_file(sp, ".lock", lock, sizeof(lock)) < 0 ||
+    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 ||
+        gs_job_file(sp, GS_LOCK_SUFFIX, lock, sizeof(lock)) < 0 ||
         (fd = gs_open_lock(lock, 1)) < 0) {
-        slurm_error("gpushare: job prolog: cannot create the job's lock in %s/jobs: %m "
-                    "(check plugstack state_dir=)", gs_state_dir);
+        slurm_error("gpushare: job prolog: cannot create the job's lock in %s/" GS_JOBS_DIR
+                    ": %m (check plugstack state_dir=)", gs_state_dir);
         return -1;
     }
     if (gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0) {
@@ -156,7 +158,7 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
     }
     /* A job id that comes back (a requeued job) starts clean: a tasks' file its earlier
      * run left behind (an epilog lost with slurmd) never reaches this run's tasks. */
-    if (gs_job_file(sp, ".env", env, sizeof(env)) == 0)
+    if (gs_job_file(sp, GS_ENV_SUFFIX, env, sizeof(env)) == 0)
         (void)unlink(env);
     if (gs_fast_join(sp, ac, av)) {
         close(fd); /* the tasks have their file: the job's lock is free for its epilog */
@@ -179,8 +181,11 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
+    /* A state directory a user could change is refused (slurmd's log says why). */
+    if (gs_check_state_dir(0) < 0 && errno != ENOENT)
+        return -1;
     /* The job's prolog worker first: what it set up is what this epilog undoes. */
-    if (gs_job_file(sp, ".lock", lock, sizeof(lock)) == 0)
+    if (gs_job_file(sp, GS_LOCK_SUFFIX, lock, sizeof(lock)) == 0)
         fd = gs_open_lock(lock, 0);
     if (fd >= 0 && gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0) {
         slurm_error("gpushare: job epilog: the job's prolog worker still runs after %g s (a "

@@ -50,18 +50,19 @@ static int gs_daemon_of_job(int mps_fd, const char *job, char *key)
     struct stat st;
     int found = 0;
     DIR *dir = gs_dir_stream(mps_fd);
+    const size_t suffix = strlen(GS_DAEMON_JOBS_SUFFIX);
     size_t len;
 
     if (!dir)
         return -1;
     while ((entry = readdir(dir))) {
         len = strlen(entry->d_name);
-        if (entry->d_name[0] == '.' || len <= 5 || len - 5 >= GS_KEY_MAX ||
-            strcmp(entry->d_name + len - 5, ".jobs") != 0)
+        if (entry->d_name[0] == '.' || len <= suffix || len - suffix >= GS_KEY_MAX ||
+            strcmp(entry->d_name + len - suffix, GS_DAEMON_JOBS_SUFFIX) != 0)
             continue;
         snprintf(ref, sizeof(ref), "%s/%s", entry->d_name, job);
         if (fstatat(mps_fd, ref, &st, AT_SYMLINK_NOFOLLOW) == 0 && found++ == 0)
-            snprintf(key, GS_KEY_MAX, "%.*s", (int)(len - 5), entry->d_name);
+            snprintf(key, GS_KEY_MAX, "%.*s", (int)(len - suffix), entry->d_name);
     }
     closedir(dir);
     return found == 1 ? 0 : -1;
@@ -82,7 +83,7 @@ static int gs_drop_reference(int mps_fd, const char *key, const char *job, const
     if (fstatat(mps_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
         return 0;
     *why = "jobs-unreadable";
-    snprintf(name, sizeof(name), "%s.jobs", key);
+    snprintf(name, sizeof(name), "%s" GS_DAEMON_JOBS_SUFFIX, key);
     if ((jobs_fd = gs_open_dir_at(mps_fd, name)) < 0)
         return 0;
     if ((own = gs_read_share(jobs_fd, job)) < 0 || !(dir = gs_dir_stream(jobs_fd))) {
@@ -121,8 +122,8 @@ int gs_fast_leave(spank_t sp)
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return 0;
     snprintf(job, sizeof(job), "%u", job_id);
-    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
-    mps_fd = gs_open_dir_at(AT_FDCWD, path);
+    snprintf(path, sizeof(path), "%s/" GS_MPS_DIR, gs_state_dir);
+    mps_fd = gs_check_state_dir(0) == 0 ? gs_open_dir_at(AT_FDCWD, path) : -1;
     if (mps_fd < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
         if (mps_fd >= 0)
             close(mps_fd);
@@ -139,9 +140,9 @@ int gs_fast_leave(spank_t sp)
         return 0;
     }
     /* As gpushare.node.state.JobStore.remove: the tasks' file, then the record. */
-    if (gs_job_file(sp, ".env", path, sizeof(path)) == 0)
+    if (gs_job_file(sp, GS_ENV_SUFFIX, path, sizeof(path)) == 0)
         (void)unlink(path);
-    if (gs_job_file(sp, ".json", path, sizeof(path)) == 0)
+    if (gs_job_file(sp, GS_RECORD_SUFFIX, path, sizeof(path)) == 0)
         (void)unlink(path);
     gs_count_fast("epilog", gs_now() - started);
     gs_debug(sp, "cb=job_epilog python=skip reason=left-daemon daemon=%s share=%d", key, share);
@@ -250,13 +251,13 @@ static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, co
     if (strcmp(now_stamp, t->record_stamp) != 0)
         return -1;
     *why = "write";
-    snprintf(name, sizeof(name), "%s.jobs", t->key);
+    snprintf(name, sizeof(name), "%s" GS_DAEMON_JOBS_SUFFIX, t->key);
     refs_fd = gs_open_dir_at(mps_fd, name);
     clock_gettime(CLOCK_REALTIME, &now);
     snprintf(created, sizeof(created), "%ld.%06ld", (long)now.tv_sec, now.tv_nsec / 1000L);
     record = gs_fill(t->record, marks, 2);
     env = gs_fill(t->env, marks, 2);
-    snprintf(file, sizeof(file), "%s.json", job);
+    snprintf(file, sizeof(file), "%s" GS_RECORD_SUFFIX, job);
     snprintf(share, sizeof(share), "%d\n", t->share);
     if (refs_fd < 0 || !record || !env ||
         gs_write_at(jobs_fd, file, record, 0) < 0)
@@ -265,10 +266,10 @@ static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, co
         (void)unlinkat(jobs_fd, file, 0);
         goto out;
     }
-    snprintf(file, sizeof(file), "%s.env", job);
+    snprintf(file, sizeof(file), "%s" GS_ENV_SUFFIX, job);
     if (gs_write_at(jobs_fd, file, env, 0) < 0) {
         (void)unlinkat(refs_fd, job, 0);
-        snprintf(file, sizeof(file), "%s.json", job);
+        snprintf(file, sizeof(file), "%s" GS_RECORD_SUFFIX, job);
         (void)unlinkat(jobs_fd, file, 0);
         goto out;
     }
@@ -309,9 +310,9 @@ char *gs_read_ticket(struct gs_ticket_fds *fds, const char *name)
     char path[PATH_MAX + 32];
 
     fds->mps = fds->tickets = fds->jobs = fds->lock = -1;
-    snprintf(path, sizeof(path), "%s/mps", gs_state_dir);
-    if ((fds->mps = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (fds->tickets = gs_open_dir_at(fds->mps, "tickets")) < 0)
+    snprintf(path, sizeof(path), "%s/" GS_MPS_DIR, gs_state_dir);
+    if (gs_check_state_dir(0) < 0 || (fds->mps = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (fds->tickets = gs_open_dir_at(fds->mps, GS_TICKETS_DIR)) < 0)
         return NULL;
     return gs_read_root_file(fds->tickets, name, GS_TICKET_MAX);
 }
@@ -321,7 +322,7 @@ int gs_ticket_lock(struct gs_ticket_fds *fds, const char *key)
 {
     char path[PATH_MAX + 32];
 
-    snprintf(path, sizeof(path), "%s/jobs", gs_state_dir);
+    snprintf(path, sizeof(path), "%s/" GS_JOBS_DIR, gs_state_dir);
     if ((fds->jobs = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
         (fds->lock = gs_lock_daemon(fds->mps, key)) < 0)
         return -1;
@@ -357,7 +358,7 @@ int gs_fast_join(spank_t sp, int ac, char **av)
     if (gs_ticket_job(sp, job, &uid, gpus, &share) < 0)
         return 0;
     gs_ticket_facts(&facts, sp, ac, av);
-    snprintf(name, sizeof(name), "u%u.g%s.s%s", uid, gpus, share);
+    snprintf(name, sizeof(name), GS_TICKET_NAME_FMT, uid, gpus, share);
     if (!(text = gs_read_ticket(&fds, name)) ||
         gs_ticket_holds(&facts, text, &ticket, &why) < 0)
         goto out;

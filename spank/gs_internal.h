@@ -40,6 +40,7 @@ double gs_now(void);
 int gs_untrusted(const struct stat *st, int sticky_ok);
 int gs_refuse(const char *what, const char *path, const struct stat *st, const char *fix);
 int gs_check_parents(const char *what, const char *path);
+int gs_check_state_dir(int create);
 int gs_jobs_dir(char *out, size_t size);
 int gs_open_lock(const char *path, int create);
 int gs_flock_until(int fd, int operation, double deadline);

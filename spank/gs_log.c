@@ -29,7 +29,35 @@ static const char *gs_ctx_name(void)
     }
 }
 
-/* One line per decision, appended to the admin-chosen debug_log (never a symlink). */
+/* debug_log= opened for one line: never through a link, never blocking (a FIFO there must
+ * not hang a prolog), and only a regular file of root's; anything else is said once per
+ * process in slurmd's log and the line dropped. */
+static int gs_open_debug_log(void)
+{
+    static int refused = 0;
+    struct stat st = {0};
+    int fd;
+
+    if (refused)
+        return -1;
+    fd = open(gs_debug_log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+              0644);
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0)
+        return fd;
+    refused = 1;
+    if (fd >= 0) {
+        slurm_error("gpushare: refusing debug_log=%s: not a regular file of root's (mode %04o, "
+                    "owner uid %d); remove it or point debug_log= elsewhere", gs_debug_log,
+                    (unsigned)(st.st_mode & 0170777), (int)st.st_uid);
+        close(fd);
+    } else {
+        slurm_error("gpushare: cannot open debug_log=%s: %m (a symbolic link is refused)",
+                    gs_debug_log);
+    }
+    return -1;
+}
+
+/* One line per decision, appended to the admin-chosen debug_log. */
 void gs_debug(spank_t sp, const char *fmt, ...)
 {
     char line[1024];
@@ -50,8 +78,7 @@ void gs_debug(spank_t sp, const char *fmt, ...)
     vsnprintf(line + off, sizeof(line) - off - 1, fmt, ap);
     va_end(ap);
     strcat(line, "\n");
-    fd = open(gs_debug_log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if ((fd = gs_open_debug_log()) < 0)
         return;
     if (write(fd, line, strlen(line)) < 0) {
         /* a debug line is best effort */
@@ -83,20 +110,22 @@ void gs_count_fast(const char *callback, double seconds)
 
     snprintf(lines, sizeof(lines), "%s %ld\n", callback, (long)(seconds * 1e6));
     len = (int)strlen(lines);
-    snprintf(path, sizeof(path), "%s/counters.json", gs_state_dir);
-    lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    snprintf(path, sizeof(path), "%s/" GS_COUNTERS_FILE, gs_state_dir);
+    lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (lock_fd < 0)
         return;
     if (fstat(lock_fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
         gs_flock_until(lock_fd, LOCK_EX, gs_now() + 1.0) == 0) {
-        snprintf(path, sizeof(path), "%s/counters.fast", gs_state_dir);
-        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-        if (fd >= 0) {
+        snprintf(path, sizeof(path), "%s/" GS_COUNTERS_FAST_FILE, gs_state_dir);
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                  0644);
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
             if (write(fd, lines, len) != len) {
                 /* a count is best effort, as in Python */
             }
-            close(fd);
         }
+        if (fd >= 0)
+            close(fd);
     }
     close(lock_fd);
 }

@@ -12,11 +12,16 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
+/* The names shared with the Python (GS_TICKET_FORMAT, the marks, ...) come from the header
+ * spank/build.py generates; a test build writes it with `spank/build.py --header PATH`
+ * and compiles with -include PATH. */
+#ifndef GS_CONSTANTS_H
+#error "compile with -include the header that spank/build.py --header writes"
+#endif
+
 #define GS_KEY_MAX 256           /* a daemon key, as gpushare.node.mps.record writes it */
 #define GS_TICKET_MAX (64 * 1024) /* the largest ticket read */
 #define GS_STAMP_MAX 96
-#define GS_JOB_ID_MARK "@GPUSHARE_JOB_ID@"
-#define GS_CREATED_MARK "@GPUSHARE_CREATED@"
 
 /* ---- gs_parse.c ---------------------------------------------------------------------- */
 

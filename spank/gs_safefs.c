@@ -77,61 +77,117 @@ int gs_check_parents(const char *what, const char *path)
     }
 }
 
-/* Refuse a state directory a user could have placed or can change (as gpushare.state). */
-int gs_check_dir(const char *path)
+/*
+ * state_dir= is checked as gpushare.common.safefs.open_root_dir checks it, every component
+ * from / down, each opened from its parent without following a link: a real directory,
+ * root's, not writable by group or others (a sticky one like /tmp may be, above the state
+ * directory). The state directory itself is not writable by group or others at all. A
+ * directory only root can change stays as checked, so a process checks it once.
+ */
+static int gs_state_checked = 0;
+
+/* One component (fd, shown as path); leaf: the state directory itself. */
+static int gs_check_state_component(int fd, const char *path, int leaf)
 {
     struct stat st;
+    const char *problem = NULL;
 
-    if (lstat(path, &st) < 0) {
-        slurm_error("gpushare: state directory %s: %m", path);
+    if (fstat(fd, &st) < 0)
+        problem = "not readable";
+    else if (!S_ISDIR(st.st_mode))
+        problem = "not a directory";
+    else if (st.st_uid != 0)
+        problem = "not owned by root";
+    else if ((st.st_mode & 022) && (leaf || !(st.st_mode & S_ISVTX)))
+        problem = "writable by group or others";
+    if (!problem)
+        return 0;
+    slurm_error("gpushare: refusing state_dir=%s: %s is %s (owner uid %d, mode %04o); chown "
+                "root and chmod go-w it, or remove it", gs_state_dir, path, problem,
+                (int)st.st_uid, (unsigned)(st.st_mode & 07777));
+    return -1;
+}
+
+int gs_check_state_dir(int create)
+{
+    char copy[PATH_MAX], shown[PATH_MAX] = "", *name, *next, *save = NULL;
+    int fd, child;
+
+    if (gs_state_checked)
+        return 0;
+    if (snprintf(copy, sizeof(copy), "%s", gs_state_dir) >= (int)sizeof(copy) ||
+        (fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return -1;
+    if (gs_check_state_component(fd, "/", 0) < 0) {
+        close(fd);
+        errno = EPERM;
         return -1;
     }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
-        slurm_error("gpushare: state directory %s must be a real directory owned by uid %d and "
-                    "not writable by group/others (owner %d, mode %o); fix it or remove it",
-                    path, (int)geteuid(), (int)st.st_uid, (unsigned)(st.st_mode & 07777));
-        return -1;
+    for (name = strtok_r(copy, "/", &save); name; name = next) {
+        next = strtok_r(NULL, "/", &save);
+        snprintf(shown + strlen(shown), sizeof(shown) - strlen(shown), "/%s", name);
+        child = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (child < 0 && errno == ENOENT && create) {
+            if (mkdirat(fd, name, 0700) < 0 && errno != EEXIST) {
+                slurm_error("gpushare: cannot create %s: %m", shown);
+                close(fd);
+                return -1;
+            }
+            child = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (child >= 0)
+                (void)fchmod(child, 0755); /* as open_root_dir makes it */
+        }
+        close(fd);
+        if (child < 0) {
+            int saved = errno;
+            if (saved == ELOOP || saved == ENOTDIR)
+                slurm_error("gpushare: refusing state_dir=%s: %s is a symbolic link or not a "
+                            "directory; remove it", gs_state_dir, shown);
+            else if (saved != ENOENT)
+                slurm_error("gpushare: state directory %s: %s: %m", gs_state_dir, shown);
+            errno = saved;
+            return -1;
+        }
+        fd = child;
+        if (gs_check_state_component(fd, shown, next == NULL) < 0) {
+            close(fd);
+            errno = EPERM;
+            return -1;
+        }
     }
+    close(fd);
+    gs_state_checked = 1;
     return 0;
 }
 
-/* <state_dir>/jobs, created root-owned (with its parents) when missing, then checked. */
+/* <state_dir>/jobs, created root-owned (with the state directory) when missing, checked. */
 int gs_jobs_dir(char *out, size_t size)
 {
-    char path[PATH_MAX];
+    int fd;
 
-    if (snprintf(path, sizeof(path), "%s", gs_state_dir) >= (int)sizeof(path))
+    if (gs_check_state_dir(1) < 0)
         return -1;
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-            slurm_error("gpushare: cannot create %s: %m", path);
-            return -1;
-        }
-        *p = '/';
-    }
-    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-        slurm_error("gpushare: cannot create the state directory %s: %m", path);
-        return -1;
-    }
-    if (gs_check_dir(path) < 0)
-        return -1;
-    if (snprintf(out, size, "%s/jobs", path) >= (int)size)
+    if (snprintf(out, size, "%s/" GS_JOBS_DIR, gs_state_dir) >= (int)size)
         return -1;
     if (mkdir(out, 0700) < 0 && errno != EEXIST) {
         slurm_error("gpushare: cannot create %s: %m", out);
         return -1;
     }
-    return gs_check_dir(out);
+    if ((fd = gs_open_dir_at(AT_FDCWD, out)) < 0) {
+        slurm_error("gpushare: refusing %s: not a directory of root's out of others' reach; "
+                    "remove it", out);
+        return -1;
+    }
+    close(fd);
+    return 0;
 }
 
 /* Open a root-owned lock file: -1 with errno ENOENT when absent and not created. */
 int gs_open_lock(const char *path, int create)
 {
     struct stat st;
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT : 0),
+                  0600);
 
     if (fd < 0)
         return -1;
@@ -174,9 +230,10 @@ int gs_flock_until(int fd, int operation, double deadline)
 int gs_open_dir_at(int dir_fd, const char *name)
 {
     struct stat st;
-    int fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 
-    if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022))) {
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+                    (st.st_mode & 022))) {
         close(fd);
         fd = -1;
     }
@@ -203,7 +260,7 @@ int gs_lock_daemon(int mps_fd, const char *key)
     int fd;
 
     snprintf(name, sizeof(name), "%s.lock", key);
-    fd = openat(mps_fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = openat(mps_fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd >= 0 && fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && held.st_uid == geteuid() &&
         gs_flock_until(fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
         fstatat(mps_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
@@ -254,7 +311,8 @@ int gs_write_mode_at(int dir_fd, const char *name, const char *text, int no_repl
 
     snprintf(tmp, sizeof(tmp), ".%s.%d.c.tmp", name, (int)getpid());
     (void)unlinkat(dir_fd, tmp, 0);
-    fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                0600);
     if (fd < 0)
         return -1;
     while (done < len && (wrote = write(fd, text + done, len - done)) > 0)

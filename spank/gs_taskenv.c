@@ -33,8 +33,10 @@ static int gs_read_env_file(spank_t sp, char *buf, size_t size)
     int fd;
 
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
-        gs_job_file(sp, ".env", path, sizeof(path)) < 0)
+        gs_job_file(sp, GS_ENV_SUFFIX, path, sizeof(path)) < 0)
         return -1;
+    if (gs_check_state_dir(0) < 0)
+        return errno == ENOENT ? 0 : -1; /* no state directory: no gpushare job ran here */
     fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? 0 : -1;
@@ -103,7 +105,7 @@ static int gs_check_imex(spank_t sp)
     if (gs_getenv(sp, "SLURM_JOB_GPUS", gpus, sizeof(gpus)) < 0 &&
         gs_getenv(sp, "CUDA_VISIBLE_DEVICES", gpus, sizeof(gpus)) < 0)
         return 0; /* not a GPU job: no IMEX channel needed */
-    fd = open(gs_imex_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    fd = open(gs_imex_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     dir = fd >= 0 ? fdopendir(fd) : NULL;
     if (!dir && fd >= 0)
         close(fd);

@@ -142,15 +142,15 @@ int gs_ticket_holds(const struct gs_ticket_facts *facts, char *text, struct gs_t
                     const char **why)
 {
     char *at, *word, *value;
+    const size_t head = strlen(GS_TICKET_FORMAT "\n");
     int args = 0, rc;
 
     memset(t, 0, sizeof(*t));
     *why = "format";
-    if (strncmp(text, "gpushare-ticket 1\n", 18) != 0)
+    if (strncmp(text, GS_TICKET_FORMAT "\n", head) != 0)
         return -1;
-    for (at = text + 18; (rc = gs_ticket_line(&at, &word, &value)) > 0;) {
+    for (at = text + head; (rc = gs_ticket_line(&at, &word, &value)) > 0;) {
         if (strcmp(word, "--record") == 0) {
-            *why = "format";
             t->record = at;
             if (!at || !(value = strstr(at, "\n--env\n")))
                 return -1;

@@ -45,7 +45,8 @@ int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size)
 
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return -1;
-    return snprintf(path, size, "%s/jobs/%u%s", gs_state_dir, job_id, suffix) >= (int)size
+    return snprintf(path, size, "%s/" GS_JOBS_DIR "/%u%s", gs_state_dir, job_id, suffix) >=
+                   (int)size
                ? -1 : 0;
 }
 
@@ -54,7 +55,7 @@ int gs_job_record_exists(spank_t sp)
     char path[PATH_MAX + 32];
     struct stat st;
 
-    return gs_job_file(sp, ".json", path, sizeof(path)) == 0 && lstat(path, &st) == 0;
+    return gs_job_file(sp, GS_RECORD_SUFFIX, path, sizeof(path)) == 0 && lstat(path, &st) == 0;
 }
 
 /*
@@ -104,12 +105,13 @@ static void gs_fail_tasks(spank_t sp, const char *text)
     char jobs[PATH_MAX], path[PATH_MAX + 32], tmp[PATH_MAX + 64];
     int fd;
 
-    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 || gs_job_file(sp, ".env", path, sizeof(path)) < 0)
+    if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 ||
+        gs_job_file(sp, GS_ENV_SUFFIX, path, sizeof(path)) < 0)
         return;
     snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
     if (access(path, F_OK) == 0)
         return;
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd < 0)
         return;
     if (dprintf(fd, "#error=%s\n", text) < 0 || fsync(fd) < 0 || rename(tmp, path) < 0)
@@ -149,7 +151,7 @@ void gs_finish(const char *callback, spank_t sp, const char *lock)
 
     if (strcmp(callback, "job_epilog") != 0 || !lock)
         return;
-    if (!gs_job_record_exists(sp) && gs_job_file(sp, ".env", env, sizeof(env)) == 0)
+    if (!gs_job_record_exists(sp) && gs_job_file(sp, GS_ENV_SUFFIX, env, sizeof(env)) == 0)
         (void)unlink(env);
     (void)unlink(lock);
 }
@@ -218,8 +220,8 @@ int gs_wait_for_prolog(spank_t sp)
     double deadline = gs_now() + gs_wait_limit();
     int fd, waited = 0;
 
-    if (gs_job_file(sp, ".lock", lock, sizeof(lock)) < 0 ||
-        gs_job_file(sp, ".env", env, sizeof(env)) < 0 || (fd = gs_open_lock(lock, 0)) < 0)
+    if (gs_check_state_dir(0) < 0 || gs_job_file(sp, GS_LOCK_SUFFIX, lock, sizeof(lock)) < 0 ||
+        gs_job_file(sp, GS_ENV_SUFFIX, env, sizeof(env)) < 0 || (fd = gs_open_lock(lock, 0)) < 0)
         return 0;
     while (access(env, F_OK) < 0 && flock(fd, LOCK_SH | LOCK_NB) < 0) {
         if (gs_now() > deadline) {

@@ -332,11 +332,55 @@ def test_a_state_directory_that_is_a_symlink_fails_the_prolog_naming_it(clean_be
     assert "DRAIN" in _wait_node_drained(clean_bed, "n3")["State"]
     with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
         log = handle.read()
-    assert f"state directory {bad} must be a real directory owned by uid 0" in log
+    assert f"refusing state_dir={bad}: {bad} is a symbolic link or not a directory" in log
     assert clean_bed.run(["scontrol", "ping"]).returncode == 0
     clean_bed.write_plugstack(clean_bed.plugstack_line())  # its epilog must not drain again
     clean_bed.run(["scancel", str(job_id)], check=False)
     clean_bed.wait_job(job_id)
+
+
+def test_a_state_directory_below_one_others_can_write_fails_the_prolog_naming_it(clean_bed):
+    """Every component of state_dir= is checked in C, as in Python: a directory above it
+    that others can write (and is not sticky) would let them replace the state directory."""
+    open_parent = clean_bed.path("open-parent")
+    os.makedirs(os.path.join(open_parent, "state"), exist_ok=True)
+    os.chmod(open_parent, 0o777)
+    bad = os.path.join(open_parent, "state")
+    line = clean_bed.plugstack_line().replace(f"state_dir={clean_bed.state_of('%n')}",
+                                              f"state_dir={bad}")
+    assert f"state_dir={bad}" in line
+    clean_bed.write_plugstack(line)
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", user=USER)
+    assert "DRAIN" in _wait_node_drained(clean_bed, "n3")["State"]
+    with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
+        log = handle.read()
+    assert (f"refusing state_dir={bad}: {open_parent} is writable by group or others "
+            "(owner uid 0, mode 0777)") in log
+    assert not os.listdir(bad)  # nothing was written below it
+    clean_bed.write_plugstack(clean_bed.plugstack_line())
+    clean_bed.run(["scancel", str(job_id)], check=False)
+    clean_bed.wait_job(job_id)
+
+
+def test_a_fifo_at_debug_log_neither_hangs_nor_fails_a_job(clean_bed):
+    """debug_log= is opened without blocking and only as a regular file: a FIFO there (no
+    reader) is refused once in slurmd's log, and the job runs as without the log."""
+    fifo = clean_bed.path("debug.fifo")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo, 0o644)
+    line = clean_bed.plugstack_line().replace(f"debug_log={clean_bed.debug_log}",
+                                              f"debug_log={fifo}")
+    assert f"debug_log={fifo}" in line
+    clean_bed.write_plugstack(line)
+    try:
+        job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", user=USER)
+        assert clean_bed.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+        assert "DRAIN" not in clean_bed.node_state("n3")["State"]
+        with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
+            log = handle.read()
+        assert f"cannot open debug_log={fifo}" in log
+    finally:
+        clean_bed.write_plugstack(clean_bed.plugstack_line())
 
 
 def test_python_exception_is_logged_with_job_and_traceback(clean_bed):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from typing import Callable, Optional
 
@@ -110,14 +111,17 @@ def _emit(name: str, level: int, msg: str, args: tuple[object, ...],
 
 
 def _append_debug_log(line: str) -> None:
-    """Append to the admin's ``debug_log=`` file, never through a symlink."""
+    """Append to the admin's ``debug_log=`` file, never through a symlink and never blocking
+    (a FIFO there must not hang a prolog): only a regular file is written to (the C glue
+    says in slurmd's log when it refuses one)."""
     try:
         fd = os.open(_debug_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o644)
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError:
         return
     try:
-        os.write(fd, line.encode("utf-8", "replace"))
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.write(fd, line.encode("utf-8", "replace"))
     except OSError:
         pass
     finally:

@@ -21,7 +21,7 @@ from gpushare.node import counters, ticket
 from gpushare.node.config import PluginConfig, beside_slurm_conf
 from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, limits_for
 from gpushare.node.phases import Phases
-from gpushare.node.state import JobRecord, JobStore
+from gpushare.node.state import LOCK_SUFFIX, JobRecord, JobStore
 
 if TYPE_CHECKING:
     from typing import Collection, Iterable
@@ -578,7 +578,7 @@ def _forget(store: JobStore, lost: "Iterable[int]") -> None:
     for job_id in lost:
         store.remove(job_id)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(store.path(job_id, ".lock"))
+            os.unlink(store.path(job_id, LOCK_SUFFIX))
 
 
 def reap_mps(config: PluginConfig, node: str) -> tuple[list[str], set[int]]:

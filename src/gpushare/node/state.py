@@ -128,14 +128,22 @@ def _root_dir(path: str, create: bool, mode: int = 0o755) -> None:
         raise StateError(f"state directory {path}: {err.strerror}") from err
 
 
+# The names of a job's files in the state dir, <JOBS_DIR>/<job id><suffix>: its record, its
+# tasks' environment file, its lock. spank/build.py hands them to the C glue.
+JOBS_DIR = "jobs"
+RECORD_SUFFIX = ".json"
+ENV_SUFFIX = ".env"
+LOCK_SUFFIX = ".lock"
+
+
 class JobStore:
     """The ``jobs/`` directory of the state dir."""
 
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
-        self.jobs_dir = os.path.join(state_dir, "jobs")
+        self.jobs_dir = os.path.join(state_dir, JOBS_DIR)
 
-    def path(self, job_id: int, suffix: str = ".json") -> str:
+    def path(self, job_id: int, suffix: str = RECORD_SUFFIX) -> str:
         return os.path.join(self.jobs_dir, f"{int(job_id)}{suffix}")
 
     def write(self, record: JobRecord, show: str = "", tasks: bool = True) -> None:
@@ -148,14 +156,14 @@ class JobStore:
         ensure_root_dir(self.jobs_dir, 0o700)
         self._write_atomic(self.path(record.job_id), record.to_json())
         if tasks:
-            self._write_atomic(self.path(record.job_id, ".env"), record.to_env_file(show))
+            self._write_atomic(self.path(record.job_id, ENV_SUFFIX), record.to_env_file(show))
 
     def write_unshared(self, job_id: int) -> None:
         """The prolog's last word for a job that shares nothing: an empty environment file,
         so that its tasks can tell a finished prolog from a worker that died."""
         ensure_root_dir(self.state_dir)
         ensure_root_dir(self.jobs_dir, 0o700)
-        self._write_atomic(self.path(job_id, ".env"), "")
+        self._write_atomic(self.path(job_id, ENV_SUFFIX), "")
 
     @staticmethod
     def _write_atomic(final: str, text: str) -> None:
@@ -190,7 +198,7 @@ class JobStore:
     def remove(self, job_id: int) -> bool:
         """Remove the record; False when there was none (epilog twice, no prolog)."""
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path(job_id, ".env"))
+            os.unlink(self.path(job_id, ENV_SUFFIX))
         try:
             os.unlink(self.path(job_id))
         except FileNotFoundError:
@@ -201,4 +209,5 @@ class JobStore:
         if not os.path.isdir(self.jobs_dir):
             return []
         return sorted(int(name[:-5]) for name in os.listdir(self.jobs_dir)
-                      if name.endswith(".json") and name[:-5].isdigit())
+                      if name.endswith(RECORD_SUFFIX) and
+                      name[:-len(RECORD_SUFFIX)].isdigit())

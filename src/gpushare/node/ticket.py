@@ -31,6 +31,8 @@ from typing import Mapping, Optional, Sequence
 from gpushare.node.state import JobRecord
 
 FORMAT = "gpushare-ticket 1"
+# A ticket's file name in <state_dir>/mps/tickets/; spank/build.py gives the C glue the same.
+NAME_FORMAT = "u{uid}.g{gpus}.s{share}"
 # What a prolog reads of its environment (gpushare.node.job.JobRequest, gres_conf_path,
 # node_name): a ticket holds for a job that reads the same.
 TICKET_ENV = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
@@ -50,7 +52,7 @@ def name(uid: int, env: Mapping[str, str]) -> Optional[str]:
     share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
     if not _GPUS.match(gpus) or not share.isdigit() or len(share) > 3:
         return None
-    return f"u{uid}.g{gpus.replace(',', '_')}.s{share}"
+    return NAME_FORMAT.format(uid=uid, gpus=gpus.replace(",", "_"), share=share)
 
 
 def stamp(st: os.stat_result) -> str:

@@ -84,6 +84,24 @@ def test_debug_log_is_never_written_through_a_symlink(tmp_path):
     assert target.read_text() == ""
 
 
+def test_a_fifo_at_debug_log_neither_blocks_nor_is_written(tmp_path):
+    """A FIFO there with no reader would hang the worker on open(); with a reader it would
+    feed whoever reads. Neither: the line is dropped."""
+    fifo = tmp_path / "debug.log"
+    os.mkfifo(fifo)
+    gslog.install(lambda level, text: None, str(fifo))
+    try:
+        gslog.get_logger("gpushare.test").info("x")  # returns: the open does not block
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            gslog.get_logger("gpushare.test").info("y")
+            assert os.read(reader, 100) == b""  # nothing was written for the reader
+        finally:
+            os.close(reader)
+    finally:
+        gslog.uninstall()
+
+
 def test_without_a_sink_messages_go_to_logging(caplog):
     with caplog.at_level(logging.DEBUG, logger="gpushare.test"):
         gslog.get_logger("gpushare.test").warning("daemon %d ignored quit", 7)
