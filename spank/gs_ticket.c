@@ -151,6 +151,7 @@ int gs_ticket_holds(const struct gs_ticket_facts *facts, char *text, struct gs_t
         return -1;
     for (at = text + head; (rc = gs_ticket_line(&at, &word, &value)) > 0;) {
         if (strcmp(word, "--record") == 0) {
+            *why = "format";
             t->record = at;
             if (!at || !(value = strstr(at, "\n--env\n")))
                 return -1;
