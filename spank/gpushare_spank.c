@@ -134,6 +134,7 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
 GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
     char lock[PATH_MAX + 32], env[PATH_MAX + 32], core[PATH_MAX], jobs[PATH_MAX];
+    double started = gs_now();
     int fd, rc;
 
     if (gs_parse_args(ac, av) < 0)
@@ -166,6 +167,7 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
     }
     /* What the worker will load is checked here, so that Slurm drains the node for it. */
     if (gs_core_trusted(core, sizeof(core)) < 0) {
+        gs_count_fast("prolog failed", gs_now() - started); /* no Python ran to count it */
         close(fd);
         return -1;
     }
@@ -177,6 +179,7 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     char lock[PATH_MAX + 32], jobs[PATH_MAX];
+    double started = gs_now();
     int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok;
 
     if (gs_parse_args(ac, av) < 0)
@@ -191,13 +194,16 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         slurm_error("gpushare: job epilog: the job's prolog worker still runs after %g s (a "
                     "hung MPS daemon or NVML?); see slurmd's log and `gpushare mps` on this "
                     "node", gs_wait_limit());
+        gs_count_fast("epilog failed", gs_now() - started);
         close(fd);
         return -1;
     }
     if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
         !gs_job_options_used(sp)) {
         if (fd >= 0) {
+            /* Its prolog took the lock and was counted (a GPU job that shares nothing). */
             gs_finish("job_epilog", sp, lock);
+            gs_count_fast("epilog", gs_now() - started);
             close(fd);
         }
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");

@@ -174,10 +174,16 @@ static int gs_job_ids(void *handle, uint32_t *job_id, uint32_t *uid, uint32_t *g
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
     struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt};
+    double started = gs_now();
     int rc;
 
-    if (gs_load_core(sp) < 0)
+    if (gs_load_core(sp) < 0) {
+        /* No Python runs to count the callback: counted here, as failed. */
+        if (strcmp(callback, "job_prolog") == 0 || strcmp(callback, "job_epilog") == 0)
+            gs_count_fast(callback[4] == 'p' ? "prolog failed" : "epilog failed",
+                          gs_now() - started);
         return -1;
+    }
     rc = gs_core_dispatch(callback, &host, ac, av);
     gs_debug(sp, "cb=%s python rc=%d", callback, rc);
     return rc;

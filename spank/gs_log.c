@@ -100,7 +100,8 @@ void gs_log(int level, const char *msg)
 
 /* A prolog or epilog done here is counted as the Python callbacks are
  * (gpushare.node.counters folds counters.fast into counters.json under the same lock): a
- * line "<prolog|epilog> <microseconds>". */
+ * line "<prolog|epilog> <microseconds>", or "<prolog|epilog> failed <microseconds>" when
+ * `callback` is "prolog failed" or "epilog failed". */
 void gs_count_fast(const char *callback, double seconds)
 {
     char lines[64];

@@ -195,3 +195,78 @@ def test_status_cluster_from_the_real_slurmctld(clean_bed):
         bed.resume("n4")
         for job_id in jobs:
             bed.wait_job(job_id)
+
+
+def test_every_path_counts_each_prolog_and_epilog_once(clean_bed):
+    """Each way a job's prolog and epilog end is counted once: the worker (Python), a join
+    and a leave in C, a GPU job that shares nothing (its epilog ends in C), a failed prolog,
+    and a job without GPUs, which gpushare leaves alone at both ends."""
+    bed = clean_bed
+    node, u2 = "n1", slurmbed.TEST_USERS[1]
+    before = counts(scrape(bed, node))
+    ticket = os.path.join(bed.state_of(node), "mps", "tickets", f"u{slurmbed.uid_of(U1)}.g0.s25")
+
+    def lines(job_id: int, pattern: str) -> list[str]:
+        return [line for line in bed.debug_lines()
+                if f" job={job_id} " in line and re.search(pattern, line)]
+
+    def submit(script: str, *args: str, user: str = U1) -> int:
+        return bed.sbatch(script, "-w", node, "-c1", *args, user=user)
+
+    # The worker: U1's first shared job starts its daemon and leaves a join ticket.
+    holder = submit("sleep 60", "--gres=mps:25")
+    bed.wait_job(holder, states={"RUNNING"}, timeout=120)
+    wait_until("the holder's join ticket", lambda: os.path.exists(ticket), 60)
+    # A join in C, and its epilog leaves the daemon to the holder in C.
+    joined = submit("true", "--gres=mps:25")
+    assert finished(bed, joined) == "COMPLETED"
+    assert lines(joined, "cb=job_prolog python=skip reason=joined")
+    wait_until("the joined job's leave in C",
+               lambda: lines(joined, "cb=job_epilog python=skip reason=left-daemon"), 60)
+    # Another user's shared job (a worker at both ends), a whole GPU (a worker, then an
+    # epilog in C: nothing to undo) and a job without GPUs.
+    other = submit("true", "--gres=mps:25", user=u2)
+    whole = submit("true", "--gres=gpu:h100:1")
+    plain = submit("true")
+    for job_id in (other, whole, plain):
+        assert finished(bed, job_id) == "COMPLETED"
+    wait_until("the whole-GPU job's epilog",
+               lambda: lines(whole, "cb=job_epilog python=skip reason=no-share"), 60)
+    assert lines(plain, "cb=job_prolog python=skip reason=no-gpu")
+    bed.run(["scancel", str(holder)])
+    assert finished(bed, holder) == "CANCELLED"
+    # A prolog that fails in C: the core library is writable by others (Slurm drains).
+    core = bed.path("lib", "spank_gpushare_core.so")
+    mode = os.stat(core).st_mode & 0o7777
+    os.chmod(core, 0o777)
+    try:
+        failed = submit("true", "--gres=gpu:h100:1")
+        wait_until("the refused prolog", lambda: lines(failed, "cb=job_prolog begin"), 120)
+        wait_until("the node drained", lambda: bed.run(
+            ["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip().startswith("dr"), 60)
+        bed.run(["scancel", str(failed)], check=False)
+        bed.wait_job(failed)
+        wait_until("its epilog", lambda: lines(failed, "cb=job_epilog"), 60)
+    finally:
+        os.chmod(core, mode)
+        bed.resume(node)
+
+    expected = {
+        # holder, joined, other, whole ok; failed failed. plain: nothing, at either end.
+        ("gpushare_prologs_total", ("result", "ok")): 4,
+        ("gpushare_prologs_total", ("result", "failed")): 1,
+        ("gpushare_epilogs_total", ("result", "ok")): 5,
+        ("gpushare_drains_total", ("reason", "other")): 1,
+        ("gpushare_mps_daemon_starts_total",): 2,
+        ("gpushare_prolog_duration_seconds_count",): 5,
+        ("gpushare_epilog_duration_seconds_count",): 5,
+    }
+
+    def delta():
+        after = counts(scrape(bed, node))
+        return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+    try:
+        wait_until("every prolog and epilog counted", lambda: delta() == expected, 60)
+    except AssertionError:
+        raise AssertionError(delta()) from None

@@ -16,10 +16,14 @@ below, derived from the message (never a job id or a user's text). Counting must
 fail or slow a job: any error is logged at debug level and dropped.
 
 A prolog or epilog the C glue finishes without an interpreter (a job joining its user's
-running daemon with a join ticket, or leaving it to other jobs) appends a line
-``<prolog|epilog> <microseconds>`` to ``<state_dir>/counters.fast`` while it holds the same
-lock; the next ``add`` folds those lines into the counters, the callbacks as ended ``ok``,
-and removes the file, and ``read`` counts them meanwhile.
+running daemon with a join ticket, or leaving it to other jobs, or an epilog with nothing
+to undo) appends a line ``<prolog|epilog> <microseconds>`` to ``<state_dir>/counters.fast``
+while it holds the same lock, and ``<prolog|epilog> failed <microseconds>`` for one that
+failed before any Python ran (code it would load is not root's; the prolog's worker still
+held the job); the next ``add`` folds those lines into the counters, as ended ``ok`` or
+``failed``, and removes the file, and ``read`` counts them meanwhile. So each prolog and
+epilog that gpushare takes up is counted once, whichever way it ends; a job without GPUs
+or gpushare's options is counted at neither end.
 
 This module is imported by the callbacks: it imports nothing the package docstring
 keeps out of them.
@@ -213,13 +217,19 @@ def _fold_fast(values: dict[str, int], dir_fd: int) -> bool:
         return False
     for line in data.decode("ascii", "replace").splitlines():
         kind, _, text = line.partition(" ")
+        result = "ok"
+        if text.startswith("failed "):  # failed in C before any Python could count it
+            result, text = "failed", text[len("failed "):]
         if kind not in CALLBACKS or not text.isdigit():
             continue
         micros = int(text)
-        for key, amount in ((series(f"{kind}s_total", "ok"), 1),
-                            (series(f"{kind}_duration_bucket", _bucket(micros / 1e6)), 1),
-                            (series(f"{kind}_duration_count"), 1),
-                            (series(f"{kind}_duration_sum_us"), micros)):
+        updates = [(series(f"{kind}s_total", result), 1),
+                   (series(f"{kind}_duration_bucket", _bucket(micros / 1e6)), 1),
+                   (series(f"{kind}_duration_count"), 1),
+                   (series(f"{kind}_duration_sum_us"), micros)]
+        if result == "failed":  # Slurm drains the node for it, or its worker fails the job
+            updates.append((series("drains_total", "other"), 1))
+        for key, amount in updates:
             values[key] = values.get(key, 0) + amount
     return True
 
