@@ -39,7 +39,7 @@ done
 if [ ${#MISSING[@]} -gt 0 ]; then
     apt_install() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            "${MISSING[@]}" >"$REPO/build/deb-apt.log" 2>&1
+            -o DPkg::Lock::Timeout=300 "${MISSING[@]}" >"$REPO/build/deb-apt.log" 2>&1
     }
     mkdir -p "$REPO/build"
     # Package lists may be older than the mirror: refresh them once when an install fails.

@@ -71,8 +71,10 @@ def is_installed() -> bool:
 
 
 def apt_get(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["apt-get", "-y", "-q", *args], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    # Waits for dpkg's lock rather than failing when another apt-get holds it.
+    return subprocess.run(["apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", *args],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
 
 
 def own_files() -> list[str]:
