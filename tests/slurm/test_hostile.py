@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""What a hostile or careless user does to their own MPS directories, and what a node fault
+does to their job, inside the real local Slurm. For each attack: the node stays in service
+where the user caused it, the job gets the right message, the next job of the same user
+and of another user runs, and nothing stays behind. A node fault drains the node with its
+cause and requeues the job as Slurm does after a failing prolog."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from tests.slurm.test_mps import (
+    FAULT_NODE,
+    NODE,
+    U1,
+    U2,
+    assert_nothing_left,
+    set_fault,
+    slurmd_log,
+    wait_drained,
+)
+from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
+
+from slurmbed import wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def hostile_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
+    """test_mps.py's bed: no fault set, no MPS state, checked clean after the test."""
+    return _mps_bed
+
+
+def run_shared(bed, script: str, node: str = NODE, user: str = U1,
+               *args: str) -> tuple[dict[str, str], str]:
+    """A shared job's end state and output."""
+    job_id = bed.sbatch(script, "--gres=mps:25", "-w", node, "-c1", *args, user=user)
+    info = bed.wait_job(job_id, timeout=180)
+    return info, bed.output(job_id)
+
+
+def assert_in_service_and_clean(bed, node: str = NODE) -> None:
+    """The node is not drained, the same user's next shared job and another user's run
+    there, and no daemon, directory, record or trash is left."""
+    assert "DRAIN" not in bed.node_state(node)["State"], bed.node_state(node)
+    for user in (U1, U2):
+        info, output = run_shared(bed, "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY", node, user)
+        assert info["JobState"] == "COMPLETED", (user, info, output)
+        assert f"PIPE={bed.state_of(node)}/mps/u" in output, (user, output)
+    assert "DRAIN" not in bed.node_state(node)["State"], bed.node_state(node)
+    assert_nothing_left(bed)
+
+
+def test_a_70_deep_tree_in_the_users_log_directory(hostile_bed):
+    bed = hostile_bed
+    info, output = run_shared(
+        bed, "cd \"$CUDA_MPS_LOG_DIRECTORY\" && mkdir -p $(printf 'd/%.0s' $(seq 70)) && "
+        "cd \"$CUDA_MPS_PIPE_DIRECTORY\" && mkdir -p $(printf 'p/%.0s' $(seq 300)) && "
+        "echo MADE")
+    assert info["JobState"] == "COMPLETED" and "MADE" in output, (info, output)
+    assert_in_service_and_clean(bed)
+
+
+def test_many_files_fifos_sockets_and_links_in_the_users_mps_directories(hostile_bed):
+    bed = hostile_bed
+    script = (
+        "set -e\n"
+        "cd \"$CUDA_MPS_LOG_DIRECTORY\"\n"
+        "mkdir many && (cd many && seq 1 12000 | sed 's/^/f/' | xargs touch)\n"
+        "mkfifo fifo \"$CUDA_MPS_PIPE_DIRECTORY/fifo\"\n"
+        "python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")'\n"
+        "ln -s / rootlink; ln -s /etc/passwd \"$CUDA_MPS_PIPE_DIRECTORY/passwd\"\n"
+        "ln -s \"$CUDA_MPS_LOG_DIRECTORY\" loop; ln -s /nonexistent dangling\n"
+        "mkdir -p deep/a/b && ln -s / deep/a/b/up\n"
+        "echo MADE\n")
+    info, output = run_shared(bed, script)
+    assert info["JobState"] == "COMPLETED" and "MADE" in output, (info, output)
+    assert_in_service_and_clean(bed)
+
+
+def test_a_requeued_job_starts_clean(hostile_bed):
+    """A job that comes back with the same id gets its own new setup: its earlier run's
+    lock, record and environment file decide nothing."""
+    bed = hostile_bed
+    job_id = bed.sbatch("echo RUN=$SLURM_RESTART_COUNT PIPE=$CUDA_MPS_PIPE_DIRECTORY "
+                        "SHARE=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; sleep 4", "--gres=mps:25",
+                        "-w", NODE, "-c1", "--open-mode=append", user=U1)
+    bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
+    wait_until("the first run's output", lambda: "RUN=" in bed.output(job_id), 60)
+    bed.run(["scontrol", "requeue", str(job_id)])
+    info = bed.wait_job(job_id, timeout=240)
+    assert info["JobState"] == "COMPLETED", info
+    assert info.get("Restarts") == "1", info
+    runs = [line for line in bed.output(job_id).splitlines() if line.startswith("RUN=")]
+    assert len(runs) == 2, bed.output(job_id)
+    # The second run has its own daemon, set up afresh, with the same share.
+    assert runs[1].startswith("RUN=1 PIPE=" + bed.state_of(NODE) + "/mps/u"), runs
+    assert runs[1].endswith("SHARE=25"), runs
+    assert_in_service_and_clean(bed)
+
+
+def test_a_tasks_file_an_earlier_run_left_is_never_applied(hostile_bed):
+    """An earlier run of the same job id whose epilog was lost left its tasks' file: the
+    new run's tasks get their own environment, never that one."""
+    bed = hostile_bed
+    job_id = bed.sbatch("echo PIPE=$CUDA_MPS_PIPE_DIRECTORY STALE=$GPUSHARE_STALE",
+                        "--gres=mps:25", "-w", NODE, "-c1", "--hold", user=U1)
+    jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
+    os.makedirs(jobs_dir, exist_ok=True)
+    with open(os.path.join(jobs_dir, f"{job_id}.env"), "w") as handle:
+        handle.write("CUDA_MPS_PIPE_DIRECTORY=/tmp/earlier-run\nGPUSHARE_STALE=yes\n")
+    bed.run(["scontrol", "release", str(job_id)])
+    info = bed.wait_job(job_id, timeout=180)
+    output = bed.output(job_id)
+    assert info["JobState"] == "COMPLETED", (info, output)
+    assert f"PIPE={bed.state_of(NODE)}/mps/u" in output and "STALE=yes" not in output, output
+    assert_in_service_and_clean(bed)
+
+
+def clear_faults(bed) -> None:
+    os.unlink(bed.path("bin", "faults"))
+
+
+def held_after_requeue(bed, job_id: int) -> dict[str, str]:
+    def probe() -> dict[str, str]:
+        info = bed.job(job_id)
+        held = info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
+            info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
+        return info if held else {}
+    return wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
+
+
+def test_a_node_fault_drains_the_node_and_requeues_the_job_held(hostile_bed):
+    """The MPS program fails at start: the node's fault. The node is drained with the
+    cause, and the batch job is requeued held (no nohold_on_prolog_fail on the bed), as
+    Slurm does for a failing prolog; released once the node is fixed, it runs."""
+    bed = hostile_bed
+    set_fault(bed, "die_start")
+    job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w", FAULT_NODE,
+                        "-c1", user=U1)
+    reason = wait_drained(bed, FAULT_NODE)
+    assert reason.startswith("gpushare: MPS start failed: nvidia-cuda-mps-control -d exit 1"), \
+        reason
+    held_after_requeue(bed, job_id)
+    lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
+             if f"gpushare: job {job_id}:" in line and "cannot start MPS" in line]
+    assert lines, slurmd_log(bed, FAULT_NODE)[-3000:]
+    # Fixed and resumed, the node runs the released job.
+    clear_faults(bed)
+    bed.resume(FAULT_NODE)
+    bed.run(["scontrol", "release", str(job_id)])
+    info = bed.wait_job(job_id, timeout=180)
+    assert info["JobState"] == "COMPLETED", info
+    assert "RAN=1" in bed.output(job_id), bed.output(job_id)
+    assert_in_service_and_clean(bed, FAULT_NODE)
+
+
+def test_a_node_fault_never_requeues_a_job_that_asked_not_to_be(hostile_bed):
+    bed = hostile_bed
+    set_fault(bed, "die_start")
+    job_id = bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", "--no-requeue",
+                        user=U1)
+    wait_drained(bed, FAULT_NODE)
+    info = bed.wait_job(job_id, timeout=120)
+    assert info["JobState"] != "COMPLETED" and info.get("Restarts") == "0", info
+    output = bed.output(job_id)
+    assert "RAN" not in output, output
+    assert (f"could not set up this job on node {FAULT_NODE}: " in output
+            and "The node was drained; submit the job again" in output), output
+    clear_faults(bed)
+    bed.resume(FAULT_NODE)
+    assert_in_service_and_clean(bed, FAULT_NODE)
