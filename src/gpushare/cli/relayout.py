@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--hysteresis", type=float, default=0.5, metavar="GPUS",
                         help="a change must let more than this many GPUs' worth of waiting "
                         "work start, twice that on a node with jobs (default 0.5)")
+    parser.add_argument("--max-drain", type=float, default=5400.0, metavar="SECONDS",
+                        help="change GPUs of a node with jobs only if they end within this "
+                        "(default 5400); their end times are not read yet, so such nodes "
+                        "are left alone")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
@@ -78,7 +82,8 @@ def _run(args: argparse.Namespace) -> int:
         requests = pending(args.squeue, args.timeout)
     except SlurmClientError as err:
         return fail("relayout", str(err))
-    decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis)
+    decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis,
+                      max_drain_s=args.max_drain)
     if args.json:
         print(json.dumps({
             "demand": decision.demand, "supply": decision.supply,

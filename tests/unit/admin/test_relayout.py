@@ -197,3 +197,18 @@ def test_supply_maps_gres_used_to_gpus_and_keeps_kubernetes_gpus_unchangeable():
     assert state[2].busy and state[2].idle() == {"1g.10gb": 6}
     assert not state[3].busy and state[3].layout.name == "7x1g.10gb"
     assert state[1].layout.name == "1g.10gb" and state[0].layout.offers() == {}
+
+
+def test_a_node_whose_jobs_run_long_is_left_alone():
+    menu = menu_of("7x1g.10gb", "2x3g.40gb")
+    queue = [Request(str(j), "3g.40gb", 1, 3000) for j in range(4)]
+    state = [GpuState("n1", 0, "g", layout("7x1g.10gb"), True, True, None,
+                      {"1g.10gb": 1}, ends_in)
+             for ends_in in (7200.0,)] + gpus("7x1g.10gb", 4)[1:]
+    decision = decide(queue, state, {"g": menu}, max_drain_s=5400)
+    assert decision.changes == []
+    assert any("may run longer than --max-drain 5400 s" in why for why in decision.why)
+    soon = [GpuState("n1", 0, "g", layout("7x1g.10gb"), True, True, None, {"1g.10gb": 1},
+                     600.0), *gpus("7x1g.10gb", 4)[1:]]
+    changes = decide(queue, soon, {"g": menu}, max_drain_s=5400).changes
+    assert changes and all(c.node_busy for c in changes)

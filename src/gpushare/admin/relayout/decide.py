@@ -8,7 +8,8 @@ whose change lets the most of that weighted work start, as long as the gain beat
 ``hysteresis``, the GPU has not changed within the menu's ``min_interval_s``, the group's
 bounds hold, and fewer than ``max_changes`` GPUs changed this round. A GPU with a job on it
 never changes; a GPU on a node with other busy GPUs changes only for a gain of twice the
-hysteresis, because Slurm takes the whole node out of service until it is idle.
+hysteresis, because Slurm takes the whole node out of service until it is idle, and only
+when its jobs' time limits end within ``max_drain_s``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class GpuState:
     changeable: bool  # every slice is Slurm's
     last_change_s: Optional[float] = None  # seconds ago; None: never
     used: dict[str, int] = field(default_factory=dict, compare=False)  # held units by kind
+    ends_in_s: Optional[float] = None  # its jobs' time limits end within this; None: unknown
 
     def idle(self) -> dict[str, int]:
         """What of it no job holds (a busy MIG GPU may still have idle slices)."""
@@ -83,20 +85,38 @@ def unit_work(kind: str, slice_sizes: dict[str, int]) -> float:
     return slice_sizes.get(kind, 1) / 7.0
 
 
-def _values(requests: Sequence[Request], slice_sizes: dict[str, int]) -> dict[str, list[float]]:
-    """Per kind, every waiting unit's value, highest first."""
-    values: dict[str, list[float]] = {}
+MAX_JOBS_PER_KIND = 48  # the most valuable waiting jobs of each kind that a round weighs
+
+
+def _jobs(requests: Sequence[Request], slice_sizes: dict[str, int]
+          ) -> dict[str, list[tuple[float, int]]]:
+    """Per kind, the waiting jobs as (value, units on one node), most valuable first."""
+    jobs: dict[str, list[tuple[float, int]]] = {}
     for request in requests:
         weight = unit_work(request.kind, slice_sizes) * (1.0 + request.wait_s / WAIT_REFERENCE_S)
-        values.setdefault(request.kind, []).extend([weight] * request.count)
-    for units in values.values():
-        units.sort(reverse=True)
-    return values
+        jobs.setdefault(request.kind, []).append((weight * request.count, request.count))
+    for listed in jobs.values():
+        listed.sort(key=lambda job: -job[0] / job[1])
+        del listed[MAX_JOBS_PER_KIND:]
+    return jobs
 
 
-def _served(values: dict[str, list[float]], free: dict[str, int]) -> float:
-    """The weighted work that can start when ``free`` units of each kind are idle."""
-    return sum(sum(units[:max(free.get(kind, 0), 0)]) for kind, units in values.items())
+def _served(jobs: dict[str, list[tuple[float, int]]], free: dict[str, dict[str, int]]) -> float:
+    """The weighted work that can start when ``free[node][kind]`` units are idle: each job
+    needs its units on one node (best fit, most valuable jobs first)."""
+    total = 0.0
+    for kind, listed in jobs.items():
+        room = sorted(units.get(kind, 0) for units in free.values() if units.get(kind, 0) > 0)
+        if not room:
+            continue
+        for value, count in listed:
+            for position, left in enumerate(room):
+                if left >= count:
+                    total += value
+                    room[position] = left - count
+                    room.sort()
+                    break
+    return total
 
 
 def _profile_sizes(layouts: Sequence[Layout]) -> dict[str, int]:
@@ -109,92 +129,125 @@ def _profile_sizes(layouts: Sequence[Layout]) -> dict[str, int]:
 
 
 def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[str, Menu],
-           max_changes: int = 4, hysteresis: float = 0.5) -> Decision:
+           max_changes: int = 4, hysteresis: float = 0.5,
+           busy_node_factor: float = 2.0, max_drain_s: Optional[float] = 5400.0
+           ) -> Decision:
     """Which idle GPUs change to which menu layout this round, and why."""
     all_layouts = [gpu.layout for gpu in gpus] + [item.layout for menu in menus.values()
                                                  for item in menu.items]
     sizes = _profile_sizes(all_layouts)
-    values = _values(requests, sizes)
+    jobs = _jobs(requests, sizes)
     decision = Decision()
     for request in requests:
         decision.demand[request.kind] = decision.demand.get(request.kind, 0) + request.count
-    free: dict[str, int] = {}
+    free: dict[str, dict[str, int]] = {}
     for gpu in gpus:
+        node_free = free.setdefault(gpu.node, {})
         for kind, count in gpu.idle().items():
-            free[kind] = free.get(kind, 0) + count
-    decision.supply = dict(free)
+            node_free[kind] = node_free.get(kind, 0) + count
+            decision.supply[kind] = decision.supply.get(kind, 0) + count
     offered = {kind for menu in menus.values() for item in menu.items
-               for kind in item.layout.offers()} | set(free)
+               for kind in item.layout.offers()} | set(decision.supply)
     for kind in sorted(decision.demand):
         if kind not in offered:
             decision.why.append(f"{kind}: {decision.demand[kind]} waiting, but no menu offers "
                                 "it and no GPU has it; add a layout with it to a menu")
     busy_nodes = {gpu.node for gpu in gpus if gpu.busy}
+    drain_s: dict[str, float] = {}
+    for gpu in gpus:
+        if gpu.busy:
+            ends = float("inf") if gpu.ends_in_s is None else gpu.ends_in_s
+            drain_s[gpu.node] = max(drain_s.get(gpu.node, 0.0), ends)
     counts: dict[tuple[str, str], int] = {}
     for gpu in gpus:
         if gpu.changeable and gpu.group in menus:
             in_layout = (gpu.group, gpu.layout.name)
             counts[in_layout] = counts.get(in_layout, 0) + 1
-    current = {(gpu.node, gpu.index): gpu.layout for gpu in gpus}
     changed: set[tuple[str, int]] = set()
+    chosen_nodes: set[str] = set()
     held_back: dict[str, str] = {}
+    candidates: dict[str, list[GpuState]] = {}
+    for gpu in gpus:
+        menu = menus.get(gpu.group)
+        if menu is None or not gpu.changeable or gpu.busy:
+            continue
+        if max_drain_s is not None and drain_s.get(gpu.node, 0.0) > max_drain_s:
+            held_back.setdefault(f"{gpu.node} GPU {gpu.index}", (
+                "its node's jobs may run longer than --max-drain "
+                f"{max_drain_s:.0f} s, and Slurm keeps the node out of service until they end"))
+            continue
+        if gpu.last_change_s is not None and gpu.last_change_s < menu.min_interval_s:
+            held_back[f"{gpu.node} GPU {gpu.index}"] = (
+                f"changed {gpu.last_change_s:.0f} s ago, under the menu's "
+                f"min_interval_s {menu.min_interval_s}")
+            continue
+        candidates.setdefault(gpu.node, []).append(gpu)
     while len(decision.changes) < max_changes:
-        base = _served(values, free)
-        best: Optional[tuple[float, GpuState, Layout]] = None
-        for gpu in gpus:
-            key = (gpu.node, gpu.index)
-            menu = menus.get(gpu.group)
-            if menu is None or not gpu.changeable or gpu.busy or key in changed:
-                continue
-            if gpu.last_change_s is not None and gpu.last_change_s < menu.min_interval_s:
-                held_back[f"{gpu.node} GPU {gpu.index}"] = (
-                    f"changed {gpu.last_change_s:.0f} s ago, under the menu's "
-                    f"min_interval_s {menu.min_interval_s}")
-                continue
-            old = current[key]
-            old_item = menu.item(old.name)
-            if old_item is not None and counts.get((gpu.group, old.name), 0) <= old_item.low:
-                continue
-            need = hysteresis * (2.0 if gpu.node in busy_nodes else 1.0)
-            for item in menu.items:
-                new = item.layout
-                if new.name == old.name or counts.get((gpu.group, new.name), 0) >= item.high:
-                    continue
-                trial = dict(free)
-                for kind, count in old.offers().items():
-                    trial[kind] = trial.get(kind, 0) - count
-                for kind, count in new.offers().items():
-                    trial[kind] = trial.get(kind, 0) + count
-                gain = _served(values, trial) - base
-                if gain < need:
-                    continue
-                if best is None or gain > best[0]:
-                    best = (gain, gpu, new)
+        base = _served(jobs, free)
+        best: Optional[tuple[float, float, list[GpuState], Layout]] = None
+        for node, node_gpus in candidates.items():
+            # A node with jobs stays out of service until they end: a change there must
+            # gain more; one already chosen this round costs no second drain.
+            need_per_gpu = hysteresis * (busy_node_factor if node in busy_nodes else 1.0)
+            if node in chosen_nodes:
+                need_per_gpu = hysteresis * 0.5
+            layouts = {item.layout.name: item for gpu in node_gpus
+                       for item in menus[gpu.group].items}
+            for name, item in layouts.items():
+                movable = [gpu for gpu in node_gpus if (gpu.node, gpu.index) not in changed
+                           and gpu.layout.name != name and item in menus[gpu.group].items]
+                trial = {n: dict(units) for n, units in free.items()}
+                moved: list[GpuState] = []
+                left_in = dict(counts)
+                for gpu in movable:
+                    if len(decision.changes) + len(moved) >= max_changes:
+                        break
+                    old_item = menus[gpu.group].item(gpu.layout.name)
+                    if left_in.get((gpu.group, name), 0) >= item.high:
+                        break
+                    if old_item is not None and \
+                            left_in.get((gpu.group, gpu.layout.name), 0) <= old_item.low:
+                        continue
+                    left_in[(gpu.group, gpu.layout.name)] = \
+                        left_in.get((gpu.group, gpu.layout.name), 0) - 1
+                    left_in[(gpu.group, name)] = left_in.get((gpu.group, name), 0) + 1
+                    for kind, count in gpu.layout.offers().items():
+                        trial[node][kind] = trial[node].get(kind, 0) - count
+                    for kind, count in item.layout.offers().items():
+                        trial[node][kind] = trial[node].get(kind, 0) + count
+                    moved.append(gpu)
+                    gain = _served(jobs, trial) - base
+                    net = gain - need_per_gpu * len(moved)
+                    if gain >= need_per_gpu * len(moved) and (best is None or net > best[0]):
+                        best = (net, gain, list(moved), item.layout)
         if best is None:
             break
-        gain, gpu, new = best
-        key = (gpu.node, gpu.index)
-        old = current[key]
-        for kind, count in old.offers().items():
-            free[kind] = free.get(kind, 0) - count
-        for kind, count in new.offers().items():
-            free[kind] = free.get(kind, 0) + count
-        counts[(gpu.group, old.name)] = counts.get((gpu.group, old.name), 0) - 1
-        counts[(gpu.group, new.name)] = counts.get((gpu.group, new.name), 0) + 1
-        current[key] = new
-        changed.add(key)
-        node_busy = gpu.node in busy_nodes
-        decision.changes.append(Change(gpu.node, gpu.index, old.name, new.name, gain,
-                                       node_busy))
+        _net, gain, moved_gpus, new = best
+        for gpu in moved_gpus:
+            key = (gpu.node, gpu.index)
+            node_free = free[gpu.node]
+            for kind, count in gpu.layout.offers().items():
+                node_free[kind] = node_free.get(kind, 0) - count
+            for kind, count in new.offers().items():
+                node_free[kind] = node_free.get(kind, 0) + count
+            counts[(gpu.group, gpu.layout.name)] = counts.get((gpu.group, gpu.layout.name), 0) - 1
+            counts[(gpu.group, new.name)] = counts.get((gpu.group, new.name), 0) + 1
+            changed.add(key)
+            node_busy = gpu.node in busy_nodes
+            decision.changes.append(Change(gpu.node, gpu.index, gpu.layout.name, new.name,
+                                           gain / len(moved_gpus), node_busy))
+        chosen_nodes.add(moved_gpus[0].node)
+        node = moved_gpus[0].node
         decision.why.append(
-            f"{gpu.node} GPU {gpu.index}: {old.name} -> {new.name}: lets {gain:.2f} weighted "
-            "GPU-work of the queue start" + (" (the node drains until its other jobs end)"
-                                             if node_busy else ""))
+            f"{node} GPU {','.join(str(g.index) for g in moved_gpus)}: "
+            f"{'/'.join(sorted({g.layout.name for g in moved_gpus}))} -> {new.name}: lets "
+            f"{gain:.2f} GPUs' worth of wait-weighted queued work start"
+            + (" (the node drains until its other jobs end)" if node in busy_nodes else ""))
     if len(decision.changes) >= max_changes:
         decision.why.append(f"stopped at {max_changes} changes this round (--max-changes)")
     elif not decision.changes:
-        unmet = {kind: n - free.get(kind, 0) for kind, n in decision.demand.items()
-                 if n > free.get(kind, 0)}
+        unmet = {kind: n - decision.supply.get(kind, 0) for kind, n in decision.demand.items()
+                 if n > decision.supply.get(kind, 0)}
         if not unmet:
             decision.why.append("no change: every waiting request fits what is idle")
         else:
