@@ -31,9 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a change must let more than this many GPUs' worth of waiting "
                         "work start, twice that on a node with jobs (default 0.5)")
     parser.add_argument("--max-drain", type=float, default=5400.0, metavar="SECONDS",
-                        help="change GPUs of a node with jobs only if they end within this "
-                        "(default 5400); their end times are not read yet, so such nodes "
-                        "are left alone")
+                        help="change GPUs of a node with jobs only if their time limits end "
+                        "within this many seconds (default 5400): Slurm keeps the node out "
+                        "of service until they end")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
@@ -61,7 +61,7 @@ def format_decision(decision: Any) -> str:
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.relayout.decide import decide
-    from gpushare.admin.relayout.demand import pending, supply
+    from gpushare.admin.relayout.demand import pending, running_ends, supply
     from gpushare.admin.slurm_client import SlurmClientError, open_client
 
     if not 0 <= args.max_changes <= 1000:
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
                     "docs/admin.md, MIG layouts that follow the queue")
     try:
         client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
-        gpus = supply(plan, client.nodes())
+        gpus = supply(plan, client.nodes(), ends=running_ends(args.squeue, args.timeout))
         requests = pending(args.squeue, args.timeout)
     except SlurmClientError as err:
         return fail("relayout", str(err))

@@ -212,3 +212,44 @@ def test_a_node_whose_jobs_run_long_is_left_alone():
                      600.0), *gpus("7x1g.10gb", 4)[1:]]
     changes = decide(queue, soon, {"g": menu}, max_drain_s=5400).changes
     assert changes and all(c.node_busy for c in changes)
+
+
+def test_time_left_and_running_nodes_read_from_squeue():
+    from gpushare.admin.relayout.demand import parse_running, parse_time_left
+
+    assert parse_time_left("1-02:03:04") == 93784.0
+    assert parse_time_left("03:04") == 184.0
+    assert parse_time_left("UNLIMITED") is None
+    assert parse_running("h[1-2]|10:00\nh2|1:00:00\nh3|UNLIMITED\nh3|05:00\n") == {
+        "h1": 600.0, "h2": 3600.0, "h3": None}
+
+
+def test_the_command_prints_the_decision_from_squeue_and_scontrol(tmp_path, capsys):
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("- {layout: 2x3g.40gb, max: 2}", "- 2x3g.40gb"))
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                      "*PD*) echo '41|gres/gpu:3g.40gb:1|2026-01-01T00:00:00'\n"
+                      "      echo '42|gres/gpu:3g.40gb:1|2026-01-01T00:00:00' ;;\n"
+                      "*) echo 'h1|00:10:00' ;;\nesac\n")
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        "echo 'NodeName=h1 State=MIXED Gres=gpu:1g.10gb:15 GresUsed=gpu:1g.10gb:1(IDX:1)'\n"
+        "echo 'NodeName=h2 State=IDLE Gres=gpu:1g.10gb:15 GresUsed=gpu:1g.10gb:0(IDX:N/A)'\n")
+    for stub in (squeue, scontrol):
+        stub.chmod(0o755)
+    code = main(["relayout", "--plan", str(plan), "--backend", "scontrol", "--scontrol",
+                 str(scontrol), "--squeue", str(squeue), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    import json
+
+    decision = json.loads(out)
+    assert decision["demand"] == {"3g.40gb": 2}
+    # h2 is idle: its GPU 2 takes 2x3g.40gb; h1's job is busy on GPU 2.
+    assert [(c["node"], c["gpu"], c["to"]) for c in decision["changes"]] == [
+        ("h2", 2, "2x3g.40gb")]
+    assert decision["drain"] == ["h2"]

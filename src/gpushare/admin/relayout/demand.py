@@ -21,8 +21,8 @@ from gpushare.admin.relayout.menu import NOT_SLURMS, Layout, layout_name
 from gpushare.admin.slurm_client import GRES_ITEM_SPLIT, SlurmClientError, SlurmNode, gres_item
 from gpushare.common import proc
 
-__all__ = ["SQUEUE_FORMAT", "parse_request", "parse_squeue", "pending", "plan_layout",
-           "supply"]
+__all__ = ["SQUEUE_FORMAT", "parse_request", "parse_running", "parse_squeue",
+           "parse_time_left", "pending", "plan_layout", "running_ends", "supply"]
 
 DEFAULT_SQUEUE = "/usr/bin/squeue"
 SQUEUE_FORMAT = "%i|%b|%V"
@@ -70,9 +70,56 @@ def parse_squeue(text: str, now: datetime.datetime) -> list[Request]:
 def pending(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
             now: Optional[datetime.datetime] = None) -> list[Request]:
     """The pending jobs' GPU requests, asked of slurmctld."""
+    text = _squeue(squeue, ["-h", "-t", "PD", "-o", SQUEUE_FORMAT], timeout)
+    return parse_squeue(text, now or datetime.datetime.now())
+
+
+def parse_time_left(text: str) -> Optional[float]:
+    """squeue's ``%L``: ``1-02:03:04``, ``02:03:04``, ``03:04`` → seconds; None for
+    UNLIMITED, NOT_SET or anything else."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 \
+            or (days and not days.isdigit()):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400.0
+
+
+def parse_running(text: str) -> dict[str, Optional[float]]:
+    """Per node, when the last of its jobs' time limits ends (None: a job without one), from
+    ``squeue -h -t R,CG,S -o "%N|%L"``."""
+    import hostlist
+
+    ends: dict[str, Optional[float]] = {}
+    for line in text.splitlines():
+        nodes, _, left = line.strip().partition("|")
+        if not nodes:
+            continue
+        try:
+            names = hostlist.expand_hostlist(nodes)
+        except (hostlist.BadHostlist, ValueError):
+            continue
+        seconds = parse_time_left(left)
+        for name in names:
+            if name in ends and ends[name] is None:
+                continue
+            ends[name] = None if seconds is None else max(ends.get(name) or 0.0, seconds)
+    return ends
+
+
+def running_ends(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0
+                 ) -> dict[str, Optional[float]]:
+    """parse_running, asked of slurmctld."""
+    return parse_running(_squeue(squeue, ["-h", "-t", "R,CG,S", "-o", "%N|%L"], timeout))
+
+
+def _squeue(squeue: str, args: list[str], timeout: float) -> str:
     if not squeue.startswith("/"):
         raise SlurmClientError(f"{squeue}: give the Slurm command as an absolute path")
-    argv = [squeue, "-h", "-t", "PD", "-o", SQUEUE_FORMAT]
+    argv = [squeue, *args]
     try:
         done = proc.run(argv, timeout=timeout, env=os.environ, output_limit=None)
     except proc.ProcError as err:
@@ -80,7 +127,7 @@ def pending(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
     if done.returncode != 0:
         raise SlurmClientError(f"{' '.join(argv)} failed (exit {done.returncode}): "
                                f"{(done.stderr or done.stdout).strip()[-200:]}")
-    return parse_squeue(done.stdout, now or datetime.datetime.now())
+    return done.stdout
 
 
 def plan_layout(slices: Sequence[str], mps: int) -> Layout:
@@ -91,9 +138,11 @@ def plan_layout(slices: Sequence[str], mps: int) -> Layout:
 
 def supply(plan: Plan, nodes: Sequence[SlurmNode],
            layouts: Optional[dict[tuple[str, int], Layout]] = None,
-           last_change_s: Optional[dict[tuple[str, int], float]] = None) -> list[GpuState]:
+           last_change_s: Optional[dict[tuple[str, int], float]] = None,
+           ends: Optional[dict[str, Optional[float]]] = None) -> list[GpuState]:
     """Every GPU of the nodes slurmctld knows in a group with a menu: its layout (the plan's,
-    or ``layouts`` where a relayout changed it), what jobs hold of it, when it last changed."""
+    or ``layouts`` where a relayout changed it), what jobs hold of it, when it last changed
+    and, from ``ends`` (running_ends), when its node's jobs' time limits end."""
     gpus: list[GpuState] = []
     for node in nodes:
         group = plan.group_of(node.name)
@@ -140,5 +189,6 @@ def supply(plan: Plan, nodes: Sequence[SlurmNode],
             held = used.get(gpu.index, {})
             gpus.append(GpuState(node.name, gpu.index, group.name, current[gpu.index],
                                  bool(held), gpu.changeable,
-                                 (last_change_s or {}).get((node.name, gpu.index)), held))
+                                 (last_change_s or {}).get((node.name, gpu.index)), held,
+                                 (ends or {}).get(node.name)))
     return gpus
