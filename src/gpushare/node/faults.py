@@ -54,7 +54,8 @@ def classify(callback: str, err: BaseException, state_dir: str) -> Fault:
     if isinstance(err, StateError):
         return Fault(NODE, f"state_dir= unusable: {err}", str(err), "")
     if isinstance(err, OSError):
-        where = f" ({err.filename})" if err.filename else ""
+        names = [str(name) for name in (err.filename, err.filename2) if name]
+        where = f" ({' -> '.join(names)})" if names else ""
         what = err.strerror or str(err)
         return Fault(NODE, f"{callback} failed: {what}{where}",
                      f"{callback} failed: {what}{where}", "")
