@@ -35,6 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the whole cluster from slurmctld's view (required: the only "
                         "view so far)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--demand", action="store_true",
+                        help="also ask squeue what the pending jobs wait for, and show it beside "
+                        "what is free per type (MIG profile, whole GPUs, MPS units)")
+    parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
+                        help="with --demand: absolute path of squeue (default /usr/bin/squeue)")
     add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
 
@@ -77,6 +82,26 @@ def format_status(nodes: list[NodeSharing], totals: dict[str, Any], backend: str
     return "\n".join(lines)
 
 
+def format_demand(waiting: dict[str, int], free: dict[str, int]) -> list[str]:
+    """Per request type, what the queue waits for beside what is free."""
+    rows = [["TYPE", "WAITING", "FREE"]]
+    for kind in sorted(set(waiting) | set(free)):
+        rows.append([kind, str(waiting.get(kind, 0)), str(free.get(kind, 0))])
+    return ["", "Pending jobs' GPU requests beside what is free (whole: GPUs, mps: units, "
+            "MIG: slices):", *text_table(rows)]
+
+
+def _free_by_kind(sums: dict[str, Any]) -> dict[str, int]:
+    free: dict[str, int] = {}
+    for row in sums["gpus"].values():
+        free["whole"] = free.get("whole", 0) + row["free"]
+        if row["mps_total"]:
+            free["mps"] = free.get("mps", 0) + row["mps_total"] - row["mps_used"]
+    for profile, row in sums["mig"].items():
+        free[profile] = free.get(profile, 0) + row["free"]
+    return free
+
+
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.cluster_status import summary, totals
     from gpushare.admin.slurm_client import SlurmClientError, job_gres, open_client
@@ -92,9 +117,24 @@ def _run(args: argparse.Namespace) -> int:
     except SlurmClientError as err:
         return fail("status", str(err))
     sums = totals(nodes)
+    waiting: dict[str, int] = {}
+    if args.demand:
+        from gpushare.admin.relayout.demand import pending
+
+        try:
+            for request in pending(args.squeue, args.timeout):
+                waiting[request.kind] = waiting.get(request.kind, 0) + request.count
+        except SlurmClientError as err:
+            return fail("status", str(err))
     if args.json:
-        print(json.dumps({"backend": client.backend, "nodes": [n.to_dict() for n in nodes],
-                          "totals": sums}, indent=2))
+        report: dict[str, Any] = {"backend": client.backend,
+                                  "nodes": [n.to_dict() for n in nodes], "totals": sums}
+        if args.demand:
+            report["demand"] = {"waiting": waiting, "free": _free_by_kind(sums)}
+        print(json.dumps(report, indent=2))
         return 0
-    print(format_status(nodes, sums, client.backend))
+    text = format_status(nodes, sums, client.backend)
+    if args.demand:
+        text += "\n" + "\n".join(format_demand(waiting, _free_by_kind(sums)))
+    print(text)
     return 0

@@ -253,3 +253,23 @@ def test_the_command_prints_the_decision_from_squeue_and_scontrol(tmp_path, caps
     assert [(c["node"], c["gpu"], c["to"]) for c in decision["changes"]] == [
         ("h2", 2, "2x3g.40gb")]
     assert decision["drain"] == ["h2"]
+
+
+def test_status_shows_the_queue_beside_what_is_free(tmp_path, capsys):
+    from gpushare.cli import main
+
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\necho '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00'\n"
+                      "echo '42|gres:gpu:1g.10gb:1|2026-01-01T00:00:00'\n")
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        "echo 'NodeName=h1 State=MIXED Gres=gpu:1g.10gb:14 GresUsed=gpu:1g.10gb:1(IDX:1)'\n")
+    for stub in (squeue, scontrol):
+        stub.chmod(0o755)
+    assert main(["status", "--cluster", "--demand", "--backend", "scontrol", "--scontrol",
+                 str(scontrol), "--squeue", str(squeue)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index("TYPE     WAITING  FREE"):]
+    assert [line.split() for line in table[1:]] == [["1g.10gb", "1", "13"],
+                                                    ["3g.40gb", "2", "0"]]
