@@ -400,3 +400,15 @@ def test_lua_hook_refuses_facts_for_another_release(tmp_path, release, loaded):
         "gres/gpu:1): set slurm.version in the plan to this Slurm's release and render the "
         "facts again (gpushare render facts), then touch this script; jobs pass unchanged "
         "until then", "job: gres:gpu:H100:1"], done.stdout
+
+
+def test_slurm_version_is_given_whatever_follows_it(tmp_path):
+    """slurm.version counts as the plan's own with any other slurm keys beside it (a
+    plugin: line once hid it, and the plan was rendered for the installed Slurm)."""
+    path = tmp_path / "plan.yaml"
+    path.write_text('version: 1\nslurm:\n  version: "24.11"\n  plugin: /usr/lib64/slurm/x.so\n'
+                    "node_groups:\n  - {name: g, nodes: x1, gpu_model: h100-80gb, gpus: 1,"
+                    " layout: {all: {owner: slurm}}}\n")
+    plan = load_plan(str(path))
+    assert (plan.slurm.version, plan.slurm.version_given) == ("24.11", True)
+    assert load_plan(os.path.join(REPO, "etc", "plan.example.yaml")).slurm.version_given
