@@ -104,12 +104,15 @@ def test_render_with_a_release_needs_no_slurm_here(tmp_path, capsys, monkeypatch
     assert json.loads(out)["gres_syntax"] == "22.05"
 
 
-def test_render_on_this_host_for_the_other_release(tmp_path, capsys):
+def test_render_on_this_host_for_the_other_release(tmp_path, capsys, monkeypatch):
     """The real lookup on this machine (22.05 on one test machine, 24.11 on the other): a
     plan for the other release renders all the same."""
+    from gpushare.admin import slurm_client
+
     release = host_release()
     if release is None:
         pytest.skip("no Slurm installed here")
+    monkeypatch.setattr(slurm_client, "installed_release", host_release)  # this host's
     other = "24.11" if release_tuple(release) < (23, 11) else "22.05"
     rc, out, err = _render(capsys, "facts", "--plan", _plan_for(tmp_path, other))
     assert (rc, err) == (0, ""), err
