@@ -62,7 +62,8 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.relayout.decide import decide
     from gpushare.admin.relayout.demand import pending, running_ends, supply
-    from gpushare.admin.slurm_client import SlurmClientError, open_client
+    from gpushare.admin.relayout.menu import one_profile_per_node
+    from gpushare.admin.slurm_client import SlurmClientError, installed_release, open_client
 
     if not 0 <= args.max_changes <= 1000:
         return fail("relayout", "--max-changes must be between 0 and 1000")
@@ -82,8 +83,11 @@ def _run(args: argparse.Namespace) -> int:
         requests = pending(args.squeue, args.timeout)
     except SlurmClientError as err:
         return fail("relayout", str(err))
+    version = plan.slurm.version if plan.slurm.version_given else \
+        (installed_release() or plan.slurm.version)
     decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis,
-                      max_drain_s=args.max_drain)
+                      max_drain_s=args.max_drain,
+                      one_profile_per_node=one_profile_per_node(version))
     if args.json:
         print(json.dumps({
             "demand": decision.demand, "supply": decision.supply,

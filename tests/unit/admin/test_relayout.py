@@ -228,7 +228,8 @@ def test_the_command_prints_the_decision_from_squeue_and_scontrol(tmp_path, caps
     from gpushare.cli import main
 
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN.replace("- {layout: 2x3g.40gb, max: 2}", "- 2x3g.40gb"))
+    plan.write_text(PLAN.replace("- {layout: 2x3g.40gb, max: 2}", "- 2x3g.40gb").replace(
+        "version: 1\n", "version: 1\nslurm: {version: '24.11'}\n"))
     squeue = tmp_path / "squeue"
     squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
                       "*PD*) echo '41|gres/gpu:3g.40gb:1|2026-01-01T00:00:00'\n"
@@ -273,3 +274,19 @@ def test_status_shows_the_queue_beside_what_is_free(tmp_path, capsys):
     table = lines[lines.index("TYPE     WAITING  FREE"):]
     assert [line.split() for line in table[1:]] == [["1g.10gb", "1", "13"],
                                                     ["3g.40gb", "2", "0"]]
+
+
+def test_slurm_22_05_keeps_one_mig_profile_per_node():
+    text = PLAN.replace("version: 1\n", "version: 1\nslurm: {version: '22.05'}\n")
+    with pytest.raises(PlanError) as err:
+        parse_plan(text, "p.yaml")
+    assert err.value.problems == [
+        "p.yaml:19: nodes h[1-2]: relayout.menu: 3g.40gb+2g.20gb+1g.10gb mixes MIG profiles; "
+        "Slurm 22.05 with AutoDetect=off indexes only one MIG profile per node: keep one "
+        "profile per layout, or upgrade Slurm"]
+    # The decision changes a node's GPUs together or not at all.
+    menu = menu_of("7x1g.10gb", "2x3g.40gb")
+    queue = [Request(str(j), "3g.40gb", 1, 3000) for j in range(3)]
+    assert len(decide(queue, gpus("7x1g.10gb", 4), {"g": menu}).changes) == 2
+    changes = decide(queue, gpus("7x1g.10gb", 4), {"g": menu}, one_profile_per_node=True).changes
+    assert [c.index for c in changes] == [0, 1, 2, 3]

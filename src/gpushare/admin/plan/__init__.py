@@ -116,6 +116,12 @@ def parse_plan(text: str, path: str = "plan.yaml") -> Plan:
     domains, from_fabric = domains_section(c, data.get("domains"), line_of(data, "domains"),
                                            by_node)
     check_untyped(c, policy, groups)
+    if slurm.version_given:
+        from gpushare.admin.relayout.menu import check_release
+
+        for group in groups:
+            if group.relayout is not None:
+                check_release(c, slurm.version, group.label, group.relayout)
     if c.problems:
         raise PlanError(c.problems)
     return Plan(path, PLAN_VERSION, tuple(groups), domains, from_fabric, slurm, policy, prefix,

@@ -128,10 +128,21 @@ def _profile_sizes(layouts: Sequence[Layout]) -> dict[str, int]:
     return sizes
 
 
+def _profiles_on(node: str, layout_of: dict[tuple[str, int], Layout],
+                 moved: Sequence[GpuState], new: Layout) -> int:
+    """How many MIG profiles Slurm would have on ``node`` after ``moved`` take ``new``."""
+    moving = {gpu.index for gpu in moved}
+    profiles = set(new.slices)
+    for (name, index), layout in layout_of.items():
+        if name == node and index not in moving:
+            profiles.update(layout.slices)
+    return len(profiles)
+
+
 def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[str, Menu],
            max_changes: int = 4, hysteresis: float = 0.5,
-           busy_node_factor: float = 2.0, max_drain_s: Optional[float] = 5400.0
-           ) -> Decision:
+           busy_node_factor: float = 2.0, max_drain_s: Optional[float] = 5400.0,
+           one_profile_per_node: bool = False) -> Decision:
     """Which idle GPUs change to which menu layout this round, and why."""
     all_layouts = [gpu.layout for gpu in gpus] + [item.layout for menu in menus.values()
                                                  for item in menu.items]
@@ -163,6 +174,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
         if gpu.changeable and gpu.group in menus:
             in_layout = (gpu.group, gpu.layout.name)
             counts[in_layout] = counts.get(in_layout, 0) + 1
+    layout_of = {(gpu.node, gpu.index): gpu.layout for gpu in gpus}
     changed: set[tuple[str, int]] = set()
     chosen_nodes: set[str] = set()
     held_back: dict[str, str] = {}
@@ -216,6 +228,9 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                     for kind, count in item.layout.offers().items():
                         trial[node][kind] = trial[node].get(kind, 0) + count
                     moved.append(gpu)
+                    if one_profile_per_node and _profiles_on(node, layout_of, moved,
+                                                             item.layout) > 1:
+                        continue
                     gain = _served(jobs, trial) - base
                     net = gain - need_per_gpu * len(moved)
                     if gain >= need_per_gpu * len(moved) and (best is None or net > best[0]):
@@ -233,6 +248,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
             counts[(gpu.group, gpu.layout.name)] = counts.get((gpu.group, gpu.layout.name), 0) - 1
             counts[(gpu.group, new.name)] = counts.get((gpu.group, new.name), 0) + 1
             changed.add(key)
+            layout_of[key] = new
             node_busy = gpu.node in busy_nodes
             decision.changes.append(Change(gpu.node, gpu.index, gpu.layout.name, new.name,
                                            gain / len(moved_gpus), node_busy))

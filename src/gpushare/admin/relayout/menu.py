@@ -23,8 +23,8 @@ from typing import Any, Optional
 from gpushare.admin.mig_profiles import GpuModel, place_slices
 from gpushare.admin.plan.lines import Checker, YamlMap, YamlSeq, line_of
 
-__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "parse_layout",
-           "parse_menu"]
+__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_release",
+           "one_profile_per_node", "parse_layout", "parse_menu"]
 
 DEFAULT_MIN_INTERVAL_S = 3600
 NOT_SLURMS = "kubernetes"  # the layout name of a GPU Slurm has nothing of
@@ -198,3 +198,20 @@ def parse_menu(c: Checker, raw: Any, line: int, where: str, model: GpuModel,
         c.error(menu_line, f"{where}: relayout.menu: the maximums add up to {ceiling} GPUs but "
                 f"the group has {changeable} that may change; raise a max")
     return Menu(tuple(items), interval, section.line)
+
+
+def one_profile_per_node(version: str) -> bool:
+    """Slurm before 23.11 with AutoDetect=off indexes one MIG profile per node only (the
+    rule ``gpushare render`` enforces for the plan's own layout)."""
+    return version.startswith(("21.", "22."))
+
+
+def check_release(c: Checker, version: str, where: str, menu: Menu) -> None:
+    """On such a release a menu layout mixing profiles could never be rendered."""
+    if not one_profile_per_node(version):
+        return
+    for item in menu.items:
+        if len(set(item.layout.slices)) > 1:
+            c.error(item.line, f"{where}: relayout.menu: {item.layout.name} mixes MIG "
+                    f"profiles; Slurm {version} with AutoDetect=off indexes only one MIG "
+                    "profile per node: keep one profile per layout, or upgrade Slurm")
