@@ -290,3 +290,13 @@ def test_slurm_22_05_keeps_one_mig_profile_per_node():
     assert len(decide(queue, gpus("7x1g.10gb", 4), {"g": menu}).changes) == 2
     changes = decide(queue, gpus("7x1g.10gb", 4), {"g": menu}, one_profile_per_node=True).changes
     assert [c.index for c in changes] == [0, 1, 2, 3]
+
+
+def test_a_menu_changes_nothing_rendered_for_either_scheduler():
+    from gpushare.admin.render import render_gres_conf, render_mig_parted
+
+    plain = parse_plan(PLAN[:PLAN.index("    relayout:")])
+    with_menu = parse_plan(PLAN)
+    assert with_menu.groups[0].relayout is not None and plain.groups[0].relayout is None
+    assert render_mig_parted(with_menu) == render_mig_parted(plain)
+    assert render_gres_conf(with_menu) == render_gres_conf(plain)
