@@ -7,8 +7,8 @@ PY := $(VENV)/bin/python
 # The oldest Python the core supports (RHEL 9's python3), when this machine has one.
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
-.PHONY: all deps build venv test test-host test-other release-root unit unit39 lint demo bench \
-	rpm deb slurm-testsuite clean
+.PHONY: all deps build venv test test-host test-other release-root unit unit39 lint ctest demo \
+	bench rpm deb slurm-testsuite clean
 
 all: build
 
@@ -37,7 +37,8 @@ build: deps
 	@chmod -R u=rwX,go=rX build/pylib
 
 # ruff, then mypy (configured in pyproject.toml) for the oldest Python the core supports and
-# the newest one tested (Debian 13's python3).
+# the newest one tested (Debian 13's python3); then every C file with gcc -Wall -Wextra
+# -Wformat=2 -Wshadow -Werror, gcc -fanalyzer and cppcheck (tests/c/lint.py).
 MYPY_PYTHONS := 3.9 3.13
 lint: venv
 	@$(VENV)/bin/ruff check src spank tests bench submit_hooks scripts
@@ -45,6 +46,12 @@ lint: venv
 		printf 'mypy --python-version %s: ' $$version; \
 		$(VENV)/bin/mypy --python-version $$version || exit 1; \
 	done
+	@$(SYSTEM_PYTHON) tests/c/lint.py
+
+# The C glue's unit tests and fuzz harnesses under ASan and UBSan (tests/c; `make test` runs
+# them too, on both releases). GPUSHARE_FUZZ_RUNS=N fuzzes each parser for N runs.
+ctest: venv
+	@$(PY) -m pytest tests/unit/test_c_units.py tests/unit/test_c_fuzz.py -q
 
 unit: venv
 	@$(PY) -m pytest tests/unit -q

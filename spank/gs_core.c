@@ -111,11 +111,14 @@ int gs_core_trusted(char *path, size_t size)
     return 0;
 }
 
+/* The core, once loaded: it stays for the process's life (built -z nodelete), even when it
+ * failed to start, as Python cannot be unloaded. */
+static void *gs_core_handle = NULL;
+
 static int gs_load_core(spank_t sp)
 {
     char path[PATH_MAX];
     gs_core_start_f start;
-    void *handle;
 
     if (gs_core_dispatch)
         return 0;
@@ -129,14 +132,14 @@ static int gs_load_core(spank_t sp)
     if (gs_core_trusted(path, sizeof(path)) < 0)
         return -1;
     /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
-    handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!handle) {
+    gs_core_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!gs_core_handle) {
         slurm_error("gpushare: cannot load the Python core %s: %s (install it next to "
                     "spank_gpushare.so)", path, dlerror());
         return -1;
     }
-    start = (gs_core_start_f)dlsym(handle, "gpushare_core_start");
-    gs_core_dispatch = (gs_core_dispatch_f)dlsym(handle, "gpushare_core_dispatch");
+    start = (gs_core_start_f)dlsym(gs_core_handle, "gpushare_core_start");
+    gs_core_dispatch = (gs_core_dispatch_f)dlsym(gs_core_handle, "gpushare_core_dispatch");
     if (!start || !gs_core_dispatch) {
         slurm_error("gpushare: %s is not gpushare's core (missing symbols)", path);
         gs_core_dispatch = NULL;

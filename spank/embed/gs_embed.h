@@ -34,6 +34,8 @@ static int gs_python_start(const char *who)
         return 0;
     if (gs_python_failed)
         return -1;
+    /* promoted for the process's life: the handle is never closed */
+    /* cppcheck-suppress leakReturnValNotUsed */
     if (!dlopen(GS_LIBPYTHON, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL))
         slurm_error("%s: could not make %s global: %s", who, GS_LIBPYTHON, dlerror());
 
