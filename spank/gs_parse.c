@@ -15,7 +15,9 @@ int gs_parse_percent(const char *arg)
     char *end = NULL;
     long value;
 
-    if (!arg || !*arg)
+    /* ASCII digits only, as the Python's check on the node: strtol alone would take
+     * " 25" and "+25" */
+    if (!arg || !*arg || strspn(arg, "0123456789") != strlen(arg))
         return -1;
     errno = 0;
     value = strtol(arg, &end, 10);

@@ -14,7 +14,7 @@ static void test_percent(void)
     CHECK_INT(gs_parse_percent("100"), 100);
     CHECK_INT(gs_parse_percent("007"), 7);
     const char *refused[] = {NULL, "", "0", "101", "-5", "25%", "25 ", "2.5", "0x19",
-                             "99999999999999999999999", "+", "1e2"};
+                             "99999999999999999999999", "+", "1e2", "+25", " 25", "\t25"};
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
         CHECK_INT(gs_parse_percent(refused[i]), -1);
 }
