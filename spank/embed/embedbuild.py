@@ -35,6 +35,11 @@ HARDENING_LDFLAGS = ["-Wl,-z,relro", "-Wl,-z,now", "-Wl,-z,noexecstack"]
 # The distribution's flags, as rpmbuild's %{optflags} and %{build_ldflags} (the spec exports
 # them) or dpkg-buildflags would give them.
 DISTRIBUTION_FLAG_VARS = ("CPPFLAGS", "CFLAGS", "LDFLAGS")
+# GPUSHARE_SANITIZE=1: a test build with AddressSanitizer and UndefinedBehaviorSanitizer
+# (tests/slurm/test_c_sanitized.py runs real jobs through it); never a build to install.
+SANITIZE_VAR = "GPUSHARE_SANITIZE"
+SANITIZE_CFLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
+SANITIZE_LDFLAGS = ["-fsanitize=address,undefined"]
 
 
 def c_string(value: str) -> str:
@@ -88,13 +93,16 @@ def python_defines() -> dict[str, str]:
 
 
 def build_flags() -> tuple[list[str], list[str]]:
-    """Compiler and linker flags for both plugins: the hardening, then the distribution's
-    CPPFLAGS, CFLAGS and LDFLAGS from the environment, last so that their choices (the
-    optimisation level, a FORTIFY level of their own) win."""
+    """Compiler and linker flags for both plugins: the hardening, the sanitizers when
+    ``GPUSHARE_SANITIZE=1``, then the distribution's CPPFLAGS, CFLAGS and LDFLAGS from the
+    environment, last so that their choices (the optimisation level, a FORTIFY level of
+    their own) win."""
     dist_c = shlex.split(os.environ.get("CPPFLAGS", "")) + shlex.split(os.environ.get("CFLAGS", ""))
     dist_ld = shlex.split(os.environ.get("LDFLAGS", ""))
     fortify = [] if any("_FORTIFY_SOURCE" in flag for flag in dist_c) else HARDENING_FORTIFY
-    return HARDENING_CFLAGS + fortify + dist_c, HARDENING_LDFLAGS + dist_ld
+    sanitize = os.environ.get(SANITIZE_VAR) == "1"
+    return (HARDENING_CFLAGS + fortify + (SANITIZE_CFLAGS if sanitize else []) + dist_c,
+            HARDENING_LDFLAGS + (SANITIZE_LDFLAGS if sanitize else []) + dist_ld)
 
 
 @contextlib.contextmanager
