@@ -847,7 +847,10 @@ def test_slurmd_killed_and_restarted_while_jobs_run_leaks_nothing(mps_bed):
 
 
 def fault_job(bed) -> int:
-    return bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
+    """A job on the faulty node that asks not to be requeued, so that its task fails with
+    the cause (test_hostile.py follows a job gpushare requeues)."""
+    return bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", "--no-requeue",
+                      user=U1)
 
 
 def prolog_failure(bed, job_id: int) -> tuple[str, list[str]]:
