@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
 
 
 def test_every_c_test_file_is_found():
-    assert {"test_parse", "test_ticket", "test_envfile"} <= set(ctests.unit_tests())
+    assert {"test_parse", "test_ticket", "test_envfile", "test_args"} <= set(ctests.unit_tests())
 
 
 @pytest.mark.parametrize("name", ctests.unit_tests())
