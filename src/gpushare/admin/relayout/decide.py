@@ -14,6 +14,7 @@ when its jobs' time limits end within ``max_drain_s``.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -86,6 +87,7 @@ def unit_work(kind: str, slice_sizes: dict[str, int]) -> float:
 
 
 MAX_JOBS_PER_KIND = 48  # the most valuable waiting jobs of each kind that a round weighs
+MAX_NODES_PER_STEP = 32  # the nodes with the most changeable idle GPUs a step weighs
 
 
 def _jobs(requests: Sequence[Request], slice_sizes: dict[str, int]
@@ -107,15 +109,15 @@ def _served(jobs: dict[str, list[tuple[float, int]]], free: dict[str, dict[str, 
     total = 0.0
     for kind, listed in jobs.items():
         room = sorted(units.get(kind, 0) for units in free.values() if units.get(kind, 0) > 0)
-        if not room:
-            continue
         for value, count in listed:
-            for position, left in enumerate(room):
-                if left >= count:
-                    total += value
-                    room[position] = left - count
-                    room.sort()
-                    break
+            if not room:
+                break
+            position = bisect.bisect_left(room, count)
+            if position < len(room):
+                total += value
+                left = room.pop(position) - count
+                if left:
+                    bisect.insort(room, left)
     return total
 
 
@@ -197,7 +199,14 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
     while len(decision.changes) < max_changes:
         base = _served(jobs, free)
         best: Optional[tuple[float, float, list[GpuState], Layout]] = None
-        for node, node_gpus in candidates.items():
+        weighed = list(candidates)
+        if len(weighed) > MAX_NODES_PER_STEP:
+            # Idle nodes first (no drain wait), then those with the most GPUs to change.
+            weighed.sort(key=lambda n: (n in busy_nodes and n not in chosen_nodes,
+                                        -len(candidates[n])))
+            del weighed[MAX_NODES_PER_STEP:]
+        for node in weighed:
+            node_gpus = candidates[node]
             # A node with jobs stays out of service until they end: a change there must
             # gain more; one already chosen this round costs no second drain.
             need_per_gpu = hysteresis * (busy_node_factor if node in busy_nodes else 1.0)
