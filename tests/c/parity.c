@@ -9,14 +9,24 @@
  *   percent <text>      gs_parse_percent
  *   env_name <text>     gs_valid_env_name
  *   env_file <text>     gs_env_file_apply: "<rc> <show|-> <error|-> <NAME=VALUE\n...>"
+ *   node <name>         SLURMD_NODENAME for what follows ("" unsets it)
+ *   path <value>        gs_copy_path of a plugstack path argument: the path, or "-"
+ * spank/gs_args.c is included for its static gs_copy_path; slurm_error is this file's.
  * links: gs_parse.c gs_envfile.c
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../../spank/gs_args.c"
 #include "gs_parse.h"
+
+void slurm_error(const char *fmt, ...)
+{
+    (void)fmt;
+}
 
 static char *unhex(const char *hex)
 {
@@ -106,6 +116,14 @@ int main(void)
             putchar(' ');
             put_hex(sets.text ? sets.text : "");
             free(sets.text);
+        } else if (strcmp(line, "node") == 0) {
+            if (*arg)
+                setenv("SLURMD_NODENAME", arg, 1);
+            else
+                unsetenv("SLURMD_NODENAME");
+        } else if (strcmp(line, "path") == 0) {
+            static char path[PATH_MAX];
+            put_hex(gs_copy_path(path, arg, "state_dir") == 0 ? path : NULL);
         } else {
             fputs("?", stdout);
         }
