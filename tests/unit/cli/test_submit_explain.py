@@ -118,3 +118,20 @@ def test_roots_share_is_accepted_as_anyones(capsys, uid):
     path = facts_path("h100-2205")
     assert main(["explain", "--facts", path, "--uid", str(uid), "--", "--gres=mps:10"]) == 0
     assert "result: accepted unchanged" in capsys.readouterr().out
+
+
+def test_explain_says_whether_an_untyped_gpu_gets_the_feature_or_is_refused(capsys):
+    """Whole types and MIG slices on other nodes: the feature is added (to --constraint
+    too); where a node has both, the request is refused and the type asked for."""
+    assert main(["explain", "--facts", facts_path("split-mig-2205"), "--uid", "1000", "--",
+                 "--gres=gpu:4", "--constraint=ib|eth"]) == 0
+    out = capsys.readouterr().out
+    assert ("untyped GPU requests: whole (kept on the nodes with feature gpushare_whole, "
+            "whose Slurm GPUs are all whole: --constraint gets it added)") in out
+    assert "  features: ib|eth -> (ib|eth)&gpushare_whole" in out
+    assert main(["explain", "--facts", facts_path("mixed-mig-2205"), "--uid", "1000", "--",
+                 "--gres=gpu:4"]) == 1
+    out = capsys.readouterr().out
+    assert ("untyped GPU requests: whole (refused: Slurm owns several whole-GPU types, a node "
+            "has both them and MIG slices here; the user must name the type)") in out
+    assert "name the type, e.g. --gres=gpu:a100:4" in out
