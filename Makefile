@@ -48,10 +48,11 @@ lint: venv
 	done
 	@$(SYSTEM_PYTHON) tests/c/lint.py
 
-# The C glue's unit tests and fuzz harnesses under ASan and UBSan (tests/c; `make test` runs
-# them too, on both releases). GPUSHARE_FUZZ_RUNS=N fuzzes each parser for N runs.
+# The C glue's unit tests, fuzz harnesses and parity tests under ASan and UBSan (tests/c;
+# `make test` runs them too, on both releases). GPUSHARE_FUZZ_RUNS=N fuzzes each parser N runs.
 ctest: venv
-	@$(PY) -m pytest tests/unit/test_c_units.py tests/unit/test_c_fuzz.py -q
+	@$(PY) -m pytest tests/unit/test_c_units.py tests/unit/test_c_fuzz.py \
+		tests/unit/test_c_parity.py -q
 
 unit: venv
 	@$(PY) -m pytest tests/unit -q
