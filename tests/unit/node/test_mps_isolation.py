@@ -288,3 +288,14 @@ def test_gpushare_mps_shows_where_each_daemon_runs(users, cgroup_parent):
         assert mgr.release(1) == [lease.key]
     finally:
         made.close()
+
+
+def test_auto_without_a_cgroup_root_may_make_leaves_the_daemon_where_it_is(tmp_path,
+                                                                          monkeypatch):
+    """A container's cgroup hierarchy may be read-only: ``auto`` then means none, while a
+    directory the admin named must work."""
+    monkeypatch.setattr(isolation, "cgroup_parent",
+                        lambda setting, proc_root="/proc": str(tmp_path / "not-a-cgroup"))
+    assert isolation.daemon_cgroup("auto", "k") is None
+    with pytest.raises(OSError, match="not in a cgroup v2 hierarchy"):
+        isolation.daemon_cgroup(str(tmp_path / "not-a-cgroup"), "k")

@@ -89,10 +89,20 @@ def cgroup_parent(setting: str, proc_root: str = "/proc") -> Optional[str]:
 
 def daemon_cgroup(setting: str, key: str) -> Optional[str]:
     """Make (root's, 0755) and return daemon ``key``'s cgroup; None where it has none.
-    Raises OSError when the cgroup cannot be made."""
+    Raises OSError when the cgroup of an ``mps_cgroup=`` directory cannot be made; with
+    ``auto``, a hierarchy root may not write (a container's read-only one) means none."""
     parent = cgroup_parent(setting)
     if parent is None:
         return None
+    if setting == "auto":
+        try:
+            return _make_cgroup(parent, key)
+        except OSError:
+            return None
+    return _make_cgroup(parent, key)
+
+
+def _make_cgroup(parent: str, key: str) -> str:
     for path in (parent, os.path.join(parent, key)):
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o755)
