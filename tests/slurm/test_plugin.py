@@ -384,10 +384,12 @@ def test_a_fifo_at_debug_log_neither_hangs_nor_fails_a_job(clean_bed):
 
 
 def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
-    # The job's record path is a directory: writing the record fails inside the core, a
-    # real internal error. The prolog runs in a worker Slurm does not wait for, so the
-    # worker drains the node itself and the job's task fails with a message.
-    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", "--hold", user=USER)
+    # The job's record path is a directory: writing the record fails inside the core, an
+    # error gpushare does not expect, so the node's fault. The prolog runs in a worker Slurm
+    # does not wait for, so the worker drains the node itself with the error, and the job's
+    # task fails with a message (the job asked not to be requeued).
+    job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n3", "--hold", "--no-requeue",
+                              user=USER)
     jobs = os.path.join(clean_bed.state_of("n3"), "jobs")
     os.makedirs(os.path.join(jobs, f"{job_id}.json"))
     try:
@@ -395,12 +397,13 @@ def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
         state = _wait_node_drained(clean_bed, "n3")
         assert "DRAIN" in state["State"]
         # the prolog's reason, or the epilog's: the record path is still a directory then
-        assert state["Reason"].startswith("gpushare: internal error in job_"), state
+        assert re.match(r"gpushare: job_(prolog|epilog) failed: Is a directory \(",
+                        state["Reason"]), state
         info = clean_bed.wait_job(job_id)
         assert info["JobState"] != "COMPLETED", info
         with open(clean_bed.path("log", "slurmd-n3.log")) as handle:
             log = handle.read()
-        assert f"gpushare: job {job_id}: job_prolog: internal error" in log
+        assert f"gpushare: job {job_id}: job_prolog: job_prolog failed: Is a directory" in log
         assert "Traceback" in log and "IsADirectoryError" in log
         assert "gpushare: could not set up this job on " in clean_bed.output(job_id)
         # slurmd survived and still answers.
