@@ -52,6 +52,12 @@ def plugin_dir() -> str:
     return f"/usr/lib/{multiarch()}/slurm-wlm"
 
 
+def rpm_units() -> list[str]:
+    """The systemd units the RPM ships too (packaging/*.service, *.timer, *.mount)."""
+    return sorted(name for name in os.listdir(os.path.join(slurmbed.REPO, "packaging"))
+                  if name.endswith((".service", ".timer", ".mount")))
+
+
 def installed_slurm_version() -> tuple[int, int, int]:
     with open("/usr/include/slurm/slurm_version.h") as handle:
         number = int(re.search(r"#define SLURM_VERSION_NUMBER (0x[0-9a-fA-F]+)",
@@ -125,9 +131,10 @@ def test_package_holds_the_product_and_no_test_parts(built):
                    "/usr/share/gpushare/job_submit.lua", "/usr/share/man/man1/gpushare.1.gz",
                    "/usr/share/doc/gpushare/admin.md", CONFFILE):
         assert wanted in files, wanted
-    units = [f for f in files if f.endswith(("/gpushare-metrics.service",
-                                             "/gpushare-metrics.timer"))]
-    assert len(units) == 2 and all("/systemd/system/" in f for f in units), units
+    units = {os.path.basename(f): os.path.dirname(f) for f in files
+             if os.path.basename(f) in rpm_units()}
+    assert sorted(units) == rpm_units(), units
+    assert set(units.values()) <= {"/lib/systemd/system", "/usr/lib/systemd/system"}, units
     assert not [f for f in files if "/profiles" in f or "mps_standin" in f
                 or "nvidia-cuda-mps-control" in f or f.endswith(".pyc")], files
     conffiles = subprocess.run(["dpkg-deb", "--info", built[0], "conffiles"],
@@ -203,12 +210,14 @@ def test_installed_core_is_root_owned_and_byte_compiled(installed):
 
 
 def test_units_are_installed_disabled(installed):
-    unit_files = subprocess.run(["dpkg", "-L", PACKAGE], capture_output=True, text=True,
-                                check=True).stdout.split()
-    timer = [f for f in unit_files if f.endswith("/gpushare-metrics.timer")]
-    assert len(timer) == 1 and os.path.isfile(timer[0]), unit_files
-    assert not glob.glob("/etc/systemd/system/*/gpushare-metrics.*"), \
-        glob.glob("/etc/systemd/system/*/gpushare-metrics.*")
+    listed = subprocess.run(["dpkg", "-L", PACKAGE], capture_output=True, text=True,
+                            check=True).stdout.split()
+    units = sorted(os.path.basename(f) for f in listed if os.path.basename(f) in rpm_units()
+                   and os.path.isfile(f))
+    assert units == rpm_units(), listed
+    enabled = [link for unit in units
+               for link in glob.glob(f"/etc/systemd/system/**/{unit}", recursive=True)]
+    assert enabled == []
 
 
 def test_installed_command_runs_from_the_installed_core(installed):
