@@ -81,7 +81,8 @@ _LOW_FREE = 0.1
 def check_state_space(state_dir: str) -> list[Finding]:
     """Where the plugin's state lives: the users' MPS directories (``<state_dir>/mps``) on a
     file system of their own, so that what users write there cannot fill the one holding
-    root's job records, task environments, locks and counters; and neither nearly full."""
+    root's job records, task environments, locks and counters; and their mount not
+    nearly full (root's own is the node's file system, watched as the node's is)."""
     import os
 
     findings: list[Finding] = []
@@ -100,22 +101,20 @@ def check_state_space(state_dir: str) -> list[Finding]:
             "root's job records, so a user who fills them fails every job's set-up here",
             mps_dir, "mount a tmpfs of its own there before slurmd starts (size= and "
             "nr_inodes=; the package ships run-gpushare-mps.mount for /run/gpushare)"))
-    for path, what in ((state_dir, "root's state"), (mps_dir, "the users' MPS directories")):
-        if path == mps_dir and mps is None:
-            continue
-        try:
-            room = os.statvfs(path)
-        except OSError:
-            continue
-        low = [name for name, free, total in (("space", room.f_bavail, room.f_blocks),
-                                              ("inodes", room.f_favail, room.f_files))
-               if total and free < total * _LOW_FREE]
-        if low:
-            findings.append(Finding(
-                WARNING, f"the file system of {what} has less than "
-                f"{_LOW_FREE:.0%} of its {' and '.join(low)} free", path,
-                "find what fills it (du -x, find -xdev); a job whose set-up finds it full "
-                "fails and drains the node with the reason state_dir= full"))
+        return findings
+    try:
+        room = os.statvfs(mps_dir)
+    except OSError:
+        return findings
+    low = [name for name, free, total in (("space", room.f_bavail, room.f_blocks),
+                                          ("inodes", room.f_favail, room.f_files))
+           if total and free < total * _LOW_FREE]
+    if low:
+        findings.append(Finding(
+            WARNING, f"the file system of the users' MPS directories has less than "
+            f"{_LOW_FREE:.0%} of its {' and '.join(low)} free", mps_dir,
+            "see which daemon's directory fills it (du -x); a job whose set-up finds it "
+            "full fails and drains the node with the reason state_dir= full"))
     return findings
 
 
