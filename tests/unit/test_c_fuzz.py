@@ -70,4 +70,6 @@ def test_an_overflow_in_a_harness_is_reported(driver, tmp_path):
     # the ticket corpus holds the mark: its first run reads past the input
     first = ctests.run_fuzzer(built, "ticket", str(tmp_path), runs=10)[0]
     assert first.returncode != 0
-    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in first.stderr, first.stderr[-4000:]
+    # ASan, or UBSan's object-size check where it sees the read first (gcc 14)
+    assert ("ERROR: AddressSanitizer: heap-buffer-overflow" in first.stderr
+            or "insufficient space" in first.stderr), first.stderr[-4000:]
