@@ -16,6 +16,9 @@ Profile format (``"format": 1``; sizes in MiB; every key below is required unles
       "mig_minors": "config 1\\nmonitor 2\\n...",         (optional; default: the driver's layout)
       "errors": {"nvmlInit": "LIBRARY_NOT_FOUND"},       (optional; NVML function -> error it
                                                           raises, NVML_ERROR_ name without prefix)
+      "error_on_call": {"nvmlDeviceCreateGpuInstanceWithPlacement": [2, "INSUFFICIENT_RESOURCES"]},
+                                                         (optional; only the Nth call of that
+                                                          function in one process fails)
       "gpus": [                                          (NVML index = position in this list)
         {
           "minor": 0,                                    (the N of /dev/nvidiaN)
@@ -42,6 +45,14 @@ Profile format (``"format": 1``; sizes in MiB; every key below is required unles
         }
       ]
     }
+
+MIG changes work as NVML's (``nvmlDeviceSetMigMode``,
+``nvmlDeviceCreateGpuInstance[WithPlacement]``, ``nvmlGpuInstanceCreateComputeInstance``,
+``nvmlComputeInstanceDestroy``, ``nvmlGpuInstanceDestroy`` and the profile queries): one
+instance at a time, under NVIDIA's placement rules, IN_USE while a process runs on what is
+destroyed, and each change is written back into the profile file, so that
+the next inventory read (another process) sees it. A GPU instance without a compute instance
+lives only in the process that made it (the profile format has no place for it).
 
 ``load_profile(path, device_root=...)`` moves the device files under another root (a test's
 fake ``/dev``): ``device_dir`` becomes ``<device_root>/<device_dir>``.
@@ -79,7 +90,7 @@ NVML_ERRORS = {
     "ALREADY_INITIALIZED": 5, "NOT_FOUND": 6, "INSUFFICIENT_SIZE": 7, "DRIVER_NOT_LOADED": 9,
     "TIMEOUT": 10, "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13, "GPU_IS_LOST": 15,
     "RESET_REQUIRED": 16, "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "NO_DATA": 21,
-    "UNKNOWN": 999,
+    "INSUFFICIENT_RESOURCES": 23, "UNKNOWN": 999,
 }
 _ERROR_TEXT = {
     1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
@@ -87,7 +98,7 @@ _ERROR_TEXT = {
     10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found",
     15: "GPU is lost", 16: "GPU requires restart",
     18: "RM has detected an NVML/RM version mismatch.", 19: "In use", 21: "No data",
-    999: "Unknown Error",
+    23: "Insufficient resources", 999: "Unknown Error",
 }
 _COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
 _FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
@@ -324,6 +335,13 @@ def load_profile(path: str, device_root: Optional[str] = None) -> dict[str, Any]
         if not isinstance(name, str) or name.upper() not in NVML_ERRORS:
             raise r.fail(f"errors.{fn}", "an NVML error name such as NO_PERMISSION")
         profile["errors"][fn] = NVML_ERRORS[name.upper()]
+    profile["error_on_call"] = {}
+    for fn, spec in r.get(raw, "error_on_call", dict, "", {}).items():
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int)
+                and not isinstance(spec[0], bool) and spec[0] >= 1
+                and isinstance(spec[1], str) and spec[1].upper() in NVML_ERRORS):
+            raise r.fail(f"error_on_call.{fn}", "[N, error name] such as [2, IN_USE]")
+        profile["error_on_call"][fn] = (spec[0], NVML_ERRORS[spec[1].upper()])
     if not profile["device_dir"].startswith("/"):
         raise r.fail("device_dir", "an absolute path")
     if device_root is not None:
@@ -363,6 +381,29 @@ class _MigHandle:
         self.data = data
 
 
+class _GiHandle:
+    """A GPU instance: its GPU, id, profile and memory-slice start."""
+
+    def __init__(self, gpu: _GpuHandle, gi_id: int, profile: str, start: int) -> None:
+        self.gpu, self.gi_id, self.profile, self.start = gpu, gi_id, profile, start
+
+
+class _CiHandle:
+    def __init__(self, gi: _GiHandle, ci_id: int) -> None:
+        self.gi, self.ci_id = gi, ci_id
+
+
+# NVML's GPU-instance profile index (NVML_GPU_INSTANCE_PROFILE_*) and profile ID per profile
+# shape (compute slices, memory slices, media extensions), for 8- and 4-memory-slice GPUs.
+_GI_INDEX = {(1, 1, False): 0, (2, 2, False): 1, (3, 4, False): 2, (4, 4, False): 3,
+             (7, 8, False): 4, (1, 1, True): 7, (2, 2, True): 8, (1, 2, False): 9}
+_GI_ID_8 = {(7, 8, False): 0, (4, 4, False): 5, (3, 4, False): 9, (2, 2, False): 14,
+            (1, 2, False): 15, (1, 1, False): 19, (1, 1, True): 20}
+_GI_ID_4 = {(4, 4, False): 0, (2, 2, False): 5, (2, 2, True): 6, (1, 1, False): 14,
+            (1, 1, True): 21}
+_CI_INDEX = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+
 def _proc(p: dict[str, Any], gi: int = _NOT_IN_MIG, ci: int = _NOT_IN_MIG) -> SimpleNamespace:
     return SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory_mib"] * MIB or None,
                            gpuInstanceId=gi, computeInstanceId=ci)
@@ -394,6 +435,9 @@ class SimNvml:
         self.device_dir: str = profile["device_dir"]
         self._gpus = [_GpuHandle(i, g) for i, g in enumerate(profile["gpus"])]
         self._errors: dict[str, int] = profile["errors"]
+        self._error_on_call: dict[str, tuple[int, int]] = profile.get("error_on_call", {})
+        self._calls: dict[str, int] = {}
+        self._gis: dict[int, dict[int, _GiHandle]] = {}  # GPU index -> GI id -> handle
         self._initialised = 0
         for name, value in NVML_ERRORS.items():
             setattr(self, f"NVML_ERROR_{name}", value)
@@ -418,6 +462,15 @@ class SimNvml:
                     raise NVMLError(code)
 
                 return failing
+            once = object.__getattribute__(self, "_error_on_call").get(name)
+            if once is not None:
+                calls = object.__getattribute__(self, "_calls")
+                calls[name] = calls.get(name, 0) + 1
+                if calls[name] == once[0]:
+                    def failing_once(*_args: Any, **_kwargs: Any) -> Any:
+                        raise NVMLError(once[1])
+
+                    return failing_once
             if name not in ("nvmlInit", "nvmlInitWithFlags") and \
                     not object.__getattribute__(self, "_initialised"):
                 def uninitialised(*_args: Any, **_kwargs: Any) -> Any:
@@ -551,6 +604,244 @@ class SimNvml:
                                memorySizeMB=data["memory_mib"])
 
     nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    # --- MIG changes (as mig-parted and the DRA driver make them) ----------------------------
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+
+    class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+        _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+    def _model(self, gpu: _GpuHandle) -> Any:
+        from gpushare.admin.mig_profiles import GPU_MODELS
+
+        memory_gib = gpu.data["memory_mib"] / 1024
+        found = [m for m in GPU_MODELS if m.mig_capable
+                 and m.matches_nvml_name(gpu.data["name"], gpu.data["memory_mib"] * MIB)]
+        if not found or not (gpu.data["mig"] or {}).get("current"):
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        return min(found, key=lambda m: abs(m.memory_gb - memory_gib))
+
+    @staticmethod
+    def _shape(spec: Any) -> tuple[int, int, bool]:
+        return spec.compute_slices, spec.memory_slices, spec.name.endswith("+me")
+
+    def _profile_ids(self, model: Any) -> dict[int, Any]:
+        table = _GI_ID_4 if model.memory_slices == 4 else _GI_ID_8
+        return {table[self._shape(p)]: p for p in model.profiles if self._shape(p) in table}
+
+    def _instances(self, gpu: _GpuHandle) -> dict[int, _GiHandle]:
+        """The GPU instances of a GPU: those with compute instances (its MIG devices, from the
+        profile) and those created here without one yet."""
+        gis = self._gis.setdefault(gpu.index, {})
+        model = self._model(gpu) if gpu.data["mig_devices"] else None
+        for dev in gpu.data["mig_devices"]:
+            if dev["gi_id"] not in gis:
+                profile = dev["profile"].split("c.", 1)[-1] if dev["profile"].count(".") > 1 \
+                    else dev["profile"]
+                spec = model.profile(profile) if model else None
+                size = spec.memory_slices if spec else dev["gi_slices"]
+                gis[dev["gi_id"]] = _GiHandle(gpu, dev["gi_id"], profile,
+                                              self._start_of(model, dev["gi_id"], size))
+        return gis
+
+    @staticmethod
+    def _start_of(model: Any, gi_id: int, size: int) -> int:
+        total = model.memory_slices if model else 8
+        level_first = {total: 0, total // 2: 1, total // 4: 3, total // 8: 7}
+        return (gi_id - level_first.get(size, 0)) * size
+
+    def _persist(self, gpu: _GpuHandle) -> None:
+        """Write this GPU's MIG state back into the profile file (atomically)."""
+        gpu.migs = [_MigHandle(gpu, m) for m in gpu.data["mig_devices"]]
+        path = self.profile.get("path")
+        if not path:
+            return
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        entry = raw["gpus"][gpu.index]
+        entry["mig"] = dict(gpu.data["mig"])
+        entry["mig_devices"] = [{k: v for k, v in m.items() if k != "name"}
+                                for m in gpu.data["mig_devices"]]
+        if not entry["mig_devices"]:
+            del entry["mig_devices"]
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(raw, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _busy(processes: Optional[list[dict[str, Any]]]) -> bool:
+        return bool(processes)
+
+    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
+        gpu = self._gpu(handle)
+        mig = gpu.data["mig"]
+        if mig is None:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        if self._busy(gpu.data["processes"]) or (
+                not mode and (gpu.data["mig_devices"] or self._gis.get(gpu.index))):
+            raise NVMLError(NVML_ERRORS["IN_USE"])
+        mig["pending"] = bool(mode)
+        status = NVML_SUCCESS
+        if any(tag in gpu.data["name"] for tag in ("A100", "A30")):
+            if mig["current"] != mig["pending"]:  # Ampere applies a mode change at reset
+                status = NVML_ERRORS["RESET_REQUIRED"]
+        else:
+            mig["current"] = bool(mode)
+        self._persist(gpu)
+        return status
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int,
+                                            version: int = 2) -> SimpleNamespace:
+        gpu = self._gpu(handle)
+        model = self._model(gpu)
+        if not 0 <= profile < self.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        for profile_id, spec in self._profile_ids(model).items():
+            if _GI_INDEX.get(self._shape(spec)) == profile:
+                return SimpleNamespace(
+                    id=profile_id, isP2pSupported=0, sliceCount=spec.compute_slices,
+                    instanceCount=spec.max_instances, multiprocessorCount=0,
+                    memorySizeMB=_slice_memory_mib(spec.name, gpu.data["memory_mib"]),
+                    name=f"MIG {spec.name}".encode())
+        raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: int) -> _GiHandle:
+        gpu = self._gpu(handle)
+        spec = self._profile_ids(self._model(gpu)).get(profile_id)
+        if spec is None:
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        for start in spec.starts:
+            if self._fits(gpu, spec, start):
+                return self._create_gi(gpu, spec, start)
+        raise NVMLError(NVML_ERRORS["INSUFFICIENT_RESOURCES"])
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int,
+                                                 placement: Any) -> _GiHandle:
+        gpu = self._gpu(handle)
+        spec = self._profile_ids(self._model(gpu)).get(profile_id)
+        place = getattr(placement, "_obj", placement)
+        if spec is None or place.size != spec.memory_slices or place.start not in spec.starts:
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        if not self._fits(gpu, spec, place.start):
+            raise NVMLError(NVML_ERRORS["INSUFFICIENT_RESOURCES"])
+        return self._create_gi(gpu, spec, place.start)
+
+    def _fits(self, gpu: _GpuHandle, spec: Any, start: int) -> bool:
+        model = self._model(gpu)
+        gis = self._instances(gpu).values()
+        used: set[int] = set()
+        compute = 0
+        same = 0
+        for gi in gis:
+            other = model.profile(gi.profile)
+            size = other.memory_slices if other else 1
+            used.update(range(gi.start, gi.start + size))
+            compute += other.compute_slices if other else 1
+            same += gi.profile == spec.name
+        return (start + spec.memory_slices <= model.memory_slices
+                and not used & set(range(start, start + spec.memory_slices))
+                and compute + spec.compute_slices <= model.compute_slices
+                and same < spec.max_instances)
+
+    def _create_gi(self, gpu: _GpuHandle, spec: Any, start: int) -> _GiHandle:
+        from gpushare.admin.mig_profiles import gi_id_for_placement
+
+        gi_id = gi_id_for_placement(self._model(gpu), start, spec.memory_slices)
+        gi = _GiHandle(gpu, gi_id, spec.name, start)
+        self._instances(gpu)[gi_id] = gi
+        return gi
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: int) -> _GiHandle:
+        gpu = self._gpu(handle)
+        if not (gpu.data["mig"] or {}).get("current"):
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        gi = self._instances(gpu).get(gi_id)
+        if gi is None:
+            raise NVMLError(NVML_ERRORS["NOT_FOUND"])
+        return gi
+
+    def nvmlGpuInstanceGetInfo(self, gi: Any) -> SimpleNamespace:
+        if not isinstance(gi, _GiHandle) or gi.gi_id not in self._gis.get(gi.gpu.index, {}):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        spec = self._model(gi.gpu).profile(gi.profile)
+        profile_id = next(i for i, p in self._profile_ids(self._model(gi.gpu)).items()
+                          if p is spec)
+        return SimpleNamespace(device=gi.gpu, id=gi.gi_id, profileId=profile_id,
+                               placement=SimpleNamespace(start=gi.start,
+                                                         size=spec.memory_slices))
+
+    def _cis(self, gi: _GiHandle) -> list[dict[str, Any]]:
+        return [m for m in gi.gpu.data["mig_devices"] if m["gi_id"] == gi.gi_id]
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: Any, profile: int,
+                                                     eng_profile: int = 0,
+                                                     version: int = 2) -> SimpleNamespace:
+        if not isinstance(gi, _GiHandle):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        spec = self._model(gi.gpu).profile(gi.profile)
+        slices = next((n for n, i in _CI_INDEX.items() if i == profile), None)
+        if slices is None or slices > spec.compute_slices:
+            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
+        return SimpleNamespace(id=profile, sliceCount=slices,
+                               instanceCount=spec.compute_slices // slices,
+                               multiprocessorCount=0, name=f"MIG {spec.name}".encode())
+
+    nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: Any, profile_id: int) -> _CiHandle:
+        info = self.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, profile_id)
+        spec = self._model(gi.gpu).profile(gi.profile)
+        cis = self._cis(gi)
+        if sum(c["ci_slices"] for c in cis) + info.sliceCount > spec.compute_slices:
+            raise NVMLError(NVML_ERRORS["INSUFFICIENT_RESOURCES"])
+        ci_id = min(set(range(8)) - {c["ci_id"] for c in cis})
+        name = spec.name if info.sliceCount == spec.compute_slices \
+            else f"{info.sliceCount}c.{spec.name}"
+        gpu = gi.gpu
+        gpu.data["mig_devices"].append({
+            "gi_id": gi.gi_id, "ci_id": ci_id,
+            "uuid": _sim_uuid("MIG-", gpu.data["uuid"], gi.gi_id, ci_id, name),
+            "profile": name, "memory_mib": _slice_memory_mib(spec.name, gpu.data["memory_mib"]),
+            "ci_slices": info.sliceCount, "gi_slices": spec.compute_slices,
+            "name": f"{gpu.data['name']} MIG {name}", "processes": []})
+        gpu.data["mig_devices"].sort(key=lambda m: (m["gi_id"], m["ci_id"]))
+        self._persist(gpu)
+        return _CiHandle(gi, ci_id)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: Any, ci_id: int) -> _CiHandle:
+        if not isinstance(gi, _GiHandle):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        if not any(c["ci_id"] == ci_id for c in self._cis(gi)):
+            raise NVMLError(NVML_ERRORS["NOT_FOUND"])
+        return _CiHandle(gi, ci_id)
+
+    def nvmlComputeInstanceDestroy(self, ci: Any) -> int:
+        if not isinstance(ci, _CiHandle):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        devices = ci.gi.gpu.data["mig_devices"]
+        found = [m for m in devices if m["gi_id"] == ci.gi.gi_id and m["ci_id"] == ci.ci_id]
+        if not found:
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        if self._busy(found[0]["processes"]):
+            raise NVMLError(NVML_ERRORS["IN_USE"])
+        devices.remove(found[0])
+        self._persist(ci.gi.gpu)
+        return NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gi: Any) -> int:
+        if not isinstance(gi, _GiHandle) or gi.gi_id not in self._gis.get(gi.gpu.index, {}):
+            raise NVMLError(NVML_ERRORS["INVALID_ARGUMENT"])
+        if self._cis(gi):
+            raise NVMLError(NVML_ERRORS["IN_USE"])
+        del self._gis[gi.gpu.index][gi.gi_id]
+        self._persist(gi.gpu)
+        return NVML_SUCCESS
 
     # --- NVLink and fabric ---------------------------------------------------------------
     def _link(self, handle: Any, link: int) -> dict[str, Any]:

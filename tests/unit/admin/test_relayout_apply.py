@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The node's step of a relayout against the simulated NVML: NVML's MIG calls one at a time,
+refusals, the restore after a failure midway, and the re-rendered gres.conf."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.relayout.apply import ApplyError, apply_layout, render_node_gres
+from gpushare.gpu.inventory import collect
+from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
+
+PLAN = """\
+version: 1
+slurm: {version: '24.11'}
+node_groups:
+  - name: mig
+    nodes: h[1-2]
+    gpu_model: h100-80gb
+    gpus: 4
+    layout:
+      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}
+      1:
+        mig:
+          - {profile: 3g.40gb, owner: kubernetes}
+          - {profile: 1g.10gb, owner: slurm}
+      all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}
+    relayout:
+      menu:
+        - 7x1g.10gb
+        - 3g.40gb+2g.20gb+1g.10gb
+        - 2x3g.40gb
+        - whole
+"""
+
+
+@pytest.fixture
+def plan():
+    return parse_plan(PLAN)
+
+
+def write_profile(tmp_path, plan, edit=None):
+    raw = profile_from_plan(plan, "h1")
+    if edit:
+        edit(raw)
+    path = tmp_path / "h1.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+def fresh(path):
+    """A new NVML, as the next process on the node would open it."""
+    return SimNvml(load_profile(path))
+
+
+def layout_of(path, index):
+    inventory = collect(fresh(path), "sim:" + path)
+    gpu = inventory.gpus[index]
+    if not gpu.mig_current:
+        return "whole"
+    return sorted((d.profile, d.gi_id) for d in gpu.mig_devices)
+
+
+def test_a_gpu_changes_to_a_menu_layout_and_back(tmp_path, plan):
+    path = write_profile(tmp_path, plan)
+    before = layout_of(path, 2)
+    assert len(before) == 7
+    result = apply_layout(fresh(path), plan, "h1", 2, "3g.40gb+2g.20gb+1g.10gb", dry_run=False)
+    assert result.changed and result.old == "7x1g.10gb"
+    # NVIDIA's numbering: 3g at slice 0 is GI 1, 2g at slice 4 is GI 5, 1g at slice 6 is GI 13
+    assert layout_of(path, 2) == [("1g.10gb", 13), ("2g.20gb", 5), ("3g.40gb", 1)]
+    assert layout_of(path, 3) == before  # the neighbour is untouched
+    again = apply_layout(fresh(path), plan, "h1", 2, "3g.40gb+2g.20gb+1g.10gb", dry_run=False)
+    assert not again.changed
+    apply_layout(fresh(path), plan, "h1", 2, "whole", dry_run=False)
+    assert layout_of(path, 2) == "whole"
+    apply_layout(fresh(path), plan, "h1", 2, "7x1g.10gb", dry_run=False)
+    assert layout_of(path, 2) == before
+
+
+def test_a_dry_run_changes_nothing(tmp_path, plan):
+    path = write_profile(tmp_path, plan)
+    before = layout_of(path, 2)
+    result = apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb")
+    assert result.changed and "would change" in result.steps[0]
+    assert layout_of(path, 2) == before
+
+
+def test_a_busy_gpu_is_refused_and_nvml_refuses_to_destroy_a_busy_slice(tmp_path, plan):
+    def busy(raw):
+        raw["gpus"][2]["mig_devices"][3]["processes"] = [{"pid": 777, "kind": "compute"}]
+
+    path = write_profile(tmp_path, plan, busy)
+    before = layout_of(path, 2)
+    with pytest.raises(ApplyError, match=r"in use .*777"):
+        apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False)
+    assert layout_of(path, 2) == before
+    nvml = fresh(path)
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(2)
+    gi_id = nvml.nvmlDeviceGetGpuInstanceId(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, 3))
+    gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+    ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
+    with pytest.raises(nvml.NVMLError_InUse):
+        nvml.nvmlComputeInstanceDestroy(ci)
+    with pytest.raises(nvml.NVMLError_InUse):  # a GPU instance with a compute instance
+        nvml.nvmlGpuInstanceDestroy(gi)
+
+
+@pytest.mark.parametrize("index, why", [(0, "Kubernetes'"), (1, "shared by Slurm and Kub")])
+def test_kubernetes_and_mixed_gpus_never_change(tmp_path, plan, index, why):
+    path = write_profile(tmp_path, plan)
+    before = layout_of(path, index)
+    with pytest.raises(ApplyError, match=why):
+        apply_layout(fresh(path), plan, "h1", index, "2x3g.40gb", dry_run=False)
+    assert layout_of(path, index) == before
+
+
+def test_a_layout_off_the_menu_is_refused(tmp_path, plan):
+    path = write_profile(tmp_path, plan)
+    with pytest.raises(ApplyError, match="not on the relayout menu"):
+        apply_layout(fresh(path), plan, "h1", 2, "4g.40gb", dry_run=False)
+
+
+def test_a_failure_midway_restores_the_old_layout(tmp_path, plan):
+    def second_create_fails(raw):
+        raw["error_on_call"] = {
+            "nvmlDeviceCreateGpuInstanceWithPlacement": [2, "INSUFFICIENT_RESOURCES"]}
+
+    path = write_profile(tmp_path, plan, second_create_fails)
+    before = layout_of(path, 2)
+    with pytest.raises(ApplyError, match=r"failed .*Insufficient resources.*restored the old "
+                       r"layout 7x1g.10gb"):
+        apply_layout(fresh(path), plan, "h1", 2, "3g.40gb+2g.20gb+1g.10gb", dry_run=False)
+    assert layout_of(path, 2) == before
+
+
+def test_a_failed_restore_says_what_the_gpu_holds(tmp_path, plan):
+    def creates_fail(raw):
+        raw["errors"] = {"nvmlGpuInstanceCreateComputeInstance": "UNKNOWN"}
+
+    path = write_profile(tmp_path, plan, creates_fail)
+    with pytest.raises(ApplyError, match=r"restoring 7x1g.10gb failed too .*NVML shows: "
+                       r"1g.10gb@0. Keep the node drained"):
+        apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False)
+
+
+def test_the_time_limit_restores_the_old_layout(tmp_path, plan):
+    path = write_profile(tmp_path, plan)
+    before = layout_of(path, 2)
+    now = {"s": 0.0}
+    nvml = fresh(path)
+    def slow_create(*args):  # the first creation takes 100 s
+        if now["s"] == 0.0:
+            now["s"] = 100.0
+        return SimNvml.nvmlDeviceCreateGpuInstanceWithPlacement(nvml, *args)
+
+    nvml.nvmlDeviceCreateGpuInstanceWithPlacement = slow_create
+    with pytest.raises(ApplyError, match=r"time limit passed.*restored the old layout"):
+        apply_layout(nvml, plan, "h1", 2, "2x3g.40gb", dry_run=False, timeout_s=35.0,
+                     clock=lambda: now["s"])
+    assert layout_of(path, 2) == before
+
+
+def test_gres_conf_is_rendered_from_the_new_layout(tmp_path, plan):
+    path = write_profile(tmp_path, plan)
+    apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False)
+    nvml = fresh(path)
+    inventory = collect(nvml, "sim:" + path, nvml.mig_minors_text, nvml.device_dir, "h1")
+    text = render_node_gres(plan, "h1", 2, "2x3g.40gb", inventory)
+    lines = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    gpu2 = [line for line in lines if "=/dev/nvidia2," in line]
+    # the two 3g.40gb are GPU instances 1 and 2: capability files 3 + 135*2 + 9*gi (+1)
+    assert gpu2 == [
+        "NodeName=h1 Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia2,"
+        "/dev/nvidia-caps/nvidia-cap282,/dev/nvidia-caps/nvidia-cap283",
+        "NodeName=h1 Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia2,"
+        "/dev/nvidia-caps/nvidia-cap291,/dev/nvidia-caps/nvidia-cap292"]
+    # GPU 3 keeps its seven 1g.10gb, GPU 1 its Slurm slice; Kubernetes' slices are not listed
+    assert sum("=/dev/nvidia3," in line for line in lines) == 7
+    assert sum("=/dev/nvidia1," in line for line in lines) == 1
+    assert len(lines) == 10 and "/dev/nvidia0" not in text
