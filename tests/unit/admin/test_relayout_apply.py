@@ -183,3 +183,41 @@ def test_gres_conf_is_rendered_from_the_new_layout(tmp_path, plan):
     assert sum("=/dev/nvidia3," in line for line in lines) == 7
     assert sum("=/dev/nvidia1," in line for line in lines) == 1
     assert len(lines) == 10 and "/dev/nvidia0" not in text
+
+
+def test_the_command_is_a_dry_run_until_apply_and_then_rewrites_gres_conf(tmp_path, plan,
+                                                                          capsys):
+    from gpushare.cli import main
+
+    path = write_profile(tmp_path, plan)
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    gres = tmp_path / "gres.conf"
+    gres.write_text("old\n")
+    before = layout_of(path, 2)
+    argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
+            "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", str(gres)]
+    assert main(argv) == 0
+    assert "7x1g.10gb -> 2x3g.40gb (dry run" in capsys.readouterr().out
+    assert layout_of(path, 2) == before and gres.read_text() == "old\n"
+    assert main([*argv, "--apply"]) == 0
+    out = capsys.readouterr().out
+    assert "7x1g.10gb -> 2x3g.40gb" in out and f"rewrote {gres}" in out
+    assert layout_of(path, 2) == [("3g.40gb", 1), ("3g.40gb", 2)]
+    assert gres.read_text().count("Type=3g.40gb") == 2
+    assert main([*argv[:-6], "--gpu", "0", "--layout", "whole", "--source", "sim:" + path,
+                 "--gres-conf", "none", "--apply"]) == 2
+    assert "Kubernetes'" in capsys.readouterr().err
+
+
+def test_gres_conf_keeps_what_an_earlier_step_did_to_another_gpu(tmp_path, plan):
+    path = write_profile(tmp_path, plan)
+    apply_layout(fresh(path), plan, "h1", 3, "whole", dry_run=False)
+    apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False)
+    nvml = fresh(path)
+    inventory = collect(nvml, "sim:" + path, nvml.mig_minors_text, nvml.device_dir, "h1")
+    text = render_node_gres(plan, "h1", 2, "2x3g.40gb", inventory)
+    lines = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    gpu3 = [line for line in lines if "/dev/nvidia3" in line]
+    assert len(gpu3) == 1 and "Type=h100" in gpu3[0] and "nvidia-caps" not in gpu3[0]
+    assert sum("Type=3g.40gb" in line for line in lines) == 2

@@ -312,15 +312,17 @@ def _replanned_group(group: NodeGroup, node: str, index: int, layout: Layout,
             gpus.append(gpu)
             continue
         seen = real.get(gpu.index)
-        if gpu.index == index or (seen is not None and seen.mig_current):
-            mig = layout.mig if gpu.index == index else True
-            slices = tuple(
-                MigSlice(dev.profile, "slurm", _start(group, dev), True, gpu.line)
-                for dev in (seen.mig_devices if seen is not None and mig else ()))
-            mps = layout.mps if gpu.index == index else 0
-            gpus.append(replace(gpu, mig=mig, slices=slices, mps=mps, shard=0))
-        else:
+        if gpu.index == index:
+            mig, mps = layout.mig, layout.mps
+        elif seen is None:
             gpus.append(gpu)
+            continue
+        else:  # NVML shows what an earlier step left; MPS units it cannot show: the plan's
+            mig, mps = seen.mig_current, (0 if seen.mig_current or gpu.mig else gpu.mps)
+        slices = tuple(MigSlice(dev.profile, "slurm", _start(group, dev), True, gpu.line)
+                       for dev in (seen.mig_devices if seen is not None and mig else ()))
+        gpus.append(replace(gpu, mig=mig, slices=slices, mps=mps,
+                            shard=gpu.shard if not mig and not gpu.mig else 0))
     return replace(group, nodes=(node,), nodes_expr=node, gpus=tuple(gpus))
 
 
