@@ -221,3 +221,35 @@ def test_gres_conf_keeps_what_an_earlier_step_did_to_another_gpu(tmp_path, plan)
     gpu3 = [line for line in lines if "/dev/nvidia3" in line]
     assert len(gpu3) == 1 and "Type=h100" in gpu3[0] and "nvidia-caps" not in gpu3[0]
     assert sum("Type=3g.40gb" in line for line in lines) == 2
+
+
+def test_the_simulated_nvml_keeps_nvidias_rules(tmp_path, plan):
+    import ctypes
+
+    path = write_profile(tmp_path, plan)
+    nvml = fresh(path)
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)  # Kubernetes' 3g.40gb at slice 0
+    names = {}
+    for index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+        except nvml.NVMLError_NotSupported:
+            continue
+        names[info.name.decode()] = info.id
+    assert names == {"MIG 1g.10gb": 19, "MIG 2g.20gb": 14, "MIG 3g.40gb": 9, "MIG 4g.40gb": 5,
+                     "MIG 7g.80gb": 0, "MIG 1g.10gb+me": 20, "MIG 1g.20gb": 15}
+    placement = nvml.c_nvmlGpuInstancePlacement_t()
+    placement.start, placement.size = 2, 2  # overlaps the 3g.40gb at slices 0-3
+    with pytest.raises(nvml.NVMLError) as err:
+        nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 14, ctypes.byref(placement))
+    assert err.value.value == 23  # NVML_ERROR_INSUFFICIENT_RESOURCES
+    gi = nvml.nvmlDeviceCreateGpuInstance(handle, 9)  # the other half
+    assert nvml.nvmlGpuInstanceGetInfo(gi).placement.start == 4
+    with pytest.raises(nvml.NVMLError):  # no room for a third 3g.40gb
+        nvml.nvmlDeviceCreateGpuInstance(handle, 9)
+    with pytest.raises(nvml.NVMLError_InUse):  # MIG off while instances exist
+        nvml.nvmlDeviceSetMigMode(handle, 0)
+    nvml.nvmlGpuInstanceDestroy(gi)  # no compute instance yet: destroyable
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetGpuInstanceById(handle, 2)
