@@ -662,8 +662,10 @@ class SimNvml:
             raw = json.load(f)
         entry = raw["gpus"][gpu.index]
         entry["mig"] = dict(gpu.data["mig"])
-        entry["mig_devices"] = [{k: v for k, v in m.items() if k != "name"}
-                                for m in gpu.data["mig_devices"]]
+        default_name = f"{gpu.data['name']} MIG "  # names derived on load are not written
+        entry["mig_devices"] = [
+            {k: v for k, v in m.items() if k != "name" or v != default_name + m["profile"]}
+            for m in gpu.data["mig_devices"]]
         if not entry["mig_devices"]:
             del entry["mig_devices"]
         tmp = f"{path}.tmp{os.getpid()}"
