@@ -253,3 +253,20 @@ def test_the_simulated_nvml_keeps_nvidias_rules(tmp_path, plan):
     nvml.nvmlGpuInstanceDestroy(gi)  # no compute instance yet: destroyable
     with pytest.raises(nvml.NVMLError_NotFound):
         nvml.nvmlDeviceGetGpuInstanceById(handle, 2)
+
+
+def test_slurm_22_05_never_gets_a_second_mig_profile_on_a_node(tmp_path):
+    plan = parse_plan(PLAN.replace("slurm: {version: '24.11'}", "slurm: {version: '22.05'}")
+                      .replace("      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}\n"
+                               "      1:\n        mig:\n"
+                               "          - {profile: 3g.40gb, owner: kubernetes}\n"
+                               "          - {profile: 1g.10gb, owner: slurm}\n", "")
+                      .replace("        - 3g.40gb+2g.20gb+1g.10gb\n", ""))
+    path = write_profile(tmp_path, plan)
+    before = layout_of(path, 2)
+    with pytest.raises(ApplyError, match=r"one MIG profile per node; 2x3g.40gb on GPU 2 would "
+                       r"give node h1 1g.10gb, 3g.40gb"):
+        apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False)
+    assert layout_of(path, 2) == before
+    apply_layout(fresh(path), plan, "h1", 2, "whole", dry_run=False)  # no MIG profile: fine
+    assert layout_of(path, 2) == "whole"

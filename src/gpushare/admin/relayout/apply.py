@@ -29,7 +29,12 @@ from typing import Any, Callable
 from gpushare.admin.mig_profiles import place_slices
 from gpushare.admin.plan import Plan
 from gpushare.admin.plan.model import GpuPlan, MigSlice, NodeGroup
-from gpushare.admin.relayout.menu import Layout, layout_name, parse_layout
+from gpushare.admin.relayout.menu import (
+    Layout,
+    layout_name,
+    one_profile_per_node,
+    parse_layout,
+)
 from gpushare.gpu.nvml import InventoryError, describe_nvml_error, nvml_call, text
 
 __all__ = ["ApplyError", "ApplyResult", "Instance", "apply_layout", "render_node_gres",
@@ -239,6 +244,27 @@ class _Gpu:
                                  f"not {_describe(state)}")
 
 
+def _check_one_profile(nvml: Any, plan: Plan, group: NodeGroup, node: str, index: int,
+                       layout: Layout, deadline: float, clock: Callable[[], float]) -> None:
+    """Slurm before 23.11 indexes one MIG profile per node: refuse a layout that would give
+    Slurm a second one here (other Slurm-only GPUs as NVML shows them, the rest per plan)."""
+    if not one_profile_per_node(plan.slurm.version) or not layout.mig:
+        return
+    profiles = set(layout.slices)
+    for other in group.gpus:
+        if other.index == index:
+            continue
+        if other.changeable:
+            state = _Gpu(nvml, other.index, group, deadline, clock, []).read()
+            profiles.update(i.profile for i in state.instances)
+        else:
+            profiles.update(s.profile for s in other.slices_of("slurm"))
+    if len(profiles) > 1:
+        raise ApplyError(f"Slurm {plan.slurm.version} with AutoDetect=off indexes one MIG "
+                         f"profile per node; {layout.name} on GPU {index} would give node "
+                         f"{node} {', '.join(sorted(profiles))}")
+
+
 def _describe(state: _State) -> str:
     if not state.mig:
         return "MIG off (whole)"
@@ -272,6 +298,7 @@ def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
             raise ApplyError(f"GPU {index} of node {node} is in use (processes "
                              f"{', '.join(map(str, pids))}); it changes layout only when idle")
         old = gpu.read()
+        _check_one_profile(nvml, plan, group, node, index, layout, deadline, clock)
         result = ApplyResult(node, index, old.name, layout.name, old != target, steps)
         if old == target or dry_run:
             if old != target:
