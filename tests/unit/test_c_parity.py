@@ -123,8 +123,6 @@ def test_stat_lines_start_alike(c_side, name, state, fields):
     assert text_of(c_side.ask("proc_start", text)) == python_start(text)
 
 
-@pytest.mark.xfail(strict=True, reason="ProcScan.start_time gives a zombie's start time; the "
-                   "C glue takes a zombie for gone (the stricter rule)")
 @pytest.mark.parametrize("state", ["Z", "X"])
 def test_a_zombie_has_no_start_time_on_either_side(c_side, state):
     text = (f"4242 (daemon) {state} 1 4242 4242 0 -1 4194560 96 0 0 0 1 2 0 0 20 0 1 0 987654 "
@@ -236,8 +234,6 @@ def test_a_share_option_is_taken_alike(c_side, text):
     assert int(c_side.ask("percent", text.encode())) == python_percent(text), repr(text)
 
 
-@pytest.mark.xfail(strict=True, reason="job.parse_share takes str.isdigit's digits of any "
-                   "script ('٣' is 3); the C takes ASCII digits only (the stricter rule)")
 def test_only_ascii_digits_are_a_share(c_side):
     # Python's str.isdigit takes other scripts' digits; the C takes ASCII only
     for text in ("٣", "２５", "²"):
@@ -290,8 +286,6 @@ def test_a_path_argument_expands_alike(c_side, value, node):
     assert c_path(c_side, value, node) == python_path(value, node), (value, node)
 
 
-@pytest.mark.xfail(strict=True, reason="config._NODE_NAME_RE ends in $, which matches before a "
-                   "final newline: Python takes a node name 'n1\\n'; the C refuses it")
 def test_a_node_name_ending_in_a_newline_is_refused_alike(c_side):
     assert c_path(c_side, "/run/%n", "n1\n") is None
     assert python_path("/run/%n", "n1\n") is None

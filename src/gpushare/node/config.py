@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 
 _PATTERN_RE = re.compile(r"%(.?)")
-_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}\Z")
 
 
 def _abs_path(value: str) -> str:

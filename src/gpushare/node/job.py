@@ -89,7 +89,8 @@ def _split(value: str) -> list[str]:
 
 def parse_share(text: str) -> int:
     """Validate ``--gpu-share`` again on the node: the value is user-controlled."""
-    if not text.isdigit() or not 1 <= int(text) <= 100:
+    # ASCII digits only, as the C glue takes them: str.isdigit also takes other scripts'.
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 100:
         raise UserError(f"--gpu-share={text} is invalid: give a whole percent of one GPU from "
                         "1 to 100, e.g. --gpu-share=25")
     return int(text)

@@ -66,7 +66,9 @@ class ProcScan:
         with the pid, it names one process for good."""
         stat = self.read(pid, "stat")
         fields = stat.rsplit(b")", 1)[-1].split() if stat else []
-        return fields[19].decode() if len(fields) > 19 else None
+        if len(fields) <= 19 or fields[0] in (b"Z", b"X"):
+            return None  # a zombie is gone: nothing may be signalled or joined through it
+        return fields[19].decode()
 
     def alive(self, pid: int) -> bool:
         return self.live_status(pid) is not None
