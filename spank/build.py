@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import gpushare  # noqa: E402
-from gpushare.node import counters, job, state, ticket  # noqa: E402
+from gpushare.node import counters, drain, job, state, ticket  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 from gpushare.node.mps import record  # noqa: E402
 
@@ -59,7 +59,7 @@ int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
 # parsers (gs_ticket.c, gs_envfile.c, gs_parse.c) include no Slurm header.
 PLUGIN_SOURCES = ("gpushare_spank.c", "gs_args.c", "gs_core.c", "gs_worker.c", "gs_fastpath.c",
                   "gs_taskenv.c", "gs_safefs.c", "gs_log.c", "gs_ticket.c", "gs_envfile.c",
-                  "gs_parse.c")
+                  "gs_parse.c", "gs_drain.c")
 
 
 def _printf_format(python_format: str, *fields: tuple[str, str]) -> str:
@@ -110,6 +110,9 @@ def constants() -> dict[str, str]:
         "GS_CREATED_MARK": embedbuild.c_string(ticket.CREATED_MARK),
         "GS_COUNTERS_FILE": embedbuild.c_string(counters.FILE),
         "GS_COUNTERS_FAST_FILE": embedbuild.c_string(counters.FAST_FILE),
+        "GS_SCONTROL": embedbuild.c_string(drain.SCONTROL),
+        "GS_DRAIN_PREFIX": embedbuild.c_string(drain.PREFIX),
+        "GS_DRAIN_REASON_MAX": str(drain.DRAIN_REASON_MAX),
     }
 
 

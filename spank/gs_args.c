@@ -35,7 +35,7 @@ static int gs_known_key(const char *key, size_t len)
  * This node's name, as slurmd knows it (slurmd -N gives one host several): slurmd puts it
  * in the environment of the processes it starts. Only a plain host name is accepted.
  */
-static const char *gs_node_name(void)
+const char *gs_node_name(void)
 {
     const char *name = getenv("SLURMD_NODENAME");
     static char host[256];

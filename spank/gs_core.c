@@ -182,9 +182,13 @@ int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 
     if (gs_load_core(sp) < 0) {
         /* No Python runs to count the callback: counted here, as failed. */
-        if (strcmp(callback, "job_prolog") == 0 || strcmp(callback, "job_epilog") == 0)
+        if (strcmp(callback, "job_prolog") == 0 || strcmp(callback, "job_epilog") == 0) {
             gs_count_fast(callback[4] == 'p' ? "prolog failed" : "epilog failed",
                           gs_now() - started);
+            /* A node fault no Python is left to report: every GPU job here would fail. */
+            if (spank_context() != S_CTX_SLURMD)
+                (void)gs_drain_node("cannot load its Python core (slurmd's log says why)");
+        }
         return -1;
     }
     rc = gs_core_dispatch(callback, &host, ac, av);

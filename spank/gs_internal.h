@@ -26,6 +26,7 @@ extern char gs_pythonpath[PATH_MAX];
 extern char gs_imex_dir[PATH_MAX]; /* imex_channels=: "" when not checked */
 extern double gs_timeout;          /* timeout=; its range is checked by Python */
 int gs_parse_args(int ac, char **av);
+const char *gs_node_name(void); /* NULL when not a plain host name */
 
 /* ---- gpushare_spank.c: the options ------------------------------------------------- */
 const char *gs_getopt(void *sp, const char *name);
@@ -51,6 +52,9 @@ int gs_write_mode_at(int dir_fd, const char *name, const char *text, int no_repl
                      mode_t mode);
 int gs_write_at(int dir_fd, const char *name, const char *text, int no_replace);
 int gs_lock_daemon(int mps_fd, const char *key);
+
+/* ---- gs_drain.c: draining the node for a fault no Python can report ---------------- */
+int gs_drain_node(const char *why);
 
 /* ---- gs_core.c: the Python core, loaded lazily, never in slurmd --------------------- */
 int gs_core_trusted(char *path, size_t size);

@@ -241,6 +241,9 @@ int gs_wait_for_prolog(spank_t sp)
         slurm_spank_log("gpushare: this job's set-up on the node ended without a result (its "
                         "worker was killed?); tell your administrator (slurmd's log may say "
                         "why)");
+        /* Root's worker, out of the job's reach, died: a node fault (memory, a unit that
+         * killed it), and the next GPU job here would meet it too. */
+        (void)gs_drain_node("a job's set-up worker was killed (OOM?); see slurmd's log");
         return -1;
     }
     return 0;

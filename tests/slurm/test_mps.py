@@ -953,7 +953,8 @@ def test_slurmd_restarts_while_a_prolog_worker_runs(mps_bed):
 
 def test_a_killed_prolog_worker_fails_the_task_instead_of_running_it(mps_bed):
     """A worker that dies (OOM killer, a slurmd unit that kills its cgroup) leaves no word
-    for the tasks: they fail instead of starting unchecked or without their daemon."""
+    for the tasks: they fail instead of starting unchecked or without their daemon, and the
+    C glue drains the node with the cause, as no Python is left to do it."""
     bed = mps_bed
     set_fault(bed, "slow_start")
     job_id = bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
@@ -968,6 +969,13 @@ def test_a_killed_prolog_worker_fails_the_task_instead_of_running_it(mps_bed):
     output = bed.output(job_id)
     assert "RAN" not in output, output
     assert "gpushare: this job's set-up on the node ended without a result" in output, output
+
+    def drained() -> object:
+        state = bed.node_state(FAULT_NODE)
+        return state if "DRAIN" in state["State"] else None
+
+    state = wait_until("the node drained", drained, 60)
+    assert "gpushare: a job's set-up worker was killed" in state.get("Reason", ""), state
     assert_nothing_left(bed, timeout=120)
 
 

@@ -237,6 +237,31 @@ def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     assert not os.path.exists(marker)
 
 
+def test_a_core_that_cannot_load_drains_the_node_from_c(clean_bed):
+    """The core passes the trust check but does not load (a broken install, a missing
+    libpython): no Python is left to report it, so the C glue drains the node with the
+    cause, and the job's tasks fail instead of running unchecked."""
+    core = clean_bed.path("lib", "spank_gpushare_core.so")
+    saved = core + ".saved"
+    os.rename(core, saved)
+    try:
+        with open(core, "w") as handle:  # root's, 0644: trusted, but not a library
+            handle.write("not an ELF file\n")
+        os.chmod(core, 0o644)
+        job_id = clean_bed.sbatch("echo RAN", "--gres=gpu:1", "-w", "n4", user=USER)
+        _wait_for_log(clean_bed, "n4", r"cannot load the Python core .*spank_gpushare_core\.so")
+        state = _wait_drained(clean_bed, "n4")
+        assert state["Reason"].startswith("gpushare: cannot load its Python core"), state
+        assert clean_bed.wait_job(job_id)["JobState"] != "COMPLETED"
+        assert "RAN" not in clean_bed.output(job_id)
+    finally:
+        os.replace(saved, core)
+    clean_bed.resume("n4")
+    job_id = clean_bed.sbatch("echo RAN", "--gres=gpu:1", "-w", "n4", user=USER)
+    assert clean_bed.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert "DRAIN" not in clean_bed.node_state("n4")["State"]
+
+
 def test_the_builds_own_python_is_accepted_as_it_is(clean_bed):
     """pythonpath=<checkout>/build/pylib, as a site may point it after `make build`: the
     plugin's own check accepts every file the build left, and the job's prolog runs it."""

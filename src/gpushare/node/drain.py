@@ -17,7 +17,7 @@ __all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason", "requeue_
 # What `sinfo -R` shows without cutting: the cause must come first and fit.
 DRAIN_REASON_MAX = 100
 SCONTROL = "/usr/bin/scontrol"
-_PREFIX = "gpushare: "
+PREFIX = "gpushare: "  # the C glue's drains (spank/gs_drain.c) start the same
 
 
 def fit_reason(text: str, more: str = "") -> str:
@@ -26,14 +26,14 @@ def fit_reason(text: str, more: str = "") -> str:
     The text should say the cause first and identifiers last: what does not fit is cut
     from the end. Double quotes become single ones (scontrol's argument syntax).
     """
-    if text.startswith(_PREFIX):
-        text = text[len(_PREFIX):]
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX):]
     text = re.sub(r"\s+", " ", "".join(ch if ch.isprintable() else " " for ch in text))
     text = text.strip().replace('"', "'")
-    budget = DRAIN_REASON_MAX - len(_PREFIX) - len(more)
+    budget = DRAIN_REASON_MAX - len(PREFIX) - len(more)
     if len(text) > budget:
         text = text[:budget - 3].rstrip() + "..."
-    return f"{_PREFIX}{text}{more}"
+    return f"{PREFIX}{text}{more}"
 
 
 def drain_node(node: str, reason: str, scontrol: str = SCONTROL,
