@@ -94,11 +94,39 @@ def _write_proc_file(path: str, text: str) -> None:
         os.close(fd)
 
 
+# The kernel's rt_sigaction, by machine: glibc keeps signals 32 and 33 for its threads and
+# its sigaction (so the signal module) refuses them, yet a parent that glibc's posix_spawn
+# started (GNU make, for one) has them ignored, and ignored survives exec.
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "ppc64le": 173, "s390x": 174}
+_GLIBC_RESERVED_SIGNALS = (32, 33)
+
+
+def _reserved_signals_reset() -> "Callable[[], None]":
+    """What sets glibc's reserved signals back to their default in a child about to exec
+    (prepared in the parent; a machine this does not know keeps what it inherited)."""
+    import ctypes
+    import platform
+
+    number = _RT_SIGACTION.get(platform.machine())
+    if number is None:
+        return lambda: None
+    libc = ctypes.CDLL(None, use_errno=True)
+    default = ctypes.create_string_buffer(32)  # SIG_DFL, no flags, an empty mask
+
+    def reset() -> None:
+        for sig in _GLIBC_RESERVED_SIGNALS:
+            libc.syscall(ctypes.c_long(number), ctypes.c_long(sig), default, None,
+                         ctypes.c_size_t(8))
+    return reset
+
+
 def _isolating_child(isolation: Isolation, uid: int, gid: int) -> "Callable[[], None]":
     """The child's last steps before exec: as root, then it becomes ``uid``/``gid`` itself
     (subprocess's own ``user=`` switch comes before ``preexec_fn``, too late: a user may
     neither write its ``oom_score_adj`` nor leave its cgroup)."""
     import resource as resource_module
+
+    reset_reserved = _reserved_signals_reset()
 
     def child() -> None:
         _write_proc_file("/proc/self/oom_score_adj", f"{isolation.oom_score_adj}\n")
@@ -122,6 +150,7 @@ def _isolating_child(isolation: Isolation, uid: int, gid: int) -> "Callable[[], 
             if sig not in (signal.SIGKILL, signal.SIGSTOP):
                 with contextlib.suppress(OSError, ValueError):
                     signal.signal(sig, signal.SIG_DFL)
+        reset_reserved()
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.setgroups([])
         os.setgid(gid)
