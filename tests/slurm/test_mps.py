@@ -67,6 +67,8 @@ def daemon_jobs(record_path: str) -> dict[str, dict]:
     jobs = {}
     jobs_dir = record_path[:-len(".json")] + ".jobs"
     for name in sorted(os.listdir(jobs_dir)) if os.path.isdir(jobs_dir) else []:
+        if not name.isdigit():
+            continue  # a temporary file of a write in progress, skipped as record.py does
         try:
             with open(os.path.join(jobs_dir, name)) as handle:
                 jobs[name] = {"share_percent": int(handle.read())}
