@@ -371,7 +371,9 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
     """What slurmctld believes (GRES, state, drain reason) against the plan."""
     findings: list[Finding] = []
     known = {node.name: node for node in nodes}
-    expected_by_group = {group.name: _comparable(parse_node_gres(slurm_node_gres(group)))
+    # By group object: a relayout's applied layouts give a changed node a group of its own
+    # under the same name (gpushare.admin.relayout.state.applied_plan).
+    expected_by_group = {id(group): _comparable(parse_node_gres(slurm_node_gres(group)))
                          for group in plan.groups}
     missing = [name for name in plan.nodes if name not in known]
     if missing:
@@ -390,7 +392,7 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
                     WARNING, f"node {node.name} has GPU GRES {node.gres} but is in no node "
                     "group of the plan", where, f"add it to a node group in {plan.path}"))
             continue
-        expected = expected_by_group[group.name]
+        expected = expected_by_group[id(group)]
         if actual != expected:
             findings.append(Finding(
                 ERROR, f"node {node.name}: slurmctld has Gres={node.gres or '(none)'}, the plan "

@@ -331,3 +331,42 @@ def write_textfile(path: str, text: str) -> None:
         safefs.write_file_atomic_at(dir_fd, name, text.encode(), 0o644)
     finally:
         os.close(dir_fd)
+
+
+# ------------------------------------------------------------------------------ relayout
+
+
+RELAYOUT_RESULTS = ("applied", "restored")
+
+
+def relayout_families(state: object) -> list[Family]:
+    """``gpushare relayout --apply``'s record (its state file, on the controller): rounds that
+    chose a change, GPUs changed or laid back after a failed step, nodes left drained, and
+    each changed GPU's layout and when it changed."""
+    from gpushare.admin.relayout.state import AppliedState
+
+    assert isinstance(state, AppliedState)
+    counts = state.counters
+    families = [
+        Family(PREFIX + "relayout_decisions_total", "counter",
+               "Rounds of gpushare relayout --apply that chose at least one change",
+               [Sample("", (), counts.get("decisions", 0))]),
+        Family(PREFIX + "relayout_changes_total", "counter",
+               "GPUs a relayout changed (applied) or whose node's step failed and laid the "
+               "old layout back (restored)",
+               [Sample("", (("result", result),), counts.get(result, 0))
+                for result in RELAYOUT_RESULTS]),
+        Family(PREFIX + "relayout_failures_total", "counter",
+               "Nodes a relayout left drained for an administrator (the cause is the drain "
+               "reason)", [Sample("", (), counts.get("failed", 0))]),
+    ]
+    layouts, times = [], []
+    for (node, index), entry in sorted(state.gpus.items()):
+        labels = (("node", node), ("gpu", str(index)))
+        layouts.append(Sample("", (*labels, ("layout", entry.layout)), 1))
+        times.append(Sample("", labels, entry.at))
+    families.append(Family(PREFIX + "relayout_gpu_layout_info", "gauge",
+                           "The layout a relayout last applied to a GPU", layouts))
+    families.append(Family(PREFIX + "relayout_gpu_changed_timestamp_seconds", "gauge",
+                           "When a relayout last changed a GPU (Unix time)", times))
+    return families

@@ -55,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--all-nodes", action="store_true",
                         help="check a cluster-wide gres.conf against the plan for every node "
                         "(no inventory; e.g. on the controller before distributing it)")
+    parser.add_argument("--state", metavar="FILE",
+                        help="the layouts `gpushare relayout` applied (default "
+                        "relayout-state.json beside the plan, when it exists; 'none': the "
+                        "plan's alone)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--drain", action="store_true",
                         help="on errors, drain this node with a reason naming the worst one")
@@ -65,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import check
     from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.relayout.state import StateError, as_applied
     from gpushare.admin.slurm_client import SlurmClientError, installed_release, open_client
     from gpushare.gpu.gresconf import GresConfError, load_gres_conf
     from gpushare.gpu.nvml import InventoryError
@@ -81,6 +86,12 @@ def _run(args: argparse.Namespace) -> int:
         findings = [check.Finding(check.ERROR, p.split(": ", 1)[-1], p.split(": ", 1)[0],
                                   "fix the plan") for p in err.problems]
         return _report(args, node, findings, "plan")
+    try:
+        plan = as_applied(plan, args.state)
+    except StateError as err:
+        where, _sep, what = str(err).partition(": ")
+        return _report(args, node, [check.Finding(
+            check.ERROR, what, where, "fix or remove the relayout state file")], "state")
     release = check.check_release(plan, installed_release(args.sinfo, args.timeout),
                                   controller=args.cluster or args.all_nodes)
     if args.cluster:

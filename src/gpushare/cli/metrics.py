@@ -38,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     nodeconf.add_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR",
                         help="the plugin's state directory, instead of plugstack.conf's")
+    parser.add_argument("--relayout-state", metavar="FILE",
+                        help="add gpushare relayout --apply's counters and applied layouts "
+                        "from its state file (on the controller, e.g. "
+                        "/etc/gpushare/relayout-state.json); without a plugstack line here, "
+                        "print only those")
     parser.add_argument("--textfile", metavar="PATH",
                         help="replace this *.prom file atomically instead of printing (its "
                         "directory: node_exporter's --collector.textfile.directory)")
@@ -47,14 +52,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import metrics
 
+    families: list[metrics.Family] = []
+    if args.relayout_state:
+        from gpushare.admin.relayout.state import StateError, load_state
+
+        try:
+            families = metrics.relayout_families(load_state(args.relayout_state))
+        except StateError as err:
+            return fail("metrics", str(err))
     try:
         config, _source = nodeconf.load(args)  # as gpushare mps
     except ConfigError as err:
-        return fail("metrics", str(err))
-    node = args.node or nodeconf.this_node()
-    families, problem = metrics.collect(config, node, check_processes=os.geteuid() == 0)
-    if problem:
-        print(f"gpushare metrics: {problem}", file=sys.stderr)
+        if not families:
+            return fail("metrics", str(err))
+        config = None
+    if config is not None:
+        node = args.node or nodeconf.this_node()
+        found, problem = metrics.collect(config, node, check_processes=os.geteuid() == 0)
+        families = found + families
+        if problem:
+            print(f"gpushare metrics: {problem}", file=sys.stderr)
     text = metrics.render(families)
     if not args.textfile:
         sys.stdout.write(text)

@@ -8,29 +8,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
 from gpushare.cli import add_slurm_arguments, fail, plan_problems, text_table
+
+EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "relayout",
-        help="choose MIG layouts for idle GPUs from what the Slurm queue waits for (dry run)",
+        help="choose MIG layouts for idle GPUs from what the Slurm queue waits for (dry run; "
+        "--apply carries it out)",
         description="Read the pending jobs' GPU requests (squeue) and what slurmctld's nodes "
         "hold, and choose, within each node group's relayout menu and bounds in the plan, "
         "which idle Slurm-only GPUs should change layout so that the most waiting GPU work "
         "can start, weighted by how long it has waited. Prints demand beside supply per "
-        "type, each change and why, and the nodes that would be drained; the decision changes "
-        "nothing.\n\n"
+        "type, each change and why, and the nodes that would be drained; without --apply "
+        "nothing changes.\n\n"
+        "With --apply, on the controller: each node of the decision is drained (its jobs "
+        "run to their end: Slurm has no per-GPU drain), and once idle the node's step runs "
+        "for each changed GPU through --node-command (e.g. ssh); each applied layout is "
+        "recorded in the state file (--state, default relayout-state.json beside the plan), "
+        "the node's Gres= is set on its slurm.conf line (--slurm-conf), `scontrol "
+        "reconfigure` makes slurmctld and slurmd see it, and the node is resumed once "
+        "slurmctld shows the new GRES. A step that fails and lays the old layout back "
+        "resumes the node unchanged; a step whose result is unknown, or a Slurm step that "
+        "fails, leaves the node drained with the cause as its reason. render, check and "
+        "status read the same state file.\n\n"
         "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
         "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
         "its group's menu and that no process uses the GPU, then (with --apply) destroys its "
         "MIG instances and creates L's through NVML, verifies them, restores the old layout "
-        "on any failure or after --step-timeout, and rewrites this node's gres.conf. "
-        "Draining the node, restarting slurmd and `scontrol reconfigure` are left to the "
-        "administrator.",
+        "on any failure or after --step-timeout, rewrites this node's gres.conf and records "
+        "the layout in the state file beside the plan. Exit status 0: changed (or nothing "
+        "to change), 2: refused, or failed with the old layout laid back, 3: failed and the "
+        "old layout could not be laid back, or gres.conf was not rewritten (keep the node "
+        "drained).",
         epilog="examples:\n  gpushare relayout --plan /etc/gpushare/plan.yaml\n"
+        "  gpushare relayout --apply --node-command 'ssh {node} gpushare relayout node "
+        "--node {node} --gpu {gpu} --layout {layout} --decision {decision} --apply'\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb --apply",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,8 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--gpu", type=int, metavar="N", help="NVML index of the GPU to change")
     node.add_argument("--layout", metavar="L",
                       help="the new layout, one of the group's menu (e.g. 2x3g.40gb, whole)")
-    node.add_argument("--apply", action="store_true",
-                      help="change the GPU (default: say what would change)")
+    parser.add_argument("--apply", action="store_true",
+                        help="carry the decision out (the node's step: change the GPU); "
+                        "default: say what would change")
+    parser.add_argument("--state", metavar="FILE",
+                        help="the applied layouts (default relayout-state.json beside the "
+                        "plan; 'none': neither read nor written)")
     node.add_argument("--node", metavar="NAME",
                       help="Slurm node name (default $SLURMD_NODENAME, else the short host "
                       "name)")
@@ -55,7 +78,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "/etc/slurm/gres.conf; 'none' leaves it)")
     node.add_argument("--step-timeout", type=float, default=120.0, metavar="SECONDS",
                       help="time limit of the change; past it the old layout is restored "
-                      "(default 120)")
+                      "(default 120); with --apply on the controller, {timeout} of "
+                      "--node-command")
+    node.add_argument("--decision", default="", metavar="ID",
+                      help="the controller's decision, recorded in the state file")
+    ctl = parser.add_argument_group("carrying a decision out (gpushare relayout --apply)")
+    ctl.add_argument("--node-command", default=DEFAULT_NODE_COMMAND, metavar="CMD",
+                     help="runs the node's step as root on the node; {node}, {gpu}, "
+                     "{layout}, {decision} and {timeout} are filled in (default: "
+                     f"{DEFAULT_NODE_COMMAND.replace('%', '%%')})")
+    ctl.add_argument("--slurmd-restart", default="", metavar="CMD",
+                     help="also run this after `scontrol reconfigure` (e.g. 'ssh {node} "
+                     "systemctl restart slurmd'; default: none, reconfigure is enough)")
+    ctl.add_argument("--slurm-conf", metavar="FILE",
+                     help="the slurm.conf holding the nodes' NodeName lines, whose Gres= is "
+                     "set (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
+    ctl.add_argument("--drain-timeout", type=float, metavar="SECONDS",
+                     help="how long to wait for a drained node's jobs to end; past it the "
+                     "node is resumed unchanged (default: --max-drain)")
+    ctl.add_argument("--settle-timeout", type=float, default=120.0, metavar="SECONDS",
+                     help="how long slurmctld may take to show the new GRES (default 120)")
     parser.add_argument("--max-changes", type=int, default=4, metavar="N",
                         help="at most N GPUs change per round (default 4)")
     parser.add_argument("--hysteresis", type=float, default=0.5, metavar="GPUS",
@@ -113,11 +155,15 @@ def _run_node(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan)
     except PlanError as err:
         return fail("relayout node", plan_problems(err))
+    state_path = _state_path(args)
     try:
         nvml = load_nvml(args.source)
         result = apply_layout(nvml, plan, node, args.gpu, args.layout,
                               timeout_s=args.step_timeout, dry_run=not args.apply)
-    except (ApplyError, InventoryError) as err:
+    except ApplyError as err:
+        code = fail("relayout node", str(err))
+        return EXIT_UNKNOWN if err.unknown else code
+    except InventoryError as err:
         return fail("relayout node", str(err))
     if not result.changed:
         print(f"GPU {result.gpu} of node {node} already has layout {result.new}")
@@ -128,7 +174,16 @@ def _run_node(args: argparse.Namespace) -> int:
         print(f"GPU {result.gpu} of node {node}: {result.old} -> {result.new}")
     for step in result.steps:
         print(f"  {step}")
-    if not args.apply or args.gres_conf == "none":
+    if not args.apply:
+        return 0
+    if result.changed and state_path:
+        try:
+            _record(state_path, node, args.gpu, result.new, args.decision)
+        except (OSError, ValueError) as err:
+            print(f"gpushare relayout node: the GPU changed, but {state_path} was not "
+                  f"updated: {err}", file=sys.stderr)
+            return EXIT_UNKNOWN
+    if args.gres_conf == "none":
         return 0
     try:
         if args.source.startswith(SIM_PREFIX):
@@ -141,20 +196,50 @@ def _run_node(args: argparse.Namespace) -> int:
         write_atomically(args.gres_conf,
                          render_node_gres(plan, node, args.gpu, args.layout, inventory))
     except (ApplyError, InventoryError, OSError, ValueError) as err:
-        return fail("relayout node", f"the GPU changed, but {args.gres_conf} was not "
-                    f"rewritten: {err}")
+        fail("relayout node", f"the GPU changed, but {args.gres_conf} was not "
+             f"rewritten: {err}")
+        return EXIT_UNKNOWN
     print(f"rewrote {args.gres_conf}; restart slurmd and run `scontrol reconfigure` so "
           "Slurm sees it")
     return 0
 
 
+def _state_path(args: argparse.Namespace) -> str:
+    """--state, else relayout-state.json beside the plan; "" for none."""
+    from gpushare.admin.relayout.state import default_path
+
+    if args.state == "none":
+        return ""
+    return args.state or default_path(args.plan)
+
+
+def _record(path: str, node: str, index: int, layout: str, decision: str) -> None:
+    """The node's own copy of the state learns what this step applied (the controller
+    writes the same entry into its copy; where the file is shared both are one)."""
+    import time
+
+    from gpushare.admin.relayout.state import Applied, locked
+
+    with locked(path) as state:
+        state.gpus[(node, index)] = Applied(layout, time.time(), decision)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
         return _run_node(args)
+    import time
+
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.relayout.decide import decide
     from gpushare.admin.relayout.demand import pending, running_ends, supply
     from gpushare.admin.relayout.menu import one_profile_per_node
+    from gpushare.admin.relayout.state import (
+        AppliedState,
+        StateError,
+        last_changes,
+        layouts_of,
+        load_state,
+    )
     from gpushare.admin.slurm_client import SlurmClientError, installed_release, open_client
 
     if not 0 <= args.max_changes <= 1000:
@@ -169,9 +254,17 @@ def _run(args: argparse.Namespace) -> int:
     if not menus:
         return fail("relayout", f"no node group of {args.plan} has a relayout menu; see "
                     "docs/admin.md, MIG layouts that follow the queue")
+    state_path = _state_path(args)
+    try:
+        state = load_state(state_path) if state_path else AppliedState("")
+        layouts = layouts_of(plan, state)
+    except StateError as err:
+        return fail("relayout", str(err))
     try:
         client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
-        gpus = supply(plan, client.nodes(), ends=running_ends(args.squeue, args.timeout))
+        gpus = supply(plan, client.nodes(), layouts=layouts,
+                      last_change_s=last_changes(state, time.time()),
+                      ends=running_ends(args.squeue, args.timeout))
         requests = pending(args.squeue, args.timeout)
     except SlurmClientError as err:
         return fail("relayout", str(err))
@@ -180,13 +273,83 @@ def _run(args: argparse.Namespace) -> int:
     decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis,
                       max_drain_s=args.max_drain,
                       one_profile_per_node=one_profile_per_node(version))
+    if args.apply:
+        if not state_path:
+            return fail("relayout", "--apply records what it changes: give --state FILE")
+        return _apply(args, plan, decision, state_path)
     if args.json:
-        print(json.dumps({
-            "demand": decision.demand, "supply": decision.supply,
-            "changes": [{"node": c.node, "gpu": c.index, "from": c.old, "to": c.new,
-                         "gain": round(c.gain, 3), "node_busy": c.node_busy}
-                        for c in decision.changes],
-            "drain": decision.drain, "why": decision.why}, indent=2))
+        print(json.dumps(_decision_json(decision), indent=2))
         return 0
     print(format_decision(decision))
     return 0
+
+
+def _decision_json(decision: Any) -> dict[str, Any]:
+    return {"demand": decision.demand, "supply": decision.supply,
+            "changes": [{"node": c.node, "gpu": c.index, "from": c.old, "to": c.new,
+                         "gain": round(c.gain, 3), "node_busy": c.node_busy}
+                        for c in decision.changes],
+            "drain": decision.drain, "why": decision.why}
+
+
+def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str) -> int:
+    """Carry the decision out; 0 when every node is back in service (changed or laid back
+    unchanged), 1 when a node was left as it was, 2 when one is left drained."""
+    import datetime
+    import os
+
+    from gpushare.admin.relayout.controller import (
+        Scontrol,
+        Settings,
+        apply_decision,
+        command_argv,
+    )
+    from gpushare.admin.slurm_client import SlurmClientError
+
+    for option, value in (("--drain-timeout", args.drain_timeout),
+                          ("--settle-timeout", args.settle_timeout)):
+        if value is not None and not 1 <= value <= 86400:
+            return fail("relayout", f"{option} must be between 1 and 86400 seconds")
+    if not 1 <= args.step_timeout <= 3600:
+        return fail("relayout", "--step-timeout must be between 1 and 3600 seconds")
+    for option, template in (("--node-command", args.node_command),
+                             ("--slurmd-restart", args.slurmd_restart)):
+        try:
+            if template or option == "--node-command":
+                command_argv(template)
+        except ValueError as err:
+            return fail("relayout", f"{option}: {err}")
+    slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    settings = Settings(node_command=args.node_command, slurmd_restart=args.slurmd_restart,
+                        slurm_conf=slurm_conf, state_path=state_path,
+                        drain_timeout_s=args.drain_timeout or args.max_drain,
+                        step_timeout_s=args.step_timeout,
+                        settle_timeout_s=args.settle_timeout)
+    decision_id = "r" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if not args.json:
+        print(format_decision(decision))
+    try:
+        slurm = Scontrol(args.scontrol, args.timeout)
+    except SlurmClientError as err:
+        return fail("relayout", str(err))
+    outcomes = apply_decision(plan, decision, decision_id, slurm, settings)
+    status = 0
+    for outcome in outcomes:
+        status = max(status, 2 if outcome.failed else 1 if outcome.skipped else 0)
+        if args.json:
+            continue
+        for line in outcome.log:
+            print(line)
+        if outcome.failed:
+            print(f"{outcome.node}: LEFT DRAINED: {outcome.failed}")
+        elif outcome.skipped:
+            print(f"{outcome.node}: unchanged: {outcome.skipped}")
+    if args.json:
+        payload = _decision_json(decision)
+        payload["decision_id"] = decision_id
+        payload["nodes"] = [{"node": o.node, "applied": [[c.index, c.new] for c in o.applied],
+                             "restored": [[c.index, why] for c, why in o.restored],
+                             "failed": o.failed, "skipped": o.skipped, "log": o.log}
+                            for o in outcomes]
+        print(json.dumps(payload, indent=2))
+    return status

@@ -45,6 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device-root", metavar="DIR",
                         help="gres: directory of the device files (default: the plan's "
                         "slurm.device_root, normally /dev)")
+    parser.add_argument("--state", metavar="FILE",
+                        help="the layouts `gpushare relayout` applied (default "
+                        "relayout-state.json beside the plan, when it exists; 'none': the "
+                        "plan's alone). mig-parted is always the plan's")
     parser.add_argument("--output", "-o", metavar="FILE",
                         help="write here (atomically) instead of standard output")
     parser.set_defaults(func=_run)
@@ -62,6 +66,7 @@ def _inventory(args: argparse.Namespace) -> Optional[dict[str, Inventory]]:
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import render
     from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.relayout.state import StateError, as_applied
     from gpushare.admin.slurm_client import installed_release
     from gpushare.admin.topology import TopologyError
     from gpushare.gpu.nvml import InventoryError
@@ -76,13 +81,16 @@ def _run(args: argparse.Namespace) -> int:
             plan, None if plan.slurm.version_given else installed_release())
         if note:
             print(f"gpushare render: {note}", file=sys.stderr)
+        plain = plan
+        if args.target != "mig-parted":  # Kubernetes' side never follows a relayout
+            plan = as_applied(plan, args.state)
         inventories = _inventory(args)
         if args.target == "gres":
             text = render.render_gres_conf(plan, inventories, args.device_root, args.node)
         elif args.target == "topology":
             text = render.render_topology(plan, inventories)
         elif args.target == "mig-parted":
-            text = render.render_mig_parted(plan)
+            text = render.render_mig_parted(plain)
         elif args.target == "plugstack":
             text = render.render_plugstack(plan)
         elif args.target == "slurm-conf":
@@ -91,7 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             text = render.render_facts_json(plan, inventories)
     except PlanError as err:
         return fail("render", plan_problems(err))
-    except (render.RenderError, TopologyError, InventoryError) as err:
+    except (render.RenderError, TopologyError, InventoryError, StateError) as err:
         return fail("render", str(err))
     if not args.output:
         sys.stdout.write(text)

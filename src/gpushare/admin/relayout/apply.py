@@ -45,7 +45,12 @@ _CI_IDS = range(8)
 
 
 class ApplyError(RuntimeError):
-    """The step was refused or failed; the message says why and in what state the GPU is."""
+    """The step was refused or failed; the message says why and in what state the GPU is.
+    ``unknown``: the old layout could not be laid back, so the node must stay drained."""
+
+    def __init__(self, message: str, unknown: bool = False) -> None:
+        super().__init__(message)
+        self.unknown = unknown
 
 
 class _Timeout(Exception):
@@ -318,8 +323,8 @@ def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
                     now = "unreadable"
                 raise ApplyError(f"GPU {index} of node {node}: changing to {layout.name} "
                                  f"failed ({cause}), and restoring {old.name} failed too "
-                                 f"({again}); NVML shows: {now}. Keep the node drained."
-                                 ) from None
+                                 f"({again}); NVML shows: {now}. Keep the node drained.",
+                                 unknown=True) from None
             raise ApplyError(f"GPU {index} of node {node}: changing to {layout.name} failed "
                              f"({cause}); restored the old layout {old.name}") from None
         return result

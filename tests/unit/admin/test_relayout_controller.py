@@ -1,0 +1,376 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare relayout --apply``'s orchestration against a fake slurmctld and the real node's
+step (the simulated NVML): drain, wait for idle, change, record, Gres=, reconfigure, resume;
+and what is left behind when a step fails, hangs or Slurm does not follow."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from typing import Optional
+
+import pytest
+
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.relayout.controller import (
+    REASON_PREFIX,
+    SetGresError,
+    Settings,
+    apply_decision,
+    command_argv,
+    set_node_gres,
+)
+from gpushare.admin.relayout.decide import Change, Decision
+from gpushare.admin.relayout.state import load_state
+from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
+from gpushare.gpu.inventory import collect
+from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
+
+PLAN = """\
+version: 1
+slurm: {version: '24.11'}
+node_groups:
+  - name: mig
+    nodes: h[1-2]
+    gpu_model: h100-80gb
+    gpus: 4
+    layout:
+      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}
+      1:
+        mig:
+          - {profile: 3g.40gb, owner: kubernetes}
+          - {profile: 1g.10gb, owner: slurm}
+      all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}
+    relayout:
+      min_interval_s: 600
+      menu:
+        - 7x1g.10gb
+        - 2x3g.40gb
+        - whole
+"""
+
+SLURM_CONF = """\
+ClusterName=x
+NodeName=h[1-2] CPUs=2 RealMemory=1000 Gres=gpu:1g.10gb:15 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES
+"""
+
+
+class FakeSlurm:
+    """slurmctld as the orchestration sees it: a node runs ``busy_polls`` more polls of
+    jobs, ``reconfigure`` re-reads slurm.conf's Gres= (unless ``stale``)."""
+
+    def __init__(self, slurm_conf: str, busy_polls: int = 0) -> None:
+        self.slurm_conf = slurm_conf
+        self.busy = {"h1": busy_polls, "h2": 0}
+        self.state = {"h1": set(), "h2": set()}
+        self.reason = {"h1": "", "h2": ""}
+        self.gres = {"h1": "gpu:1g.10gb:15", "h2": "gpu:1g.10gb:15"}
+        self.calls: list[str] = []
+        self.stale = False
+        self.down_on: Optional[str] = None
+
+    def node(self, name: str) -> Optional[SlurmNode]:
+        if self.down_on == "node":
+            raise SlurmClientError("scontrol: slurmctld is down")
+        base = "MIXED" if self.busy[name] > 0 else "IDLE"
+        if self.busy[name] > 0 and "DRAIN" in self.state[name]:
+            self.busy[name] -= 1
+        return SlurmNode(name, (base, *sorted(self.state[name])), self.reason[name],
+                         self.gres[name])
+
+    def drain(self, name: str, reason: str) -> None:
+        self.calls.append(f"drain {name}")
+        self.state[name].add("DRAIN")
+        self.reason[name] = reason
+
+    def resume(self, name: str) -> None:
+        self.calls.append(f"resume {name}")
+        self.state[name].discard("DRAIN")
+        self.reason[name] = ""
+
+    def reconfigure(self) -> None:
+        self.calls.append("reconfigure")
+        if self.down_on == "reconfigure":
+            raise SlurmClientError("scontrol reconfigure: slurmctld is down")
+        if self.stale:
+            return
+        with open(self.slurm_conf) as handle:
+            for line in handle:
+                words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+                if words.get("NodeName") in self.gres:
+                    self.gres[words["NodeName"]] = words.get("Gres", "")
+
+
+@pytest.fixture
+def site(tmp_path):
+    """The plan, h1's simulated GPUs, slurm.conf, and the node's step run as the site's
+    command would run it (here, locally)."""
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    plan = parse_plan(PLAN, str(plan_file))
+    profile = tmp_path / "h1.json"
+    profile.write_text(json.dumps(profile_from_plan(plan, "h1")))
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SLURM_CONF)
+    state = tmp_path / "relayout-state.json"
+    step = [sys.executable, "-m", "gpushare.cli", "relayout", "node", "--plan", str(plan_file),
+            "--node", "{node}", "--gpu", "{gpu}", "--layout", "{layout}", "--decision",
+            "{decision}", "--step-timeout", "{timeout}", "--source", f"sim:{profile}",
+            "--gres-conf", str(tmp_path / "gres.conf"), "--state", str(state), "--apply"]
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "..",
+                                                   "src"))
+    settings = Settings(node_command=shlex.join(step), slurm_conf=str(conf),
+                        state_path=str(state), drain_timeout_s=60, step_timeout_s=30,
+                        settle_timeout_s=10, poll_s=0.0, env=env)
+    return plan, settings, profile, FakeSlurm(str(conf))
+
+
+def layout_of(profile, index):
+    nvml = SimNvml(load_profile(str(profile)))
+    gpu = collect(nvml, f"sim:{profile}").gpus[index]
+    return sorted(d.profile for d in gpu.mig_devices) if gpu.mig_current else "whole"
+
+
+def decision(*changes: tuple[str, int, str]) -> Decision:
+    return Decision(changes=[Change(node, index, "7x1g.10gb", new, 1.0, False)
+                             for node, index, new in changes])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 1.0)
+
+
+def run(plan, settings, slurm, chosen, clock=None):
+    clock = clock or Clock()
+    return apply_decision(plan, chosen, "r1", slurm, settings, clock=clock, sleep=clock.sleep,
+                          wall=lambda: 5000.0)
+
+
+def test_a_node_drains_changes_and_comes_back_with_its_new_gres(site):
+    plan, settings, profile, slurm = site
+    slurm.busy["h1"] = 3  # a job on GPU 1 runs on: the node waits for it
+    neighbour = layout_of(profile, 0)
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb"),
+                                                    ("h1", 3, "2x3g.40gb")))
+    assert outcome.failed is None and not outcome.skipped and outcome.resumed, outcome.log
+    assert [c.index for c in outcome.applied] == [2, 3]
+    assert layout_of(profile, 2) == layout_of(profile, 3) == ["3g.40gb", "3g.40gb"]
+    assert layout_of(profile, 0) == neighbour  # Kubernetes' GPU
+    assert slurm.busy["h1"] == 0  # the job ended before anything changed
+    assert slurm.calls == ["drain h1", "reconfigure", "resume h1"]
+    assert slurm.gres["h1"] == "gpu:1g.10gb:1,gpu:3g.40gb:4" and slurm.state["h1"] == set()
+    with open(settings.slurm_conf) as handle:
+        lines = handle.read().splitlines()
+    assert lines[1:3] == [
+        "NodeName=h2 CPUs=2 RealMemory=1000 Gres=gpu:1g.10gb:15 State=UNKNOWN",
+        "NodeName=h1 CPUs=2 RealMemory=1000 State=UNKNOWN Gres=gpu:1g.10gb:1,gpu:3g.40gb:4"]
+    state = load_state(settings.state_path)
+    assert {k: (v.layout, v.at, v.decision) for k, v in state.gpus.items()} == {
+        ("h1", 2): ("2x3g.40gb", 5000.0, "r1"), ("h1", 3): ("2x3g.40gb", 5000.0, "r1")}
+    assert state.counters == {"decisions": 1, "applied": 2, "restored": 0, "failed": 0}
+
+
+def test_a_step_that_lays_the_old_layout_back_resumes_the_node_unchanged(site):
+    plan, settings, profile, slurm = site
+    raw = json.loads(profile.read_text())
+    raw["error_on_call"] = {"nvmlDeviceCreateGpuInstanceWithPlacement": [2, "IN_USE"]}
+    profile.write_text(json.dumps(raw))
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed is None and outcome.applied == [] and outcome.resumed
+    [(change, why)] = outcome.restored
+    assert change.index == 2 and "restored the old layout 7x1g.10gb" in why
+    assert layout_of(profile, 2) == ["1g.10gb"] * 7
+    assert slurm.calls == ["drain h1", "resume h1"]  # no reconfigure: nothing changed
+    with open(settings.slurm_conf) as handle:
+        assert handle.read() == SLURM_CONF
+    assert load_state(settings.state_path).counters == {
+        "decisions": 1, "applied": 0, "restored": 1, "failed": 0}
+
+
+def test_a_step_that_cannot_restore_leaves_the_node_drained_with_the_cause(site):
+    plan, settings, profile, slurm = site
+    raw = json.loads(profile.read_text())
+    raw["errors"] = {"nvmlGpuInstanceCreateComputeInstance": "UNKNOWN"}
+    profile.write_text(json.dumps(raw))
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "layout is not known" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"] and slurm.calls == ["drain h1", "drain h1"]
+    assert slurm.reason["h1"].startswith(f"{REASON_PREFIX}: GPU 2 -> 2x3g.40gb failed")
+    assert load_state(settings.state_path).counters["failed"] == 1
+
+
+def test_a_step_that_hangs_is_killed_and_the_node_stays_drained(site):
+    plan, settings, _profile, slurm = site
+    settings.node_command = "sleep 60"
+    settings.step_timeout_s, settings.step_grace_s = 0.1, 0.3
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "did not end within" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"] and "layout is unknown" in slurm.reason["h1"]
+
+
+def test_jobs_that_outlast_the_drain_timeout_leave_the_node_unchanged(site):
+    plan, settings, profile, slurm = site
+    slurm.busy["h1"] = 1000
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert "--drain-timeout" in outcome.skipped and outcome.failed is None
+    assert slurm.calls == ["drain h1", "resume h1"]
+    assert layout_of(profile, 2) == ["1g.10gb"] * 7
+
+
+def test_a_node_someone_else_drained_is_left_alone(site):
+    plan, settings, _profile, slurm = site
+    slurm.state["h1"].add("DRAIN")
+    slurm.reason["h1"] = "bad fan"
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert "bad fan" in outcome.skipped and slurm.calls == []
+    # ... also when the admin's drain comes while gpushare waits for the node's jobs.
+    slurm.state["h1"].clear()
+    slurm.busy["h1"] = 5
+    original = slurm.node
+
+    def admin_drains(name):
+        if slurm.calls == ["drain h1"]:
+            slurm.reason["h1"] = "admin: maintenance"
+        return original(name)
+
+    slurm.node = admin_drains
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert "someone else" in outcome.skipped
+    assert slurm.calls == ["drain h1"] and slurm.reason["h1"] == "admin: maintenance"
+
+
+def test_slurm_that_does_not_show_the_new_gres_leaves_the_node_drained(site):
+    plan, settings, profile, slurm = site
+    slurm.stale = True
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "slurmctld still shows Gres=gpu:1g.10gb:15" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"]
+    # The GPU did change, and the state file says so: the node is not half-applied unsaid.
+    assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]
+    assert load_state(settings.state_path).gpus[("h1", 2)].layout == "2x3g.40gb"
+
+
+def test_a_reconfigure_that_fails_leaves_the_node_drained(site):
+    plan, settings, _profile, slurm = site
+    slurm.down_on = "reconfigure"
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "scontrol reconfigure failed" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"]
+
+
+def test_an_empty_decision_changes_nothing_and_counts_no_round(site):
+    plan, settings, _profile, slurm = site
+    assert run(plan, settings, slurm, Decision()) == []
+    assert slurm.calls == [] and load_state(settings.state_path).counters == {}
+
+
+def test_gres_is_set_on_the_nodes_own_line():
+    text = "NodeName=a[1-3] CPUs=4 Gres=gpu:2\nNodeName=b1 CPUs=2\n"
+    assert set_node_gres(text, "b1", "gpu:3g.40gb:2") == (
+        "NodeName=a[1-3] CPUs=4 Gres=gpu:2\nNodeName=b1 CPUs=2 Gres=gpu:3g.40gb:2\n")
+    assert set_node_gres(text, "a2", "gpu:1") == (
+        "NodeName=a[1,3] CPUs=4 Gres=gpu:2\nNodeName=a2 CPUs=4 Gres=gpu:1\nNodeName=b1 CPUs=2\n")
+    assert set_node_gres(text, "a2", "") == (
+        "NodeName=a[1,3] CPUs=4 Gres=gpu:2\nNodeName=a2 CPUs=4\nNodeName=b1 CPUs=2\n")
+    with pytest.raises(SetGresError, match="no NodeName line names c1"):
+        set_node_gres(text, "c1", "gpu:1")
+    with pytest.raises(SetGresError, match="several lines"):
+        set_node_gres("NodeName=c1 CPUs=2 \\\n  Gres=gpu:1\n", "c1", "gpu:1")
+
+
+def test_the_sites_command_gets_each_value_as_one_word():
+    argv = command_argv("ssh -o BatchMode=yes {node} gpushare relayout node --gpu {gpu} "
+                        "--layout={layout} --apply", node="n1", gpu="2", layout="a b;rm")
+    assert argv == ["ssh", "-o", "BatchMode=yes", "n1", "gpushare", "relayout", "node",
+                    "--gpu", "2", "--layout=a b;rm", "--apply"]
+    with pytest.raises(ValueError, match=r"unknown placeholder \{host\}"):
+        command_argv("ssh {host} true")
+    with pytest.raises(ValueError, match="empty"):
+        command_argv("  ")
+
+
+FAKE_SCONTROL = r'''#!{python}
+"""scontrol for one test: nodes in a JSON file; reconfigure re-reads slurm.conf's Gres=."""
+import json, sys
+db, conf = {db!r}, {conf!r}
+nodes = json.load(open(db))
+args = sys.argv[1:]
+if args and args[0] == "-d":
+    args = args[1:]
+if args[:3] == ["show", "-o", "node"]:
+    for name, node in nodes.items():
+        if len(args) < 4 or args[3] == name:
+            print(f"NodeName={{name}} State={{node['state']}} Gres={{node['gres']}} "
+                  f"GresUsed={{node['used']}} Reason={{node['reason'] or '(null)'}}")
+elif args[0] == "update":
+    fields = dict(a.split("=", 1) for a in args[1:])
+    node = nodes[fields["NodeName"]]
+    if fields["State"] == "DRAIN":
+        node["state"], node["reason"] = "IDLE+DRAIN", fields["Reason"]
+    else:
+        node["state"], node["reason"] = "IDLE", ""
+elif args[0] == "reconfigure":
+    for line in open(conf):
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if words.get("NodeName") in nodes:
+            nodes[words["NodeName"]]["gres"] = words.get("Gres", "(null)")
+json.dump(nodes, open(db, "w"))
+'''
+
+
+def test_the_command_applies_a_decision_and_a_second_run_changes_nothing(site, tmp_path,
+                                                                          capsys):
+    from gpushare.cli import main
+
+    plan, settings, profile, _slurm = site
+    db = tmp_path / "nodes.json"
+    db.write_text(json.dumps({name: {"state": "IDLE", "reason": "", "gres": "gpu:1g.10gb:15",
+                                     "used": "gpu:1g.10gb:0(IDX:N/A)"}
+                              for name in ("h1", "h2")}))
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(FAKE_SCONTROL.format(python=sys.executable, db=str(db),
+                                             conf=settings.slurm_conf))
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                      "*PD*) echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00' ;;\nesac\n")
+    for stub in (scontrol, squeue):
+        stub.chmod(0o755)
+    argv = ["relayout", "--plan", plan.path, "--backend", "scontrol", "--scontrol",
+            str(scontrol), "--squeue", str(squeue), "--max-changes", "1",
+            "--node-command", settings.node_command, "--slurm-conf", settings.slurm_conf,
+            "--settle-timeout", "5", "--apply", "--json"]
+    assert main(argv) == 0, capsys.readouterr()
+    out = json.loads(capsys.readouterr().out)
+    [node] = out["nodes"]
+    assert node["applied"] == [[2, "2x3g.40gb"]] and node["failed"] is None
+    assert out["decision_id"].startswith("r")
+    nodes = json.loads(db.read_text())
+    changed = node["node"]
+    assert nodes[changed]["state"] == "IDLE" and "3g.40gb:2" in nodes[changed]["gres"]
+    if changed == "h1":
+        assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]
+    state = load_state(os.path.join(os.path.dirname(plan.path), "relayout-state.json"))
+    assert state.gpus[(changed, 2)].decision == out["decision_id"]
+    # The job now fits what is idle: no second change, and the GPU is held by min_interval_s.
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["changes"] == [] and again["nodes"] == []
+    assert load_state(state.path).counters["decisions"] == 1
+    # gpushare metrics shows the record, without a plugstack line on this host.
+    assert main(["metrics", "--relayout-state", state.path,
+                 "--plugstack", str(tmp_path / "none.conf")]) == 0
+    metrics = capsys.readouterr().out
+    assert "gpushare_relayout_decisions_total 1" in metrics
+    assert 'gpushare_relayout_changes_total{result="applied"} 1' in metrics
+    assert (f'gpushare_relayout_gpu_layout_info{{node="{changed}",gpu="2",'
+            'layout="2x3g.40gb"} 1') in metrics
