@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import gpushare  # noqa: E402
-from gpushare.node import counters, drain, job, state, ticket  # noqa: E402
+from gpushare.node import counters, drain, job, phases, state, ticket  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 from gpushare.node.mps import record  # noqa: E402
 
@@ -59,7 +59,7 @@ int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
 # parsers (gs_ticket.c, gs_envfile.c, gs_parse.c) include no Slurm header.
 PLUGIN_SOURCES = ("gpushare_spank.c", "gs_args.c", "gs_core.c", "gs_worker.c", "gs_fastpath.c",
                   "gs_taskenv.c", "gs_safefs.c", "gs_log.c", "gs_ticket.c", "gs_envfile.c",
-                  "gs_parse.c", "gs_drain.c")
+                  "gs_parse.c", "gs_drain.c", "gs_deadline.c")
 
 
 def _printf_format(python_format: str, *fields: tuple[str, str]) -> str:
@@ -92,8 +92,10 @@ def constants() -> dict[str, str]:
         "GS_KNOWN_KEYS": ", ".join(embedbuild.c_string(k) for k in keys),
         "GS_KNOWN_KEYS_TEXT": embedbuild.c_string(", ".join(k + "=" for k in keys)),
         "GS_VERSION": embedbuild.c_string(gpushare.__version__),
-        "GS_WAIT_LIMIT_TIMEOUTS": repr(float(job.WAIT_LIMIT_TIMEOUTS)),
-        "GS_WAIT_LIMIT_MARGIN": repr(float(job.WAIT_LIMIT_MARGIN)),
+        "GS_WORKER_DEADLINE_TIMEOUTS": repr(float(job.WORKER_DEADLINE_TIMEOUTS)),
+        "GS_WORKER_DEADLINE_MARGIN": repr(float(job.WORKER_DEADLINE_MARGIN)),
+        "GS_FAULT_TIMEOUTS": repr(float(job.FAULT_TIMEOUTS)),
+        "GS_BOARD_SIZE": str(phases.BOARD_SIZE),
         "GS_EPILOGS_LOCK": embedbuild.c_string(job.EPILOGS_LOCK),
         "GS_GPU_EPILOGS_LOCK_FMT": embedbuild.c_string(_printf_format(job.GPU_EPILOGS_LOCK)),
         "GS_JOBS_DIR": embedbuild.c_string(state.JOBS_DIR),

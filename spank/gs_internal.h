@@ -60,9 +60,15 @@ int gs_drain_node(const char *why);
 int gs_core_trusted(char *path, size_t size);
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av);
 
+/* ---- gs_deadline.c: a worker's one deadline, its supervisor ------------------------- */
+double gs_worker_deadline(void);
+double gs_wait_limit(void);
+int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end);
+
 /* ---- gs_worker.c: the detached worker, the job's lock, the epilog barrier ---------- */
 #define GS_EPILOG_LOCKS_MAX 64 /* the most GPUs an epilog holds the barrier of */
-double gs_wait_limit(void);
+void gs_fail_tasks(spank_t sp, const char *text);
+int gs_run_worker(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end);
 int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size);
 int gs_job_record_exists(spank_t sp);
 int gs_hold_epilog_barrier(int *fds, int max);

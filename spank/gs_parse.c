@@ -56,6 +56,17 @@ int gs_parse_proc_start(char *stat_text, char *out, size_t size)
     return -1;
 }
 
+int gs_parse_proc_parent(const char *stat_text, long *ppid, long *pgrp)
+{
+    const char *fields = strrchr(stat_text, ')');
+    char state;
+
+    if (!fields || sscanf(fields + 1, " %c %ld %ld", &state, ppid, pgrp) != 3 || *ppid < 0 ||
+        *pgrp < 0)
+        return -1;
+    return 0;
+}
+
 void gs_stamp(const struct stat *st, char *out, size_t size)
 {
     snprintf(out, size, "%llu %llu %lld %lld", (unsigned long long)st->st_dev,

@@ -32,6 +32,9 @@ int gs_parse_share_text(const char *text);
 /* /proc/<pid>/stat's text (changed in place): its start time (field 22) into out; -1 for
  * none, a zombie or a dead process. */
 int gs_parse_proc_start(char *stat_text, char *out, size_t size);
+/* /proc/<pid>/stat's text: its parent (field 4) and process group (field 5) into ppid and
+ * pgrp; -1 when the text does not read so. */
+int gs_parse_proc_parent(const char *stat_text, long *ppid, long *pgrp);
 /* "<dev> <ino> <size> <mtime in ns>", as gpushare.node.ticket.stamp prints a stat. */
 void gs_stamp(const struct stat *st, char *out, size_t size);
 /* SLURM_JOB_GPUS as a list of indices (0..99999) into indices: their count, or -1 when it

@@ -30,14 +30,6 @@
 
 #include "gs_internal.h"
 
-/* The longest a task or an epilog waits for a worker: its commands are each bounded by
- * timeout=, and it runs at most a few of them (gpushare.node.job.epilog_wait_limit gives
- * the constants). */
-double gs_wait_limit(void)
-{
-    return GS_WAIT_LIMIT_TIMEOUTS * gs_timeout + GS_WAIT_LIMIT_MARGIN;
-}
-
 /* <state_dir>/jobs/<job id><suffix>: the job's record (.json), tasks' word (.env), lock. */
 int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size)
 {
@@ -98,9 +90,10 @@ int gs_hold_epilog_barrier(int *fds, int max)
     return 1;
 }
 
-/* A prolog worker that failed before its Python could say so: the tasks fail with
- * ``text`` instead of starting unchecked. An env file already written is left alone. */
-static void gs_fail_tasks(spank_t sp, const char *text)
+/* A prolog worker that failed before its Python could say so, or was killed: the tasks
+ * fail with ``text`` instead of starting unchecked. An env file already written is left
+ * alone. */
+void gs_fail_tasks(spank_t sp, const char *text)
 {
     char jobs[PATH_MAX], path[PATH_MAX + 32], tmp[PATH_MAX + 64];
     int fd;
@@ -163,13 +156,26 @@ int gs_in_place(const char *callback, spank_t sp, int ac, char **av, const char 
     return rc;
 }
 
+/* What a worker does (gs_supervise waits for it): the callback's Python, then the tasks'
+ * word if it failed before its Python could give it, then the epilog's lock. */
+int gs_run_worker(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end)
+{
+    int rc = gs_call_python(callback, sp, ac, av);
+
+    if (rc != 0 && strcmp(callback, "job_prolog") == 0)
+        gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log says why); "
+                      "tell your administrator");
+    gs_finish(callback, sp, lock_at_end);
+    return rc == 0 ? 0 : 1;
+}
+
 /* Run the callback's Python in a detached worker; it inherits the locks the caller holds
  * (opened O_CLOEXEC: the MPS daemons it starts do not). */
 int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
                      const char *lock_at_end)
 {
-    pid_t child, worker;
-    int status = 0, rc, null_fd;
+    pid_t child, supervisor;
+    int status = 0, null_fd;
 
     child = fork();
     if (child < 0) {
@@ -179,9 +185,9 @@ int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
     if (child == 0) {
         if (setsid() < 0)
             _exit(1);
-        worker = fork();
-        if (worker != 0)
-            _exit(worker < 0 ? 1 : 0);
+        supervisor = fork();
+        if (supervisor != 0)
+            _exit(supervisor < 0 ? 1 : 0);
         gs_close_inherited();
         /* Nothing of Slurm's pipes stays open: Slurm reads the prolog's output to EOF. */
         null_fd = open("/dev/null", O_RDWR);
@@ -192,12 +198,7 @@ int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
             if (null_fd > STDERR_FILENO)
                 close(null_fd);
         }
-        rc = gs_call_python(callback, sp, ac, av);
-        if (rc != 0 && strcmp(callback, "job_prolog") == 0)
-            gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log "
-                          "says why); tell your administrator");
-        gs_finish(callback, sp, lock_at_end);
-        _exit(rc == 0 ? 0 : 1);
+        _exit(gs_supervise(callback, sp, ac, av, lock_at_end));
     }
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
         ;

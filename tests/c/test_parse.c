@@ -59,6 +59,26 @@ static void test_proc_start(void)
     CHECK_INT(gs_parse_proc_start(long_field, small, sizeof(small)), -1);
 }
 
+static void test_proc_parent(void)
+{
+    long ppid = 0, pgrp = 0;
+
+    CHECK_INT(gs_parse_proc_parent("4243 (nvidia-cuda-mps) S 4242 4243 4243 0 -1\n", &ppid,
+                                   &pgrp), 0);
+    CHECK_INT((int)ppid, 4242);
+    CHECK_INT((int)pgrp, 4243);
+    /* the name ends at the last ')': a process cannot name another parent by its name */
+    CHECK_INT(gs_parse_proc_parent("7 (a) S 1 1 (b)) S 99 7 7 0\n", &ppid, &pgrp), 0);
+    CHECK_INT((int)ppid, 99);
+    CHECK_INT((int)pgrp, 7);
+    CHECK_INT(gs_parse_proc_parent("7 (x) Z 1 7 7 0\n", &ppid, &pgrp), 0); /* zombies too */
+    CHECK_INT(gs_parse_proc_parent("7 (x) S 1\n", &ppid, &pgrp), -1);
+    CHECK_INT(gs_parse_proc_parent("7 x S 1 7 7\n", &ppid, &pgrp), -1);
+    CHECK_INT(gs_parse_proc_parent("7 (x) S -1 7 7\n", &ppid, &pgrp), -1);
+    CHECK_INT(gs_parse_proc_parent("7 (x) S a b c\n", &ppid, &pgrp), -1);
+    CHECK_INT(gs_parse_proc_parent("", &ppid, &pgrp), -1);
+}
+
 static void test_stamp(void)
 {
     struct stat st;
@@ -108,6 +128,7 @@ int main(void)
     test_percent();
     test_share_text();
     test_proc_start();
+    test_proc_parent();
     test_stamp();
     test_gpu_list();
     return gs_check_done("test_parse");

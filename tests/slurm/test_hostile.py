@@ -7,7 +7,10 @@ cause and requeues the job as Slurm does after a failing prolog."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
 
 import pytest
 from tests.slurm.test_mps import (
@@ -16,6 +19,7 @@ from tests.slurm.test_mps import (
     U1,
     U2,
     assert_nothing_left,
+    mps_records,
     set_fault,
     slurmd_log,
     wait_drained,
@@ -172,3 +176,100 @@ def test_a_node_fault_never_requeues_a_job_that_asked_not_to_be(hostile_bed):
     clear_faults(bed)
     bed.resume(FAULT_NODE)
     assert_in_service_and_clean(bed, FAULT_NODE)
+
+
+# ---------------------------------------------------------------------------- one deadline
+
+def set_nvml_hang(bed, node: str, calls: list[str]) -> None:
+    """Make the node's simulated NVML never return from ``calls`` (none: answer again)."""
+    path = bed.path("nodes", f"{node}.json")
+    with open(path) as handle:
+        profile = json.load(handle)
+    if calls:
+        profile["hang"] = calls
+    else:
+        profile.pop("hang", None)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(profile, handle, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def with_timeout(bed, seconds: int) -> str:
+    """The bed's plugstack line with ``timeout=seconds`` (and every job checking NVML);
+    returns the line to put back."""
+    line = bed.plugstack_line()
+    assert " timeout=" in line, line
+    changed = re.sub(r" timeout=\S+", f" timeout={seconds}", line)
+    bed.write_plugstack(changed.rstrip("\n") + " verify_reuse=0\n")
+    return line
+
+
+def worker_pid(bed, job_id: int, callback: str = "") -> int:
+    started = wait_until(f"job {job_id}'s worker", lambda: next(
+        (line for line in bed.debug_lines() if f"job={job_id} python=start" in line), None), 60)
+    return int(re.search(r" pid=(\d+) ", str(started))[1])  # type: ignore[index]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def release_and_run(bed, job_id: int) -> None:
+    """The node fixed and resumed, the held job released: it runs there, once requeued."""
+    bed.resume(FAULT_NODE)
+    bed.run(["scontrol", "release", str(job_id)])
+    info = bed.wait_job(job_id, timeout=180)
+    assert info["JobState"] == "COMPLETED", info
+    assert "RAN=1" in bed.output(job_id), bed.output(job_id)
+    assert_in_service_and_clean(bed, FAULT_NODE)
+
+
+def test_a_hung_nvml_meets_the_workers_one_deadline(hostile_bed):
+    """NVML stuck in the driver never returns: the worker is killed at its deadline (4 x
+    timeout= + 5 s, here 13 s), the node drained with what the worker waited for, and the
+    batch job requeued held, as for any node fault. Released once the node is fixed, the
+    job runs; nothing of the killed worker stays."""
+    bed = hostile_bed
+    line = with_timeout(bed, 2)
+    set_nvml_hang(bed, FAULT_NODE, ["nvmlInit", "nvmlInitWithFlags"])
+    try:
+        job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w",
+                            FAULT_NODE, "-c1", user=U1)
+        pid = worker_pid(bed, job_id)
+        reason = wait_drained(bed, FAULT_NODE, timeout=120)
+        assert reason == ("gpushare: prolog worker timed out after 13 s while checking the "
+                          "job's GPUs (NVML)"), reason
+        held_after_requeue(bed, job_id)
+        assert not alive(pid), f"the worker {pid} still runs"
+        log = slurmd_log(bed, FAULT_NODE)
+        assert "job_prolog: prolog worker timed out after 13 s" in log, log[-3000:]
+        assert "RAN" not in bed.output(job_id)
+    finally:
+        set_nvml_hang(bed, FAULT_NODE, [])
+        bed.write_plugstack(line)
+    release_and_run(bed, job_id)
+
+
+def test_a_killed_prolog_worker_is_a_node_fault_its_supervisor_reports(hostile_bed):
+    """The OOM killer ends the worker while it starts the job's daemon: its supervisor
+    drains the node with the signal and what the worker did, and requeues the job held;
+    what the worker had set up is undone by the job's epilog."""
+    bed = hostile_bed
+    set_fault(bed, "slow_start")
+    job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w", FAULT_NODE,
+                        "-c1", user=U1)
+    pid = worker_pid(bed, job_id)
+    wait_until("the daemon's record names the job", lambda: any(
+        str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
+    os.kill(pid, signal.SIGKILL)
+    reason = wait_drained(bed, FAULT_NODE)
+    assert reason == ("gpushare: prolog worker killed by signal 9 (OOM?) while "
+                      "starting or joining the MPS daemon"), reason
+    held_after_requeue(bed, job_id)
+    assert "RAN" not in bed.output(job_id)
+    clear_faults(bed)
+    release_and_run(bed, job_id)

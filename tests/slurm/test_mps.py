@@ -953,10 +953,11 @@ def test_slurmd_restarts_while_a_prolog_worker_runs(mps_bed):
                lambda: bed.node_state(FAULT_NODE)["State"] in ("IDLE", "MIXED"), 90)
 
 
-def test_a_killed_prolog_worker_fails_the_task_instead_of_running_it(mps_bed):
-    """A worker that dies (OOM killer, a slurmd unit that kills its cgroup) leaves no word
-    for the tasks: they fail instead of starting unchecked or without their daemon, and the
-    C glue drains the node with the cause, as no Python is left to do it."""
+def test_a_killed_prolog_worker_and_supervisor_fail_the_task_instead_of_running_it(mps_bed):
+    """A worker killed with its supervisor (a slurmd unit that kills its cgroup) leaves no
+    word for the tasks: they fail instead of starting unchecked or without their daemon,
+    and the task's C glue drains the node with the cause, as no Python is left to do it.
+    (The worker alone killed is its supervisor's to report: test_hostile.py.)"""
     bed = mps_bed
     set_fault(bed, "slow_start")
     job_id = bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1", user=U1)
@@ -966,7 +967,11 @@ def test_a_killed_prolog_worker_fails_the_task_instead_of_running_it(mps_bed):
     # the job: what it set up is then the epilog's to undo.
     wait_until("the daemon's record names the job", lambda: any(
         str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
-    os.kill(int(re.search(r" pid=(\d+) ", str(started))[1]), signal.SIGKILL)
+    worker = int(re.search(r" pid=(\d+) ", str(started))[1])
+    with open(f"/proc/{worker}/stat") as handle:
+        supervisor = int(handle.read().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGKILL)
+    os.kill(worker, signal.SIGKILL)
     assert bed.wait_job(job_id)["JobState"] != "COMPLETED"
     output = bed.output(job_id)
     assert "RAN" not in output, output

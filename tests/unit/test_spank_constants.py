@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.node import counters, job, state, ticket
+from gpushare.node import counters, job, phases, state, ticket
 from gpushare.node.config import ARG_SPECS, PluginConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,10 +74,16 @@ def test_the_names_c_builds_are_the_pythons(header):
 
 
 @pytest.mark.parametrize("timeout", [0.1, 10.0, 600.0])
-def test_the_wait_limit_c_computes_is_the_pythons(header, timeout):
-    c_limit = (c_value(header["GS_WAIT_LIMIT_TIMEOUTS"]) * timeout
-               + c_value(header["GS_WAIT_LIMIT_MARGIN"]))
-    assert c_limit == job.epilog_wait_limit(PluginConfig(timeout=timeout))
+def test_the_deadline_and_wait_limit_c_computes_are_the_pythons(header, timeout):
+    """spank/gs_deadline.c: gs_worker_deadline and gs_wait_limit, from the header."""
+    margin = c_value(header["GS_WORKER_DEADLINE_MARGIN"])
+    c_deadline = c_value(header["GS_WORKER_DEADLINE_TIMEOUTS"]) * timeout + margin
+    c_wait = c_deadline + c_value(header["GS_FAULT_TIMEOUTS"]) * timeout + margin
+    config = PluginConfig(timeout=timeout)
+    assert c_deadline == job.worker_deadline(config)
+    assert c_wait == job.wait_limit(config)
+    assert job.wait_limit(config) > job.worker_deadline(config)
+    assert c_value(header["GS_BOARD_SIZE"]) == phases.BOARD_SIZE
     assert c_value(header["GS_DEFAULT_TIMEOUT"]) == PluginConfig().timeout
 
 

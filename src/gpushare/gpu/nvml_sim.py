@@ -19,6 +19,8 @@ Profile format (``"format": 1``; sizes in MiB; every key below is required unles
       "error_on_call": {"nvmlDeviceCreateGpuInstanceWithPlacement": [2, "INSUFFICIENT_RESOURCES"]},
                                                          (optional; only the Nth call of that
                                                           function in one process fails)
+      "hang": ["nvmlInit"],                              (optional; these calls never return,
+                                                          as a driver call stuck in the kernel)
       "gpus": [                                          (NVML index = position in this list)
         {
           "minor": 0,                                    (the N of /dev/nvidiaN)
@@ -69,6 +71,7 @@ import json
 import os
 import re
 import string
+import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
@@ -335,6 +338,10 @@ def load_profile(path: str, device_root: Optional[str] = None) -> dict[str, Any]
         if not isinstance(name, str) or name.upper() not in NVML_ERRORS:
             raise r.fail(f"errors.{fn}", "an NVML error name such as NO_PERMISSION")
         profile["errors"][fn] = NVML_ERRORS[name.upper()]
+    hang = r.get(raw, "hang", list, "", [])
+    if not all(isinstance(fn, str) and fn.startswith("nvml") for fn in hang):
+        raise r.fail("hang", "a list of NVML function names such as nvmlInit")
+    profile["hang"] = frozenset(hang)
     profile["error_on_call"] = {}
     for fn, spec in r.get(raw, "error_on_call", dict, "", {}).items():
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int)
@@ -409,6 +416,12 @@ def _proc(p: dict[str, Any], gi: int = _NOT_IN_MIG, ci: int = _NOT_IN_MIG) -> Si
                            gpuInstanceId=gi, computeInstanceId=ci)
 
 
+def _hang(*_args: Any, **_kwargs: Any) -> Any:
+    """A call that never returns, as NVML stuck in the driver: only a kill ends it."""
+    while True:
+        time.sleep(3600)
+
+
 class SimNvml:
     """Answers the pynvml calls gpushare makes from a loaded profile, with pynvml's errors."""
 
@@ -454,6 +467,8 @@ class SimNvml:
     def __getattribute__(self, name: str) -> Any:
         attr = object.__getattribute__(self, name)
         if name.startswith("nvml") and callable(attr):
+            if name in object.__getattribute__(self, "profile").get("hang", ()):
+                return _hang
             errors = object.__getattribute__(self, "_errors")
             if name in errors:
                 code = errors[name]

@@ -53,8 +53,9 @@ REFUSAL_REASONS = ("invalid_share", "private_with_share", "private_without_gpu",
                    "share_without_gpu", "share_on_several_gpus", "share_with_whole_gpus",
                    "share_mismatch", "user_daemon", "other")
 DRAIN_REASONS = ("device_check", "verify_error", "plan", "no_device", "mps_start",
-                   "mps_stop", "state_dir_full", "internal", "other")
-TIMEOUTS = ("lock", "command", "daemon_start", "daemon_quit")
+                   "mps_stop", "state_dir_full", "worker_timeout", "worker_killed",
+                   "internal", "other")
+TIMEOUTS = ("lock", "command", "daemon_start", "daemon_quit", "worker")
 EVENTS = ("mps_daemon_starts", "mps_stop_failures", "mps_reaped_references")
 
 # What a refusal's message starts with or holds (the UserErrors of gpushare.node.job), in order.
@@ -74,6 +75,10 @@ _FAILURES = (
     ("cannot verify the job's GPUs", "verify_error"),
     ("MPS for job ", "mps_start"),
     ("no space left in state_dir=", "state_dir_full"),
+    ("prolog worker timed out", "worker_timeout"),
+    ("epilog worker timed out", "worker_timeout"),
+    ("prolog worker killed", "worker_killed"),
+    ("epilog worker killed", "worker_killed"),
 )
 
 _notes: list[str] = []
@@ -146,9 +151,10 @@ def count(callback: str, rc: int, config: Any) -> int:
     _started = None
     state_dir = getattr(config, "state_dir", "")
     kind = callback[4:] if callback.startswith("job_") else callback
+    kind = kind.split("_", 1)[0]  # job_prolog_worker_lost: its worker's prolog, failed
     if not state_dir or kind not in CALLBACKS:
         return rc
-    if rc != 0:
+    if rc != 0 or callback.endswith("_worker_lost"):  # a worker killed: its callback failed
         result = "failed"
     elif any(key.startswith("refusals_total:") for key in _notes):
         result = "refused"

@@ -20,7 +20,7 @@ from gpushare.common.log import get_logger
 from gpushare.node import counters, ticket
 from gpushare.node.config import PluginConfig, beside_slurm_conf
 from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, limits_for
-from gpushare.node.phases import Phases
+from gpushare.node.phases import Phases, doing, time_left
 from gpushare.node.state import LOCK_SUFFIX, JobRecord, JobStore
 
 if TYPE_CHECKING:
@@ -307,6 +307,7 @@ def prolog(config: PluginConfig, request: JobRequest,
     ``phases`` is told where the time went."""
     phases = phases or Phases()
     sharing = uses_sharing(request)
+    doing("checking the GPUs (NVML)")
     checked = verify_devices(config, request, phases)
     devices = checked.devices
     phases.done("verify")
@@ -329,17 +330,20 @@ def prolog(config: PluginConfig, request: JobRequest,
     # the tasks' environment only once the daemon answers.
     store.write(record, tasks=False)
     phases.done("record")
+    doing(f"waiting for epilogs on GPU {','.join(record.slurm_gpus)}")
     wait_for_epilogs(config, record.slurm_gpus)
     phases.done("epilogs")
     manager = MpsManager(config)
     try:
         # References of jobs whose epilog never ran go first: their record is gone, or
         # slurmctld no longer runs them here (asked at most every SLURM_CHECK_INTERVAL s).
+        doing("giving back shares of ended jobs")
         lost = lost_jobs(config, store, request.node, exclude={record.job_id})
         manager.reap_stale(_alive(store, lost))
         _forget(store, lost)
         phases.done("reap")
         daemon_devices = mps_devices(record, devices)
+        doing("starting or joining the MPS daemon")
         lease = manager.acquire(record.job_id, record.uid, record.gid,
                                 daemon_devices, mode=record.mode,
                                 share_percent=record.share_percent, phases=phases,
@@ -361,6 +365,7 @@ def prolog(config: PluginConfig, request: JobRequest,
     phases.done("env")
     # The tasks may start now; a join's higher caps follow (until then the old, stricter
     # ones hold the daemon).
+    doing("setting the MPS daemon's limits")
     manager.update_caps(lease.key)
     phases.done("caps")
     _write_tickets(config, request, record, manager, lease.key, checked.asked)
@@ -414,16 +419,28 @@ def record_failure(config: PluginConfig, job_id: int, uid: int, gid: int, node: 
 # lock per GPU of its job shared, by Slurm's index, or the node's when it cannot tell them.
 EPILOGS_LOCK = "epilogs.lock"
 GPU_EPILOGS_LOCK = "epilogs.gpu{}.lock"
-# How long a worker, a task or an epilog waits for a worker: WAIT_LIMIT_TIMEOUTS times
-# timeout= plus WAIT_LIMIT_MARGIN seconds. spank/build.py hands these names to the C glue.
-WAIT_LIMIT_TIMEOUTS = 4
-WAIT_LIMIT_MARGIN = 5.0
+# One deadline per worker: WORKER_DEADLINE_TIMEOUTS times timeout= (its commands are each
+# bounded by timeout=, and it runs a few of them) plus WORKER_DEADLINE_MARGIN seconds. The
+# C glue kills a worker still running then (spank/gs_deadline.c) and hands the failure to
+# `worker_lost`, which may take FAULT_TIMEOUTS times timeout= more (drain, the scheduler's
+# parameters, requeue). A task or an epilog waits for a worker that long and no longer.
+# spank/build.py hands these names to the C glue.
+WORKER_DEADLINE_TIMEOUTS = 4
+WORKER_DEADLINE_MARGIN = 5.0
+FAULT_TIMEOUTS = 3
+# A worker's own waits end this much before the deadline, so it says what it waited for.
+DEADLINE_SLACK = 1.0
 
 
-def epilog_wait_limit(config: PluginConfig) -> float:
-    """How long a worker waits for another: its commands are each bounded by timeout=, and it
-    runs at most a few of them (the C glue's gs_wait_limit uses the same constants)."""
-    return WAIT_LIMIT_TIMEOUTS * config.timeout + WAIT_LIMIT_MARGIN
+def worker_deadline(config: PluginConfig) -> float:
+    """Seconds a prolog's or epilog's worker may run before the C glue kills it."""
+    return WORKER_DEADLINE_TIMEOUTS * config.timeout + WORKER_DEADLINE_MARGIN
+
+
+def wait_limit(config: PluginConfig) -> float:
+    """Seconds a task or an epilog waits for a worker: its deadline, then the handling of
+    its failure (the C glue's gs_wait_limit uses the same constants)."""
+    return worker_deadline(config) + FAULT_TIMEOUTS * config.timeout + WORKER_DEADLINE_MARGIN
 
 
 def wait_for_epilogs(config: PluginConfig, gpus: "Sequence[str]" = ()) -> None:
@@ -433,7 +450,8 @@ def wait_for_epilogs(config: PluginConfig, gpus: "Sequence[str]" = ()) -> None:
     epilog returned to Slurm; epilogs of other GPUs are not waited for."""
     names = [EPILOGS_LOCK] + [GPU_EPILOGS_LOCK.format(int(gpu)) for gpu in gpus
                               if gpu.isdigit()]
-    deadline = time.monotonic() + epilog_wait_limit(config)
+    limit = time_left(worker_deadline(config) - DEADLINE_SLACK)
+    deadline = time.monotonic() + limit
     for name in names:
         try:
             fd = os.open(os.path.join(config.state_dir, name),
@@ -448,8 +466,7 @@ def wait_for_epilogs(config: PluginConfig, gpus: "Sequence[str]" = ()) -> None:
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         log.error("an earlier job's epilog on this node still runs after "
-                                  "%g s; setting up this job anyway",
-                                  epilog_wait_limit(config))
+                                  "%.3g s; setting up this job anyway", limit)
                         return
                     time.sleep(0.001)
         finally:
@@ -496,6 +513,7 @@ def epilog(config: PluginConfig, job_id: int, phases: Optional[Phases] = None) -
         log.warning("job record unreadable (%s); looking for the job in every MPS record", err)
         hint = None
     phases.done("record")
+    doing("leaving or stopping the MPS daemon")
     try:
         stopped = MpsManager(config).release(job_id, hint=hint)
     except MpsError as err:

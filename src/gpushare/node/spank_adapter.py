@@ -20,8 +20,10 @@ from typing import Any, Callable, Optional  # noqa: E402
 
 from gpushare.common import log as gslog  # noqa: E402
 from gpushare.node import counters, job  # noqa: E402
+from gpushare.node import phases as deadline  # noqa: E402
 from gpushare.node.config import ConfigError, PluginConfig, parse_plugin_args  # noqa: E402
 from gpushare.node.phases import Phases  # noqa: E402
+from gpushare.node.state import ENV_SUFFIX, LOCK_SUFFIX, JobStore  # noqa: E402
 
 _IMPORT_SECONDS: Optional[float] = time.monotonic() - _IMPORTS_BEGAN  # given to one callback
 
@@ -80,9 +82,16 @@ def _phases() -> Phases:
     return phases
 
 
+def _start(config: PluginConfig, job_id: int) -> None:
+    """This worker's deadline, and the job's lock file to say what it does."""
+    deadline.start(job.worker_deadline(config) - job.DEADLINE_SLACK,
+                   JobStore(config.state_dir).path(job_id, LOCK_SUFFIX))
+
+
 def job_prolog(spank: Spank, config: PluginConfig) -> int:
     phases = _phases()
     job_id, uid, gid = spank.ids()
+    _start(config, job_id)
     request = job.JobRequest(job_id=job_id, uid=uid, gid=gid, node=job.node_name(os.environ),
                              gpu_share=spank.option("gpu-share"),
                              private_mps=spank.option("gpu-mps") is not None,
@@ -95,14 +104,51 @@ def job_prolog(spank: Spank, config: PluginConfig) -> int:
 def job_epilog(spank: Spank, config: PluginConfig) -> int:
     phases = _phases()
     job_id, _uid, _gid = spank.ids()
+    _start(config, job_id)
     job.epilog(config, job_id, phases)
     logger.debug("%s", phases.line())
     return 0
 
 
+def worker_lost(callback: str, spank: Spank, config: PluginConfig) -> int:
+    """The C glue killed ``callback``'s worker at its deadline, or found it killed
+    (spank/gs_deadline.c), and wrote why into the job's lock file: a node fault. The node
+    is drained with that cause; a prolog's batch job is requeued and its tasks told, as
+    for any node fault, unless they already had their word (the worker hung after it)."""
+    job_id = _job_id(spank)
+    store = JobStore(config.state_dir)
+    try:
+        with open(store.path(job_id, LOCK_SUFFIX), "rb") as board:
+            reason = board.read(deadline.BOARD_SIZE).decode("utf-8", "replace").strip()
+    except OSError:
+        reason = ""
+    reason = reason or f"the {callback.replace('_', ' ')}'s worker was killed"
+    if " timed out " in reason:
+        counters.timed_out("worker")
+    counters.failed(callback, reason)
+    logger.error("%s: %s", callback, reason)
+    told = callback == "job_prolog" and _tasks_told(store, job_id)
+    if told:
+        _drain(reason, config)
+    else:
+        _failed(callback, spank, config, reason, reason)
+    return 0  # handled (counted as the callback's failure): the C glue does no more
+
+
+def _tasks_told(store: JobStore, job_id: int) -> bool:
+    """Whether the job's tasks already have their environment file without an error."""
+    try:
+        with open(store.path(job_id, ENV_SUFFIX), "rb") as env:
+            return not env.read(64).startswith(b"#error=")
+    except OSError:
+        return False
+
+
 CALLBACKS: dict[str, Callable[[Spank, PluginConfig], int]] = {
     "job_prolog": job_prolog,
     "job_epilog": job_epilog,
+    "job_prolog_worker_lost": lambda spank, config: worker_lost("job_prolog", spank, config),
+    "job_epilog_worker_lost": lambda spank, config: worker_lost("job_epilog", spank, config),
 }
 
 

@@ -176,6 +176,8 @@ def test_standard_mig_minors_numbering():
     (lambda r: r["gpus"][1].update(uuid=r["gpus"][0]["uuid"]), "every GPU and MIG UUID"),
     (lambda r: r["gpus"][0].update(compute_mode="shared"), "gpus[0].compute_mode: expected one"),
     (lambda r: r.update(errors={"nvmlInit": "BROKEN"}), "errors.nvmlInit: expected an NVML"),
+    (lambda r: r.update(hang=["Init"]), "hang: expected a list of NVML function names"),
+    (lambda r: r.update(hang="nvmlInit"), "hang: expected"),
     (lambda r: r["gpus"][0].update(processes=[{"pid": 1, "kind": "gfx"}]),
      "gpus[0].processes[0].kind: expected compute or mps"),
     (lambda r: r["gpus"][0].update(nvlinks=[{"active": "yes"}]),
@@ -217,3 +219,20 @@ def test_cli_inventory_table_json_and_errors(tmp_path, capsys):
     assert err.startswith("gpushare: the NVIDIA kernel driver is not loaded")
     assert "Traceback" not in err
 
+
+
+def test_a_call_the_profile_hangs_never_returns(tmp_path):
+    """NVML stuck in the driver (the worker's deadline test on the real Slurm uses it)."""
+    import threading
+
+    raw = _raw()
+    raw["hang"] = ["nvmlDeviceGetCount"]
+    nvml = SimNvml(load_profile(_write(tmp_path, raw)))
+    nvml.nvmlInit()
+    answered = []
+    caller = threading.Thread(target=lambda: answered.append(nvml.nvmlDeviceGetCount()),
+                              daemon=True)
+    caller.start()
+    caller.join(0.5)
+    assert caller.is_alive() and not answered
+    assert nvml.nvmlSystemGetDriverVersion()  # the other calls still answer

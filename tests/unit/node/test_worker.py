@@ -5,6 +5,7 @@ earlier epilogs."""
 
 import fcntl
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 from spank_fakes import FakeFfi, FakeHost
 
 from gpushare.common import log as gslog
-from gpushare.node import job, spank_adapter
+from gpushare.node import counters, job, phases, spank_adapter
 from gpushare.node.config import PluginConfig
 from gpushare.node.state import JobRecord, JobStore
 
@@ -187,8 +188,9 @@ def test_a_prolog_waits_only_for_the_epilogs_of_its_own_gpus(tmp_path):
         same.wait()
 
 
-def test_a_hung_epilog_is_waited_for_only_so_long(tmp_path, monkeypatch):
-    monkeypatch.setattr(job, "epilog_wait_limit", lambda config: 0.2)
+def test_a_hung_epilog_is_waited_for_only_until_the_workers_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(phases, "_deadline", None)
+    phases.start(0.2)  # the worker's deadline, as spank_adapter sets it
     lines = []
     gslog.install(lambda level, text: lines.append(text))
     try:
@@ -203,5 +205,58 @@ def test_a_hung_epilog_is_waited_for_only_so_long(tmp_path, monkeypatch):
             holder.wait()
     finally:
         gslog.uninstall()
-    assert any("an earlier job's epilog on this node still runs after 0.2 s" in line
-               for line in lines), lines
+    assert any(re.search(r"an earlier job's epilog on this node still runs after 0\.[12]\d* s; "
+                         "setting up this job anyway", line) for line in lines), lines
+
+
+def write_board(state_dir: str, job_id: int, text: str) -> None:
+    """What spank/gs_deadline.c writes into the job's lock file before the fault path."""
+    path = JobStore(state_dir).path(job_id, ".lock")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text.ljust(phases.BOARD_SIZE))
+
+
+@needs_root
+def test_a_worker_killed_at_its_deadline_drains_requeues_and_tells_the_tasks(adapter,
+                                                                             state_dir):
+    args = [f"state_dir={state_dir}"]
+    JobStore(state_dir)  # the jobs directory, as the prolog made it
+    assert adapter.dispatch("job_prolog", FakeHost(11, {}), [*args, "verify=off"]) == 0
+    os.unlink(JobStore(state_dir).path(11, ".env"))  # the worker was killed before its word
+    why = "prolog worker timed out after 13 s while checking the GPUs (NVML)"
+    write_board(state_dir, 11, why)
+    assert adapter.dispatch("job_prolog_worker_lost", FakeHost(11, {}), args) == 0
+    assert adapter.drained == [why]
+    assert adapter.requeued == [11]
+    assert env_file(state_dir, 11).startswith(
+        f"#error=could not set up this job on node n1: {why}. The node was drained; the "
+        "job was requeued and held"), env_file(state_dir, 11)
+    counted = counters.read(state_dir)
+    assert counted.get(counters.series("drains_total", "worker_timeout")) == 1, counted
+    assert counted.get(counters.series("timeouts_total", "worker")) == 1, counted
+    assert counted.get(counters.series("prologs_total", "failed")) == 1, counted
+
+
+@needs_root
+def test_a_worker_that_hung_after_the_tasks_word_only_drains(adapter, state_dir):
+    args = [f"state_dir={state_dir}", "verify=off"]
+    assert adapter.dispatch("job_prolog", FakeHost(12, {}), args) == 0
+    told = env_file(state_dir, 12)
+    assert not told.startswith("#error=")
+    write_board(state_dir, 12, "prolog worker killed by signal 9 (OOM?)")
+    assert adapter.dispatch("job_prolog_worker_lost", FakeHost(12, {}), args) == 0
+    assert adapter.drained == ["prolog worker killed by signal 9 (OOM?)"]
+    assert adapter.requeued == [] and env_file(state_dir, 12) == told
+
+
+@needs_root
+def test_an_epilog_worker_lost_drains_without_a_requeue(adapter, state_dir):
+    args = [f"state_dir={state_dir}"]
+    JobStore(state_dir)
+    write_board(state_dir, 13, "epilog worker timed out after 13 s while leaving or "
+                "stopping the job's MPS daemon")
+    assert adapter.dispatch("job_epilog_worker_lost", FakeHost(13, {}), args) == 0
+    assert adapter.drained == ["epilog worker timed out after 13 s while leaving or stopping "
+                               "the job's MPS daemon"]
+    assert adapter.requeued == []

@@ -48,7 +48,7 @@ from gpushare.node.mps.record import (
     RecordStore,
     daemon_key,
 )
-from gpushare.node.phases import Phases
+from gpushare.node.phases import Phases, time_left
 
 if TYPE_CHECKING:
     import signal
@@ -360,7 +360,9 @@ class MpsManager:
 
     @contextmanager
     def _locked(self, mps_fd: int, key: str) -> Iterator[Lock]:
-        with locked(mps_fd, key, self._path(key + ".lock"), self.lock_timeout) as lock:
+        # Inside a worker, never past its deadline (gpushare.node.phases).
+        wait = time_left(self.lock_timeout)
+        with locked(mps_fd, key, self._path(key + ".lock"), wait) as lock:
             yield lock
 
     # ----------------------------------------------------------------- limits
