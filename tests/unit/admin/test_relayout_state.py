@@ -163,3 +163,34 @@ def test_check_agrees_with_a_node_that_a_relayout_changed(tmp_path, plan):
     assert [f.what for f in check_cluster(plan, nodes) if f.severity == ERROR] == [
         "node h1: slurmctld has Gres=gpu:1g.10gb:1,gpu:3g.40gb:2,gpu:1g.10gb:7, the plan "
         "gives Slurm gpu:1g.10gb:15"]
+
+
+def test_render_and_check_read_the_file_beside_the_plan(tmp_path, capsys):
+    from gpushare.cli import main
+
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    base = ["render", "--plan", str(plan_file)]
+    assert main([*base, "gres"]) == 0
+    planned = capsys.readouterr().out
+    assert main([*base, "mig-parted"]) == 0
+    mig_parted = capsys.readouterr().out
+    save_state(state_with(tmp_path, h2_3="2x3g.40gb"))  # relayout-state.json beside it
+    assert main([*base, "gres"]) == 0
+    applied = capsys.readouterr().out
+    assert "NodeName=h2 Name=gpu Type=3g.40gb" in applied and "Type=3g.40gb" not in planned
+    assert main([*base, "gres", "--state", "none"]) == 0
+    assert capsys.readouterr().out == planned
+    assert main([*base, "mig-parted"]) == 0
+    assert capsys.readouterr().out == mig_parted
+    (tmp_path / "relayout-state.json").write_text(json.dumps({"version": 1, "gpus": {
+        "h2": {"0": {"layout": "whole", "at": 1.0}}}}))
+    assert main([*base, "gres"]) == 2
+    assert "wholly to Slurm" in capsys.readouterr().err
+    assert main(["check", "--plan", str(plan_file), "--node", "h2", "--source", "none",
+                 "--gres-conf", "none", "--json"]) == 2
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [f["severity"] for f in findings] == ["error"]
+    assert findings[0]["where"] == str(tmp_path / "relayout-state.json")
+    assert findings[0]["what"].startswith("node h2 GPU 0: the plan does not give this GPU "
+                                          "wholly to Slurm")
