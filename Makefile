@@ -52,7 +52,7 @@ lint: venv
 # `make test` runs them too, on both releases). GPUSHARE_FUZZ_RUNS=N fuzzes each parser N runs.
 ctest: venv
 	@$(PY) -m pytest tests/unit/test_c_units.py tests/unit/test_c_fuzz.py \
-		tests/unit/test_c_parity.py -q
+		tests/unit/test_c_parity.py tests/unit/test_c_parity_fs.py -q
 
 unit: venv
 	@$(PY) -m pytest tests/unit -q

@@ -94,6 +94,11 @@ static int gs_check_core(const char *path)
                     "spank_gpushare.so)", path);
         return -1;
     }
+    if (!S_ISREG(st.st_mode)) {
+        slurm_error("gpushare: refusing the Python core: %s is not a regular file (install "
+                    "the library there)", real);
+        return -1;
+    }
     if (gs_untrusted(&st, 0))
         return gs_refuse("the Python core", real, &st, "chown root and chmod go-w it");
     return gs_check_parents("the Python core", real);

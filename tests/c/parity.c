@@ -21,28 +21,12 @@
 #include <sys/stat.h>
 
 #include "../../spank/gs_args.c"
+#include "gs_parity.h"
 #include "gs_parse.h"
 
 void slurm_error(const char *fmt, ...)
 {
     (void)fmt;
-}
-
-static char *unhex(const char *hex)
-{
-    size_t len = strlen(hex) / 2;
-    char *out = malloc(len + 1);
-
-    if (!out)
-        abort();
-    for (size_t i = 0; i < len; i++) {
-        unsigned byte;
-        if (sscanf(hex + 2 * i, "%2x", &byte) != 1)
-            abort();
-        out[i] = (char)byte;
-    }
-    out[len] = '\0';
-    return out;
 }
 
 static void put_hex(const char *text)
@@ -86,7 +70,7 @@ int main(void)
             continue;
         }
         *space = '\0';
-        arg = unhex(space + 1);
+        arg = gs_unhex(space + 1);
         if (strcmp(line, "stamp") == 0) {
             struct stat st;
             char out[GS_STAMP_MAX];

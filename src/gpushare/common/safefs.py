@@ -46,18 +46,26 @@ def _describe(st: os.stat_result) -> str:
     return f"owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}"
 
 
-def _check_root_dir(st: os.stat_result, path: str) -> None:
-    """A directory root may trust: root-owned, writable by others only if sticky (like /tmp)."""
+def _check_root_dir(st: os.stat_result, path: str, leaf: bool = False) -> None:
+    """A directory root may trust: root-owned, writable by others only if sticky (like /tmp)
+    and only on the way to a ``leaf``, the directory root keeps its own entries in: in a
+    sticky one any user could still take a name before root does."""
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError(f"{path} is not a directory; remove it")
     if st.st_uid != 0:
         raise UnsafePathError(
             f"{path} is not owned by root ({_describe(st)}); remove it or chown root:root"
         )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise UnsafePathError(
-            f"{path} is writable by group or others ({_describe(st)}); chmod go-w it"
-        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if not st.st_mode & stat.S_ISVTX:
+            raise UnsafePathError(
+                f"{path} is writable by group or others ({_describe(st)}); chmod go-w it"
+            )
+        if leaf:
+            raise UnsafePathError(
+                f"{path} is writable by group or others ({_describe(st)}), sticky or not: "
+                "root keeps its files there; chmod go-w it, or use a directory below it"
+            )
 
 
 def _open_component(parent_fd: int, name: str, path: str) -> int:
@@ -74,6 +82,8 @@ def _open_component(parent_fd: int, name: str, path: str) -> int:
 def open_root_dir(path: str, create: bool = True, mode: int = 0o755) -> int:
     """Open an absolute directory whose every component is a root-owned, safe directory.
 
+    A directory above it may be writable by others when sticky (like /tmp); the directory
+    itself may not, sticky or not (as the C glue checks ``state_dir=``, spank/gs_safefs.c).
     Missing components are created root-owned with ``mode`` when ``create`` is true.
     Returns a descriptor the caller closes.
     """
@@ -81,9 +91,10 @@ def open_root_dir(path: str, create: bool = True, mode: int = 0o755) -> int:
         raise UnsafePathError(f"{path} is not an absolute path")
     fd = os.open("/", _DIR_FLAGS)
     current = "/"
+    names = [part for part in os.path.normpath(path).split("/") if part]
     try:
         _check_root_dir(os.fstat(fd), current)
-        for name in [part for part in os.path.normpath(path).split("/") if part]:
+        for i, name in enumerate(names):
             current = os.path.join(current, name)
             try:
                 child = _open_component(fd, name, current)
@@ -100,7 +111,7 @@ def open_root_dir(path: str, create: bool = True, mode: int = 0o755) -> int:
                     os.fchmod(child, mode)
             os.close(fd)
             fd = child
-            _check_root_dir(os.fstat(fd), current)
+            _check_root_dir(os.fstat(fd), current, leaf=i == len(names) - 1)
         return fd
     except BaseException:
         os.close(fd)

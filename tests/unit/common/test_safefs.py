@@ -62,6 +62,22 @@ def test_open_root_dir_refuses_user_owned_and_writable_components(base):
     os.close(safefs.open_root_dir(os.path.join(sticky, "x")))
 
 
+def test_open_root_dir_refuses_a_sticky_directory_writable_by_others_as_itself(base):
+    """Above the directory, sticky is enough (nobody can replace root's entries); the
+    directory itself is where root makes its own names, which any user could take first."""
+    sticky = os.path.join(base, "sticky")
+    os.mkdir(sticky)
+    for mode in (0o1777, 0o1775, 0o1757):
+        os.chmod(sticky, mode)
+        with pytest.raises(safefs.UnsafePathError,
+                           match=r"sticky is writable by group or others \(.*\), sticky or "
+                                 r"not: .* chmod go-w it, or use a directory below it"):
+            safefs.open_root_dir(sticky, create=False)
+    os.close(safefs.open_root_dir(os.path.join(sticky, "below")))
+    os.chmod(sticky, 0o1755)
+    os.close(safefs.open_root_dir(sticky, create=False))
+
+
 def test_make_owned_dir_gives_the_user_a_private_dir_and_refuses_existing(base):
     fd = safefs.open_root_dir(base)
     try:
