@@ -522,9 +522,15 @@ class SlurmBed:
             time.sleep(0.2)
         raise BedError(f"job {job_id} not in {sorted(wanted)} after {timeout:.0f}s: {info}")
 
-    def output(self, job_id: int) -> str:
-        with open(os.path.join(self.out_dir, f"{job_id}.out")) as handle:
-            return handle.read()
+    def output(self, job_id: int, default: Optional[str] = None) -> str:
+        """The job's output file; ``default`` where slurmstepd has not made it (yet)."""
+        try:
+            with open(os.path.join(self.out_dir, f"{job_id}.out")) as handle:
+                return handle.read()
+        except FileNotFoundError:
+            if default is None:
+                raise
+            return default
 
     def node_state(self, node: str) -> dict[str, str]:
         result = self.run(["scontrol", "show", "node", "-o", node])

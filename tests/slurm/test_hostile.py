@@ -92,7 +92,7 @@ def test_a_requeued_job_starts_clean(hostile_bed):
                         "SHARE=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; sleep 4", "--gres=mps:25",
                         "-w", NODE, "-c1", "--open-mode=append", user=U1)
     bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
-    wait_until("the first run's output", lambda: "RUN=" in bed.output(job_id), 60)
+    wait_until("the first run's output", lambda: "RUN=" in bed.output(job_id, ""), 60)
     bed.run(["scontrol", "requeue", str(job_id)])
     info = bed.wait_job(job_id, timeout=240)
     assert info["JobState"] == "COMPLETED", info
@@ -247,7 +247,7 @@ def test_a_hung_nvml_meets_the_workers_one_deadline(hostile_bed):
         assert not alive(pid), f"the worker {pid} still runs"
         log = slurmd_log(bed, FAULT_NODE)
         assert "job_prolog: prolog worker timed out after 13 s" in log, log[-3000:]
-        assert "RAN" not in bed.output(job_id)
+        assert "RAN" not in bed.output(job_id, "")
     finally:
         set_nvml_hang(bed, FAULT_NODE, [])
         bed.write_plugstack(line)
@@ -270,6 +270,6 @@ def test_a_killed_prolog_worker_is_a_node_fault_its_supervisor_reports(hostile_b
     assert reason == ("gpushare: prolog worker killed by signal 9 (OOM?) while "
                       "starting or joining the MPS daemon"), reason
     held_after_requeue(bed, job_id)
-    assert "RAN" not in bed.output(job_id)
+    assert "RAN" not in bed.output(job_id, "")
     clear_faults(bed)
     release_and_run(bed, job_id)
