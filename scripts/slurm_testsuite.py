@@ -368,7 +368,10 @@ def _check_meta(meta: str, version: str) -> None:
 # ---- the bed -----------------------------------------------------------------------------
 
 def _bed_module():
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    # The bed reads the installed release through the core (gpushare.admin.slurm_client).
+    for path in (os.path.join(REPO, "src"), os.path.join(REPO, "scripts")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
     import slurmbed  # the project's local Slurm (scripts/slurmbed.py)
     return slurmbed
 
@@ -395,7 +398,6 @@ def make_bed(layout: str, side: str, root: str, port: int, prefix: str):
                  "gpus_per_node": {n: 1 for n in names},
                  "policy": {"switch_wait_s": 300, "max_switch_wait_s": 3600,
                             "on_error": "accept", "untyped_gpu": "whole"}}
-        sys.path.insert(0, os.path.join(REPO, "src"))
         from gpushare.submit.facts import facts_from_dict
         facts_from_dict(facts)  # the hook would ignore a bad file silently: refuse it here
         kwargs.update(job_submit="lua", facts_json=json.dumps(facts),

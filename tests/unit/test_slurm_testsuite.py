@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -178,3 +179,13 @@ def test_plugin_activity_counts_jobs_and_mps_jobs():
              "1 pid=2 uid=0 py job=8 debug record written",
              "1 pid=3 uid=0 c job=9 no GPU, core not loaded"]
     assert ts.plugin_activity(lines) == "its core ran for 2 job(s) and gave 1 of them an MPS daemon"
+
+
+def test_the_bed_finds_the_core_without_the_venv():
+    """make runs the script with the system Python, where nothing installed gpushare: the
+    script's own path must let the bed read the installed release through the core."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import slurm_testsuite; "
+            "slurm_testsuite._bed_module(); import gpushare.admin.slurm_client")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, os.path.dirname(SCRIPT)],
+                          capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr
