@@ -49,7 +49,7 @@ class Item:
 
     name: str  # expect: test39.5; python: path under testsuite/python
     layout: str  # "nvidia": gres on simulated /dev/nvidia0; "tty0": Slurm's own MPS form
-    user: str = "root"  # "root" or "test" (MPS jobs: gpushare never runs MPS for root)
+    user: str = "root"  # "root" or "test" (a normal user's MPS jobs, as a site's)
     seconds: int = 300  # limit
 
     @property
@@ -88,11 +88,12 @@ ITEMS: tuple[Item, ...] = (
 # Differences between A and B that are gpushare's documented behaviour: a pattern of row
 # names (fnmatch) -> (B's result, the reason). A row is allowed only with that B result.
 # root's shared jobs get a daemon of root's own (test31.3's mps subtest runs as in A). The
-# ATF's MPS jobs, root's too, reach /dev/tty0, which is no NVIDIA GPU: MPS cannot run there.
+# ATF's MPS jobs reach /dev/tty0, which is no NVIDIA GPU: MPS cannot run there.
 ALLOWED: dict[str, tuple[str, str]] = {
     "tests/features/gres/test_mps_options.py@tty0::*": (
         "FAIL", "the ATF's MPS jobs get /dev/tty0 as their GPU, which is no NVIDIA GPU: "
-                "gpushare cannot run an MPS daemon on it and fails them at start"),
+                "gpushare cannot run an MPS daemon on it, fails them at start and drains "
+                "the node"),
 }
 
 
