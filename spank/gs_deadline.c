@@ -205,6 +205,8 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
     int status = 0, rc;
     pid_t worker;
 
+    /* Children are waited for here: never reaped behind our back (SIGCHLD ignored). */
+    (void)signal(SIGCHLD, SIG_DFL);
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     sigprocmask(SIG_BLOCK, &chld, &mask);

@@ -151,14 +151,8 @@ def test_a_node_fault_drains_the_node_and_requeues_the_job_held(hostile_bed):
     lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
              if f"gpushare: job {job_id}:" in line and "cannot start MPS" in line]
     assert lines, slurmd_log(bed, FAULT_NODE)[-3000:]
-    # Fixed and resumed, the node runs the released job.
     clear_faults(bed)
-    bed.resume(FAULT_NODE)
-    bed.run(["scontrol", "release", str(job_id)])
-    info = bed.wait_job(job_id, timeout=180)
-    assert info["JobState"] == "COMPLETED", info
-    assert "RAN=1" in bed.output(job_id), bed.output(job_id)
-    assert_in_service_and_clean(bed, FAULT_NODE)
+    release_and_run(bed, job_id)
 
 
 def test_a_node_fault_never_requeues_a_job_that_asked_not_to_be(hostile_bed):
@@ -241,8 +235,8 @@ def test_a_hung_nvml_meets_the_workers_one_deadline(hostile_bed):
                             FAULT_NODE, "-c1", user=U1)
         pid = worker_pid(bed, job_id)
         reason = wait_drained(bed, FAULT_NODE, timeout=120)
-        assert reason == ("gpushare: prolog worker timed out after 13 s while checking the "
-                          "job's GPUs (NVML)"), reason
+        assert reason.startswith("gpushare: prolog worker timed out after 13 s while "
+                                 "checking the GPUs (NVML)"), reason
         held_after_requeue(bed, job_id)
         assert not alive(pid), f"the worker {pid} still runs"
         log = slurmd_log(bed, FAULT_NODE)
@@ -267,8 +261,8 @@ def test_a_killed_prolog_worker_is_a_node_fault_its_supervisor_reports(hostile_b
         str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
     os.kill(pid, signal.SIGKILL)
     reason = wait_drained(bed, FAULT_NODE)
-    assert reason == ("gpushare: prolog worker killed by signal 9 (OOM?) while "
-                      "starting or joining the MPS daemon"), reason
+    assert reason.startswith("gpushare: prolog worker killed by signal 9 (OOM?) while "
+                             "starting or joining the MPS daemon"), reason
     held_after_requeue(bed, job_id)
     assert "RAN" not in bed.output(job_id, "")
     clear_faults(bed)
