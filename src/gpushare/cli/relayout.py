@@ -93,6 +93,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ctl.add_argument("--slurm-conf", metavar="FILE",
                      help="the slurm.conf holding the nodes' NodeName lines, whose Gres= is "
                      "set (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
+    ctl.add_argument("--cluster-gres-conf", default="", metavar="FILE",
+                     help="a gres.conf that every node shares, rendered again from the plan "
+                     "and the applied layouts before `scontrol reconfigure` (then give the "
+                     "node's step --gres-conf none); default: none, each node's step "
+                     "rewrites its own")
     ctl.add_argument("--drain-timeout", type=float, metavar="SECONDS",
                      help="how long to wait for a drained node's jobs to end; past it the "
                      "node is resumed unchanged (default: --max-drain)")
@@ -320,8 +325,11 @@ def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str) 
         except ValueError as err:
             return fail("relayout", f"{option}: {err}")
     slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if args.cluster_gres_conf and not args.cluster_gres_conf.startswith("/"):
+        return fail("relayout", "--cluster-gres-conf must be an absolute path")
     settings = Settings(node_command=args.node_command, slurmd_restart=args.slurmd_restart,
                         slurm_conf=slurm_conf, state_path=state_path,
+                        cluster_gres_conf=args.cluster_gres_conf,
                         drain_timeout_s=args.drain_timeout or args.max_drain,
                         step_timeout_s=args.step_timeout,
                         settle_timeout_s=args.settle_timeout)

@@ -374,3 +374,17 @@ def test_the_command_applies_a_decision_and_a_second_run_changes_nothing(site, t
     assert 'gpushare_relayout_changes_total{result="applied"} 1' in metrics
     assert (f'gpushare_relayout_gpu_layout_info{{node="{changed}",gpu="2",'
             'layout="2x3g.40gb"} 1') in metrics
+
+
+def test_a_gres_conf_every_node_shares_is_rendered_again(site, tmp_path):
+    plan, settings, _profile, slurm = site
+    shared = tmp_path / "shared-gres.conf"
+    shared.write_text("old\n")
+    settings.cluster_gres_conf = str(shared)
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed is None, outcome.log
+    from gpushare.gpu.gresconf import parse_gres_conf
+
+    gres = parse_gres_conf(shared.read_text())
+    assert sorted(d.type for d in gres.devices("h1")) == ["1g.10gb"] * 8 + ["3g.40gb"] * 2
+    assert sorted(d.type for d in gres.devices("h2")) == ["1g.10gb"] * 15

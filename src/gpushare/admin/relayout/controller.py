@@ -124,6 +124,7 @@ class Settings:
     node_command: str = DEFAULT_NODE_COMMAND
     slurmd_restart: str = ""  # e.g. "ssh {node} systemctl restart slurmd"; "": none
     slurm_conf: str = "/etc/slurm/slurm.conf"
+    cluster_gres_conf: str = ""  # a gres.conf every node shares, re-rendered; "": none
     state_path: str = "/etc/gpushare/relayout-state.json"
     drain_timeout_s: float = 5400.0
     step_timeout_s: float = 120.0
@@ -363,6 +364,16 @@ class _Node:
         except (OSError, SetGresError) as err:
             raise RelayoutError(f"the GPUs changed but {path} was not updated: {err}") from None
         self.say(f"Gres={gres} in {path}")
+        if self.settings.cluster_gres_conf:
+            from gpushare.admin.render import RenderError, render_gres_conf
+
+            shared = self.settings.cluster_gres_conf
+            try:
+                write_atomically(shared, render_gres_conf(now))
+            except (OSError, RenderError) as err:
+                raise RelayoutError(f"the GPUs changed but {shared} was not rendered: "
+                                    f"{err}") from None
+            self.say(f"rendered {shared}")
         try:
             self.slurm.reconfigure()
         except SlurmClientError as err:
