@@ -87,14 +87,9 @@ ITEMS: tuple[Item, ...] = (
 
 # Differences between A and B that are gpushare's documented behaviour: a pattern of row
 # names (fnmatch) -> (B's result, the reason). A row is allowed only with that B result.
-# root's shared jobs get a daemon of root's own (test31.3's mps subtest runs as in A). The
-# ATF's MPS jobs reach /dev/tty0, which is no NVIDIA GPU: MPS cannot run there.
-ALLOWED: dict[str, tuple[str, str]] = {
-    "tests/features/gres/test_mps_options.py@tty0::*": (
-        "FAIL", "the ATF's MPS jobs get /dev/tty0 as their GPU, which is no NVIDIA GPU: "
-                "gpushare cannot run an MPS daemon on it, fails them at start and drains "
-                "the node"),
-}
+# None now: root's shared jobs get a daemon of root's own (test31.3's mps subtest runs as in
+# A), and the ATF's MPS jobs on /dev/tty0, no NVIDIA GPU, are left to Slurm.
+ALLOWED: dict[str, tuple[str, str]] = {}
 
 
 # ---- results and their comparison (pure; unit-tested) ----------------------------------

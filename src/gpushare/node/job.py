@@ -177,6 +177,7 @@ class CheckedDevices(NamedTuple):
 
     devices: ResolvedDevices
     asked: Optional[float] = None
+    not_nvidia: bool = False  # a device that is no NVIDIA GPU: the job is left to Slurm
 
 
 def verify_devices(config: PluginConfig, request: JobRequest,
@@ -293,12 +294,12 @@ def _plan_owners(config: PluginConfig, node: str
 
 def _checked(config: PluginConfig, result: "VerifyResult", asked: float) -> CheckedDevices:
     if config.verify == "off":
-        return CheckedDevices(result.devices, asked)
+        return CheckedDevices(result.devices, asked, bool(result.not_nvidia))
     for finding in result.findings:
         log.warning("%s (%s); fix: %s", finding.what, finding.where, finding.fix)
     if not result.ok and config.verify == "strict":
         raise NodeError(result.reason(), drain=True)  # reason(): the cause first already
-    return CheckedDevices(result.devices, asked)
+    return CheckedDevices(result.devices, asked, bool(result.not_nvidia))
 
 
 def prolog(config: PluginConfig, request: JobRequest,
@@ -311,6 +312,11 @@ def prolog(config: PluginConfig, request: JobRequest,
     checked = verify_devices(config, request, phases)
     devices = checked.devices
     phases.done("verify")
+    if sharing and checked.not_nvidia:
+        # Nothing is wrong with the node (gres.conf says what the device is), so no drain;
+        # MPS cannot run there, so the job runs as without gpushare.
+        log.info("a GPU of the job is not an NVIDIA GPU: its share is left to Slurm")
+        sharing = False
     if not sharing:
         log.debug("no sharing asked")
         JobStore(config.state_dir).write_unshared(request.job_id)

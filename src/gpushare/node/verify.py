@@ -57,6 +57,8 @@ class Finding(NamedTuple):
 class VerifyResult(NamedTuple):
     devices: list[ResolvedDevice]
     findings: list[Finding]
+    # Slurm indices of the job's devices that are no NVIDIA GPU: gpushare leaves them to Slurm.
+    not_nvidia: list[int]
 
     @property
     def errors(self) -> list[Finding]:
@@ -115,7 +117,7 @@ class _Verifier:
         self.owner = owner
         self.job_pids = set(job_pids)
         self.gres_name = gres_name
-        self.result = VerifyResult([], [])
+        self.result = VerifyResult([], [], [])
 
     def error(self, what: str, where: str, fix: str, severity: str = ERROR,
               brief: str = "") -> None:
@@ -165,16 +167,17 @@ class _Verifier:
 
     def not_nvidia(self, dev: GresDevice, where: str) -> None:
         """A GRES device with no NVIDIA file at all (another vendor's GPU, or Slurm's own
-        test layout ``File=/dev/tty0``): nothing NVML can say about it. A whole device is
-        left to Slurm with a warning; an MPS share cannot run on it, which is an error."""
-        if dev.name == "mps":
-            self.error(f"{_label(dev)} is not an NVIDIA GPU (no /dev/nvidiaN file), so "
-                       "gpushare cannot run MPS on it", where,
-                       "give gres/mps the same File=/dev/nvidiaN as the node's gres/gpu "
-                       "lines, or remove gpushare's plugstack line from nodes without NVIDIA "
-                       "GPUs",
-                       brief=f"{_short_label(dev)} is not an NVIDIA GPU "
-                       f"({','.join(dev.files)}); MPS cannot run on it")
+        test layout ``File=/dev/tty0``): nothing NVML can say about it, and nothing wrong with
+        the node either, as gres.conf says what it is. Whole or shared, the job is left to
+        Slurm, with a warning: MPS cannot run on such a device, so a share runs as Slurm runs
+        it."""
+        self.result.not_nvidia.append(dev.slurm_index)
+        if dev.name in _SHARED:
+            self.error(f"{_label(dev)} is not an NVIDIA GPU (no /dev/nvidiaN file), so gpushare "
+                       "cannot run MPS on it and leaves the job's share to Slurm", where,
+                       "nothing if it is another kind of device; if it is an NVIDIA GPU, give "
+                       f"gres/{dev.name} the same File=/dev/nvidiaN as the node's gres/gpu",
+                       severity=WARNING)
         else:
             self.error(f"{_label(dev)} is not an NVIDIA GPU (no /dev/nvidiaN file); gpushare "
                        "neither verifies nor shares it", where,

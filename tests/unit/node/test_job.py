@@ -256,6 +256,35 @@ def test_roots_shared_job_has_its_devices_checked_as_anyones(tmp_path):
             job.prolog(config, request(uid=uid, gid=uid, env=env))
 
 
+@pytest.mark.parametrize("verify", ["strict", "off"])
+@pytest.mark.parametrize("extra", [dict(), dict(gpu_share="50")])
+def test_a_share_of_a_device_that_is_no_nvidia_gpu_is_left_to_slurm(tmp_path, verify, extra):
+    """Slurm's own MPS tests give gres/mps on /dev/tty0: the node is as gres.conf says, so
+    it is not drained; MPS cannot run there, so the job runs as without gpushare."""
+    from gpushare.node.config import parse_plugin_args
+    from gpushare.node.state import JobStore
+
+    profile = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src", "gpushare",
+                           "gpu", "profiles", "h100-8x-nvswitch.json")
+    (tmp_path / "gres.conf").write_text("AutoDetect=off\nName=gpu File=/dev/tty0\n"
+                                        "Name=mps Count=100\n")
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", f"verify={verify}",
+                                f"inventory=sim:{os.path.abspath(profile)}"])
+    env = {"SLURM_CONF": str(tmp_path / "slurm.conf"), "SLURM_JOB_GPUS": "0",
+           "CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    assert job.prolog(config, request(uid=0, gid=0, env=env, **extra)) is None
+    store = JobStore(config.state_dir)
+    assert store.read(7) is None
+    with open(store.path(7, ".env")) as handle:
+        assert handle.read() == ""
+    # The same job on an NVIDIA GPU is not left to Slurm: the check is what decides.
+    (tmp_path / "gres.conf").write_text("AutoDetect=off\nName=gpu File=/dev/nvidia99\n"
+                                        "Name=mps Count=100\n")
+    if verify == "strict":
+        with pytest.raises(job.NodeError, match="no GPU with minor 99"):
+            job.prolog(config, request(uid=0, gid=0, env=env, **extra))
+
+
 def test_a_squeue_others_can_replace_is_never_run(tmp_path):
     from gpushare.node.config import parse_plugin_args
 
