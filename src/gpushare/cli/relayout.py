@@ -80,12 +80,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time limit of the change; past it the old layout is restored "
                       "(default 120); with --apply on the controller, {timeout} of "
                       "--node-command")
+    node.add_argument("--round", default="", metavar="N=L,...",
+                      help="the other GPUs of this node that the same round changes, and to "
+                      "what (Slurm 22.05's one MIG profile per node counts them so)")
     node.add_argument("--decision", default="", metavar="ID",
                       help="the controller's decision, recorded in the state file")
     ctl = parser.add_argument_group("carrying a decision out (gpushare relayout --apply)")
     ctl.add_argument("--node-command", default=DEFAULT_NODE_COMMAND, metavar="CMD",
                      help="runs the node's step as root on the node; {node}, {gpu}, "
-                     "{layout}, {decision} and {timeout} are filled in (default: "
+                     "{layout}, {round}, {decision} and {timeout} are filled in (default: "
                      f"{DEFAULT_NODE_COMMAND.replace('%', '%%')})")
     ctl.add_argument("--slurmd-restart", default="", metavar="CMD",
                      help="also run this after `scontrol reconfigure` (e.g. 'ssh {node} "
@@ -161,10 +164,17 @@ def _run_node(args: argparse.Namespace) -> int:
     except PlanError as err:
         return fail("relayout node", plan_problems(err))
     state_path = _state_path(args)
+    round_layouts: dict[int, str] = {}
+    for item in filter(None, args.round.split(",")):
+        gpu_text, _sep, layout_text = item.partition("=")
+        if not gpu_text.strip().isdigit() or not layout_text.strip():
+            return fail("relayout node", f"--round: {item!r} is not N=LAYOUT")
+        round_layouts[int(gpu_text)] = layout_text.strip()
     try:
         nvml = load_nvml(args.source)
         result = apply_layout(nvml, plan, node, args.gpu, args.layout,
-                              timeout_s=args.step_timeout, dry_run=not args.apply)
+                              timeout_s=args.step_timeout, dry_run=not args.apply,
+                              round_layouts=round_layouts)
     except ApplyError as err:
         code = fail("relayout node", str(err))
         return EXIT_UNKNOWN if err.unknown else code
@@ -281,7 +291,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.apply:
         if not state_path:
             return fail("relayout", "--apply records what it changes: give --state FILE")
-        return _apply(args, plan, decision, state_path)
+        return _apply(args, plan, decision, state_path, one_profile_per_node(version))
     if args.json:
         print(json.dumps(_decision_json(decision), indent=2))
         return 0
@@ -297,7 +307,8 @@ def _decision_json(decision: Any) -> dict[str, Any]:
             "drain": decision.drain, "why": decision.why}
 
 
-def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str) -> int:
+def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str,
+           one_profile: bool) -> int:
     """Carry the decision out; 0 when every node is back in service (changed or laid back
     unchanged), 1 when a node was left as it was, 2 when one is left drained."""
     import datetime
@@ -330,6 +341,7 @@ def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str) 
     settings = Settings(node_command=args.node_command, slurmd_restart=args.slurmd_restart,
                         slurm_conf=slurm_conf, state_path=state_path,
                         cluster_gres_conf=args.cluster_gres_conf,
+                        one_profile_per_node=one_profile,
                         drain_timeout_s=args.drain_timeout or args.max_drain,
                         step_timeout_s=args.step_timeout,
                         settle_timeout_s=args.settle_timeout)

@@ -270,3 +270,27 @@ def test_slurm_22_05_never_gets_a_second_mig_profile_on_a_node(tmp_path):
     assert layout_of(path, 2) == before
     apply_layout(fresh(path), plan, "h1", 2, "whole", dry_run=False)  # no MIG profile: fine
     assert layout_of(path, 2) == "whole"
+
+
+def test_slurm_22_05_changes_a_nodes_gpus_together_in_one_round(tmp_path):
+    """The controller tells each step what the round does to the node's other GPUs: on a
+    drained node they change one after the other, and only the end has to hold one MIG
+    profile."""
+    plan = parse_plan(PLAN.replace("slurm: {version: '24.11'}", "slurm: {version: '22.05'}")
+                      .replace("      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}\n"
+                               "      1:\n        mig:\n"
+                               "          - {profile: 3g.40gb, owner: kubernetes}\n"
+                               "          - {profile: 1g.10gb, owner: slurm}\n", "")
+                      .replace("        - 3g.40gb+2g.20gb+1g.10gb\n", ""))
+    path = write_profile(tmp_path, plan)
+    whole = {0: "whole", 1: "whole"}
+    with pytest.raises(ApplyError, match=r"would give node h1 1g\.10gb, 3g\.40gb"):
+        apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False,
+                     round_layouts={3: "2x3g.40gb"})  # GPUs 0 and 1 keep 7 × 1g.10gb
+    for index in (0, 1):
+        apply_layout(fresh(path), plan, "h1", index, "whole", dry_run=False)
+    apply_layout(fresh(path), plan, "h1", 2, "2x3g.40gb", dry_run=False,
+                 round_layouts={3: "2x3g.40gb", **whole})
+    apply_layout(fresh(path), plan, "h1", 3, "2x3g.40gb", dry_run=False,
+                 round_layouts={2: "2x3g.40gb"})
+    assert layout_of(path, 2) == layout_of(path, 3) == [("3g.40gb", 1), ("3g.40gb", 2)]

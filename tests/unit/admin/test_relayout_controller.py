@@ -388,3 +388,13 @@ def test_a_gres_conf_every_node_shares_is_rendered_again(site, tmp_path):
     gres = parse_gres_conf(shared.read_text())
     assert sorted(d.type for d in gres.devices("h1")) == ["1g.10gb"] * 8 + ["3g.40gb"] * 2
     assert sorted(d.type for d in gres.devices("h2")) == ["1g.10gb"] * 15
+
+
+def test_a_round_half_done_on_a_one_profile_slurm_leaves_the_node_drained(site):
+    plan, settings, profile, slurm = site
+    settings.one_profile_per_node = True  # Slurm 22.05 with AutoDetect=off
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "leaves Slurm MIG profiles 1g.10gb, 3g.40gb" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"] and "reconfigure" not in slurm.calls
+    assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]  # said, not hidden
+    assert load_state(settings.state_path).gpus[("h1", 2)].layout == "2x3g.40gb"

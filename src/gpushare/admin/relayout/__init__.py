@@ -5,5 +5,5 @@ pending jobs ask for (``demand``) and the pure choice of layouts (``decide``).""
 # The site's command that runs the node's step as root on the node (gpushare relayout
 # --apply --node-command); here so that the command line imports nothing heavy.
 DEFAULT_NODE_COMMAND = ("ssh -o BatchMode=yes {node} /usr/bin/gpushare relayout node "
-                        "--node {node} --gpu {gpu} --layout {layout} --decision {decision} "
-                        "--step-timeout {timeout} --apply")
+                        "--node {node} --gpu {gpu} --layout {layout} --round={round} "
+                        "--decision {decision} --step-timeout {timeout} --apply")

@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from gpushare.admin.mig_profiles import place_slices
 from gpushare.admin.plan import Plan
@@ -250,16 +250,22 @@ class _Gpu:
 
 
 def _check_one_profile(nvml: Any, plan: Plan, group: NodeGroup, node: str, index: int,
-                       layout: Layout, deadline: float, clock: Callable[[], float]) -> None:
+                       layout: Layout, deadline: float, clock: Callable[[], float],
+                       round_layouts: dict[int, str]) -> None:
     """Slurm before 23.11 indexes one MIG profile per node: refuse a layout that would give
-    Slurm a second one here (other Slurm-only GPUs as NVML shows them, the rest per plan)."""
+    Slurm a second one here (other Slurm-only GPUs as NVML shows them, or as the same round
+    changes them (``round_layouts``, by the controller while the node is drained), the rest
+    per plan)."""
     if not one_profile_per_node(plan.slurm.version) or not layout.mig:
         return
     profiles = set(layout.slices)
     for other in group.gpus:
         if other.index == index:
             continue
-        if other.changeable:
+        if other.changeable and other.index in round_layouts:
+            planned, _why = parse_layout(round_layouts[other.index], group.model)
+            profiles.update(planned.slices if planned is not None else ())
+        elif other.changeable:
             state = _Gpu(nvml, other.index, group, deadline, clock, []).read()
             profiles.update(i.profile for i in state.instances)
         else:
@@ -278,7 +284,8 @@ def _describe(state: _State) -> str:
 
 def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
                  timeout_s: float = 60.0, dry_run: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> ApplyResult:
+                 clock: Callable[[], float] = time.monotonic,
+                 round_layouts: Optional[dict[int, str]] = None) -> ApplyResult:
     """Lay GPU ``index`` of ``node`` out as ``layout_text`` (a layout of its group's menu).
 
     Raises ApplyError when refused, or when the change failed (the message says whether the old
@@ -303,7 +310,8 @@ def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
             raise ApplyError(f"GPU {index} of node {node} is in use (processes "
                              f"{', '.join(map(str, pids))}); it changes layout only when idle")
         old = gpu.read()
-        _check_one_profile(nvml, plan, group, node, index, layout, deadline, clock)
+        _check_one_profile(nvml, plan, group, node, index, layout, deadline, clock,
+                           round_layouts or {})
         result = ApplyResult(node, index, old.name, layout.name, old != target, steps)
         if old == target or dry_run:
             if old != target:

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 REASON_PREFIX = "gpushare relayout"
-PLACEHOLDERS = ("node", "gpu", "layout", "decision", "timeout")
+PLACEHOLDERS = ("node", "gpu", "layout", "decision", "timeout", "round")
 EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
 _BUSY_STATES = {"ALLOCATED", "MIXED", "COMPLETING"}
 
@@ -125,6 +125,7 @@ class Settings:
     slurmd_restart: str = ""  # e.g. "ssh {node} systemctl restart slurmd"; "": none
     slurm_conf: str = "/etc/slurm/slurm.conf"
     cluster_gres_conf: str = ""  # a gres.conf every node shares, re-rendered; "": none
+    one_profile_per_node: bool = False  # Slurm before 23.11 with AutoDetect=off
     state_path: str = "/etc/gpushare/relayout-state.json"
     drain_timeout_s: float = 5400.0
     step_timeout_s: float = 120.0
@@ -152,7 +153,8 @@ class Outcome:
 
 def command_argv(template: str, **values: str) -> list[str]:
     """The site's command for one node, split as a shell would but never run by one: each
-    ``{node}``, ``{gpu}``, ``{layout}``, ``{decision}``, ``{timeout}`` is replaced inside
+    ``{node}``, ``{gpu}``, ``{layout}``, ``{decision}``, ``{timeout}``, ``{round}`` (the
+    round's other GPUs of the node, ``N=LAYOUT,...``) is replaced inside
     its word, so a value can never become a second argument or a shell operator."""
     words = shlex.split(template)
     if not words:
@@ -309,9 +311,11 @@ class _Node:
     def _steps(self) -> None:
         timeout = self.settings.step_timeout_s
         for change in self.changes:
+            others = ",".join(f"{c.index}={c.new}" for c in self.changes if c is not change)
             argv = command_argv(self.settings.node_command, node=self.name,
                                 gpu=str(change.index), layout=change.new,
-                                decision=self.decision_id, timeout=f"{timeout:g}")
+                                decision=self.decision_id, timeout=f"{timeout:g}",
+                                round=others)
             # The step checks its own limit before each NVML change and restores on its
             # own; the margin lets it finish that restore before it is killed.
             limit = 2 * timeout + self.settings.step_grace_s
@@ -353,6 +357,12 @@ class _Node:
             raise RelayoutError(f"the state file does not fit the plan: {err}") from None
         group = now.group_of(self.name)
         assert group is not None  # the decision only changes nodes of the plan
+        profiles = {s.profile for gpu in group.gpus for s in gpu.slices_of("slurm")}
+        if self.settings.one_profile_per_node and len(profiles) > 1:
+            raise RelayoutError(
+                "GPU " + ", ".join(f"{c.index}" for c in self.outcome.applied) + " changed but "
+                "not the others of the round, which leaves Slurm MIG profiles "
+                + ", ".join(sorted(profiles)) + " on the node; this Slurm indexes one")
         gres = slurm_node_gres(group)
         path = self.settings.slurm_conf
         try:
