@@ -398,3 +398,26 @@ def test_a_round_half_done_on_a_one_profile_slurm_leaves_the_node_drained(site):
     assert "DRAIN" in slurm.state["h1"] and "reconfigure" not in slurm.calls
     assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]  # said, not hidden
     assert load_state(settings.state_path).gpus[("h1", 2)].layout == "2x3g.40gb"
+
+
+def test_slurm_22_05s_count_of_mig_files_is_the_new_gres_too(site):
+    """22.05 counts the three files of each MIG slice's MultipleFiles= line once a reconfigure
+    took the node's count: the same types, more of each, is the new layout; fewer is not."""
+    plan, settings, _profile, slurm = site
+    reconfigure = slurm.reconfigure
+
+    def counted_per_file() -> None:
+        reconfigure()
+        slurm.gres["h1"] = "gpu:1g.10gb:24,gpu:3g.40gb:6"
+
+    slurm.reconfigure = counted_per_file
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed is None and outcome.resumed, outcome.log
+
+    def too_few() -> None:
+        reconfigure()
+        slurm.gres["h1"] = "gpu:1g.10gb:8,gpu:3g.40gb:1"
+
+    slurm.reconfigure = too_few
+    [outcome] = run(plan, settings, slurm, decision(("h1", 3, "2x3g.40gb")))
+    assert outcome.failed and "slurmctld still shows" in outcome.failed

@@ -220,6 +220,13 @@ def _comparable(gres: str) -> dict[tuple[str, str], int]:
     return {k: v for k, v in counts.items() if v}
 
 
+def _shows(seen: dict[tuple[str, str], int], want: dict[tuple[str, str], int]) -> bool:
+    """slurmctld shows the wanted GRES: the same types, each at least as many. Slurm 22.05
+    counts each file of a MIG slice's ``MultipleFiles=`` line as a GPU of its own once a
+    reconfigure has taken the node's count (3 per slice), more than slurm.conf says."""
+    return set(seen) == set(want) and all(seen[key] >= count for key, count in want.items())
+
+
 def _ours(node: Optional[SlurmNode]) -> bool:
     return node is not None and node.reason.startswith(REASON_PREFIX)
 
@@ -409,7 +416,7 @@ class _Node:
             if node is not None:
                 seen = f"Gres={node.gres or '(null)'}"
                 inval = "INVAL" in node.states or "INVALID_REG" in node.states
-                if _comparable(node.gres) == want and not inval:
+                if _shows(_comparable(node.gres), want) and not inval:
                     return
             if self.clock() > deadline:
                 raise RelayoutError(f"slurmctld still shows {seen}, not Gres={gres}, after "
