@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from tests.unit.admin.relayout_plans import mig_plan
 
 from gpushare.admin.mig_profiles import find_model
 from gpushare.admin.plan import PlanError, parse_plan
@@ -12,28 +13,8 @@ from gpushare.admin.relayout.menu import Menu, MenuItem, parse_layout
 
 H100 = find_model("h100-80gb")
 
-PLAN = """\
-version: 1
-node_groups:
-  - name: mig
-    nodes: h[1-2]
-    gpu_model: h100-80gb
-    gpus: 4
-    layout:
-      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}
-      1:
-        mig:
-          - {profile: 3g.40gb, owner: kubernetes}
-          - {profile: 1g.10gb, owner: slurm}
-      all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}
-    relayout:
-      min_interval_s: 1800
-      menu:
-        - {layout: 7x1g.10gb, min: 1}
-        - 3g.40gb+2g.20gb+1g.10gb
-        - {layout: 2x3g.40gb, max: 2}
-        - whole
-"""
+PLAN = mig_plan(["{layout: 7x1g.10gb, min: 1}", "3g.40gb+2g.20gb+1g.10gb",
+                 "{layout: 2x3g.40gb, max: 2}", "whole"], min_interval_s=1800, slurm=None)
 
 
 def layout(text):

@@ -12,6 +12,7 @@ import sys
 from typing import Optional
 
 import pytest
+from tests.unit.admin.relayout_plans import mig_plan
 
 from gpushare.admin.plan import parse_plan
 from gpushare.admin.relayout.controller import (
@@ -28,28 +29,7 @@ from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
 from gpushare.gpu.inventory import collect
 from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
 
-PLAN = """\
-version: 1
-slurm: {version: '24.11'}
-node_groups:
-  - name: mig
-    nodes: h[1-2]
-    gpu_model: h100-80gb
-    gpus: 4
-    layout:
-      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}
-      1:
-        mig:
-          - {profile: 3g.40gb, owner: kubernetes}
-          - {profile: 1g.10gb, owner: slurm}
-      all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}
-    relayout:
-      min_interval_s: 600
-      menu:
-        - 7x1g.10gb
-        - 2x3g.40gb
-        - whole
-"""
+PLAN = mig_plan(["7x1g.10gb", "2x3g.40gb", "whole"], min_interval_s=600)
 
 SLURM_CONF = """\
 ClusterName=x
