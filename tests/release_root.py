@@ -317,6 +317,9 @@ def suite_inside(codename: str, pytest_args: Sequence[str]) -> int:
     )
     env = {"GPUSHARE_BED_ROOT": f"/tmp/gpushare-bed-{codename}",
            "GPUSHARE_BED_PORT": BED_PORT, "GPUSHARE_BED_CGROUP": "no"}
+    # What replays or lengthens a run (tests/slurm/test_soak.py) goes in with it.
+    env.update({name: value for name, value in os.environ.items()
+                if name in ("GPUSHARE_SOAK_SEED", "GPUSHARE_SOAK_JOBS", "HYPOTHESIS_PROFILE")})
     return run_inside(codename, ["bash", "-c", script, "suite", *pytest_args], env=env)
 
 
