@@ -179,6 +179,11 @@ def mps_bed(clean_bed):
     faults = clean_bed.path("bin", "faults")
     if os.path.exists(faults):
         os.unlink(faults)
+    # A job an earlier test left running is ended first; then its epilog must clean up.
+    for user in ("root", *slurmbed.TEST_USERS):
+        clean_bed.run(["scancel", "--quiet", "-u", user], check=False)
+    wait_until("the jobs of earlier tests gone", lambda: not clean_bed.run(
+        ["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 120)
     assert_nothing_left(clean_bed)
     yield clean_bed
     if os.path.exists(faults):
