@@ -86,12 +86,11 @@ static int gs_wait_child(pid_t pid, double deadline, int *status)
  */
 static void gs_kill_worker(pid_t worker)
 {
-    char path[64], text[1024];
+    char text[1024];
     struct dirent *entry;
     long ppid, pgrp, pid;
-    ssize_t got;
     DIR *proc;
-    int fd, status;
+    int status;
 
     (void)kill(-worker, SIGSTOP);
     (void)kill(worker, SIGSTOP);
@@ -100,14 +99,8 @@ static void gs_kill_worker(pid_t worker)
             if (!isdigit((unsigned char)entry->d_name[0]))
                 continue;
             pid = strtol(entry->d_name, NULL, 10);
-            snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-            if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0)
+            if (gs_read_proc_stat(pid, text, sizeof(text)) < 0)
                 continue;
-            got = read(fd, text, sizeof(text) - 1);
-            close(fd);
-            if (got <= 0)
-                continue;
-            text[got] = '\0';
             if (gs_parse_proc_parent(text, &ppid, &pgrp) == 0 && ppid == worker && pid > 1)
                 (void)kill((pid_t)pid, SIGKILL);
         }

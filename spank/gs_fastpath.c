@@ -162,24 +162,31 @@ int gs_fast_leave(spank_t sp)
  * doubt leaves the job to the worker, which checks the GPU and writes a new ticket.
  */
 
+int gs_read_proc_stat(long pid, char *text, size_t size)
+{
+    char path[64];
+    ssize_t len;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    if ((fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
+        return -1;
+    len = read(fd, text, size - 1);
+    close(fd);
+    if (len <= 0)
+        return -1;
+    text[len] = '\0';
+    return 0;
+}
+
 /* A live process's start time (/proc/<pid>/stat field 22) into out; -1 for none or a
  * zombie, which serves nobody. */
 int gs_proc_start(long pid, char *out, size_t size)
 {
-    char path[64], stat_text[1024];
-    ssize_t len;
-    int fd;
+    char stat_text[1024];
 
-    if (pid <= 1)
+    if (pid <= 1 || gs_read_proc_stat(pid, stat_text, sizeof(stat_text)) < 0)
         return -1;
-    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-    if ((fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
-        return -1;
-    len = read(fd, stat_text, sizeof(stat_text) - 1);
-    close(fd);
-    if (len <= 0)
-        return -1;
-    stat_text[len] = '\0';
     return gs_parse_proc_start(stat_text, out, size);
 }
 

@@ -79,6 +79,8 @@ int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
 int gs_wait_for_prolog(spank_t sp);
 
 /* ---- gs_fastpath.c: join and leave without an interpreter -------------------------- */
+/* /proc/<pid>/stat's text into text (NUL-terminated, at most size - 1 bytes): 0, or -1. */
+int gs_read_proc_stat(long pid, char *text, size_t size);
 int gs_fast_join(spank_t sp, int ac, char **av);
 int gs_fast_leave(spank_t sp);
 /* What a ticket's use holds open: the mps and tickets directories, then the jobs directory
