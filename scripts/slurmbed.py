@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -142,7 +143,8 @@ class SlurmBed:
     cluster: str = "gsbed"
     ctld_port: int = 16817
     cgroup: Optional[bool] = None  # None: use cgroup v1 when this machine has it
-    keep: bool = False  # keep the root after stop (for debugging)
+    # Keep the root after stop, logs and all (for debugging): GPUSHARE_BED_KEEP=1.
+    keep: bool = field(default_factory=lambda: os.environ.get("GPUSHARE_BED_KEEP") == "1")
     device_count: int = 8
     mig_caps: Sequence[int] = ()
     device_files: Sequence[str] = ()  # exact device files to create (from a rendered gres.conf)
@@ -418,6 +420,29 @@ class SlurmBed:
                 return int(handle.read().strip())
             time.sleep(0.05)
         raise BedError(f"{pid_file} did not appear")
+
+    def restart_slurmctld(self) -> None:
+        """Stop slurmctld (whichever process its pid file names: a site's restart command may
+        have started it) and start it again with its saved state, as a service restart does."""
+        pid_file = self.path("run", "slurmctld.pid")
+        self._pids.pop("slurmctld", None)
+        with contextlib.suppress(FileNotFoundError, ValueError), open(pid_file) as handle:
+            _terminate(int(handle.read().strip()))
+        self._spawn("slurmctld", ["slurmctld", "-i"], pid_file)
+
+    def slurmctld_restart_command(self) -> str:
+        """A shell command that restarts this bed's slurmctld from outside, as
+        ``systemctl restart slurmctld`` does on a site."""
+        script = (f"pid=$(cat {shlex.quote(self.path('run', 'slurmctld.pid'))}) && kill $pid && "
+                  "while kill -0 $pid 2>/dev/null; do sleep 0.1; done && "
+                  f"exec env SLURM_CONF={shlex.quote(self.conf)} "
+                  f"GPUSHARE_FACTS={shlex.quote(self.facts_path)} "
+                  "slurmctld -i </dev/null >/dev/null 2>&1")
+        return shlex.join(["/bin/sh", "-c", script])
+
+    def adopt_slurmctld(self) -> None:
+        """Track the slurmctld a command outside the bed started."""
+        self._pids["slurmctld"] = self._read_pid(self.path("run", "slurmctld.pid"))
 
     def kill_slurmd(self, node: str) -> None:
         """SIGKILL a slurmd (as a crash would); its jobs' slurmstepds live on."""

@@ -70,6 +70,8 @@ class SlurmNode:
     gres: str = ""  # configured, e.g. "gpu:h100:8,mps:400"
     gres_used: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # slurmd has registered since slurmctld started (scontrol shows BootTime=None until then).
+    registered: bool = True
 
     @property
     def draining(self) -> bool:
@@ -246,6 +248,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             reason="" if reason == "(null)" else reason,
             gres="" if fields.get("Gres") == "(null)" else fields.get("Gres", ""),
             gres_used=fields.get("GresUsed", ""),
+            registered=fields.get("BootTime") != "None",
         ))
     return nodes
 

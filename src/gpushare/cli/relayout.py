@@ -15,6 +15,7 @@ from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
 from gpushare.cli import add_slurm_arguments, fail, plan_problems, text_table
 
 EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
+DEFAULT_SLURMCTLD_RESTART = "systemctl restart slurmctld"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "for each changed GPU through --node-command (e.g. ssh); each applied layout is "
         "recorded in the state file (--state, default relayout-state.json beside the plan), "
         "the node's Gres= is set on its slurm.conf line (--slurm-conf), `scontrol "
-        "reconfigure` makes slurmctld and slurmd see it, and the node is resumed once "
+        "reconfigure` makes slurmctld and slurmd see it (before Slurm 23.11 slurmctld is "
+        "then restarted, --slurmctld-restart), and the node is resumed once "
         "slurmctld shows the new GRES. A step that fails and lays the old layout back "
         "resumes the node unchanged; a step whose result is unknown, or a Slurm step that "
         "fails, leaves the node drained with the cause as its reason. render, check and "
@@ -93,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ctl.add_argument("--slurmd-restart", default="", metavar="CMD",
                      help="also run this after `scontrol reconfigure` (e.g. 'ssh {node} "
                      "systemctl restart slurmd'; default: none, reconfigure is enough)")
+    ctl.add_argument("--slurmctld-restart", metavar="CMD",
+                     help="restarts slurmctld after a node's Gres= changed, for Slurm before "
+                     "23.11, whose `scontrol reconfigure` keeps a node's GPU count (running "
+                     "jobs live on); default there: 'systemctl restart slurmctld' (run "
+                     "relayout on the controller host), 'none' to never restart (the node "
+                     "then stays drained); not needed from 23.11, whose reconfigure restarts it")
     ctl.add_argument("--slurm-conf", metavar="FILE",
                      help="the slurm.conf holding the nodes' NodeName lines, whose Gres= is "
                      "set (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
@@ -291,7 +299,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.apply:
         if not state_path:
             return fail("relayout", "--apply records what it changes: give --state FILE")
-        return _apply(args, plan, decision, state_path, one_profile_per_node(version))
+        return _apply(args, plan, decision, state_path, version)
     if args.json:
         print(json.dumps(_decision_json(decision), indent=2))
         return 0
@@ -308,20 +316,27 @@ def _decision_json(decision: Any) -> dict[str, Any]:
 
 
 def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str,
-           one_profile: bool) -> int:
+           version: str) -> int:
     """Carry the decision out; 0 when every node is back in service (changed or laid back
     unchanged), 1 when a node was left as it was, 2 when one is left drained."""
     import datetime
     import os
 
+    from gpushare.admin.plan.model import release_tuple
     from gpushare.admin.relayout.controller import (
         Scontrol,
         Settings,
         apply_decision,
         command_argv,
     )
+    from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.slurm_client import SlurmClientError
 
+    slurmctld_restart = args.slurmctld_restart
+    if slurmctld_restart is None:
+        slurmctld_restart = DEFAULT_SLURMCTLD_RESTART if release_tuple(version) < (23, 11) else ""
+    elif slurmctld_restart == "none":
+        slurmctld_restart = ""
     for option, value in (("--drain-timeout", args.drain_timeout),
                           ("--settle-timeout", args.settle_timeout)):
         if value is not None and not 1 <= value <= 86400:
@@ -329,7 +344,8 @@ def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str,
     if not 1 <= args.step_timeout <= 3600:
         return fail("relayout", "--step-timeout must be between 1 and 3600 seconds")
     for option, template in (("--node-command", args.node_command),
-                             ("--slurmd-restart", args.slurmd_restart)):
+                             ("--slurmd-restart", args.slurmd_restart),
+                             ("--slurmctld-restart", slurmctld_restart)):
         try:
             if template or option == "--node-command":
                 command_argv(template)
@@ -341,7 +357,8 @@ def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str,
     settings = Settings(node_command=args.node_command, slurmd_restart=args.slurmd_restart,
                         slurm_conf=slurm_conf, state_path=state_path,
                         cluster_gres_conf=args.cluster_gres_conf,
-                        one_profile_per_node=one_profile,
+                        slurmctld_restart=slurmctld_restart,
+                        one_profile_per_node=one_profile_per_node(version),
                         drain_timeout_s=args.drain_timeout or args.max_drain,
                         step_timeout_s=args.step_timeout,
                         settle_timeout_s=args.settle_timeout)

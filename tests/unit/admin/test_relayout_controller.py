@@ -40,7 +40,8 @@ PartitionName=debug Nodes=ALL Default=YES
 
 class FakeSlurm:
     """slurmctld as the orchestration sees it: a node runs ``busy_polls`` more polls of
-    jobs, ``reconfigure`` re-reads slurm.conf's Gres= (unless ``stale``)."""
+    jobs, ``reconfigure`` re-reads slurm.conf's Gres= (unless ``stale``, as Slurm 22.05 keeps
+    a node's GPU count), a restart (``restarted_by`` written) re-reads it always."""
 
     def __init__(self, slurm_conf: str, busy_polls: int = 0) -> None:
         self.slurm_conf = slurm_conf
@@ -51,15 +52,23 @@ class FakeSlurm:
         self.calls: list[str] = []
         self.stale = False
         self.down_on: Optional[str] = None
+        self.restarted_by: Optional[str] = None  # a file the site's restart command writes
+        self.unregistered_polls = 0
+        self.stale_restarts = 0
 
     def node(self, name: str) -> Optional[SlurmNode]:
         if self.down_on == "node":
             raise SlurmClientError("scontrol: slurmctld is down")
+        self.notice_restart()
+        registered = self.unregistered_polls == 0
+        if not registered:
+            self.unregistered_polls -= 1
+            self.calls.append("unregistered")
         base = "MIXED" if self.busy[name] > 0 else "IDLE"
         if self.busy[name] > 0 and "DRAIN" in self.state[name]:
             self.busy[name] -= 1
         return SlurmNode(name, (base, *sorted(self.state[name])), self.reason[name],
-                         self.gres[name])
+                         self.gres[name], registered=registered)
 
     def drain(self, name: str, reason: str) -> None:
         self.calls.append(f"drain {name}")
@@ -71,12 +80,25 @@ class FakeSlurm:
         self.state[name].discard("DRAIN")
         self.reason[name] = ""
 
+    def notice_restart(self) -> None:
+        if self.restarted_by and os.path.exists(self.restarted_by):
+            os.unlink(self.restarted_by)
+            self.calls.append("restarted")
+            self.unregistered_polls = 2  # slurmd has not registered with the new slurmctld
+            if self.stale_restarts:
+                self.stale_restarts -= 1  # it registered its old gres.conf
+            else:
+                self.reload()
+
     def reconfigure(self) -> None:
+        self.notice_restart()
         self.calls.append("reconfigure")
         if self.down_on == "reconfigure":
             raise SlurmClientError("scontrol reconfigure: slurmctld is down")
-        if self.stale:
-            return
+        if not self.stale:
+            self.reload()
+
+    def reload(self) -> None:
         with open(self.slurm_conf) as handle:
             for line in handle:
                 words = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -246,6 +268,54 @@ def test_a_reconfigure_that_fails_leaves_the_node_drained(site):
     [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
     assert outcome.failed and "scontrol reconfigure failed" in outcome.failed
     assert "DRAIN" in slurm.state["h1"]
+
+
+def test_slurm_before_23_11_sees_a_new_gpu_count_once_slurmctld_restarts(site, tmp_path):
+    plan, settings, profile, slurm = site
+    slurm.stale = True
+    slurm.restarted_by = str(tmp_path / "restarted")
+    settings.slurmctld_restart = shlex.join(
+        [sys.executable, "-c", f"open({slurm.restarted_by!r}, 'w').close()"])
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed is None, outcome
+    # slurmctld restarted once slurmd had read the new gres.conf (the reconfigure), and the
+    # node came back once slurmd had registered with the new slurmctld.
+    assert slurm.calls == ["drain h1", "reconfigure", "restarted", "unregistered",
+                           "unregistered", "resume h1"]
+    assert slurm.gres["h1"] == "gpu:1g.10gb:8,gpu:3g.40gb:2"
+    assert "h1: restarted slurmctld" in outcome.log
+    # Nothing changed for Slurm: no restart.
+    slurm.calls.clear()
+    [again] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert again.failed is None and "restarted" not in slurm.calls, (again, slurm.calls)
+    assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]
+
+
+def test_a_restart_that_met_slurmds_old_gres_conf_is_done_once_more(site, tmp_path):
+    plan, settings, _profile, slurm = site
+    slurm.stale, slurm.stale_restarts = True, 1
+    slurm.restarted_by = str(tmp_path / "restarted")
+    settings.slurmctld_restart = shlex.join(
+        [sys.executable, "-c", f"open({slurm.restarted_by!r}, 'w').close()"])
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed is None, outcome
+    assert slurm.calls.count("restarted") == 2 and slurm.calls[-1] == "resume h1", slurm.calls
+    assert slurm.gres["h1"] == "gpu:1g.10gb:8,gpu:3g.40gb:2"
+    # Twice stale: the node stays drained, saying what slurmctld shows.
+    slurm.calls.clear()
+    slurm.stale_restarts = 2
+    [again] = run(plan, settings, slurm, decision(("h1", 3, "2x3g.40gb")))
+    assert again.failed and again.failed.startswith("slurmctld still shows Gres="), again
+    assert slurm.calls.count("restarted") == 2 and "DRAIN" in slurm.state["h1"]
+
+
+def test_a_slurmctld_restart_that_fails_leaves_the_node_drained(site):
+    plan, settings, _profile, slurm = site
+    slurm.stale = True
+    settings.slurmctld_restart = "/bin/false"
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "restarting slurmctld failed (exit 1)" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"] and "resume h1" not in slurm.calls
 
 
 def test_an_empty_decision_changes_nothing_and_counts_no_round(site):

@@ -40,7 +40,8 @@ SCONTROL = (
     "NodeHostName=n1 Version=22.05.8 OS=Linux RealMemory=1000 State=IDLE+DRAIN "
     "ThreadsPerCore=1 Partitions=gpu BootTime=2024-01-01T00:00:00 "
     "Reason=gpushare: gres.conf gives Slurm GPU 1 slice 2g.10gb [root@2024-05-01T10:00:00]\n"
-    "NodeName=n2 Arch=x86_64 Gres=(null) State=DOWN* Reason=Not responding [slurm@2024-05-01]\n"
+    "NodeName=n2 Arch=x86_64 Gres=(null) State=DOWN* BootTime=None "
+    "Reason=Not responding [slurm@2024-05-01]\n"
 )
 
 
@@ -80,6 +81,8 @@ def test_scontrol_one_liners():
     assert nodes[0].reason == "gpushare: gres.conf gives Slurm GPU 1 slice 2g.10gb"
     assert nodes[1].gres == "" and nodes[1].states == ("DOWN*",)
     assert nodes[1].reason == "Not responding"
+    # BootTime=None: slurmd has not registered since slurmctld started.
+    assert nodes[0].registered and not nodes[1].registered
 
 
 def _script(tmp_path, name, body):

@@ -123,6 +123,9 @@ class Settings:
 
     node_command: str = DEFAULT_NODE_COMMAND
     slurmd_restart: str = ""  # e.g. "ssh {node} systemctl restart slurmd"; "": none
+    # Slurm before 23.11 keeps a node's GPU count across `scontrol reconfigure` ("invalid with
+    # File configuration") and takes a new one only when slurmctld restarts; "": reconfigure.
+    slurmctld_restart: str = ""
     slurm_conf: str = "/etc/slurm/slurm.conf"
     cluster_gres_conf: str = ""  # a gres.conf every node shares, re-rendered; "": none
     one_profile_per_node: bool = False  # Slurm before 23.11 with AutoDetect=off
@@ -177,6 +180,17 @@ def _node_names(expression: str) -> list[str]:
         return list(hostlist.expand_hostlist(expression))
     except (hostlist.BadHostlist, ValueError):
         return [expression]
+
+
+def node_gres_in(text: str, node: str) -> str:
+    """``Gres=`` of ``node``'s NodeName line in slurm.conf ``text`` ("" when it has none)."""
+    for line in text.splitlines():
+        words = line.split()
+        match = re.match(r"(?i)nodename=(\S+)", words[0]) if words else None
+        if match and match.group(1).upper() != "DEFAULT" and node in _node_names(match.group(1)):
+            return next((w.split("=", 1)[1] for w in words[1:] if w.lower().startswith("gres=")),
+                        "")
+    return ""
 
 
 def set_node_gres(text: str, node: str, gres: str) -> str:
@@ -375,6 +389,7 @@ class _Node:
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
+            old_gres = node_gres_in(text, self.name)
             new_text = set_node_gres(text, self.name, gres)
             if new_text != text:
                 write_atomically(path, new_text)
@@ -391,22 +406,41 @@ class _Node:
                 raise RelayoutError(f"the GPUs changed but {shared} was not rendered: "
                                     f"{err}") from None
             self.say(f"rendered {shared}")
+        restart = bool(self.settings.slurmctld_restart) and \
+            _comparable(gres) != _comparable(old_gres)
         try:
             self.slurm.reconfigure()
         except SlurmClientError as err:
             raise RelayoutError(f"scontrol reconfigure failed: {err}") from None
         if self.settings.slurmd_restart:
-            argv = command_argv(self.settings.slurmd_restart, node=self.name)
-            try:
-                done = proc.run(argv, timeout=self.settings.settle_timeout_s,
-                                env=self.settings.env)
-            except proc.ProcError as err:
-                raise RelayoutError(f"restarting slurmd failed: {err}") from None
-            if done.returncode != 0:
-                raise RelayoutError(f"restarting slurmd failed (exit {done.returncode}): "
-                                    f"{done.output[-200:]}")
+            self._run_restart("slurmd", self.settings.slurmd_restart)
         want = _comparable(gres)
-        deadline = self.clock() + self.settings.settle_timeout_s
+        unsettled = {"INVAL", "INVALID_REG", "NOT_RESPONDING", "DOWN", "UNKNOWN"}
+
+        def settled(node: SlurmNode) -> bool:
+            return _shows(_comparable(node.gres), want) and not unsettled & set(node.states) \
+                and (node.registered or not restart)
+
+        if not restart:
+            self._settle(self.clock() + self.settings.settle_timeout_s, f"Gres={gres}", settled)
+            return
+        # After the reconfigure, so that the first registration the new slurmctld sees is
+        # slurmd's new gres.conf. Until then the old slurmctld may take a lower count for
+        # INVAL and replace the drain's reason; jobs live on in their slurmstepds. Should
+        # slurmd's registration of its old gres.conf still beat the reconfigure (the new
+        # slurmctld then keeps the old types), a second restart finds the new one.
+        for attempt in (1, 2):
+            self._run_restart("slurmctld", self.settings.slurmctld_restart)
+            try:
+                self._settle(self.clock() + self.settings.settle_timeout_s, f"Gres={gres}",
+                             settled)
+                return
+            except RelayoutError:
+                if attempt == 2:
+                    raise
+
+    def _settle(self, deadline: float, what: str, ready: Callable[[SlurmNode], bool]) -> None:
+        """Poll slurmctld until the node is ``ready``, through a slurmctld briefly away."""
         seen = ""
         while True:
             try:
@@ -414,18 +448,32 @@ class _Node:
             except SlurmClientError as err:
                 node, seen = None, str(err)
             if node is not None:
-                seen = f"Gres={node.gres or '(null)'}"
-                inval = "INVAL" in node.states or "INVALID_REG" in node.states
-                if _shows(_comparable(node.gres), want) and not inval:
+                seen = f"Gres={node.gres or '(null)'} State={'+'.join(node.states)}"
+                if ready(node):
                     return
             if self.clock() > deadline:
-                raise RelayoutError(f"slurmctld still shows {seen}, not Gres={gres}, after "
+                raise RelayoutError(f"slurmctld still shows {seen}, not {what}, after "
                                     f"{self.settings.settle_timeout_s:.0f} s")
             self.sleep(self.settings.poll_s)
 
+    def _run_restart(self, daemon: str, template: str) -> None:
+        argv = command_argv(template, node=self.name)
+        try:
+            done = proc.run(argv, timeout=self.settings.settle_timeout_s, env=self.settings.env)
+        except proc.ProcError as err:
+            raise RelayoutError(f"restarting {daemon} failed: {err}") from None
+        if done.returncode != 0:
+            raise RelayoutError(f"restarting {daemon} failed (exit {done.returncode}): "
+                                f"{done.output[-200:]}")
+        self.say(f"restarted {daemon}")
+
     def _resume_if_ours(self) -> None:
         node = self.slurm.node(self.name)
-        if _ours(node):
+        if node is not None and not node.draining and not node.down:
+            # Slurm before 23.11: the registration that cleared an INVAL cleared the drain.
+            self.say("slurmctld had put it back in service once slurmd registered the new "
+                     "GRES")
+        elif _ours(node):
             self.slurm.resume(self.name)
         else:
             self.say("the drain is no longer ours; left as it is")
