@@ -150,12 +150,14 @@ def format_decision(decision: Any) -> str:
 def _run_node(args: argparse.Namespace) -> int:
     """The node's step: one GPU of this node to one layout of its group's menu."""
     from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.plan.model import with_slurm_version
     from gpushare.admin.relayout.apply import (
         ApplyError,
         apply_layout,
         render_node_gres,
         write_atomically,
     )
+    from gpushare.admin.slurm_client import installed_release
     from gpushare.cli import nodeconf
     from gpushare.gpu.inventory import MIG_MINORS_PATH, collect, load_nvml
     from gpushare.gpu.nvml import SIM_PREFIX, InventoryError
@@ -171,6 +173,10 @@ def _run_node(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan)
     except PlanError as err:
         return fail("relayout node", plan_problems(err))
+    # The release the node runs, as the controller takes it, where the plan names none.
+    release = None if plan.slurm.version_given else installed_release()
+    if release:
+        plan = with_slurm_version(plan, release)
     state_path = _state_path(args)
     round_layouts: dict[int, str] = {}
     for item in filter(None, args.round.split(",")):
@@ -253,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     import time
 
     from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.plan.model import with_slurm_version
     from gpushare.admin.relayout.decide import decide
     from gpushare.admin.relayout.demand import pending, running_ends, supply
     from gpushare.admin.relayout.menu import one_profile_per_node
@@ -293,6 +300,7 @@ def _run(args: argparse.Namespace) -> int:
         return fail("relayout", str(err))
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
+    plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
     decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis,
                       max_drain_s=args.max_drain,
                       one_profile_per_node=one_profile_per_node(version))

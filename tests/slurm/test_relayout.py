@@ -1,0 +1,412 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare relayout --apply`` end to end on a real slurmctld and real slurmd, with simulated
+NVML: the queue waits for a MIG profile no node in service offers, the idle GPUs change, Slurm
+sees the new GRES, the waiting jobs run; and what a failing, hanging or interrupted change
+leaves behind.
+
+The bed runs without ``SlurmdParameters=config_overrides``, so slurmctld validates every
+registration as on a real cluster: the nodes declare this machine's CPUs and less memory than
+it has, and a GRES count that does not match gres.conf would make a node INVAL.
+
+Three nodes on ``GPUSHARE_BED_PORT`` + 320 up: rl1 is the one that changes (GPU 0 Kubernetes'
+MIG, GPU 1 Slurm's whole, GPUs 2-3 Slurm's 7 × 1g.10gb, menu 7x1g.10gb / 2x3g.40gb / whole);
+rl2 (2 × 3g.40gb) and rl3 are drained at the start, so that jobs asking for 3g.40gb are
+accepted (Slurm refuses at submission a type no node declares) and wait. The nodes share one
+gres.conf, which ``--cluster-gres-conf`` renders again from the plan and the applied layouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any, Iterator
+
+import pytest
+
+import slurmbed
+
+PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200")) + 320
+ROOT = f"/tmp/gsbed-relayout-{PORT}"
+NODE = "rl1"
+PLAN = """\
+version: 1
+slurm:
+  device_root: @ROOT@/dev
+  mps_units_per_gpu: 100
+node_groups:
+  - name: flex
+    nodes: rl1
+    gpu_model: h100-80gb
+    gpus: 4
+    layout:
+      0: {owner: kubernetes, mig: [{profile: 3g.40gb, count: 2}]}
+      1: {owner: slurm}
+      all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}
+    relayout:
+      min_interval_s: 0
+      menu:
+        - 7x1g.10gb
+        - 2x3g.40gb
+        - whole
+  - name: big
+    nodes: rl2
+    gpu_model: h100-80gb
+    gpus: 2
+    layout:
+      all: {owner: slurm, mig: [{profile: 3g.40gb, count: 2}]}
+  - name: small
+    nodes: rl3
+    gpu_model: h100-80gb
+    gpus: 1
+    layout:
+      all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}
+"""
+
+
+def gpushare(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.path.join(slurmbed.REPO, "src"),
+               SLURM_CONF=os.path.join(ROOT, "etc", "slurm.conf"))
+    return subprocess.run([sys.executable, "-m", "gpushare.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def _bed() -> slurmbed.SlurmBed:
+    from gpushare.admin.mig_profiles import caps_minors
+
+    plan_path = ROOT + ".plan.yaml"
+    with open(plan_path, "w") as handle:
+        handle.write(PLAN.replace("@ROOT@", ROOT))
+    bed = slurmbed.plan_bed(root=ROOT, port_base=PORT, plan_path=plan_path, simulate=True)
+    cpus = os.cpu_count() or 1
+    for node in bed.nodes:
+        node.cpus, node.memory_mb = cpus, 1000  # this machine's CPUs, less than its memory
+    prepare = bed.prepare
+
+    def prepare_without_overrides() -> None:
+        prepare()
+        conf = bed.path("etc", "slurm.conf")
+        with open(conf) as handle:
+            lines = [line for line in handle if not line.startswith("SlurmdParameters=")]
+        with open(conf, "w") as handle:
+            handle.writelines(lines)
+        # Every MIG capability file a layout may need (a real node has them all).
+        for gpu_minor in range(4):
+            for gi in range(15):
+                for minor in {caps_minors(gpu_minor, gi, ci)[i] for ci in range(8)
+                              for i in (0, 1)}:
+                    path = bed.path("dev", "nvidia-caps", f"nvidia-cap{minor}")
+                    if not os.path.exists(path):
+                        os.mknod(path, 0o444 | 0o020000, os.makedev(240, minor))
+
+    bed.prepare = prepare_without_overrides  # type: ignore[method-assign]
+    return bed
+
+
+@pytest.fixture(scope="module")
+def bed():
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm needs root")
+    if not os.path.exists(os.path.join(slurmbed.BUILD, "spank_gpushare.so")):
+        subprocess.run(["make", "-C", slurmbed.REPO, "build"], check=True)
+    cluster = _bed()
+    cluster.start()
+    try:
+        with open(cluster.conf) as handle:
+            assert "config_overrides" not in handle.read()
+        for spare in ("rl2", "rl3"):
+            cluster.run(["scontrol", "update", f"NodeName={spare}", "State=DRAIN",
+                         "Reason=spare"])
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+SAVED = ("nodes/rl1.json", "etc/gres.conf", "etc/slurm.conf")
+
+
+@pytest.fixture
+def fresh(bed) -> Iterator[slurmbed.SlurmBed]:
+    """rl1 as the plan lays it out, in service, no job and no relayout recorded; again
+    after the test."""
+    saved = {}
+    for name in SAVED:
+        with open(bed.path(name)) as handle:
+            saved[name] = handle.read()
+
+    def reset() -> None:
+        bed.run(["scancel", "--quiet", "--full", "-u", slurmbed.TEST_USERS[0]], check=False)
+        slurmbed.wait_until("no job left", lambda: not bed.run(
+            ["squeue", "-h", "-o", "%i"]).stdout.strip())
+        for name, text in saved.items():
+            with open(bed.path(name), "w") as handle:
+                handle.write(text)
+        for name in ("etc/relayout-state.json",):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(bed.path(name))
+        bed.run(["scontrol", "reconfigure"])
+
+        def back() -> bool:
+            return shows(bed, {"gpu:h100": 1, "gpu:1g.10gb": 14}) and registered(bed)
+
+        if restarts_slurmctld():
+            # As relayout does: slurmd has read gres.conf, slurmctld takes the count at start.
+            for attempt in (1, 2):
+                bed.restart_slurmctld()
+                try:
+                    slurmbed.wait_until("rl1 has its planned GRES back and registered it",
+                                        back, timeout=60)
+                    break
+                except AssertionError:
+                    if attempt == 2:
+                        raise
+        slurmbed.wait_until("rl1 has its planned GRES back and registered it", back)
+        bed.resume(NODE)
+        slurmbed.wait_until("rl1 idle", lambda: bed.node_state(NODE)["State"] == "IDLE")
+
+    reset()
+    yield bed
+    reset()
+
+
+def shows(bed, want: dict[str, int]) -> bool:
+    """slurmctld shows rl1 with these GPU types, at least these many of each (22.05 counts
+    each file of a slice's MultipleFiles= line once a reconfigure took the node's count)."""
+    seen = gres_of(bed)
+    return set(seen) == set(want) and all(seen[k] >= v for k, v in want.items())
+
+
+def registered(bed) -> bool:
+    """rl1's slurmd has registered with slurmctld since it started (BootTime=None until then),
+    and nothing marks the node unusable."""
+    state = bed.node_state(NODE)
+    flags = set(state["State"].split("+"))
+    return state.get("BootTime") != "None" and not flags & {"NOT_RESPONDING", "INVAL", "DOWN"}
+
+
+def gres_of(bed) -> dict[str, int]:
+    """slurmctld's GPU GRES of rl1 by type ({"gpu:3g.40gb": 4, ...})."""
+    gres = bed.node_state(NODE).get("Gres", "")
+    counts: dict[str, int] = {}
+    for item in re.split(r",(?![^(]*\))", gres):
+        head = item.split("(", 1)[0]
+        name, _, count = head.rpartition(":")
+        if name.startswith("gpu"):
+            counts[name] = counts.get(name, 0) + int(count)
+    return counts
+
+
+def sim_layout(bed, index: int) -> Any:
+    with open(bed.path("nodes", f"{NODE}.json")) as handle:
+        gpu = json.load(handle)["gpus"][index]
+    if not gpu.get("mig", {}).get("current"):
+        return "whole"
+    return sorted(d["profile"] for d in gpu["mig_devices"])
+
+
+def step_command(bed, before: str = "") -> str:
+    """The node's step as a site's --node-command runs it (here, on this host)."""
+    step = [sys.executable, "-m", "gpushare.cli", "relayout", "node",
+            "--plan", bed.path("etc", "plan.yaml"), "--node", "{node}", "--gpu", "{gpu}",
+            "--layout", "{layout}", "--round={round}", "--decision", "{decision}",
+            "--step-timeout", "{timeout}", "--source", "sim:" + bed.path("nodes", "{node}.json"),
+            "--gres-conf", "none", "--apply"]
+    if before:
+        return shlex.join(["/bin/sh", "-c", before + ' && exec "$0" "$@"', *step])
+    return shlex.join(step)
+
+
+def restarts_slurmctld() -> bool:
+    """Slurm before 23.11 keeps a node's GPU count across ``scontrol reconfigure``; relayout
+    restarts slurmctld there (``--slurmctld-restart``, systemctl on a site)."""
+    from gpushare.admin.plan.model import release_tuple
+    from gpushare.admin.slurm_client import installed_release
+
+    return release_tuple(installed_release() or "24.11") < (23, 11)
+
+
+def relayout(bed, *extra: str, command: str = "", **popen: Any) -> Any:
+    argv = ["relayout", "--plan", bed.path("etc", "plan.yaml"), "--backend", "scontrol",
+            "--hysteresis", "0.2", "--node-command", command or step_command(bed),
+            "--slurm-conf", bed.conf, "--cluster-gres-conf", bed.path("etc", "gres.conf"),
+            "--settle-timeout", "90", "--apply", "--json", *extra]
+    if restarts_slurmctld():
+        argv += ["--slurmctld-restart", bed.slurmctld_restart_command()]
+    try:
+        if popen:
+            env = dict(os.environ, PYTHONPATH=os.path.join(slurmbed.REPO, "src"),
+                       SLURM_CONF=bed.conf)
+            return subprocess.Popen([sys.executable, "-m", "gpushare.cli", *argv], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return gpushare(*argv)
+    finally:
+        if not popen:
+            bed.adopt_slurmctld()
+
+
+def queue_large(bed, count: int = 4) -> list[int]:
+    """Jobs asking for a 3g.40gb, which no node in service offers: they wait."""
+    jobs = [bed.sbatch("echo CVD=$CUDA_VISIBLE_DEVICES", "--gres=gpu:3g.40gb:1", "--time=2")
+            for _ in range(count)]
+    for job in jobs:
+        assert bed.job(job)["JobState"] == "PENDING", bed.job(job)
+    return jobs
+
+
+def test_the_layout_follows_the_queue(fresh):
+    bed = fresh
+    mig_parted = gpushare("render", "mig-parted", "--plan", bed.path("etc", "plan.yaml"))
+    assert mig_parted.returncode == 0, mig_parted.stderr
+    kubernetes_gpu = sim_layout(bed, 0)
+    # A job on GPU 1 (whole) of the same node: Slurm has no per-GPU drain, so the node
+    # takes no new job and changes once this one has ended.
+    marker = os.path.join(bed.out_dir, "neighbour-started")
+    running = bed.sbatch(f"touch {marker}; echo CVD=$CUDA_VISIBLE_DEVICES; sleep 10; "
+                         "echo neighbour done", "-w", NODE, "--gres=gpu:h100:1", "--time=2")
+    slurmbed.wait_until("the neighbour runs", lambda: os.path.exists(marker))
+    waiting = queue_large(bed)
+
+    done = relayout(bed)
+    assert done.returncode == 0, (json.loads(done.stdout or "{}").get("nodes"), done.stderr,
+                                  bed.logs()[-3000:])
+    out = json.loads(done.stdout)
+    [node] = out["nodes"]
+    assert node["node"] == NODE and node["failed"] is None, node
+    assert sorted(node["applied"]) == [[2, "2x3g.40gb"], [3, "2x3g.40gb"]], node
+    # NVML (simulated) shows the new instances; Kubernetes' GPU kept its layout.
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["3g.40gb", "3g.40gb"]
+    assert sim_layout(bed, 0) == kubernetes_gpu
+    # slurmctld shows the new GRES, the node is back, the waiting jobs run.
+    assert shows(bed, {"gpu:h100": 1, "gpu:3g.40gb": 4}), gres_of(bed)
+    state = bed.node_state(NODE)
+    assert "DRAIN" not in state["State"] and "INVAL" not in state["State"], state
+    neighbour = bed.wait_job(running)
+    assert neighbour["JobState"] == "COMPLETED" and neighbour["ExitCode"] == "0:0", neighbour
+    assert "neighbour done" in bed.output(running)
+    for job in waiting:
+        info = bed.wait_job(job)
+        assert info["JobState"] == "COMPLETED" and info["NodeList"] == NODE, info
+    # The neighbour had ended before any GPU changed (Slurm drained the node until idle).
+    with open(bed.path("etc", "relayout-state.json")) as handle:
+        record = json.load(handle)
+    changed_at = record["gpus"][NODE]["2"]["at"]
+    ended = time.mktime(time.strptime(neighbour["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert ended <= changed_at, (neighbour["EndTime"], changed_at)
+    assert record["counters"]["applied"] == 2 and record["gpus"][NODE]["2"]["decision"] == \
+        out["decision_id"]
+    # The Kubernetes side's config is the plan's; check agrees with the node and slurmctld.
+    again = gpushare("render", "mig-parted", "--plan", bed.path("etc", "plan.yaml"))
+    assert again.stdout == mig_parted.stdout
+    check = gpushare("check", "--plan", bed.path("etc", "plan.yaml"), "--node", NODE,
+                     "--source", "sim:" + bed.path("nodes", f"{NODE}.json"),
+                     "--gres-conf", bed.path("etc", "gres.conf"), "--json")
+    findings = json.loads(check.stdout)["findings"]
+    assert [f for f in findings if f["severity"] == "error"] == [], findings
+    assert not any("twice" in f["what"] for f in findings), findings
+    cluster = gpushare("check", "--plan", bed.path("etc", "plan.yaml"), "--cluster",
+                       "--backend", "scontrol", "--json")
+    findings = json.loads(cluster.stdout)["findings"]
+    # Only 22.05's per-file count may differ; what check expects is the applied layout.
+    assert all("gives Slurm gpu:h100:1,gpu:3g.40gb:4" in f["what"]
+               for f in findings if f["severity"] == "error"), findings
+    rendered = gpushare("render", "gres", "--plan", bed.path("etc", "plan.yaml"), "--node",
+                        NODE)
+    assert rendered.stdout.count("Type=3g.40gb") == 4, rendered.stdout
+    # No new demand: a second round changes nothing and drains nothing.
+    second = relayout(bed)
+    assert second.returncode == 0, second.stderr
+    out = json.loads(second.stdout)
+    assert out["changes"] == [] and out["nodes"] == [], out
+    assert shows(bed, {"gpu:h100": 1, "gpu:3g.40gb": 4}), gres_of(bed)
+    metrics = gpushare("metrics", "--relayout-state", bed.path("etc", "relayout-state.json"),
+                       "--plugstack", bed.path("etc", "none.conf"))
+    assert 'gpushare_relayout_changes_total{result="applied"} 2' in metrics.stdout, metrics
+
+
+def expected_gres(applied: list[list[Any]]) -> dict[str, int]:
+    """rl1's GRES after these GPUs took 2x3g.40gb (which the decision picks depends on the
+    release: 22.05 keeps one MIG profile per node)."""
+    changed = {gpu for gpu, layout in applied if layout == "2x3g.40gb"}
+    assert changed and changed == {gpu for gpu, _layout in applied}, applied
+    counts = {"gpu:h100": 0 if 1 in changed else 1, "gpu:3g.40gb": 2 * len(changed),
+              "gpu:1g.10gb": 7 * len({2, 3} - changed)}
+    return {k: v for k, v in counts.items() if v}
+
+
+def test_a_step_refused_for_gpus_in_use_resumes_the_node_unchanged(fresh):
+    """A process on every Slurm GPU of rl1 that slurmctld does not know of (NVML refuses to
+    destroy an instance in use): each step refuses, nothing changes, the node comes back."""
+    bed = fresh
+    queue_large(bed)
+    path = bed.path("nodes", f"{NODE}.json")
+    with open(path) as handle:
+        profile = json.load(handle)
+    busy = [{"pid": 4242, "kind": "compute"}]
+    profile["gpus"][1]["processes"] = busy
+    for index in (2, 3):
+        for device in profile["gpus"][index]["mig_devices"]:
+            device["processes"] = busy
+    with open(path, "w") as handle:
+        json.dump(profile, handle)
+    done = relayout(bed)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    [node] = json.loads(done.stdout)["nodes"]
+    assert node["applied"] == [] and node["failed"] is None, node
+    assert node["restored"] and all("in use" in why for _gpu, why in node["restored"]), node
+    assert [sim_layout(bed, i) for i in (1, 2, 3)] == ["whole"] + [["1g.10gb"] * 7] * 2
+    assert shows(bed, {"gpu:h100": 1, "gpu:1g.10gb": 14}), gres_of(bed)
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    # In service (a restarted slurmctld may still wait for a ping answer).
+    slurmbed.wait_until("rl1 idle", lambda: bed.node_state(NODE)["State"] == "IDLE")
+
+
+def test_a_step_that_hangs_leaves_the_node_drained_with_the_cause(fresh):
+    bed = fresh
+    queue_large(bed)
+    done = relayout(bed, "--step-timeout", "1", command=step_command(bed, "sleep 600"))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    out = json.loads(done.stdout)
+    [node] = out["nodes"]
+    assert "did not end within 32 s" in node["failed"], node
+    state = bed.node_state(NODE)
+    assert "DRAIN" in state["State"], state
+    assert state["Reason"].startswith("gpushare relayout: GPU "), state
+    assert "layout is unknown" in state["Reason"], state
+    assert shows(bed, {"gpu:h100": 1, "gpu:1g.10gb": 14}), gres_of(bed)
+
+
+def test_slurmctld_restarts_and_a_job_lands_while_the_node_changes(fresh):
+    bed = fresh
+    waiting = queue_large(bed)
+    started, go = bed.path("out", "step-started"), bed.path("out", "step-go")
+    for path in (started, go):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    hold = f"touch {started}; while [ ! -e {go} ]; do sleep 0.2; done"
+    running = relayout(bed, command=step_command(bed, hold), popen=True)
+    try:
+        slurmbed.wait_until("the node's step started", lambda: os.path.exists(started))
+        # A job for the node while it changes: the node is drained, the job waits.
+        small = bed.sbatch("echo small", "-w", NODE, "--time=2")
+        assert bed.job(small)["JobState"] == "PENDING", bed.job(small)
+        # slurmctld goes away and comes back (its state kept) in the middle.
+        bed.restart_slurmctld()
+        with open(go, "w"):
+            pass
+        out, err = running.communicate(timeout=400)
+    finally:
+        if running.poll() is None:
+            running.kill()
+        bed.adopt_slurmctld()
+    assert running.returncode == 0, (json.loads(out or "{}").get("nodes"), err, bed.logs()[-4000:])
+    [node] = json.loads(out)["nodes"]
+    assert node["failed"] is None, node
+    assert shows(bed, expected_gres(node["applied"])), gres_of(bed)
+    assert bed.wait_job(small)["JobState"] == "COMPLETED"
+    for job in waiting:
+        assert bed.wait_job(job)["JobState"] == "COMPLETED"
