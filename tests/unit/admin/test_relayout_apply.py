@@ -274,3 +274,28 @@ def test_slurm_22_05_changes_a_nodes_gpus_together_in_one_round(tmp_path):
     apply_layout(fresh(path), plan, "h1", 3, "2x3g.40gb", dry_run=False,
                  round_layouts={2: "2x3g.40gb"})
     assert layout_of(path, 2) == layout_of(path, 3) == [("3g.40gb", 1), ("3g.40gb", 2)]
+
+
+@pytest.mark.parametrize("installed, code", [("24.11.5", 0), ("22.05.8", 2)])
+def test_the_command_holds_a_plan_without_a_release_to_the_installed_one(
+        tmp_path, monkeypatch, capsys, installed, code):
+    """As the controller does: a plan that names no slurm.version follows the Slurm that
+    runs here, so a second MIG profile on the node is refused only on 22.05."""
+    import gpushare.admin.slurm_client as slurm_client
+    from gpushare.cli import main
+
+    text = (PLAN.replace("slurm: {version: '24.11'}\n", "")
+            .replace("      0: {owner: kubernetes, mig: [{profile: 3g.40gb}]}\n"
+                     "      1:\n        mig:\n"
+                     "          - {profile: 3g.40gb, owner: kubernetes}\n"
+                     "          - {profile: 1g.10gb, owner: slurm}\n", "")
+            .replace("        - 3g.40gb+2g.20gb+1g.10gb\n", ""))
+    assert "version: '24.11'" not in text
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(text)
+    path = write_profile(tmp_path, parse_plan(text, str(plan_file)))
+    monkeypatch.setattr(slurm_client, "installed_release", lambda *a, **k: installed)
+    assert main(["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
+                 "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
+                 "--state", "none", "--apply"]) == code
+    assert ("one MIG profile per node" in capsys.readouterr().err) == (code == 2)
