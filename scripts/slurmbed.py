@@ -371,8 +371,13 @@ class SlurmBed:
         self._write("etc/plugstack.conf", text)
 
     def _write(self, relative: str, text: str) -> None:
-        with open(self.path(relative), "w") as handle:
+        """Replace the file in one rename: slurmd re-reads plugstack.conf for every epilog,
+        and one that found it half written would load no gpushare and clean nothing up."""
+        path = self.path(relative)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as handle:
             handle.write(text)
+        os.replace(temporary, path)
 
     # ---- daemons --------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ Slurm reads plugstack.conf afresh for every job prolog, epilog and step. A plugs
 rewritten in place (truncated, then written) is empty for an instant: an epilog that starts
 then loads no gpushare and undoes nothing, and its job's records stay behind. The bed
 rewrites it at every clean_bed test's start and end, right when the jobs of the test before
-end; the second test shows that this must not leave records. It is an expected failure
-until SlurmBed.write_plugstack (scripts/slurmbed.py) replaces the file atomically (a temporary
-file renamed over it); then its xfail marker goes.
+end; the second test shows that this must not leave records: the bed replaces the file in
+one rename (SlurmBed._write in scripts/slurmbed.py), as a site's configuration management
+should.
 """
 
 from __future__ import annotations
@@ -92,9 +92,6 @@ def test_fast_ending_jobs_leave_no_records(clean_bed):
     assert_nothing_left(bed)
 
 
-@pytest.mark.xfail(strict=False, reason="scripts/slurmbed.py SlurmBed.write_plugstack writes "
-                   "plugstack.conf in place (open 'w'): an epilog starting meanwhile reads it "
-                   "empty and loads no gpushare; it must write a temporary file and rename it")
 def test_plugstack_rewritten_while_jobs_end_leaves_no_records(clean_bed):
     """The bed's own plugstack.conf rewrite, as clean_bed does it between tests, while jobs
     end: every epilog must still load gpushare and undo its job."""
