@@ -34,3 +34,23 @@ def test_check_mps_dry_run_answers_every_question(tmp_path):
     assert any("pinned" in name for name in verdicts), verdicts
     assert any("index" in name for name in verdicts), verdicts
     assert "RESULT" in run.stdout  # the table a person reads
+
+
+def test_check_relayout_dry_run_lays_two_layouts_and_back(tmp_path):
+    results = tmp_path / "relayout.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
+    run = subprocess.run([sys.executable, os.path.join(REPO, "tests", "gpu",
+                                                       "check_relayout.py"),
+                          str(results), "--dry-run"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(results.read_text())
+    assert report["machine"]["dry_run"] is True and report["machine"]["first_layout"] == "whole"
+    details = {r["check"]: r for r in report["results"]}
+    assert list(details) == ["busy refused", "first layout", "second layout", "back"]
+    assert all(r["ok"] for r in report["results"]), report
+    assert "-> 7x1g.18gb" in details["first layout"]["detail"]
+    assert "7x1g.18gb -> 2x3g.71gb" in details["second layout"]["detail"]
+    assert "2x3g.71gb -> whole" in details["back"]["detail"]
+    assert all(details[c]["seconds"] is not None for c in ("first layout", "second layout",
+                                                           "back"))
