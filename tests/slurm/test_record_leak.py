@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from tests.slurm.test_mps import assert_nothing_left, job_records, mps_entries
+from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
 import slurmbed
 
@@ -43,13 +44,6 @@ SRUNS = (
 
 def _no_jobs(bed) -> bool:
     return not bed.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip()
-
-
-def _start_clean(bed) -> None:
-    for user in ("root", *slurmbed.TEST_USERS):
-        bed.run(["scancel", "--quiet", "-u", user], check=False)
-    slurmbed.wait_until("the jobs of earlier tests gone", lambda: _no_jobs(bed), 120)
-    assert_nothing_left(bed)
 
 
 def _run_rounds(bed, rounds: int) -> list[tuple[bool, int]]:
@@ -79,9 +73,8 @@ def _reap(bed) -> None:
         os.unlink(path)
 
 
-def test_fast_ending_jobs_leave_no_records(clean_bed):
-    bed = clean_bed
-    _start_clean(bed)
+def test_fast_ending_jobs_leave_no_records(_mps_bed):  # noqa: F811  (the fixture above)
+    bed = _mps_bed
     results = _run_rounds(bed, ROUNDS)
     assert all((code == 0) == runs for runs, code in results), results
     left = _left(bed)
@@ -92,11 +85,10 @@ def test_fast_ending_jobs_leave_no_records(clean_bed):
     assert_nothing_left(bed)
 
 
-def test_plugstack_rewritten_while_jobs_end_leaves_no_records(clean_bed):
+def test_plugstack_rewritten_while_jobs_end_leaves_no_records(_mps_bed):  # noqa: F811
     """The bed's own plugstack.conf rewrite, as clean_bed does it between tests, while jobs
     end: every epilog must still load gpushare and undo its job."""
-    bed = clean_bed
-    _start_clean(bed)
+    bed = _mps_bed
     stop = threading.Event()
 
     def rewrite() -> None:
