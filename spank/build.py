@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import gpushare  # noqa: E402
-from gpushare.node import counters, drain, job, phases, state, ticket  # noqa: E402
+from gpushare.node import counters, drain, faults, job, phases, state, ticket  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 from gpushare.node.mps import record  # noqa: E402
 
@@ -102,7 +102,7 @@ def constants() -> dict[str, str]:
         "GS_RECORD_SUFFIX": embedbuild.c_string(state.RECORD_SUFFIX),
         "GS_ENV_SUFFIX": embedbuild.c_string(state.ENV_SUFFIX),
         "GS_LOCK_SUFFIX": embedbuild.c_string(state.LOCK_SUFFIX),
-        "GS_MPS_DIR": embedbuild.c_string(os.path.basename(PluginConfig().mps_dir)),
+        "GS_DAEMONS_DIR": embedbuild.c_string(os.path.basename(PluginConfig().daemons_dir)),
         "GS_TICKETS_DIR": embedbuild.c_string(record.TICKETS),
         "GS_DAEMON_JOBS_SUFFIX": embedbuild.c_string(record.JOBS_SUFFIX),
         "GS_TICKET_FORMAT": embedbuild.c_string(ticket.FORMAT),
@@ -115,6 +115,8 @@ def constants() -> dict[str, str]:
         "GS_SCONTROL": embedbuild.c_string(drain.SCONTROL),
         "GS_DRAIN_PREFIX": embedbuild.c_string(drain.PREFIX),
         "GS_DRAIN_REASON_MAX": str(drain.DRAIN_REASON_MAX),
+        "GS_STATE_DIR_FULL_FMT": embedbuild.c_string(_printf_format(
+            faults.STATE_DIR_FULL, ("state_dir", "%s"))),
     }
 
 

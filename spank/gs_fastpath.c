@@ -22,7 +22,7 @@
 
 /*
  * A daemon's caps are the largest share among its jobs (gpushare.node.mps.limits), and each
- * job referencing it is a file <state_dir>/mps/<key>.jobs/<job id> holding its share
+ * job referencing it is a file <state_dir>/daemons/<key>.jobs/<job id> holding its share
  * (gpushare.node.mps.record). A job that leaves other jobs on its daemon, one of them with a
  * share at least its own, changes neither the daemon nor its caps: its epilog only has to
  * unlink that file, under the daemon's lock (<key>.lock, as gpushare.node.mps.lock takes
@@ -122,7 +122,7 @@ int gs_fast_leave(spank_t sp)
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return 0;
     snprintf(job, sizeof(job), "%u", job_id);
-    snprintf(path, sizeof(path), "%s/" GS_MPS_DIR, gs_state_dir);
+    snprintf(path, sizeof(path), "%s/" GS_DAEMONS_DIR, gs_state_dir);
     mps_fd = gs_check_state_dir(0) == 0 ? gs_open_dir_at(AT_FDCWD, path) : -1;
     if (mps_fd < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
         if (mps_fd >= 0)
@@ -156,7 +156,7 @@ int gs_fast_leave(spank_t sp)
  * needs nothing decided: its reference, record and task environment are the previous such
  * job's with its own id. The worker of that job left a join ticket saying under which
  * conditions this holds and what to write (gpushare.node.ticket describes the format and
- * every condition). Here the ticket <state_dir>/mps/tickets/u<uid>.g<gpus>.s<share> is
+ * every condition). Here the ticket <state_dir>/daemons/tickets/u<uid>.g<gpus>.s<share> is
  * used only if every one of its conditions holds; under the daemon's lock the job's record,
  * its reference <key>.jobs/<job id> and last its tasks' environment file are written. Any
  * doubt leaves the job to the worker, which checks the GPU and writes a new ticket.
@@ -317,7 +317,7 @@ char *gs_read_ticket(struct gs_ticket_fds *fds, const char *name)
     char path[PATH_MAX + 32];
 
     fds->mps = fds->tickets = fds->jobs = fds->lock = -1;
-    snprintf(path, sizeof(path), "%s/" GS_MPS_DIR, gs_state_dir);
+    snprintf(path, sizeof(path), "%s/" GS_DAEMONS_DIR, gs_state_dir);
     if (gs_check_state_dir(0) < 0 || (fds->mps = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
         (fds->tickets = gs_open_dir_at(fds->mps, GS_TICKETS_DIR)) < 0)
         return NULL;

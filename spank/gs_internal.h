@@ -42,6 +42,8 @@ int gs_untrusted(const struct stat *st, int sticky_ok);
 int gs_refuse(const char *what, const char *path, const struct stat *st, const char *fix);
 int gs_check_parents(const char *what, const char *path);
 int gs_check_state_dir(int create);
+/* Whether state_dir='s file system has no block or inode left, even for root. */
+int gs_state_dir_full(void);
 int gs_jobs_dir(char *out, size_t size);
 int gs_open_lock(const char *path, int create);
 int gs_flock_until(int fd, int operation, double deadline);

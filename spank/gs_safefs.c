@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -330,3 +331,11 @@ int gs_write_at(int dir_fd, const char *name, const char *text, int no_replace)
     return gs_write_mode_at(dir_fd, name, text, no_replace, 0600);
 }
 
+int gs_state_dir_full(void)
+{
+    struct statvfs space;
+
+    if (statvfs(gs_state_dir, &space) < 0)
+        return 0;
+    return space.f_bfree == 0 || (space.f_files > 0 && space.f_ffree == 0);
+}

@@ -237,6 +237,15 @@ int gs_wait_for_prolog(spank_t sp)
     }
     close(fd);
     gs_debug(sp, "cb=task_init_privileged prolog=done waited=%d", waited);
+    if (access(env, F_OK) < 0 && gs_state_dir_full()) {
+        /* The worker found state_dir= full and drained the node for it, but could not even
+         * write the tasks its word: say the same, not "killed". */
+        snprintf(lock, sizeof(lock), GS_STATE_DIR_FULL_FMT, gs_state_dir);
+        slurm_spank_log("gpushare: this job's set-up on the node failed: no space left in "
+                        "state_dir= %s; tell your administrator", gs_state_dir);
+        (void)gs_drain_node(lock);
+        return -1;
+    }
     if (access(env, F_OK) < 0) {
         /* Every worker that ends leaves the tasks its word (empty when nothing is shared). */
         slurm_spank_log("gpushare: this job's set-up on the node ended without a result (its "

@@ -131,7 +131,7 @@ def run_jobs(bed: SanitizedBed) -> None:
     """A worker's prolog (the holder), a join and a leave in C, srun's options and a
     refused request, then the last job's epilog."""
     holder = bed.submit("sleep 60", "--gres=mps:25", "-w", NODE, "-c1")
-    ticket = os.path.join(bed.state_of(NODE), "mps", "tickets",
+    ticket = os.path.join(bed.state_of(NODE), "daemons", "tickets",
                           f"u{slurmbed.uid_of(U1)}.g0.s25")
     wait_until("the holder's join ticket", lambda: os.path.exists(ticket), 60)
     maps = maps_of_steps(holder)

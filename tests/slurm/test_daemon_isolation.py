@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import suppress
 
 import pytest
 
@@ -29,7 +30,7 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 
 def started_records(bed, node: str = NODE) -> list[dict]:
     """The node's daemon records that name a started daemon."""
-    mps = os.path.join(bed.state_of(node), "mps")
+    mps = os.path.join(bed.state_of(node), "daemons")
     records = []
     for name in sorted(os.listdir(mps)) if os.path.isdir(mps) else []:
         if not name.endswith(".json"):
@@ -310,13 +311,13 @@ def test_a_fake_control_fails_that_users_job_and_never_the_node(iso_bed, kind):
 
 # ---------------------------------------------------------------------------- space
 
-def test_a_full_state_dir_is_the_drain_reason_and_the_jobs_message(iso_bed):
-    """The node's MPS directories on a small tmpfs, which one user's job fills through its
-    own MPS log directory: another user's shared job there fails with "no space left in
-    state_dir=", the node is drained with that cause, and once the filling job ends (its
-    directories go with its daemon) the node runs shared jobs again. (The prolog's own
-    clean-up removes anything in the MPS directory that is no daemon's, so filling it
-    takes a daemon's directory.)"""
+def test_a_user_who_fills_the_users_mps_mount_fails_shared_starts_and_drains_nothing(iso_bed):
+    """The node's users' MPS directories on a small tmpfs, as docs/admin.md sets them up,
+    which one user's job fills through its own MPS log directory. Another user's shared
+    job there fails, saying the users' directories are full; the node stays in service
+    (root's daemon records live on state_dir='s file system, apart from the users'), the
+    filling user's next job joins their running daemon, and once the filling job ends (its
+    directories go with its daemon) the other user's job runs."""
     bed = iso_bed
     node = "n2"
     mps = os.path.join(bed.state_of(node), "mps")
@@ -331,23 +332,62 @@ def test_a_full_state_dir_is_the_drain_reason_and_the_jobs_message(iso_bed):
         failed = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U2,
                          check=False, timeout=120)
         assert failed.returncode != 0, bed.debug_lines()[-15:]
-        assert "no space left in state_dir=" in failed.stderr, failed.stderr
-        wait_until("drained", lambda: "DRAIN" in bed.node_state(node)["State"], 60)
-        reason = bed.run(["sinfo", "-h", "-n", node, "-o", "%E"]).stdout.strip()
-        assert reason == f"gpushare: state_dir= full: {bed.state_of(node)}", reason
+        assert f"the users' MPS directories {mps} are full" in failed.stderr, failed.stderr
+        assert "state_dir=" not in failed.stderr, failed.stderr
+        not_drained(bed, node)
+        joined = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U1,
+                         check=False, timeout=120)
+        assert joined.returncode == 0, joined.stderr
         bed.run(["scancel", str(filler)])
         bed.wait_job(filler)
         nothing_left(bed)
         assert os.statvfs(mps).f_bavail > 0
+        ran = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U2,
+                      check=False, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        nothing_left(bed)
+        not_drained(bed, node)
+    finally:
+        bed.run(["scancel", "-u", U1], check=False)
+        nothing_left(bed)
+        subprocess.run(["umount", "-l", mps], check=False)
+        bed.resume(node)
+
+
+def test_a_full_state_dir_is_the_drain_reason_and_the_jobs_message(iso_bed):
+    """state_dir= itself full (here a small tmpfs that root's own file fills): that is the
+    node's fault. A shared job there fails with "no space left in state_dir=", the node is
+    drained with that cause, and once space is freed and the node resumed, shared jobs run
+    again."""
+    bed = iso_bed
+    node = "n2"
+    state = bed.state_of(node)
+    nothing_left(bed)
+    os.makedirs(state, mode=0o755, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=1m,nr_inodes=256",
+                    "gpushare-test-state", state], check=True)
+    fill = os.path.join(state, "fill")
+    try:
+        subprocess.run(["bash", "-c", f"head -c 2M /dev/zero > {fill}"], check=False)
+        assert os.statvfs(state).f_bavail == 0
+        failed = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U2,
+                         check=False, timeout=120)
+        assert failed.returncode != 0, bed.debug_lines()[-15:]
+        assert "no space left in state_dir=" in failed.stderr, failed.stderr
+        wait_until("drained", lambda: "DRAIN" in bed.node_state(node)["State"], 60)
+        reason = bed.run(["sinfo", "-h", "-n", node, "-o", "%E"]).stdout.strip()
+        assert reason == f"gpushare: state_dir= full: {state}", reason
+        os.unlink(fill)
         bed.resume(node)
         ran = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U2,
                       check=False, timeout=120)
         assert ran.returncode == 0, ran.stderr
         nothing_left(bed)
     finally:
-        bed.run(["scancel", "-u", U1], check=False)
+        with suppress(FileNotFoundError):
+            os.unlink(fill)
         nothing_left(bed)
-        subprocess.run(["umount", "-l", mps], check=False)
+        subprocess.run(["umount", "-l", state], check=False)
         bed.resume(node)
 
 

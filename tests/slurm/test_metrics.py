@@ -204,7 +204,8 @@ def test_every_path_counts_each_prolog_and_epilog_once(clean_bed):
     bed = clean_bed
     node, u2 = "n1", slurmbed.TEST_USERS[1]
     before = counts(scrape(bed, node))
-    ticket = os.path.join(bed.state_of(node), "mps", "tickets", f"u{slurmbed.uid_of(U1)}.g0.s25")
+    ticket = os.path.join(bed.state_of(node), "daemons", "tickets",
+                          f"u{slurmbed.uid_of(U1)}.g0.s25")
 
     def lines(job_id: int, pattern: str) -> list[str]:
         return [line for line in bed.debug_lines()

@@ -43,21 +43,24 @@ ENV_SCRIPT = (
 
 
 def mps_dirs(bed) -> list[str]:
-    """Every node's MPS directory (state_dir=<root>/state/%n)."""
-    return sorted(glob.glob(os.path.join(bed.state_of("*"), "mps")))
+    """Every node's daemon records and users' MPS directories (state_dir=<root>/state/%n)."""
+    return sorted(glob.glob(os.path.join(bed.state_of("*"), "mps")) +
+                  glob.glob(os.path.join(bed.state_of("*"), "daemons")))
 
 
 def mps_entries(bed) -> list[str]:
-    """What every node's MPS directory holds of daemons and their users: its entries, and the
-    join tickets among them."""
+    """What every node holds of daemons and their users: the entries of its records'
+    directory and of its users' directory, and the join tickets among them."""
     entries = []
     for path in mps_dirs(bed):
         node = os.path.basename(os.path.dirname(path))
+        where = os.path.basename(path)
         for entry in os.listdir(path):
             if entry != "tickets":
-                entries.append(f"{node}:{entry}")
+                entries.append(f"{node}:{where}/{entry}")
                 continue
-            entries += [f"{node}:tickets/{name}" for name in os.listdir(os.path.join(path, entry))]
+            entries += [f"{node}:{where}/tickets/{name}"
+                        for name in os.listdir(os.path.join(path, entry))]
     return sorted(entries)
 
 
@@ -80,7 +83,7 @@ def daemon_jobs(record_path: str) -> dict[str, dict]:
 def mps_records(bed) -> list[dict]:
     """Every daemon record of the bed, with its ``jobs`` as ``daemon_jobs`` reads them."""
     records = []
-    for path in sorted(glob.glob(os.path.join(bed.state_of("*"), "mps", "*.json"))):
+    for path in sorted(glob.glob(os.path.join(bed.state_of("*"), "daemons", "*.json"))):
         try:
             with open(path) as handle:
                 record = json.load(handle)
@@ -464,7 +467,7 @@ def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed
     daemon = wait_until("the holder's daemon", lambda: started_records(bed), 60)[0]
     jobs_dir = os.path.join(bed.state_of(NODE), "jobs")
     # Without the holder's join ticket, the next job is its worker's to set up.
-    join_ticket = os.path.join(bed.state_of(NODE), "mps", "tickets",
+    join_ticket = os.path.join(bed.state_of(NODE), "daemons", "tickets",
                                f"u{slurmbed.uid_of(U1)}.g0.s25")
     wait_until("the holder's join ticket", lambda: os.path.exists(join_ticket), 30)
     os.unlink(join_ticket)
@@ -488,7 +491,7 @@ def test_a_job_joining_its_users_daemon_is_set_up_without_an_interpreter(mps_bed
     first = submit()
     started(first)
     assert any("cb=job_prolog detached" in line for line in prolog_lines(bed, first))
-    tickets = sorted(os.listdir(os.path.join(bed.state_of(NODE), "mps", "tickets")))
+    tickets = sorted(os.listdir(os.path.join(bed.state_of(NODE), "daemons", "tickets")))
     assert tickets == [f"u{slurmbed.uid_of(U1)}.g0.s25"], tickets
     ok_before = epilogs_counted(bed, "prologs")[0]
     joined = submit()
@@ -757,7 +760,7 @@ def _plant_lost_epilog(bed, lost_id: int, saved: dict[str, bytes], key: str) -> 
         path = os.path.join(jobs_dir, name)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
             out.write(data)
-    path = os.path.join(bed.state_of(NODE), "mps", f"{key}.jobs", str(lost_id))
+    path = os.path.join(bed.state_of(NODE), "daemons", f"{key}.jobs", str(lost_id))
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
         out.write("25\n")
 
@@ -771,7 +774,7 @@ def epilog_finished(bed, job_id: int) -> bool:
 
 
 def _daemon_jobs(bed, key: str) -> set[str]:
-    return set(daemon_jobs(os.path.join(bed.state_of(NODE), "mps", f"{key}.json")))
+    return set(daemon_jobs(os.path.join(bed.state_of(NODE), "daemons", f"{key}.json")))
 
 
 def test_a_job_whose_epilog_was_lost_is_reaped_by_asking_slurmctld(mps_bed):

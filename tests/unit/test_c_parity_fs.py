@@ -96,7 +96,7 @@ def store_with(mps_dir: str, mode: str, shares: dict[str, int], memory: list[int
     os.makedirs(mps_dir, mode=0o755, exist_ok=True)
     devices = tuple(MpsDevice(f"GPU-{i}", i, total) for i, total in enumerate(memory or [0]))
     key = daemon_key(mode, 1001, int(next(iter(shares))), devices)
-    store = RecordStore(mps_dir)
+    store = RecordStore(mps_dir, mps_dir)
     rec = store.new(key, mode, 1001, 1001, devices)
     rec.jobs = dict(shares)
     rec.caps = limits_for(mode, list(shares.values()), memory, mem_limit)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.node import counters, job, phases, state, ticket
+from gpushare.node import counters, faults, job, phases, state, ticket
 from gpushare.node.config import ARG_SPECS, PluginConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,9 +64,11 @@ def test_the_names_c_builds_are_the_pythons(header):
         assert store.path(12, c_value(header[suffix])) == os.path.join(
             "/state", c_value(header["GS_JOBS_DIR"]), "12" + c_value(header[suffix]))
     assert store.path(12) == f"/state/jobs/12{c_value(header['GS_RECORD_SUFFIX'])}"
-    assert os.path.join("/state", c_value(header["GS_MPS_DIR"])) == PluginConfig(
-        state_dir="/state").mps_dir
+    assert os.path.join("/state", c_value(header["GS_DAEMONS_DIR"])) == PluginConfig(
+        state_dir="/state").daemons_dir
     assert c_value(header["GS_TICKET_FORMAT"]) == ticket.FORMAT
+    assert c_value(header["GS_STATE_DIR_FULL_FMT"]).replace("%s", "/state") == \
+        faults.classify("job_prolog", OSError(28, "No space left on device"), "/state").brief
     assert (c_value(header["GS_JOB_ID_MARK"]), c_value(header["GS_CREATED_MARK"])) == (
         ticket.JOB_ID_MARK, ticket.CREATED_MARK)
     assert (c_value(header["GS_COUNTERS_FILE"]), c_value(header["GS_COUNTERS_FAST_FILE"])) == (

@@ -70,7 +70,7 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
                  now: Optional[float] = None) -> str:
     """The daemons as a table, then each problem under the daemon it concerns."""
     now = time.time() if now is None else now
-    head = f"MPS daemons in {os.path.join(state_dir, 'mps')} (settings: {source}): {len(views)}"
+    head = f"MPS daemons in {os.path.join(state_dir, 'daemons')} (settings: {source}): {len(views)}"
     if not views:
         return head
     rows = [["DAEMON", "STATUS", "PID", "UP", "USER", "MODE", "DEVICES", "JOBS (SHARE)",

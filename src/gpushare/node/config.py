@@ -204,7 +204,15 @@ class PluginConfig(NamedTuple):
 
     @property
     def mps_dir(self) -> str:
+        """The users' MPS directories (each daemon's pipe and log directory is its user's):
+        a site mounts a small file system of their own here (docs/admin.md, "Space")."""
         return os.path.join(self.state_dir, "mps")
+
+    @property
+    def daemons_dir(self) -> str:
+        """Root's daemon records, locks, job references and join tickets: on the file
+        system of ``state_dir=``, so a user who fills ``mps_dir`` cannot stop root's writes."""
+        return os.path.join(self.state_dir, "daemons")
 
 
 def plugin_arg_values(args: Iterable[str]) -> dict[str, str]:

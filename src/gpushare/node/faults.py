@@ -22,10 +22,13 @@ from gpushare.node.job import NodeError, UserError
 from gpushare.node.mps import MpsError, MpsUserError
 from gpushare.node.state import StateError
 
-__all__ = ["NODE", "USER", "Fault", "classify", "state_dir_full"]
+__all__ = ["NODE", "STATE_DIR_FULL", "USER", "Fault", "classify", "state_dir_full"]
 
 USER = "user"
 NODE = "node"
+# The drain reason of a full state_dir=; the C glue drains with it too where the worker
+# could not even leave the tasks its word (spank/gs_worker.c).
+STATE_DIR_FULL = "state_dir= full: {state_dir}"
 
 
 class Fault(NamedTuple):
@@ -46,7 +49,7 @@ def classify(callback: str, err: BaseException, state_dir: str) -> Fault:
         return Fault(USER, "", str(err), str(err))
     full = state_dir_full(state_dir, err)
     if full:
-        return Fault(NODE, f"state_dir= full: {state_dir}", full, full)
+        return Fault(NODE, STATE_DIR_FULL.format(state_dir=state_dir), full, full)
     if isinstance(err, (NodeError, MpsError)):
         return Fault(NODE, err.brief, str(err), str(err))
     if isinstance(err, UnsafePathError):

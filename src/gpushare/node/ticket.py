@@ -5,7 +5,7 @@ A shared job whose user already runs a daemon on the job's GPU, with caps at lea
 job's share, needs no decision of its own: its daemon reference, record and task
 environment are those of the job before it with its own id, and its GPU passed the check
 of that job moments ago. So after each shared prolog the worker writes, under the daemon's
-lock, ``<state_dir>/mps/tickets/u<uid>.g<gpus>.s<share>`` (``name``): the conditions under
+lock, ``<state_dir>/daemons/tickets/u<uid>.g<gpus>.s<share>`` (``name``): the conditions under
 which that holds, then the record and the task environment to write with the job's id and
 time filled in. The C glue's job prolog (``gs_fast_join`` in ``spank/gs_fastpath.c``)
 uses a ticket only while every condition holds:
@@ -31,7 +31,7 @@ from typing import Mapping, Optional, Sequence
 from gpushare.node.state import JobRecord
 
 FORMAT = "gpushare-ticket 1"
-# A ticket's file name in <state_dir>/mps/tickets/; spank/build.py gives the C glue the same.
+# A ticket's file name in <state_dir>/daemons/tickets/; spank/build.py gives the C glue the same.
 NAME_FORMAT = "u{uid}.g{gpus}.s{share}"
 # What a prolog reads of its environment (gpushare.node.job.JobRequest, gres_conf_path,
 # node_name): a ticket holds for a job that reads the same.

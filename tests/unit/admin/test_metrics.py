@@ -242,7 +242,7 @@ def test_the_plugin_callbacks_count_what_they_did(adapter, state_dir, monkeypatc
 def write_daemon(config: PluginConfig, uid: int, devices, jobs: dict[int, int],
                  mode: str = "shared", caps=None) -> str:
     """A daemon record as MpsManager writes it (no daemon runs: processes are not checked)."""
-    store = RecordStore(config.mps_dir)
+    store = RecordStore(config.daemons_dir, config.mps_dir)
     key = f"u{uid}-{devices[0].uuid}" if mode == "shared" else f"job{next(iter(jobs))}"
     rec = store.new(key, mode, uid, uid, tuple(devices))
     rec.jobs = {str(j): share for j, share in jobs.items()}

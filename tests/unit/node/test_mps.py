@@ -51,8 +51,14 @@ class Bed:
     def mps_dir(self) -> str:
         return os.path.join(self.state_dir, "mps")
 
+    @property
+    def daemons_dir(self) -> str:
+        return os.path.join(self.state_dir, "daemons")
+
     def entries(self) -> list[str]:
-        return sorted(os.listdir(self.mps_dir)) if os.path.isdir(self.mps_dir) else []
+        """What is left of root's records and of the users' directories."""
+        return sorted(name for path in (self.daemons_dir, self.mps_dir)
+                      if os.path.isdir(path) for name in os.listdir(path))
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +100,10 @@ def standin_state(lease: MpsLease) -> dict:
 
 def record(bed: Bed, key: str) -> dict:
     """The daemon's record as its file holds it, with ``jobs`` from ``<key>.jobs/``."""
-    with open(os.path.join(bed.mps_dir, key + ".json")) as handle:
+    with open(os.path.join(bed.daemons_dir, key + ".json")) as handle:
         data = json.load(handle)
     data["jobs"] = {}
-    jobs_dir = os.path.join(bed.mps_dir, key + ".jobs")
+    jobs_dir = os.path.join(bed.daemons_dir, key + ".jobs")
     for name in sorted(os.listdir(jobs_dir)) if os.path.isdir(jobs_dir) else []:
         with open(os.path.join(jobs_dir, name)) as handle:
             data["jobs"][name] = {"share_percent": int(handle.read())}
@@ -162,7 +168,7 @@ def test_a_start_that_did_not_finish_is_done_again(bed, users):
     mgr = bed.manager()
     first = mgr.acquire(job_id=21, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                         mode="shared", share_percent=25)
-    store = RecordStore(bed.mps_dir)
+    store = RecordStore(bed.daemons_dir, bed.mps_dir)
     with store.dir_fd() as mps_fd:
         rec = store.read(mps_fd, first.key)
         rec.daemon_pid = None
@@ -361,8 +367,8 @@ def test_a_daemon_recorded_by_the_release_before_keeps_serving_after_an_upgrade(
     for field in ("stop_failed", "dirs_made"):
         del before[field]
     before["version"] = 1
-    shutil.rmtree(os.path.join(bed.mps_dir, first.key + ".jobs"))
-    with open(os.path.join(bed.mps_dir, first.key + ".json"), "w") as handle:
+    shutil.rmtree(os.path.join(bed.daemons_dir, first.key + ".jobs"))
+    with open(os.path.join(bed.daemons_dir, first.key + ".json"), "w") as handle:
         json.dump(before, handle, indent=1, sort_keys=True)
     second = mgr.acquire(job_id=32, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                          share_percent=30)
@@ -374,6 +380,91 @@ def test_a_daemon_recorded_by_the_release_before_keeps_serving_after_an_upgrade(
     assert standin_state(first)["default_active_thread_percentage"] == 30.0
     assert mgr.release(31) == [] and mgr.release(32) == [first.key]
     assert not alive(first.daemon_pid) and bed.entries() == []
+
+
+def test_records_an_earlier_release_kept_beside_the_users_directories_are_moved(bed, users):
+    """Earlier releases kept the records, job references, locks and join tickets in
+    ``<state_dir>/mps``, among the users' directories. After an upgrade the daemon of a
+    running job keeps serving: the next job joins it, its record moves to root's
+    ``<state_dir>/daemons``, nothing of root's stays on the users' mount, and the last
+    job stops it."""
+    u1 = users[0]
+    first = bed.manager().acquire(job_id=41, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                                  share_percent=25)
+    for name in (first.key + ".json", first.key + ".jobs", first.key + ".lock"):
+        os.rename(os.path.join(bed.daemons_dir, name), os.path.join(bed.mps_dir, name))
+    os.mkdir(os.path.join(bed.mps_dir, "tickets"), 0o700)
+    with open(os.path.join(bed.mps_dir, "tickets", "u1.g1.s25"), "w") as handle:
+        handle.write(f"gpushare-ticket 1\nkey {first.key}\n")
+    assert os.listdir(bed.daemons_dir) == []
+    second = bed.manager().acquire(job_id=42, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                                   share_percent=25)
+    assert second.daemon_pid == first.daemon_pid and alive(first.daemon_pid)
+    assert sorted(record(bed, first.key)["jobs"]) == ["41", "42"]
+    assert sorted(os.listdir(bed.mps_dir)) == [first.key]  # the users' directories only
+    assert bed.manager().release(41) == [] and bed.manager().release(42) == [first.key]
+    assert not alive(first.daemon_pid) and bed.entries() == []
+
+
+def test_a_release_after_an_upgrade_finds_the_record_an_earlier_release_kept(bed, users):
+    """The epilog of a job set up before the upgrade (its record still among the users'
+    directories) stops its daemon."""
+    u1 = users[0]
+    lease = bed.manager().acquire(job_id=43, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                                  share_percent=25)
+    for name in (lease.key + ".json", lease.key + ".jobs"):
+        os.rename(os.path.join(bed.daemons_dir, name), os.path.join(bed.mps_dir, name))
+    assert bed.manager().release(43) == [lease.key]
+    assert not alive(lease.daemon_pid) and bed.entries() == []
+
+
+@pytest.fixture
+def users_mount(bed):
+    """The users' MPS directories on a small tmpfs of their own, as docs/admin.md says."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    os.makedirs(bed.mps_dir, 0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=1m,nr_inodes=256",
+                    "gpushare-test-users", bed.mps_dir], check=True)
+    try:
+        yield bed.mps_dir
+    finally:
+        subprocess.run(["umount", "-l", bed.mps_dir], check=False)
+
+
+def test_a_user_who_fills_the_users_mount_fails_mps_starts_and_never_drains(
+        bed, users, users_mount):
+    """One user's daemon directory fills the users' mount: another user's daemon cannot
+    start, and that is a user's doing (MpsUserError: the job fails, the node stays in
+    service), never "state_dir= full". Root's records are on state_dir='s own file system,
+    so the daemon already running goes on serving its user, and once the space is freed
+    the next start works."""
+    from gpushare.node import faults
+    from gpushare.node.mps import MpsUserError
+
+    u1, u2 = users
+    mgr = bed.manager()
+    running = mgr.acquire(job_id=51, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                          share_percent=25)
+    filler = os.path.join(running.env["CUDA_MPS_LOG_DIRECTORY"], "fill")
+    with open(filler, "wb") as handle, pytest.raises(OSError):
+        handle.write(b"\0" * (2 << 20))
+        handle.flush()
+    with pytest.raises(MpsUserError, match=r"users' MPS directories .* are full") as caught:
+        mgr.acquire(job_id=52, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0], share_percent=25)
+    fault = faults.classify("job_prolog", caught.value, bed.state_dir)
+    assert fault.who == faults.USER and fault.brief == ""
+    joined = mgr.acquire(job_id=53, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                         share_percent=25)
+    assert joined.daemon_pid == running.daemon_pid
+    assert sorted(record(bed, running.key)["jobs"]) == ["51", "53"]
+    os.unlink(filler)
+    other = mgr.acquire(job_id=52, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    assert alive(other.daemon_pid)
+    assert mgr.release(51) == [] and mgr.release(53) == [running.key]
+    assert mgr.release(52) == [other.key]
+    assert bed.entries() == []
 
 
 def test_release_reads_only_the_daemon_the_lease_names(bed, users, monkeypatch):
@@ -510,7 +601,8 @@ def test_a_daemon_that_died_is_restarted_for_the_next_job_and_reaped_cleanly(bed
 
 def test_leftover_directory_without_record_is_removed_by_reap(bed, users):
     os.makedirs(os.path.join(bed.mps_dir, "u5-GPU-x", "pipe"), 0o755)
-    open(os.path.join(bed.mps_dir, "u5-GPU-x.lock"), "w").close()
+    os.makedirs(bed.daemons_dir)
+    open(os.path.join(bed.daemons_dir, "u5-GPU-x.lock"), "w").close()
     assert bed.manager().reap_stale(lambda job_id: True) == []
     assert bed.entries() == []
 
@@ -525,7 +617,7 @@ def test_release_never_signals_a_process_that_is_not_the_daemon(bed, users):
     bystander = subprocess.Popen(["/bin/sleep", "60"], env=lease.env, user=u1.pw_uid,
                                  group=u1.pw_gid)
     try:
-        path = os.path.join(bed.mps_dir, lease.key + ".json")
+        path = os.path.join(bed.daemons_dir, lease.key + ".json")
         rec = record(bed, lease.key)
         rec["daemon_pid"] = bystander.pid
         with open(path, "w") as handle:
@@ -713,11 +805,15 @@ def test_user_owned_directory_planted_at_the_daemon_directory_is_refused(bed, us
     assert os.path.isdir(planted)
 
 
-def test_state_directory_writable_by_a_user_is_refused(bed, users):
+@pytest.mark.parametrize("name", ["daemons", "mps"])
+def test_state_directory_writable_by_a_user_is_refused(bed, users, name):
+    """Root's records and the users' directory above their key directories are root's."""
     u1 = users[0]
-    os.makedirs(bed.mps_dir)
-    os.chown(bed.mps_dir, u1.pw_uid, u1.pw_gid)
-    with pytest.raises(MpsError, match=r"state directory refused: .*mps is not owned by root"):
+    path = os.path.join(bed.state_dir, name)
+    os.makedirs(path)
+    os.chown(path, u1.pw_uid, u1.pw_gid)
+    with pytest.raises(MpsError,
+                       match=rf"state directory refused: .*{name} is not owned by root"):
         bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
 
 
@@ -787,7 +883,7 @@ def test_gpushare_mps_lists_daemons_and_says_what_needs_an_administrator(
 
     status, out = run_mps_command(bed, tmp_path, capsys=capsys)
     assert status == 1
-    assert f"MPS daemons in {bed.mps_dir} (settings: {tmp_path}/plugstack.conf): 3" in out
+    assert f"MPS daemons in {bed.daemons_dir} (settings: {tmp_path}/plugstack.conf): 3" in out
     assert re.search(rf"{shared['key']}\s+running\s+{shared['daemon_pid']}\s+\S+\s+"
                      rf"{u1.pw_name}\s+shared\s+.*1:25% 2:30%\s+30% 0=24G", out), out
     assert f"{other['key']}: the daemon still counts job 3" in out
@@ -813,11 +909,11 @@ def test_gpushare_mps_reports_failed_stops_unreadable_records_and_leftovers(
                         share_percent=25)
     rec = record(bed, lease.key)
     rec["stop_failed"] = "cannot stop MPS control daemon x: pids 1 survive SIGKILL"
-    with open(os.path.join(bed.mps_dir, lease.key + ".json"), "w") as handle:
+    with open(os.path.join(bed.daemons_dir, lease.key + ".json"), "w") as handle:
         json.dump(rec, handle)
-    with open(os.path.join(bed.mps_dir, "u1-GPU-broken.json"), "w") as handle:
+    with open(os.path.join(bed.daemons_dir, "u1-GPU-broken.json"), "w") as handle:
         handle.write("{not json")
-    open(os.path.join(bed.mps_dir, "u2-GPU-orphan.lock"), "w").close()
+    open(os.path.join(bed.daemons_dir, "u2-GPU-orphan.lock"), "w").close()
     # A key whose lock a prolog holds right now is changing, not a problem.
     with mgr.store.dir_fd() as mps_fd, mgr._locked(mps_fd, "u2-GPU-starting"):
         status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
@@ -834,9 +930,9 @@ def test_gpushare_mps_reports_failed_stops_unreadable_records_and_leftovers(
     unknown = {view.key: view.status for view in inspect_daemons(bed.config(),
                                                                  check_processes=False)}
     assert unknown[lease.key] == "stop failed"
-    os.unlink(os.path.join(bed.mps_dir, "u1-GPU-broken.json"))
+    os.unlink(os.path.join(bed.daemons_dir, "u1-GPU-broken.json"))
     rec.pop("stop_failed")
-    with open(os.path.join(bed.mps_dir, lease.key + ".json"), "w") as handle:
+    with open(os.path.join(bed.daemons_dir, lease.key + ".json"), "w") as handle:
         json.dump(rec, handle)
     assert {view.key: view.status for view in inspect_daemons(
         bed.config(), check_processes=False)}[lease.key] == "unknown"
@@ -868,10 +964,10 @@ def test_daemons_whose_state_was_removed_are_shown_and_stopped_by_reap(
                        share_percent=25)
     gone = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
                        share_percent=25)
-    os.unlink(os.path.join(bed.mps_dir, lost.key + ".json"))   # the record only
+    os.unlink(os.path.join(bed.daemons_dir, lost.key + ".json"))   # the record only
     shutil.rmtree(os.path.join(bed.mps_dir, gone.key))          # everything: no pipe left
-    os.unlink(os.path.join(bed.mps_dir, gone.key + ".json"))
-    os.unlink(os.path.join(bed.mps_dir, gone.key + ".lock"))
+    os.unlink(os.path.join(bed.daemons_dir, gone.key + ".json"))
+    os.unlink(os.path.join(bed.daemons_dir, gone.key + ".lock"))
     assert alive(lost.daemon_pid) and alive(gone.daemon_pid)
 
     status, out = run_mps_command(bed, tmp_path, "--json", capsys=capsys)
@@ -902,7 +998,7 @@ def test_a_prolog_ends_what_runs_in_a_directory_without_record_before_removing_i
     mgr = bed.manager()
     lost = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                        share_percent=25)
-    os.unlink(os.path.join(bed.mps_dir, lost.key + ".json"))
+    os.unlink(os.path.join(bed.daemons_dir, lost.key + ".json"))
     # The next job's prolog reaps first: the leftover directory's daemon is stopped, not
     # cut off from its pipe directory and left running.
     mgr.reap_stale(lambda job_id: True)
@@ -946,11 +1042,11 @@ def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to make root's state and run as another user")
     state = tmp_path / "state"
-    (state / "mps").mkdir(parents=True)
-    (state / "mps" / "u1-GPU-x.json").write_text("{}")
+    (state / "daemons").mkdir(parents=True)
+    (state / "daemons" / "u1-GPU-x.json").write_text("{}")
     for path in (tmp_path, state):
         path.chmod(0o755)
-    (state / "mps").chmod(0o700)
+    (state / "daemons").chmod(0o700)
     src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
     result = subprocess.run(
         ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-m", "gpushare.cli", "mps",

@@ -135,9 +135,9 @@ def test_a_record_that_is_not_one_is_refused_naming_the_field(data, words):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the record directory must be root's")
 def test_the_store_reads_what_was_written_before_and_names_a_bad_file(tmp_path):
     os.chmod(tmp_path, 0o755)
-    store = RecordStore(str(tmp_path / "mps"))
+    store = RecordStore(str(tmp_path / "daemons"), str(tmp_path / "mps"))
     with store.dir_fd() as mps_fd:
-        (tmp_path / "mps" / f"{KEY}.json").write_text(WRITTEN_BEFORE)
+        (tmp_path / "daemons" / f"{KEY}.json").write_text(WRITTEN_BEFORE)
         rec = store.read(mps_fd, KEY)
         assert rec is not None and rec.jobs == {"7": 25, "8": 30}
         assert store.keys_of_job(mps_fd, 8) == [KEY] and store.holds(mps_fd, KEY, 7)
@@ -145,8 +145,8 @@ def test_the_store_reads_what_was_written_before_and_names_a_bad_file(tmp_path):
         # Written back as version 2: the jobs become files of <key>.jobs/, root's alone.
         written = {**json.loads(WRITTEN_BEFORE), "version": 2, "stop_failed": None}
         del written["jobs"]
-        assert json.loads((tmp_path / "mps" / f"{KEY}.json").read_text()) == written
-        jobs_dir = tmp_path / "mps" / f"{KEY}.jobs"
+        assert json.loads((tmp_path / "daemons" / f"{KEY}.json").read_text()) == written
+        jobs_dir = tmp_path / "daemons" / f"{KEY}.jobs"
         assert {p.name: p.read_text() for p in jobs_dir.iterdir()} == {"7": "25\n",
                                                                      "8": "30\n"}
         assert oct(jobs_dir.stat().st_mode & 0o777) == "0o700"
@@ -159,9 +159,9 @@ def test_the_store_reads_what_was_written_before_and_names_a_bad_file(tmp_path):
         assert [p.name for p in jobs_dir.iterdir()] == ["8"]
         assert not store.holds(mps_fd, KEY, 7) and store.holds(mps_fd, KEY, 8)
         store.remove(mps_fd, KEY)
-        assert list((tmp_path / "mps").iterdir()) == []
-        (tmp_path / "mps" / f"{KEY}.json").write_text(json.dumps(_broken(version=3)))
-        with pytest.raises(MpsError, match=rf"MPS record {tmp_path}/mps/{KEY}.json is "
+        assert list((tmp_path / "daemons").iterdir()) == []
+        (tmp_path / "daemons" / f"{KEY}.json").write_text(json.dumps(_broken(version=3)))
+        with pytest.raises(MpsError, match=rf"MPS record {tmp_path}/daemons/{KEY}.json is "
                            r"unreadable \(unknown version or key\); stop any daemon"):
             store.read(mps_fd, KEY)
         assert store.peek(mps_fd, KEY) is None and store.read(mps_fd, "u1-none") is None
@@ -172,8 +172,8 @@ def test_a_daemons_removal_takes_its_join_tickets_and_an_earlier_releases_start_
     """Join tickets name their daemon and go with it; another daemon's stay. A start ticket
     an earlier release left (read by nothing now) goes whatever its text names."""
     os.chmod(tmp_path, 0o755)
-    store = RecordStore(str(tmp_path / "mps"))
-    tickets = tmp_path / "mps" / "tickets"
+    store = RecordStore(str(tmp_path / "daemons"), str(tmp_path / "daemons"))
+    tickets = tmp_path / "daemons" / "tickets"
     with store.dir_fd() as mps_fd:
         store.write(mps_fd, DaemonRecord(KEY, "shared", 1001, 1001, (GPU0,), "/p", "/l"))
         for name, key in (("u1001.g0.s25", KEY), ("u1002.g0.s25", "u1002-other"),

@@ -8,11 +8,13 @@ each user gets their own daemon (own ``CUDA_MPS_PIPE_DIRECTORY``) per GPU or MIG
   daemon, so their kernels run side by side; other users on the device have their own.
 * ``private`` mode, key ``job<id>``: one daemon over the job's whole GPUs (e.g. MPI ranks).
 
-State lives in ``<state_dir>/mps`` (root-owned 0755): ``<key>.json`` (the daemon's record,
-``record``) with ``<key>.jobs/`` (a file per job referencing it), ``<key>.lock`` (``lock``)
-and ``<key>/{pipe,log}`` (owned by the user, 0700).
-Records survive a slurmd restart; ``reap_stale`` drops references of jobs that no longer
-exist.
+Root's state lives in ``<state_dir>/daemons`` (root-owned 0755): ``<key>.json`` (the
+daemon's record, ``record``) with ``<key>.jobs/`` (a file per job referencing it) and
+``<key>.lock`` (``lock``). The users' directories ``<state_dir>/mps/<key>/{pipe,log}``
+(owned by the user, 0700) belong on a mount of their own, which a user can fill without
+touching root's state. Records survive a slurmd restart; ``reap_stale`` drops references of
+jobs that no longer exist. Records an earlier release kept in ``<state_dir>/mps`` are moved
+to ``<state_dir>/daemons`` on first use (``_migrate``), so daemons of running jobs are kept.
 
 Limits (``limits``): a job's environment carries its share; a daemon's caps are re-applied
 (``set_default_*`` for servers to come, ``set_*`` on running servers for new clients) when
@@ -27,6 +29,7 @@ What only starting, telling or stopping a daemon needs (``control``, ``procscan`
 needs none of it.
 """
 
+import errno
 import os
 import re
 import time
@@ -41,7 +44,10 @@ from gpushare.node.mps.errors import MpsError, MpsUserError, joined
 from gpushare.node.mps.limits import Limits, limits_for
 from gpushare.node.mps.lock import Lock, lock_held, locked
 from gpushare.node.mps.record import (
+    JOBS_SUFFIX,
+    KEY_PATTERN,
     MODES,
+    TICKETS,
     DaemonRecord,
     MpsDevice,
     MpsLease,
@@ -61,6 +67,8 @@ __all__ = ["MpsManager"]
 LOG = get_logger("gpushare.mps")
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
+# Room a daemon's start needs on the users' mount (its sockets, pid file, first log lines).
+USERS_ROOM = 64 * 1024
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 # Sockets in a pipe directory may have names a little longer than "control" (a daemon
 # may bind under a temporary name first, as the stand-in does); this much is kept free.
@@ -78,9 +86,10 @@ class MpsManager:
         self.lock_timeout = lock_timeout if lock_timeout is not None else max(
             30.0, 6 * self.timeout)
         self.proc_root = proc_root
-        self.mps_dir = config.mps_dir
-        self.store = RecordStore(config.mps_dir)
+        self.mps_dir = config.mps_dir  # the users' pipe and log directories
+        self.store = RecordStore(config.daemons_dir, config.mps_dir)
         self._scan: Optional[ProcScan] = None
+        self._migrated = False
 
     @property
     def scan(self) -> "ProcScan":
@@ -106,7 +115,7 @@ class MpsManager:
         devices = tuple(devices)
         self._check_request(job_id, uid, devices, mode, share_percent)
         key = daemon_key(mode, uid, job_id, devices)
-        with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
+        with self._store_fd() as mps_fd, self._locked(mps_fd, key) as lock:
             rec = self.store.read(mps_fd, key)
             # A record holding the job without a daemon is a start that did not finish
             # (its process died before its pid was known): started again below.
@@ -117,7 +126,7 @@ class MpsManager:
                                f"{rec.uid} mode {rec.mode}; remove it after stopping "
                                "its daemon")
             if rec is not None and rec.daemon_pid and self._is_ours(rec.daemon_pid, rec):
-                self._check_control(mps_fd, rec)
+                self._check_control(rec)
                 rec.jobs[str(job_id)] = share_percent
                 self.store.write(mps_fd, rec)
                 if not caps_later:
@@ -145,7 +154,7 @@ class MpsManager:
         A failure is logged: the jobs' own limits hold, and the next join or leave retries.
         Nothing here may fail the job, whose tasks may already run."""
         try:
-            with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key) as lock:
+            with self._store_fd() as mps_fd, self._locked(mps_fd, key) as lock:
                 rec = self.store.read(mps_fd, key)
                 if rec is None:
                     lock.remove = True  # gone meanwhile: leave no lock file behind
@@ -163,7 +172,7 @@ class MpsManager:
         from gpushare.node import ticket
 
         try:
-            with self.store.dir_fd() as mps_fd, self._locked(mps_fd, key):
+            with self._store_fd() as mps_fd, self._locked(mps_fd, key):
                 rec = self.store.read(mps_fd, key)
                 started = (self.scan.start_time(rec.daemon_pid)
                            if rec is not None and rec.daemon_pid else None)
@@ -189,7 +198,7 @@ class MpsManager:
         """
         stopped: list[str] = []
         errors: list[MpsError] = []
-        with self.store.dir_fd() as mps_fd:
+        with self._store_fd() as mps_fd:
             if hint and self.store.holds(mps_fd, hint, job_id):
                 keys = [hint]
             else:
@@ -216,9 +225,9 @@ class MpsManager:
         """
         stopped: list[str] = []
         errors: list[MpsError] = []
-        with self.store.dir_fd() as mps_fd:
-            self._purge_trash(mps_fd)
-            keys = self.store.keys(mps_fd)
+        with self._store_fd() as mps_fd:
+            self._purge_trash()
+            keys = sorted(set(self.store.keys(mps_fd)) | set(self._user_keys()))
             if strays:
                 keys = sorted(set(keys) | set(self.scan.strays()))
             for key in keys:
@@ -236,7 +245,7 @@ class MpsManager:
                         except MpsError as err:
                             errors.append(err)
                             continue
-                        safefs.remove_tree_at(mps_fd, key)
+                        self._remove_dirs(key)
                         self.store.remove(mps_fd, key)
                         lock.remove = True
                         continue
@@ -252,13 +261,27 @@ class MpsManager:
             raise joined(errors)
         return stopped
 
-    def _purge_trash(self, mps_fd: int) -> None:
+    def _purge_trash(self) -> None:
         """Go on removing daemon directories discarded before (``safefs.discard_tree_at``)
         within a bounded budget; what is left waits for the next prolog. Never fails one."""
         try:
-            safefs.purge_trash_at(mps_fd)
-        except OSError as err:
-            LOG.warning("cannot purge %s: %s", os.path.join(self.mps_dir, safefs.TRASH), err)
+            with self._users_fd(create=False) as users_fd:
+                safefs.purge_trash_at(users_fd)
+        except (OSError, MpsError) as err:
+            if not isinstance(err, FileNotFoundError):
+                LOG.warning("cannot purge %s: %s", os.path.join(self.mps_dir, safefs.TRASH),
+                            err)
+
+    def _user_keys(self) -> list[str]:
+        """The daemon directories in the users' directory (a record may be gone)."""
+        try:
+            with self._users_fd(create=False) as users_fd:
+                return [name for name in os.listdir(users_fd)
+                        if not name.startswith(".") and re.match(KEY_PATTERN, name)
+                        and not name.endswith((".json", ".lock", JOBS_SUFFIX))
+                        and name != TICKETS]
+        except FileNotFoundError:
+            return []
 
     def _drop_collecting(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
                          job_ids: Sequence[str], stopped: list[str],
@@ -303,7 +326,7 @@ class MpsManager:
         entries: list[dict[str, Any]] = []
         strays = self.scan.strays() if check_processes else {}
         try:
-            with self.store.dir_fd(create=False) as mps_fd:
+            with self._store_fd(create=False) as mps_fd:
                 for key in sorted(set(self.store.keys(mps_fd)) | set(strays)):
                     entry: dict[str, Any] = {"key": key, "record": None, "error": "",
                                              "running": None, "strays": [], "busy": False}
@@ -355,7 +378,50 @@ class MpsManager:
 
     # ----------------------------------------------------------------- state
 
+    @contextmanager
+    def _store_fd(self, create: bool = True) -> Iterator[int]:
+        """Root's daemon records, after moving there those an earlier release left in the
+        users' directory (once per process: one listing of that directory)."""
+        with self.store.dir_fd(create=create) as store_fd:
+            if not self._migrated:
+                self._migrated = True
+                self._migrate(store_fd)
+            yield store_fd
+
+    def _migrate(self, store_fd: int) -> None:
+        """Move each record, job reference and lock an earlier release kept in
+        ``<state_dir>/mps`` into root's records, under the daemon's lock in both places
+        (an earlier release's process may still hold the old one). Join tickets left there
+        are dropped: the next join writes one where the plugin now looks."""
+        old = RecordStore(self.mps_dir, self.mps_dir)
+        try:
+            with self._users_fd(create=False) as users_fd:
+                names = os.listdir(users_fd)
+                keys = sorted({name[:-5] for name in names
+                               if name.endswith((".json", ".lock"))
+                               and re.match(KEY_PATTERN, name[:-5])})
+                for key in keys:
+                    wait = time_left(self.lock_timeout)
+                    with locked(store_fd, key, self._path(key + ".lock"), wait), \
+                            locked(users_fd, key, old.path(key + ".lock"), wait) as old_lock:
+                        rec = old.read(users_fd, key)
+                        if rec is not None and self.store.read(store_fd, key) is None:
+                            self.store.write(store_fd, rec)
+                            LOG.info("moved the record of %s to %s", rec.describe(),
+                                     self.store.daemons_dir)
+                        old.remove(users_fd, key)
+                        old_lock.remove = True
+                if TICKETS in names:
+                    safefs.remove_tree_at(users_fd, TICKETS)
+        except FileNotFoundError:
+            pass
+
     def _path(self, *parts: str) -> str:
+        """A path among root's daemon records."""
+        return self.store.path(*parts)
+
+    def _user_path(self, *parts: str) -> str:
+        """A path among the users' pipe and log directories."""
         return os.path.join(self.mps_dir, *parts)
 
     @contextmanager
@@ -436,13 +502,13 @@ class MpsManager:
                            "characters (e.g. /run/gpushare or /run/gpushare/%n)",
                            brief=f"MPS start failed: state_dir= too long for MPS's control "
                            f"socket ({short})")
-        self._make_dirs(mps_fd, rec)
+        self._make_dirs(rec)
         phases.done("mps")
 
         def failed(cause: str, detail: str) -> MpsError:
             # The daemon's directory goes with the failed start: its log's last lines
             # travel in the message instead of a path that will not exist.
-            return MpsError(f"cannot start MPS on {what}: {detail}{self._log_tail(mps_fd, key)}",
+            return MpsError(f"cannot start MPS on {what}: {detail}{self._log_tail(key)}",
                             brief=f"MPS start failed: {cause} ({short}, daemon {key})")
 
         from gpushare.node.mps import isolation
@@ -475,7 +541,7 @@ class MpsManager:
                          f"{result.output or 'no output'}")
         rec.started_at = time.time()
         phases.done("daemon-start")
-        with self._user_dir_fd(mps_fd, key, "pipe") as pipe_fd:
+        with self._user_dir_fd(key, "pipe") as pipe_fd:
             deadline = time.monotonic() + self.timeout
             pause = 0.0005  # a daemon is usually listening within a millisecond or two
             while not _exists_at(pipe_fd, "control"):
@@ -496,51 +562,111 @@ class MpsManager:
         counters.note("mps_daemon_starts")
         LOG.info("started %s for jobs %s", rec.describe(), ",".join(rec.jobs))
 
-    def _log_tail(self, mps_fd: int, key: str, lines: int = 3) -> str:
+    def _log_tail(self, key: str, lines: int = 3) -> str:
         """``; control.log ends: ...`` with the daemon log's last lines ("" without one).
 
         The log directory belongs to the job's user: the file is read without following
         a link, only when it is a regular file, and at most 64 KiB of it.
         """
         try:
-            with self._user_dir_fd(mps_fd, key, "log") as log_fd:
+            with self._user_dir_fd(key, "log") as log_fd:
                 data = safefs.read_small_file_at(log_fd, "control.log", 1 << 16)
-        except (OSError, safefs.UnsafePathError):
+        except (OSError, safefs.UnsafePathError, MpsError):
             return ""
         text = [line.strip() for line in (data or b"").decode("utf-8", "replace").splitlines()
                 if line.strip()]
         return f"; control.log ends: {' | '.join(text[-lines:])}" if text else ""
 
-    def _make_dirs(self, mps_fd: int, rec: DaemonRecord) -> None:
+    @contextmanager
+    def _users_fd(self, create: bool = True) -> Iterator[int]:
+        """The users' directory (root's, 0755; each daemon's key directory in it root's)."""
+        try:
+            fd = safefs.open_root_dir(self.mps_dir, create=create)
+        except safefs.UnsafePathError as err:
+            raise MpsError(f"MPS state directory refused: {err}") from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _remove_dirs(self, key: str) -> None:
+        """Take daemon ``key``'s pipe and log directories away (at once, whatever the user
+        left there: ``safefs.remove_tree_at`` discards what it cannot remove in budget)."""
+        try:
+            with self._users_fd(create=False) as users_fd:
+                safefs.remove_tree_at(users_fd, key)
+        except FileNotFoundError:
+            pass
+
+    def _make_dirs(self, rec: DaemonRecord) -> None:
         key = rec.key
         try:
-            try:
-                fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
-            except FileNotFoundError:
-                pass
-            else:
-                os.close(fd)
-                LOG.info("removing leftover MPS directory %s", self._path(key))
-                safefs.remove_tree_at(mps_fd, key)
-            safefs.make_owned_dir(mps_fd, key, self._path(key), 0, 0, 0o755)
-            rec.dirs_made = True
-            key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
-            try:
-                for name in ("pipe", "log"):
-                    safefs.make_owned_dir(key_fd, name, self._path(key, name), rec.uid,
-                                          rec.gid, 0o700)
-            finally:
-                os.close(key_fd)
+            with self._users_fd() as users_fd:
+                self._check_users_space(users_fd, rec)
+                try:
+                    fd = safefs.open_dir_at(users_fd, key, self._user_path(key),
+                                            root_owned=True)
+                except FileNotFoundError:
+                    pass
+                else:
+                    os.close(fd)
+                    LOG.info("removing leftover MPS directory %s", self._user_path(key))
+                    safefs.remove_tree_at(users_fd, key)
+                safefs.make_owned_dir(users_fd, key, self._user_path(key), 0, 0, 0o755)
+                rec.dirs_made = True
+                key_fd = safefs.open_dir_at(users_fd, key, self._user_path(key),
+                                            root_owned=True)
+                try:
+                    for name in ("pipe", "log"):
+                        safefs.make_owned_dir(key_fd, name, self._user_path(key, name),
+                                              rec.uid, rec.gid, 0o700)
+                finally:
+                    os.close(key_fd)
         except safefs.UnsafePathError as err:
             raise MpsError(f"MPS directory refused: {err}") from None
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and self._users_own_mount():
+                raise self._users_full(rec, err.strerror or str(err)) from None
+            raise
+
+    def _check_users_space(self, users_fd: int, rec: DaemonRecord) -> None:
+        """A daemon needs room in the users' mount for its sockets and log: where the users
+        filled it, say so before starting one that would fail for want of it."""
+        if not self._users_own_mount():
+            return  # full there means state_dir= full: a node fault, found by the writes
+        try:
+            space = os.fstatvfs(users_fd)
+        except OSError:
+            return
+        if (space.f_files and space.f_favail == 0) or (
+                space.f_blocks and space.f_bavail * space.f_frsize < USERS_ROOM):
+            raise self._users_full(rec, "no space or inodes left")
+
+    def _users_full(self, rec: DaemonRecord, why: str) -> "MpsUserError":
+        """Users filled their mount: the job fails, the node stays in service (a user did
+        it, and the next daemon stop frees room)."""
+        return MpsUserError(
+            f"cannot start MPS for {rec.describe()}: the users' MPS directories {self.mps_dir} "
+            f"are full ({why}); the jobs writing there fill it. Submit again later; the "
+            "node's admin finds who with `gpushare check` and `du -s "
+            f"{self.mps_dir}/*`",
+            brief=f"MPS directories full: {self.mps_dir}")
+
+    def _users_own_mount(self) -> bool:
+        """Whether the users' directory is a file system of its own, apart from root's."""
+        try:
+            return os.stat(self.mps_dir).st_dev != os.stat(self.config.state_dir).st_dev
+        except OSError:
+            return False
 
     @contextmanager
-    def _user_dir_fd(self, mps_fd: int, key: str, name: str) -> Iterator[int]:
+    def _user_dir_fd(self, key: str, name: str) -> Iterator[int]:
         """The daemon's ``pipe`` or ``log`` directory (the user's), reached through its
         root-owned key directory without following a link."""
-        key_fd = safefs.open_dir_at(mps_fd, key, self._path(key), root_owned=True)
+        with self._users_fd(create=False) as users_fd:
+            key_fd = safefs.open_dir_at(users_fd, key, self._user_path(key), root_owned=True)
         try:
-            dir_fd = safefs.open_dir_at(key_fd, name, self._path(key, name))
+            dir_fd = safefs.open_dir_at(key_fd, name, self._user_path(key, name))
         finally:
             os.close(key_fd)
         try:
@@ -548,12 +674,12 @@ class MpsManager:
         finally:
             os.close(dir_fd)
 
-    def _check_control(self, mps_fd: int, rec: DaemonRecord) -> None:
+    def _check_control(self, rec: DaemonRecord) -> None:
         """``_check_control_at`` through the daemon's pipe directory."""
         try:
-            with self._user_dir_fd(mps_fd, rec.key, "pipe") as pipe_fd:
+            with self._user_dir_fd(rec.key, "pipe") as pipe_fd:
                 self._check_control_at(pipe_fd, rec)
-        except (OSError, safefs.UnsafePathError) as err:
+        except (OSError, safefs.UnsafePathError, MpsError) as err:
             raise MpsUserError(f"{rec.describe()}: its pipe directory {rec.pipe_dir} cannot "
                                f"be used ({err}); the job's user changed it",
                                brief=f"MPS pipe directory of daemon {rec.key} changed by its "
@@ -606,12 +732,12 @@ class MpsManager:
             if owner[0] == 0 and not self._root_pipe_dir(key):
                 # root's daemon has a pipe directory of root's: no control command runs as
                 # root through a directory a user holds.
-                raise MpsError(f"pid {pid} runs MPS as root in {self._path(key, 'pipe')}, "
+                raise MpsError(f"pid {pid} runs MPS as root in {self._user_path(key, 'pipe')}, "
                                "a directory not root's; end it by hand")
             by_user.setdefault(owner, []).append(pid)
         for (owner_uid, owner_gid), group in sorted(by_user.items()):
-            rec = DaemonRecord(key, "", owner_uid, owner_gid, (), self._path(key, "pipe"),
-                               self._path(key, "log"))
+            rec = DaemonRecord(key, "", owner_uid, owner_gid, (),
+                               self._user_path(key, "pipe"), self._user_path(key, "log"))
             rec.daemon_pid = next((p for p in sorted(group)
                                    if self._is_ours(p, rec, daemon_only=True)), None)
             LOG.warning("%s has no record; stopping it and its servers (pids %s)",
@@ -622,11 +748,11 @@ class MpsManager:
     def _root_pipe_dir(self, key: str) -> bool:
         """Whether daemon ``key``'s pipe directory is root's alone (root's daemon's)."""
         try:
-            info = os.lstat(self._path(key, "pipe"))
+            info = os.lstat(self._user_path(key, "pipe"))
         except OSError:
             return False
         return info.st_uid == 0 and not info.st_mode & 0o077 and os.path.isdir(
-            self._path(key, "pipe")) and not os.path.islink(self._path(key, "pipe"))
+            self._user_path(key, "pipe")) and not os.path.islink(self._user_path(key, "pipe"))
 
     def _signal_if_ours(self, pid: int, rec: DaemonRecord, sig: "signal.Signals") -> None:
         """Send ``sig`` to ``pid`` when it is ``rec``'s daemon or server, through a pidfd
@@ -658,8 +784,7 @@ class MpsManager:
         """Whether ``quit`` may go through the daemon's ``control`` (logged when not: the
         daemon is then ended with signals)."""
         try:
-            with self.store.dir_fd() as mps_fd:
-                self._check_control(mps_fd, rec)
+            self._check_control(rec)
         except (OSError, MpsError) as err:
             LOG.warning("%s; ending it with signals", err)
             return False
@@ -729,7 +854,7 @@ class MpsManager:
             rec.stop_failed = str(err)
             self.store.write(mps_fd, rec)
             raise
-        safefs.remove_tree_at(mps_fd, rec.key)
+        self._remove_dirs(rec.key)
         self.store.remove(mps_fd, rec.key)
         lock.remove = True
         LOG.info("stopped %s", rec.describe())
@@ -750,7 +875,7 @@ class MpsManager:
             self.store.write(mps_fd, rec)
             return
         if rec.dirs_made:
-            safefs.remove_tree_at(mps_fd, rec.key)
+            self._remove_dirs(rec.key)
         self.store.remove(mps_fd, rec.key)
         lock.remove = True
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """The daemon record: what survives a slurmd restart about one MPS control daemon.
 
-``<state_dir>/mps/<key>.json`` (root-owned, replaced whole) names the daemon's devices, its
+``<state_dir>/daemons/<key>.json`` (root-owned, replaced whole) names the daemon's devices, its
 pid and the caps it was last told. The jobs referencing it are files beside it,
 ``<key>.jobs/<job id>`` holding the job's share in percent: the C glue's epilog drops a job
 that leaves other jobs and the caps as they were by unlinking its file, without an
@@ -236,22 +236,25 @@ def _caps(data: Any) -> Optional[Limits]:
 
 
 class RecordStore:
-    """The daemon records of one node, in ``mps_dir`` (root-owned 0755), one file per key.
+    """The daemon records of one node, in ``daemons_dir`` (root-owned 0755), one file per
+    key; the daemons' pipe and log directories are in ``users_dir``, a file system the
+    users can fill, which root's records therefore never share.
 
     A record is replaced whole, so it can be read without the daemon's lock; changing one
     needs the lock (``gpushare.node.mps.lock``).
     """
 
-    def __init__(self, mps_dir: str) -> None:
-        self.mps_dir = mps_dir
+    def __init__(self, daemons_dir: str, users_dir: str) -> None:
+        self.daemons_dir = daemons_dir
+        self.users_dir = users_dir
 
     def path(self, *parts: str) -> str:
-        return os.path.join(self.mps_dir, *parts)
+        return os.path.join(self.daemons_dir, *parts)
 
     @contextmanager
     def dir_fd(self, create: bool = True) -> Iterator[int]:
         try:
-            fd = safefs.open_root_dir(self.mps_dir, create=create)
+            fd = safefs.open_root_dir(self.daemons_dir, create=create)
         except safefs.UnsafePathError as err:
             raise MpsError(f"MPS state directory refused: {err}") from None
         try:
@@ -261,8 +264,9 @@ class RecordStore:
 
     def new(self, key: str, mode: str, uid: int, gid: int,
             devices: tuple[MpsDevice, ...]) -> DaemonRecord:
-        return DaemonRecord(key, mode, uid, gid, devices, self.path(key, "pipe"),
-                            self.path(key, "log"))
+        return DaemonRecord(key, mode, uid, gid, devices,
+                            os.path.join(self.users_dir, key, "pipe"),
+                            os.path.join(self.users_dir, key, "log"))
 
     def read(self, mps_fd: int, key: str) -> Optional[DaemonRecord]:
         try:
