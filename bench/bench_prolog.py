@@ -253,7 +253,7 @@ def _ms(values: list[float]) -> float:
 
 
 def _wait_daemon(bed: slurmbed.SlurmBed, limit: float = 30.0) -> None:
-    records = os.path.join(bed.state_of("*"), "mps", "*.json")
+    records = os.path.join(bed.state_of("*"), "daemons", "*.json")
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if glob.glob(records):

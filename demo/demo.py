@@ -45,7 +45,7 @@ def record(what: str, ok: bool, detail: str) -> None:
 def daemons(bed: slurmbed.SlurmBed) -> list[dict]:
     """The MPS daemons gpushare runs right now (its node-local records)."""
     found = []
-    for path in glob.glob(os.path.join(bed.state_of("*"), "mps", "*.json")):
+    for path in glob.glob(os.path.join(bed.state_of("*"), "daemons", "*.json")):
         with open(path) as handle:
             found.append(json.load(handle))
     return found

@@ -579,6 +579,24 @@ class SlurmBed:
             chunks.append(f"==> {name} <==\n" + "".join(lines))
         return "\n".join(chunks)
 
+    def lines_about(self, job_ids: list[str], most: int = 60) -> str:
+        """Every daemon log's and the debug log's lines naming one of ``job_ids`` (as
+        gpushare and Slurm write a job id), for a report of what a job left behind."""
+        if not job_ids:
+            return ""
+        marks = tuple(mark for job in job_ids for mark in (
+            f"job {job}:", f"job={job} ", f"JobId={job} ", f"[{job}.", f"job {job} ",
+            f"jobs {job},", f",{job} "))
+        found = []
+        names = sorted(os.listdir(self.path("log"))) if os.path.isdir(self.path("log")) else []
+        for path in [self.path("log", name) for name in names] + [self.debug_log]:
+            if not os.path.exists(path):
+                continue
+            with open(path, errors="replace") as handle:
+                found += [f"{os.path.basename(path)}: {line.rstrip()}" for line in handle
+                          if any(mark in line for mark in marks)]
+        return "\n".join(found[-most:])
+
     def debug_lines(self) -> list[str]:
         if not os.path.exists(self.debug_log):
             return []

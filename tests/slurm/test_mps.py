@@ -133,8 +133,13 @@ def assert_nothing_left(bed, timeout: float = 60.0) -> None:
     try:
         wait_until("MPS state cleaned up", clean, timeout)
     except AssertionError:
+        left = job_records(bed)
+        # The jobs whose files or daemon references stayed: what the logs say of them.
+        jobs = sorted({os.path.basename(path).split(".")[0] for path in left} |
+                      {job for record in mps_records(bed) for job in record["jobs"]})
         raise AssertionError(f"left behind: mps={mps_entries(bed)} pids={standin_pids(bed)} "
-                             f"jobs={job_records(bed)}\n{bed.logs(30)}") from None
+                             f"jobs={left}\nwhat the logs say of jobs {jobs}:\n"
+                             f"{bed.lines_about(jobs)}\n{bed.logs(30)}") from None
 
 
 def job_values(text: str) -> dict[str, str]:

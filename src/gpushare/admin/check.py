@@ -81,8 +81,8 @@ _LOW_FREE = 0.1
 def check_state_space(state_dir: str) -> list[Finding]:
     """Where the plugin's state lives: the users' MPS directories (``<state_dir>/mps``) on a
     file system of their own, so that what users write there cannot fill the one holding
-    root's job records, task environments, locks and counters; and their mount not
-    nearly full (root's own is the node's file system, watched as the node's is)."""
+    root's job records, daemon records, task environments, locks and counters; and their
+    mount not nearly full (root's own is the node's file system, watched as the node's is)."""
     import os
 
     findings: list[Finding] = []
@@ -113,8 +113,8 @@ def check_state_space(state_dir: str) -> list[Finding]:
         findings.append(Finding(
             WARNING, f"the file system of the users' MPS directories has less than "
             f"{_LOW_FREE:.0%} of its {' and '.join(low)} free", mps_dir,
-            "see which daemon's directory fills it (du -x); a job whose set-up finds it "
-            "full fails and drains the node with the reason state_dir= full"))
+            "see which daemon's directory fills it (du -x); a daemon's start that finds it "
+            "full fails its job (the node stays in service) until the filling daemon stops"))
     return findings
 
 

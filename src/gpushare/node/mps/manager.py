@@ -265,7 +265,7 @@ class MpsManager:
         """Go on removing daemon directories discarded before (``safefs.discard_tree_at``)
         within a bounded budget; what is left waits for the next prolog. Never fails one."""
         try:
-            with self._users_fd(create=False) as users_fd:
+            with self.store.users_fd(create=False) as users_fd:
                 safefs.purge_trash_at(users_fd)
         except (OSError, MpsError) as err:
             if not isinstance(err, FileNotFoundError):
@@ -275,7 +275,7 @@ class MpsManager:
     def _user_keys(self) -> list[str]:
         """The daemon directories in the users' directory (a record may be gone)."""
         try:
-            with self._users_fd(create=False) as users_fd:
+            with self.store.users_fd(create=False) as users_fd:
                 return [name for name in os.listdir(users_fd)
                         if not name.startswith(".") and re.match(KEY_PATTERN, name)
                         and not name.endswith((".json", ".lock", JOBS_SUFFIX))
@@ -395,7 +395,7 @@ class MpsManager:
         are dropped: the next join writes one where the plugin now looks."""
         old = RecordStore(self.mps_dir, self.mps_dir)
         try:
-            with self._users_fd(create=False) as users_fd:
+            with self.store.users_fd(create=False) as users_fd:
                 names = os.listdir(users_fd)
                 keys = sorted({name[:-5] for name in names
                                if name.endswith((".json", ".lock"))
@@ -577,23 +577,11 @@ class MpsManager:
                 if line.strip()]
         return f"; control.log ends: {' | '.join(text[-lines:])}" if text else ""
 
-    @contextmanager
-    def _users_fd(self, create: bool = True) -> Iterator[int]:
-        """The users' directory (root's, 0755; each daemon's key directory in it root's)."""
-        try:
-            fd = safefs.open_root_dir(self.mps_dir, create=create)
-        except safefs.UnsafePathError as err:
-            raise MpsError(f"MPS state directory refused: {err}") from None
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
     def _remove_dirs(self, key: str) -> None:
         """Take daemon ``key``'s pipe and log directories away (at once, whatever the user
         left there: ``safefs.remove_tree_at`` discards what it cannot remove in budget)."""
         try:
-            with self._users_fd(create=False) as users_fd:
+            with self.store.users_fd(create=False) as users_fd:
                 safefs.remove_tree_at(users_fd, key)
         except FileNotFoundError:
             pass
@@ -601,7 +589,7 @@ class MpsManager:
     def _make_dirs(self, rec: DaemonRecord) -> None:
         key = rec.key
         try:
-            with self._users_fd() as users_fd:
+            with self.store.users_fd() as users_fd:
                 self._check_users_space(users_fd, rec)
                 try:
                     fd = safefs.open_dir_at(users_fd, key, self._user_path(key),
@@ -663,7 +651,7 @@ class MpsManager:
     def _user_dir_fd(self, key: str, name: str) -> Iterator[int]:
         """The daemon's ``pipe`` or ``log`` directory (the user's), reached through its
         root-owned key directory without following a link."""
-        with self._users_fd(create=False) as users_fd:
+        with self.store.users_fd(create=False) as users_fd:
             key_fd = safefs.open_dir_at(users_fd, key, self._user_path(key), root_owned=True)
         try:
             dir_fd = safefs.open_dir_at(key_fd, name, self._user_path(key, name))

@@ -17,7 +17,7 @@ daemons. A record of an unknown version is refused, never guessed at.
 import json
 import os
 import re
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 from gpushare.common import safefs
@@ -235,6 +235,20 @@ def _caps(data: Any) -> Optional[Limits]:
     return Limits(_int(data, "percent"), tuple(sorted(mem.items(), key=lambda m: int(m[0]))))
 
 
+@contextmanager
+def state_dir_fd(path: str, create: bool = True) -> Iterator[int]:
+    """A root-owned directory of the daemons' state, every component checked
+    (``safefs.open_root_dir``): MpsError when one is unsafe."""
+    try:
+        fd = safefs.open_root_dir(path, create=create)
+    except safefs.UnsafePathError as err:
+        raise MpsError(f"MPS state directory refused: {err}") from None
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 class RecordStore:
     """The daemon records of one node, in ``daemons_dir`` (root-owned 0755), one file per
     key; the daemons' pipe and log directories are in ``users_dir``, a file system the
@@ -251,16 +265,13 @@ class RecordStore:
     def path(self, *parts: str) -> str:
         return os.path.join(self.daemons_dir, *parts)
 
-    @contextmanager
-    def dir_fd(self, create: bool = True) -> Iterator[int]:
-        try:
-            fd = safefs.open_root_dir(self.daemons_dir, create=create)
-        except safefs.UnsafePathError as err:
-            raise MpsError(f"MPS state directory refused: {err}") from None
-        try:
-            yield fd
-        finally:
-            os.close(fd)
+    def dir_fd(self, create: bool = True) -> "AbstractContextManager[int]":
+        """Root's daemon records (``state_dir_fd``)."""
+        return state_dir_fd(self.daemons_dir, create)
+
+    def users_fd(self, create: bool = True) -> "AbstractContextManager[int]":
+        """The users' directory (root's, 0755; each daemon's key directory in it root's)."""
+        return state_dir_fd(self.users_dir, create)
 
     def new(self, key: str, mode: str, uid: int, gid: int,
             devices: tuple[MpsDevice, ...]) -> DaemonRecord:
