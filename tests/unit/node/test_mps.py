@@ -18,7 +18,15 @@ import pytest
 from gpushare.admin.mps_report import inspect_daemons
 from gpushare.cli import main as cli_main
 from gpushare.node.config import PluginConfig
-from gpushare.node.mps import MpsDevice, MpsError, MpsLease, MpsManager, RecordStore, daemon_key
+from gpushare.node.mps import (
+    MpsDevice,
+    MpsError,
+    MpsLease,
+    MpsManager,
+    MpsUserError,
+    RecordStore,
+    daemon_key,
+)
 from gpushare.node.state import JobRecord, JobStore
 from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
 
@@ -440,7 +448,6 @@ def test_a_user_who_fills_the_users_mount_fails_mps_starts_and_never_drains(
     so the daemon already running goes on serving its user, and once the space is freed
     the next start works."""
     from gpushare.node import faults
-    from gpushare.node.mps import MpsUserError
 
     u1, u2 = users
     mgr = bed.manager()
@@ -813,8 +820,30 @@ def test_state_directory_writable_by_a_user_is_refused(bed, users, name):
     os.makedirs(path)
     os.chown(path, u1.pw_uid, u1.pw_gid)
     with pytest.raises(MpsError,
-                       match=rf"state directory refused: .*{name} is not owned by root"):
+                       match=rf"state directory refused: .*{name} is not owned by root") as err:
         bed.manager().acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0])
+    assert not isinstance(err.value, MpsUserError)  # the node's set-up, not the user's doing
+
+
+def test_a_join_through_an_unsafe_users_directory_is_the_nodes_fault(bed, users):
+    """Joining a running daemon checks its control socket through the users' directory;
+    when that directory itself is no longer root's, the node is at fault (MpsError), not
+    the job's user, who can only change what is below their key directory."""
+    u1 = users[0]
+    mgr = bed.manager()
+    first = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    os.chown(bed.mps_dir, u1.pw_uid, u1.pw_gid)
+    try:
+        with pytest.raises(MpsError, match=r"state directory refused: .*not owned by root") \
+                as err:
+            mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+        assert not isinstance(err.value, MpsUserError)
+    finally:
+        os.chown(bed.mps_dir, 0, 0)
+    assert sorted(record(bed, first.key)["jobs"]) == ["1"]
+    assert mgr.release(1) == [first.key] and bed.entries() == []
 
 
 def test_state_directory_reached_through_a_symlink_is_refused(bed, users):

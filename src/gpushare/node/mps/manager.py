@@ -663,11 +663,13 @@ class MpsManager:
             os.close(dir_fd)
 
     def _check_control(self, rec: DaemonRecord) -> None:
-        """``_check_control_at`` through the daemon's pipe directory."""
+        """``_check_control_at`` through the daemon's pipe directory. What the user can
+        change below the users' directory fails their job; an unsafe users' directory itself
+        is the node's fault (its MpsError goes on)."""
         try:
             with self._user_dir_fd(rec.key, "pipe") as pipe_fd:
                 self._check_control_at(pipe_fd, rec)
-        except (OSError, safefs.UnsafePathError, MpsError) as err:
+        except (OSError, safefs.UnsafePathError) as err:
             raise MpsUserError(f"{rec.describe()}: its pipe directory {rec.pipe_dir} cannot "
                                f"be used ({err}); the job's user changed it",
                                brief=f"MPS pipe directory of daemon {rec.key} changed by its "
