@@ -115,8 +115,8 @@ class MpsManager:
         devices = tuple(devices)
         self._check_request(job_id, uid, devices, mode, share_percent)
         key = daemon_key(mode, uid, job_id, devices)
-        with self._store_fd() as mps_fd, self._locked(mps_fd, key) as lock:
-            rec = self.store.read(mps_fd, key)
+        with self._store_fd() as store_fd, self._locked(store_fd, key) as lock:
+            rec = self.store.read(store_fd, key)
             # A record holding the job without a daemon is a start that did not finish
             # (its process died before its pid was known): started again below.
             if rec is not None and str(job_id) in rec.jobs and rec.daemon_pid:
@@ -128,9 +128,9 @@ class MpsManager:
             if rec is not None and rec.daemon_pid and self._is_ours(rec.daemon_pid, rec):
                 self._check_control(rec)
                 rec.jobs[str(job_id)] = share_percent
-                self.store.write(mps_fd, rec)
+                self.store.write(store_fd, rec)
                 if not caps_later:
-                    self._apply_caps(mps_fd, rec)
+                    self._apply_caps(store_fd, rec)
                 return self._lease(rec, job_id)
             if rec is not None:
                 LOG.warning("%s is not running any more; starting it again", rec.describe())
@@ -140,13 +140,13 @@ class MpsManager:
             rec.jobs[str(job_id)] = share_percent
             rec.daemon_pid = None
             rec.dirs_made = False
-            self.store.write(mps_fd, rec)
+            self.store.write(store_fd, rec)
             try:
-                self._start_daemon(mps_fd, rec, phases or Phases())
+                self._start_daemon(store_fd, rec, phases or Phases())
             except BaseException:
-                self._undo_start(mps_fd, rec, lock, job_id)
+                self._undo_start(store_fd, rec, lock, job_id)
                 raise
-            self.store.write(mps_fd, rec)
+            self.store.write(store_fd, rec)
             return self._lease(rec, job_id)
 
     def update_caps(self, key: str) -> None:
@@ -154,12 +154,12 @@ class MpsManager:
         A failure is logged: the jobs' own limits hold, and the next join or leave retries.
         Nothing here may fail the job, whose tasks may already run."""
         try:
-            with self._store_fd() as mps_fd, self._locked(mps_fd, key) as lock:
-                rec = self.store.read(mps_fd, key)
+            with self._store_fd() as store_fd, self._locked(store_fd, key) as lock:
+                rec = self.store.read(store_fd, key)
                 if rec is None:
                     lock.remove = True  # gone meanwhile: leave no lock file behind
                 elif rec.daemon_pid:
-                    self._apply_caps(mps_fd, rec)
+                    self._apply_caps(store_fd, rec)
         except Exception as err:  # the lock, the record or the directory: logged only
             LOG.warning("cannot update the caps of MPS daemon %s: %s", key, err)
 
@@ -172,16 +172,16 @@ class MpsManager:
         from gpushare.node import ticket
 
         try:
-            with self._store_fd() as mps_fd, self._locked(mps_fd, key):
-                rec = self.store.read(mps_fd, key)
+            with self._store_fd() as store_fd, self._locked(store_fd, key):
+                rec = self.store.read(store_fd, key)
                 started = (self.scan.start_time(rec.daemon_pid)
                            if rec is not None and rec.daemon_pid else None)
                 if (rec is None or rec.mode != "shared" or started is None or
                         rec.caps is None or rec.caps.percent < share or rec.stop_failed):
                     return False
-                record_stamp = ticket.stamp(os.stat(key + ".json", dir_fd=mps_fd,
+                record_stamp = ticket.stamp(os.stat(key + ".json", dir_fd=store_fd,
                                                     follow_symlinks=False))
-                self.store.write_ticket(mps_fd, ticket_name,
+                self.store.write_ticket(store_fd, ticket_name,
                                         render(f"{rec.daemon_pid} {started}", record_stamp))
                 return True
         except Exception as err:  # a ticket only saves the next join its worker: logged
@@ -198,17 +198,17 @@ class MpsManager:
         """
         stopped: list[str] = []
         errors: list[MpsError] = []
-        with self._store_fd() as mps_fd:
-            if hint and self.store.holds(mps_fd, hint, job_id):
+        with self._store_fd() as store_fd:
+            if hint and self.store.holds(store_fd, hint, job_id):
                 keys = [hint]
             else:
-                keys = self.store.keys_of_job(mps_fd, job_id)
+                keys = self.store.keys_of_job(store_fd, job_id)
             for key in keys:
-                with self._locked(mps_fd, key) as lock:
-                    rec = self.store.read(mps_fd, key)
+                with self._locked(store_fd, key) as lock:
+                    rec = self.store.read(store_fd, key)
                     if rec is None or str(job_id) not in rec.jobs:
                         continue
-                    self._drop_collecting(mps_fd, rec, lock, [str(job_id)], stopped, errors)
+                    self._drop_collecting(store_fd, rec, lock, [str(job_id)], stopped, errors)
         if errors:
             raise joined(errors)
         return stopped
@@ -225,19 +225,19 @@ class MpsManager:
         """
         stopped: list[str] = []
         errors: list[MpsError] = []
-        with self._store_fd() as mps_fd:
+        with self._store_fd() as store_fd:
             self._purge_trash()
-            keys = sorted(set(self.store.keys(mps_fd)) | set(self._user_keys()))
+            keys = sorted(set(self.store.keys(store_fd)) | set(self._user_keys()))
             if strays:
                 keys = sorted(set(keys) | set(self.scan.strays()))
             for key in keys:
                 # A daemon whose jobs are all alive is skipped: taking every GPU's lock
                 # would queue each prolog behind every other GPU's daemon start.
-                seen = self.store.peek(mps_fd, key)
+                seen = self.store.peek(store_fd, key)
                 if seen and seen.jobs and all(job_alive(int(j)) for j in seen.jobs):
                     continue
-                with self._locked(mps_fd, key) as lock:
-                    rec = self.store.read(mps_fd, key)
+                with self._locked(store_fd, key) as lock:
+                    rec = self.store.read(store_fd, key)
                     if rec is None:
                         try:
                             if self._stop_strays(key):
@@ -246,7 +246,7 @@ class MpsManager:
                             errors.append(err)
                             continue
                         self._remove_dirs(key)
-                        self.store.remove(mps_fd, key)
+                        self.store.remove(store_fd, key)
                         lock.remove = True
                         continue
                     dead = [jid for jid in rec.jobs if not job_alive(int(jid))]
@@ -256,7 +256,7 @@ class MpsManager:
                                  rec.describe())
                     if rec.jobs and not dead:
                         continue
-                    self._drop_collecting(mps_fd, rec, lock, dead, stopped, errors)
+                    self._drop_collecting(store_fd, rec, lock, dead, stopped, errors)
         if errors:
             raise joined(errors)
         return stopped
@@ -283,28 +283,28 @@ class MpsManager:
         except FileNotFoundError:
             return []
 
-    def _drop_collecting(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
+    def _drop_collecting(self, store_fd: int, rec: DaemonRecord, lock: Lock,
                          job_ids: Sequence[str], stopped: list[str],
                          errors: list[MpsError]) -> None:
         """``_drop_jobs`` for one daemon of several: its key goes to ``stopped`` when it was
         stopped, its MpsError to ``errors``, so the other daemons are still done."""
         try:
-            if self._drop_jobs(mps_fd, rec, lock, job_ids):
+            if self._drop_jobs(store_fd, rec, lock, job_ids):
                 stopped.append(rec.key)
         except MpsError as err:
             errors.append(err)
 
-    def _drop_jobs(self, mps_fd: int, rec: DaemonRecord, lock: Lock,
+    def _drop_jobs(self, store_fd: int, rec: DaemonRecord, lock: Lock,
                    job_ids: Sequence[str]) -> bool:
         """Remove jobs from a daemon (lock held): lower its caps to the jobs left, or stop
         it when none are left. True when it was stopped; MpsError when it cannot be."""
         for jid in job_ids:
             del rec.jobs[jid]
         if not rec.jobs:
-            self._retire(mps_fd, rec, lock)
+            self._retire(store_fd, rec, lock)
             return True
-        self.store.write(mps_fd, rec)
-        self._apply_caps(mps_fd, rec)
+        self.store.write(store_fd, rec)
+        self._apply_caps(store_fd, rec)
         return False
 
     def records(self) -> list[DaemonRecord]:
@@ -326,25 +326,25 @@ class MpsManager:
         entries: list[dict[str, Any]] = []
         strays = self.scan.strays() if check_processes else {}
         try:
-            with self._store_fd(create=False) as mps_fd:
-                for key in sorted(set(self.store.keys(mps_fd)) | set(strays)):
+            with self._store_fd(create=False) as store_fd:
+                for key in sorted(set(self.store.keys(store_fd)) | set(strays)):
                     entry: dict[str, Any] = {"key": key, "record": None, "error": "",
                                              "running": None, "strays": [], "busy": False}
                     rec: Optional[DaemonRecord]
                     try:
-                        rec = self.store.read(mps_fd, key)
+                        rec = self.store.read(store_fd, key)
                     except MpsError as err:
                         entry["error"] = str(err)
                         rec = None
                     entry["record"] = rec
                     if rec is None and not entry["error"]:
                         entry["strays"] = sorted(strays.get(key, []))
-                        entry["busy"] = not entry["strays"] and lock_held(mps_fd, key)
+                        entry["busy"] = not entry["strays"] and lock_held(store_fd, key)
                     if rec is not None and check_processes:
                         pid = rec.daemon_pid or 0
                         entry["running"] = bool(pid) and self._is_ours(pid, rec,
                                                                        daemon_only=True)
-                        entry["busy"] = not entry["running"] and lock_held(mps_fd, key)
+                        entry["busy"] = not entry["running"] and lock_held(store_fd, key)
                     entries.append(entry)
         except FileNotFoundError:
             return [{"key": key, "record": None, "error": "", "running": None,
@@ -425,10 +425,10 @@ class MpsManager:
         return os.path.join(self.mps_dir, *parts)
 
     @contextmanager
-    def _locked(self, mps_fd: int, key: str) -> Iterator[Lock]:
+    def _locked(self, store_fd: int, key: str) -> Iterator[Lock]:
         # Inside a worker, never past its deadline (gpushare.node.phases).
         wait = time_left(self.lock_timeout)
-        with locked(mps_fd, key, self._path(key + ".lock"), wait) as lock:
+        with locked(store_fd, key, self._path(key + ".lock"), wait) as lock:
             yield lock
 
     # ----------------------------------------------------------------- limits
@@ -437,7 +437,7 @@ class MpsManager:
         return limits_for(rec.mode, shares, [d.memory_total for d in rec.devices],
                           self.config.mem_limit)
 
-    def _apply_caps(self, mps_fd: int, rec: DaemonRecord) -> None:
+    def _apply_caps(self, store_fd: int, rec: DaemonRecord) -> None:
         """Give a running daemon the caps of the jobs now in ``rec`` (already written).
 
         The record's ``caps`` says what the daemon was last told: that is what is compared
@@ -459,7 +459,7 @@ class MpsManager:
             LOG.warning("%s", err)
             return
         rec.caps = caps
-        self.store.write(mps_fd, rec)
+        self.store.write(store_fd, rec)
 
     def _lease(self, rec: DaemonRecord, job_id: int) -> MpsLease:
         share = rec.jobs[str(job_id)]
@@ -482,7 +482,7 @@ class MpsManager:
 
         return control.send(self._program(), rec, commands, self.timeout)
 
-    def _start_daemon(self, mps_fd: int, rec: DaemonRecord, phases: Phases) -> None:
+    def _start_daemon(self, store_fd: int, rec: DaemonRecord, phases: Phases) -> None:
         from gpushare.common import proc
         from gpushare.node.mps import control
 
@@ -835,21 +835,21 @@ class MpsManager:
                            brief=f"MPS stop failed: pids {' '.join(map(str, left))} survive "
                            f"SIGKILL (daemon {rec.key})")
 
-    def _retire(self, mps_fd: int, rec: DaemonRecord, lock: Lock) -> None:
+    def _retire(self, store_fd: int, rec: DaemonRecord, lock: Lock) -> None:
         """Stop the daemon of a record without references, then remove its files."""
         try:
             self._stop_daemon(rec)
         except MpsError as err:
             counters.note("mps_stop_failures")
             rec.stop_failed = str(err)
-            self.store.write(mps_fd, rec)
+            self.store.write(store_fd, rec)
             raise
         self._remove_dirs(rec.key)
-        self.store.remove(mps_fd, rec.key)
+        self.store.remove(store_fd, rec.key)
         lock.remove = True
         LOG.info("stopped %s", rec.describe())
 
-    def _undo_start(self, mps_fd: int, rec: DaemonRecord, lock: Lock, job_id: int) -> None:
+    def _undo_start(self, store_fd: int, rec: DaemonRecord, lock: Lock, job_id: int) -> None:
         """After a failed start: end what started, drop this job's reference, clean up."""
         rec.jobs.pop(str(job_id), None)
         try:
@@ -858,15 +858,15 @@ class MpsManager:
             counters.note("mps_stop_failures")
             LOG.error("%s", err)
             rec.stop_failed = str(err)
-            self.store.write(mps_fd, rec)
+            self.store.write(store_fd, rec)
             return
         if rec.jobs:
             rec.daemon_pid = None
-            self.store.write(mps_fd, rec)
+            self.store.write(store_fd, rec)
             return
         if rec.dirs_made:
             self._remove_dirs(rec.key)
-        self.store.remove(mps_fd, rec.key)
+        self.store.remove(store_fd, rec.key)
         lock.remove = True
 
 
