@@ -151,6 +151,9 @@ class SlurmBed:
     prolog_flags: str = ""  # slurm.conf PrologFlags= (none, as docs/admin.md configures)
     facts_json: str = ""  # the submit hooks' facts, written to etc/gpushare-facts.json
     plan_source: str = ""  # an ownership plan copied to etc/plan.yaml
+    # A booted systemd_node.SystemdNode: each slurmd runs there as a service of its own, as
+    # a site's slurmd.service (Delegate=yes, KillMode=process); None: a plain process.
+    systemd: Any = None
     _pids: dict[str, int] = field(default_factory=dict, repr=False)
 
     # ---- layout ---------------------------------------------------------------------
@@ -407,6 +410,14 @@ class SlurmBed:
         self._pids["munged"] = self._read_pid(pid_file)
 
     def start_slurmd(self, node: str) -> None:
+        if self.systemd is not None:  # stopped with the systemd node, or by _kill_leftovers
+            self.systemd.run(["systemd-run", f"--unit=slurmd-{node}.service",
+                              "--property=Delegate=yes", "--property=KillMode=process",
+                              "--property=DefaultDependencies=no",
+                              f"--setenv=SLURM_CONF={self.conf}",
+                              f"--setenv=GPUSHARE_FACTS={self.facts_path}",
+                              shutil.which("slurmd") or "/usr/sbin/slurmd", "-D", "-N", node])
+            return
         self._spawn(f"slurmd-{node}", ["slurmd", "-N", node],
                     self.path("run", f"slurmd-{node}.pid"))
 

@@ -143,3 +143,27 @@ def standin_processes(program: str) -> list[int]:
         if state != b"Z" and wanted in argv[:2]:
             pids.append(int(name))
     return pids
+
+
+class StandinBed:
+    """A traversable temp dir holding the stand-in and a state dir, with the plugin's
+    config for them (``cgroup``: its mps_cgroup=)."""
+
+    def __init__(self, cgroup: str = "none") -> None:
+        from gpushare.node.config import PluginConfig
+
+        self.base = traversable_tmpdir()
+        self.standin = StandinInstall(self.base)
+        self.config = PluginConfig(state_dir=os.path.join(self.base, "state"),
+                                   mps_control=self.standin.program, timeout=2.0,
+                                   mps_cgroup=cgroup)
+
+    def manager(self):  # -> gpushare.node.mps.MpsManager
+        from gpushare.node.mps import MpsManager
+
+        return MpsManager(self.config, lock_timeout=60)
+
+    def close(self) -> None:
+        leftovers = self.standin.kill_all()
+        shutil.rmtree(self.base)
+        assert leftovers == [], f"stand-in processes left running: {leftovers}"

@@ -417,3 +417,47 @@ def test_roots_shared_job_runs_under_a_daemon_of_roots_that_no_one_else_reaches(
     nothing_left(bed)
     assert not alive(record["daemon_pid"])
     not_drained(bed)
+
+
+def test_under_systemd_each_daemon_runs_in_a_scope_of_gpushare_slice(bed):
+    """slurmd as a systemd service (Delegate=yes, KillMode=process, as a site runs it) under
+    a real systemd: a shared job's daemon runs in a transient scope of its own in
+    gpushare.slice, outside slurmd's service and any job's cgroup; ``gpushare mps`` shows
+    it; the scope goes when the last job's epilog stops the daemon."""
+    import re
+
+    import systemd_node
+
+    reason = systemd_node.unusable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    node_name = "sd1"
+    with systemd_node.SystemdNode() as node:
+        small = slurmbed.default_bed(root=bed.root + "-systemd", port_base=bed.ctld_port + 80,
+                                     node_count=1, prefix="sd", cgroup=False, systemd=node)
+        with small:
+            assert node.units("slurmd-*") == [f"slurmd-{node_name}.service"]
+            job_id = small.sbatch("sleep 120", "--gres=mps:25", "-c1", user=U1)
+            small.wait_job(job_id, states={"RUNNING"}, timeout=120)
+            record = one_daemon(small, slurmbed.uid_of(U1), node=node_name)
+            cgroup = next(line.split(":", 2)[2] for line in node.run(
+                ["cat", f"/proc/{record['daemon_pid']}/cgroup"]).stdout.splitlines()
+                if line.startswith("0::"))
+            scope = re.fullmatch(r"/gpushare\.slice/(gpushare-mps-(.+)-[0-9a-f]{8}\.scope)",
+                                 cgroup)
+            assert scope and scope[2] == record["key"], cgroup
+            assert node.units("gpushare-mps-*") == [scope[1]]
+            slurmd_cgroup = node.run(["systemctl", "show", "-p", "ControlGroup", "--value",
+                                      f"slurmd-{node_name}.service"]).stdout.strip()
+            assert slurmd_cgroup == f"/system.slice/slurmd-{node_name}.service"
+            shown = node.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node",
+                              node_name, "--json"],
+                             env=dict(small.env, PYTHONPATH=small.path("lib", "python")))
+            (daemon,) = json.loads(shown.stdout)["daemons"]
+            assert daemon["cgroup"] == cgroup and daemon["status"] == "running", daemon
+            small.run(["scancel", str(job_id)])
+            small.wait_job(job_id)
+            nothing_left(small)
+            wait_until("the daemon's scope gone",
+                       lambda: node.units("gpushare-mps-*") == [], 30)
+            not_drained(small, node_name)

@@ -14,7 +14,9 @@ No threads are used (the plugin forbids them).
 A program that stays behind as a user's daemon (``isolate=``) starts as a job's first
 process would, not as slurmd's child: ``oom_score_adj`` 0, no blocked or ignored signal,
 umask 077, the node's default rlimits, a cgroup of its own; all set in the child, as root,
-before it becomes the user and runs the program.
+before it becomes the user and runs the program. Where systemd manages the node's cgroups,
+the cgroup is a transient scope: the child runs ``systemd-run --scope`` as root, which asks
+systemd for the scope, moves itself there, becomes the user and runs the program.
 """
 
 import contextlib
@@ -77,13 +79,32 @@ class Isolation(NamedTuple):
     """How a program that outlives its command starts (``run(isolate=...)``).
 
     ``rlimits``: (resource, soft, hard) for each limit to set; ``cgroup``: a cgroup v2
-    directory (root's) the child moves itself into, or "" to stay where it is.
+    directory (root's) the child moves itself into, or "" to stay where it is;
+    ``scope``: instead, a systemd scope unit to run in, in ``scope_slice``, made by
+    ``systemd_run`` (a root-owned program: the child runs it as root).
     """
 
     rlimits: tuple[tuple[int, int, int], ...] = ()
     cgroup: str = ""
     oom_score_adj: int = 0
     umask: int = 0o077
+    scope: str = ""
+    scope_slice: str = ""
+    systemd_run: str = "/usr/bin/systemd-run"
+
+    def where(self) -> str:
+        """The cgroup or scope, for messages."""
+        return f"systemd scope {self.scope}" if self.scope else f"cgroup {self.cgroup}"
+
+
+def _in_scope(argv: Sequence[str], isolation: Isolation, uid: int, gid: int) -> list[str]:
+    """``argv`` run by systemd-run in a transient scope of its own, as ``uid``/``gid``:
+    systemd moves systemd-run's own process there before it drops to the user and execs
+    the program, so the program and all it forks start inside (``--collect``: a scope
+    whose processes failed is not kept)."""
+    return [isolation.systemd_run, "--scope", "--quiet", "--collect",
+            f"--unit={isolation.scope}", f"--slice={isolation.scope_slice}",
+            f"--uid={uid}", f"--gid={gid}", "--", *argv]
 
 
 def _write_proc_file(path: str, text: str) -> None:
@@ -153,6 +174,8 @@ def _isolating_child(isolation: Isolation, uid: int, gid: int) -> "Callable[[], 
         reset_reserved()
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.setgroups([])
+        if isolation.scope:  # systemd-run, as root, becomes the user after the scope
+            return
         os.setgid(gid)
         os.setuid(uid)
     return child
@@ -264,6 +287,10 @@ def run(
         if isolate is not None and uid is not None:
             kwargs.update(umask=isolate.umask, preexec_fn=_isolating_child(
                 isolate, uid, gid if gid is not None else uid))
+            if isolate.scope:
+                if not os.access(name, os.X_OK):  # systemd-run would only say exit 1
+                    raise CommandNotFound(f"{name}: not found or not executable")
+                argv = _in_scope(argv, isolate, uid, gid if gid is not None else uid)
         elif uid is not None:
             kwargs.update(user=uid, group=gid if gid is not None else uid, extra_groups=[])
         try:
@@ -279,9 +306,9 @@ def run(
         except OSError as err:
             raise ProcError(f"{name}: cannot be started ({err})") from None
         except subprocess.SubprocessError:  # raised in the isolating child, before exec
-            raise ProcError(f"{name}: cannot be started: its oom_score_adj, cgroup "
-                            f"{isolate.cgroup if isolate else ''}, rlimits or signals could "
-                            "not be set") from None
+            raise ProcError(f"{name}: cannot be started: its oom_score_adj, "
+                            f"{isolate.where() if isolate else 'cgroup'}, rlimits or signals "
+                            "could not be set") from None
         try:
             returncode = _wait(proc, max(0.0, timeout))
         except subprocess.TimeoutExpired:

@@ -105,7 +105,7 @@ def _timeout(value: str) -> str:
 
 
 def _cgroup(value: str) -> str:
-    if value in ("auto", "none"):
+    if value in ("auto", "systemd", "none"):
         return value
     return _abs_path(value)
 
@@ -133,10 +133,12 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "root-owned node-local state: per-job records, MPS reference counts"),
     ArgSpec("mps_control", "/usr/bin/nvidia-cuda-mps-control", _abs_path, "an absolute path",
             "the nvidia-cuda-mps-control binary (must be root-owned, not writable by others)"),
-    ArgSpec("mps_cgroup", "auto", _cgroup, "auto, none or an absolute directory",
-            "the cgroup v2 directory whose children the users' MPS daemons run in, one "
-            "each, for the admin to cap (auto: gpushare-mps at the top of the node's "
-            "cgroup v2 hierarchy; none: they stay in the cgroup the prolog runs in)"),
+    ArgSpec("mps_cgroup", "auto", _cgroup, "auto, systemd, none or an absolute directory",
+            "where the users' MPS daemons run, one cgroup each, for the admin to cap "
+            "(systemd: a scope each in gpushare.slice; a directory: a cgroup v2 "
+            "directory whose children they get; auto: systemd where systemd runs the "
+            "node, else gpushare-mps at the top of the cgroup v2 hierarchy; none: they "
+            "stay in the cgroup the prolog runs in)"),
     ArgSpec("mem_limit", "proportional", _mem_limit, "proportional, off, or a size like 16G",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for shared jobs"),
     ArgSpec("verify", "strict", _choice("strict", "warn", "off"), "strict, warn or off",

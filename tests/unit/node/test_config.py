@@ -34,7 +34,7 @@ def test_every_key_is_accepted_with_a_good_value():
     assert config.debug_log == "" and config.show is True and config.verify_reuse == 0
     assert config.mps_dir == "/run/x/mps"
     assert config.for_node("n1").mps_cgroup == "/sys/fs/cgroup/mps.slice/n1"
-    for setting in ("auto", "none"):
+    for setting in ("auto", "systemd", "none"):
         assert parse_plugin_args([f"mps_cgroup={setting}"]).mps_cgroup == setting
 
 

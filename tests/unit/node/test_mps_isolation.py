@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
 import stat
@@ -19,10 +18,10 @@ import uuid
 import pytest
 
 from gpushare.common import proc
-from gpushare.node.config import PluginConfig
 from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, isolation
 from gpushare.node.mps.record import DaemonRecord
-from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
+from mps_standin.harness import StandinBed as Bed
+from mps_standin.harness import ensure_users, unusable_reason
 
 REASON = unusable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -45,23 +44,6 @@ def cgroup_parent():
     yield parent
     for dirpath, _dirs, _files in sorted(os.walk(parent), key=lambda e: -len(e[0])):
         os.rmdir(dirpath)
-
-
-class Bed:
-    def __init__(self, cgroup: str = "none") -> None:
-        self.base = traversable_tmpdir()
-        self.standin = StandinInstall(self.base)
-        self.config = PluginConfig(state_dir=os.path.join(self.base, "state"),
-                                   mps_control=self.standin.program, timeout=2.0,
-                                   mps_cgroup=cgroup)
-
-    def manager(self) -> MpsManager:
-        return MpsManager(self.config, lock_timeout=60)
-
-    def close(self) -> None:
-        leftovers = self.standin.kill_all()
-        shutil.rmtree(self.base)
-        assert leftovers == [], f"stand-in processes left running: {leftovers}"
 
 
 @pytest.fixture

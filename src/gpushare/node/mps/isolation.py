@@ -3,11 +3,13 @@
 own, so that it starts as a job's process would and not as a child of slurmd (whose
 ``oom_score_adj``, limits and cgroup are slurmd's).
 
-``mps_cgroup=`` says where: ``auto`` (``<cgroup v2 mount>/gpushare-mps/<daemon key>``,
-none where the node has no cgroup v2), ``none``, or a cgroup v2 directory whose children
-the daemons get. The admin caps them all through that parent (``memory.max``,
-``cpu.max``, ``pids.max`` with the controllers enabled in its parent's
-``cgroup.subtree_control``).
+``mps_cgroup=`` says where: ``auto`` (a systemd scope ``gpushare-mps-<daemon key>-<n>``
+in ``gpushare.slice`` where systemd runs the node, since systemd owns the cgroup tree
+there; elsewhere ``<cgroup v2 mount>/gpushare-mps/<daemon key>``; none where the node has
+no cgroup v2), ``systemd`` (always the scope), ``none``, or a cgroup v2 directory whose
+children the daemons get. The admin caps them all through that parent: the slice's
+``MemoryMax=``, ``CPUQuota=``, ``TasksMax=`` (``systemctl set-property``), or the
+directory's ``memory.max``, ``cpu.max``, ``pids.max``.
 """
 
 import contextlib
@@ -17,10 +19,14 @@ from typing import Optional
 
 from gpushare.common import proc
 
-__all__ = ["AUTO_PARENT", "cgroup_of", "cgroup_parent", "daemon_cgroup", "isolation",
-           "node_rlimits", "remove_cgroup"]
+__all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup_of", "cgroup_parent",
+           "daemon_cgroup", "isolation", "node_rlimits", "remove_cgroup", "systemd_booted",
+           "uses_systemd"]
 
 AUTO_PARENT = "gpushare-mps"
+SYSTEMD_SLICE = "gpushare.slice"
+SYSTEMD_RUN = "/usr/bin/systemd-run"
+SCOPE_PREFIX = "gpushare-mps-"
 
 # /proc/<pid>/limits' row names, as the kernel writes them, and their resources' names.
 _LIMIT_ROWS = {
@@ -76,10 +82,25 @@ def _cgroup2_mount(proc_root: str = "/proc") -> Optional[str]:
     return None
 
 
+def systemd_booted(run_root: str = "/run") -> bool:
+    """Whether systemd runs this node (and so owns its cgroup tree): the test of
+    sd_booted(3), a directory ``/run/systemd/system`` that only systemd as PID 1 makes."""
+    return os.path.isdir(os.path.join(run_root, "systemd", "system"))
+
+
+def uses_systemd(setting: str, run_root: str = "/run") -> bool:
+    """Whether ``mps_cgroup=`` puts daemons in systemd scopes: ``systemd``, or ``auto``
+    where systemd runs the node and ships systemd-run."""
+    if setting == "systemd":
+        return True
+    return setting == "auto" and systemd_booted(run_root) and os.path.exists(SYSTEMD_RUN)
+
+
 def cgroup_parent(setting: str, proc_root: str = "/proc") -> Optional[str]:
-    """The cgroup under which daemons run for ``mps_cgroup=``; None: they stay where the
-    prolog's worker runs (``none``, or ``auto`` without cgroup v2)."""
-    if setting == "none":
+    """The cgroup directory under which gpushare makes daemons' cgroups for
+    ``mps_cgroup=``; None: it makes none (``none``; systemd's scopes; ``auto`` without
+    cgroup v2)."""
+    if setting == "none" or uses_systemd(setting):
         return None
     if setting == "auto":
         mount = _cgroup2_mount(proc_root)
@@ -124,9 +145,32 @@ def remove_cgroup(setting: str, key: str) -> None:
         os.rmdir(os.path.join(parent, key))
 
 
+def daemon_scope(key: str) -> str:
+    """A new scope unit's name for daemon ``key``: unique per start, so that what a
+    killed daemon of the same key left in its scope never blocks the next start (the
+    next start's cleanup kills those by their uid and pipe directory)."""
+    return f"{SCOPE_PREFIX}{key}-{os.urandom(4).hex()}.scope"
+
+
+def _systemd_run() -> str:
+    from gpushare.common import safefs
+
+    if not systemd_booted():
+        raise OSError(errno.ENOTSUP, "systemd does not run this node (no /run/systemd/"
+                      "system): set mps_cgroup=auto or a cgroup v2 directory")
+    try:
+        safefs.check_root_owned_file(SYSTEMD_RUN)
+    except safefs.UnsafePathError as err:
+        raise OSError(errno.EPERM, f"systemd-run refused: {err}") from None
+    return SYSTEMD_RUN
+
+
 def isolation(setting: str, key: str, proc_root: str = "/proc") -> proc.Isolation:
     """How daemon ``key`` starts (``proc.run(isolate=...)``); OSError when its cgroup
-    cannot be made."""
+    cannot be made or systemd-run is unsafe or missing."""
+    if uses_systemd(setting):
+        return proc.Isolation(rlimits=node_rlimits(proc_root), scope=daemon_scope(key),
+                              scope_slice=SYSTEMD_SLICE, systemd_run=_systemd_run())
     return proc.Isolation(rlimits=node_rlimits(proc_root),
                           cgroup=daemon_cgroup(setting, key) or "")
 
