@@ -53,9 +53,9 @@ def plugin_dir() -> str:
 
 
 def rpm_units() -> list[str]:
-    """The systemd units the RPM ships too (packaging/*.service, *.timer, *.mount)."""
+    """The systemd units the RPM ships too (packaging/*.service, *.timer, *.mount, *.slice)."""
     return sorted(name for name in os.listdir(os.path.join(slurmbed.REPO, "packaging"))
-                  if name.endswith((".service", ".timer", ".mount")))
+                  if name.endswith((".service", ".timer", ".mount", ".slice")))
 
 
 def installed_slurm_version() -> tuple[int, int, int]:

@@ -33,6 +33,7 @@ __all__ = [
     "WARNING",
     "Finding",
     "check_cluster",
+    "check_daemon_cgroup",
     "check_gres_all_nodes",
     "check_node",
     "check_release",
@@ -116,6 +117,33 @@ def check_state_space(state_dir: str) -> list[Finding]:
             "see which daemon's directory fills it (du -x); a daemon's start that finds it "
             "full fails its job (the node stays in service) until the filling daemon stops"))
     return findings
+
+
+def check_daemon_cgroup(setting: str) -> list[Finding]:
+    """Whether the cgroup ``mps_cgroup=`` asks for can be had here, before a shared job's
+    daemon start fails (and drains the node) on it: ``systemd`` where systemd runs the node
+    with a systemd-run of root's, a directory in the cgroup v2 hierarchy."""
+    import os
+
+    from gpushare.node.mps import isolation
+
+    where = f"plugstack mps_cgroup={setting}"
+    if isolation.uses_systemd(setting):
+        try:
+            isolation.systemd_run()
+        except OSError as err:
+            return [Finding(ERROR, f"MPS daemons cannot get a systemd scope: {err.strerror}",
+                            where, "set mps_cgroup=auto, or fix systemd-run")]
+        return []
+    if setting in ("auto", "none"):
+        return []
+    parent = os.path.dirname(setting.rstrip("/")) or "/"
+    if not os.path.exists(os.path.join(setting, "cgroup.procs")) and not os.path.exists(
+            os.path.join(parent, "cgroup.procs")):
+        return [Finding(ERROR, "MPS daemons cannot get a cgroup: neither the directory nor "
+                        "its parent is in the cgroup v2 hierarchy", where,
+                        "name a directory under the cgroup v2 mount, or set mps_cgroup=auto")]
+    return []
 
 
 def check_trash(state_dir: str) -> list[Finding]:

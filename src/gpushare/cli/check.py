@@ -142,8 +142,9 @@ def _state_findings(node: str) -> list[Any]:
         config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
     except ConfigError:
         return []
-    state_dir = config.for_node(node).state_dir
-    return check.check_state_space(state_dir) + check.check_trash(state_dir)
+    node_config = config.for_node(node)
+    return (check.check_state_space(node_config.state_dir) + check.check_trash(
+        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup))
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,

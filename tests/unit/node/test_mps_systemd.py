@@ -24,6 +24,8 @@ REASON = standin_unusable() or systemd_node.unusable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 GPU0 = MpsDevice("GPU-11111111-2222-3333-4444-555555555555", 0, 80 << 30, "GPU 0")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 SCOPE = re.compile(r"^/gpushare\.slice/(gpushare-mps-(?P<key>.+)-[0-9a-f]{8}\.scope)$")
 
 
@@ -109,9 +111,17 @@ with open(f"/proc/{{lease.daemon_pid}}/oom_score_adj") as handle:
 
 
 def test_the_admin_caps_every_daemon_on_gpushare_slice(node, users):
-    """``systemctl set-property gpushare.slice ...`` (docs/admin.md) holds every daemon's
-    scope; where the node's cgroup v2 has the memory controller, the kernel enforces it."""
+    """The packages' gpushare.slice is the slice every daemon's scope runs in, and
+    ``systemctl set-property gpushare.slice ...`` (docs/admin.md) caps them all; where the
+    node's cgroup v2 has the memory controller, the kernel enforces it."""
     u1 = users[0]
+    shipped = os.path.join(REPO, "packaging", "gpushare.slice")
+    node.run(["cp", shipped, os.path.join(systemd_node.UNIT_DIR, "gpushare.slice")])
+    node.run(["systemctl", "daemon-reload"])
+    assert node.run(["systemctl", "show", "-p", "FragmentPath,Description", "gpushare.slice"]
+                    ).stdout.splitlines() == [
+        "Description=gpushare: the users' MPS daemons, a scope each",
+        "FragmentPath=" + os.path.join(systemd_node.UNIT_DIR, "gpushare.slice")]
     node.run(["systemctl", "set-property", "--runtime", "gpushare.slice", "MemoryMax=1G",
               "TasksMax=512"])
     bed = Bed()

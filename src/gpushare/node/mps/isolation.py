@@ -20,8 +20,8 @@ from typing import Optional
 from gpushare.common import proc
 
 __all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup_of", "cgroup_parent",
-           "daemon_cgroup", "isolation", "node_rlimits", "remove_cgroup", "systemd_booted",
-           "uses_systemd"]
+           "daemon_cgroup", "daemon_scope", "isolation", "node_rlimits", "remove_cgroup",
+           "systemd_booted", "systemd_run", "uses_systemd"]
 
 AUTO_PARENT = "gpushare-mps"
 SYSTEMD_SLICE = "gpushare.slice"
@@ -152,7 +152,9 @@ def daemon_scope(key: str) -> str:
     return f"{SCOPE_PREFIX}{key}-{os.urandom(4).hex()}.scope"
 
 
-def _systemd_run() -> str:
+def systemd_run() -> str:
+    """The systemd-run root runs to make a scope: OSError where systemd does not run the
+    node or the program is missing or not root's alone."""
     from gpushare.common import safefs
 
     if not systemd_booted():
@@ -170,7 +172,7 @@ def isolation(setting: str, key: str, proc_root: str = "/proc") -> proc.Isolatio
     cannot be made or systemd-run is unsafe or missing."""
     if uses_systemd(setting):
         return proc.Isolation(rlimits=node_rlimits(proc_root), scope=daemon_scope(key),
-                              scope_slice=SYSTEMD_SLICE, systemd_run=_systemd_run())
+                              scope_slice=SYSTEMD_SLICE, systemd_run=systemd_run())
     return proc.Isolation(rlimits=node_rlimits(proc_root),
                           cgroup=daemon_cgroup(setting, key) or "")
 
