@@ -75,6 +75,9 @@ def measure(fn, iterations: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--mps-cgroup", default="auto",
+                        help="plugstack mps_cgroup= for gpushare's daemons (auto, systemd, "
+                        "none or a cgroup v2 directory)")
     args = parser.parse_args()
     reason = unusable_reason()
     if reason:
@@ -85,7 +88,8 @@ def main() -> int:
     standin = StandinInstall(base)
     try:
         config = PluginConfig(state_dir=os.path.join(base, "state"),
-                              mps_control=standin.program, timeout=10.0)
+                              mps_control=standin.program, timeout=10.0,
+                              mps_cgroup=args.mps_cgroup)
         mgr = MpsManager(config)
         job_ids = iter(range(1, 10**6))
 
@@ -116,7 +120,8 @@ def main() -> int:
         shutil.rmtree(base, ignore_errors=True)
 
     hand = statistics.median(results["by hand"])
-    print(f"MPS acquire + release, stand-in daemon, {args.iterations} iterations each")
+    print(f"MPS acquire + release, stand-in daemon, {args.iterations} iterations each, "
+          f"mps_cgroup={args.mps_cgroup}")
     print(f"{'scenario':<12} {'median ms':>10} {'p90 ms':>8} {'ratio to by hand':>17}")
     for name, times in results.items():
         ordered = sorted(times)

@@ -16,6 +16,7 @@ BENCHMARKS = (
     ("plugin cost per srun", "bench_srun.py", []),
     ("prolog + epilog cost of an MPS job", "bench_prolog.py", []),
     ("MPS daemon lifecycle", "bench_mps.py", []),
+    ("a systemd scope per MPS daemon (under a booted systemd)", "bench_scope.py", []),
     ("gpushare metrics on a node with 8 GPUs and 64 jobs", "bench_metrics.py", []),
     ("packing: 25 % shares vs whole GPUs", "bench_packing.py", []),
     ("submit hooks per request (Lua, Python)", "bench_submit_hooks.py", []),
