@@ -43,13 +43,13 @@ static int gs_read_share(int dir_fd, const char *name)
 }
 
 /* The one daemon whose <key>.jobs/ holds the job (its key in key[]); -1 for none or several. */
-static int gs_daemon_of_job(int mps_fd, const char *job, char *key)
+static int gs_daemon_of_job(int store_fd, const char *job, char *key)
 {
     char ref[GS_KEY_MAX + 32];
     struct dirent *entry;
     struct stat st;
     int found = 0;
-    DIR *dir = gs_dir_stream(mps_fd);
+    DIR *dir = gs_dir_stream(store_fd);
     const size_t suffix = strlen(GS_DAEMON_JOBS_SUFFIX);
     size_t len;
 
@@ -61,7 +61,7 @@ static int gs_daemon_of_job(int mps_fd, const char *job, char *key)
             strcmp(entry->d_name + len - suffix, GS_DAEMON_JOBS_SUFFIX) != 0)
             continue;
         snprintf(ref, sizeof(ref), "%s/%s", entry->d_name, job);
-        if (fstatat(mps_fd, ref, &st, AT_SYMLINK_NOFOLLOW) == 0 && found++ == 0)
+        if (fstatat(store_fd, ref, &st, AT_SYMLINK_NOFOLLOW) == 0 && found++ == 0)
             snprintf(key, GS_KEY_MAX, "%.*s", (int)(len - suffix), entry->d_name);
     }
     closedir(dir);
@@ -70,7 +70,7 @@ static int gs_daemon_of_job(int mps_fd, const char *job, char *key)
 
 /* Under the daemon's lock: unlink the job's reference when others stay with a share at
  * least its own. Returns the job's share when done, 0 (and *why) when the worker must. */
-static int gs_drop_reference(int mps_fd, const char *key, const char *job, const char **why)
+static int gs_drop_reference(int store_fd, const char *key, const char *job, const char **why)
 {
     char name[GS_KEY_MAX + 16];
     struct dirent *entry;
@@ -80,11 +80,11 @@ static int gs_drop_reference(int mps_fd, const char *key, const char *job, const
 
     *why = "no-record";
     snprintf(name, sizeof(name), "%s.json", key);
-    if (fstatat(mps_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+    if (fstatat(store_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
         return 0;
     *why = "jobs-unreadable";
     snprintf(name, sizeof(name), "%s" GS_DAEMON_JOBS_SUFFIX, key);
-    if ((jobs_fd = gs_open_dir_at(mps_fd, name)) < 0)
+    if ((jobs_fd = gs_open_dir_at(store_fd, name)) < 0)
         return 0;
     if ((own = gs_read_share(jobs_fd, job)) < 0 || !(dir = gs_dir_stream(jobs_fd))) {
         close(jobs_fd);
@@ -116,25 +116,25 @@ int gs_fast_leave(spank_t sp)
     char path[PATH_MAX + 32], key[GS_KEY_MAX], job[16];
     uint32_t job_id = 0;
     double started = gs_now();
-    int mps_fd, lock_fd, share = 0;
+    int store_fd, lock_fd, share = 0;
     const char *why = "lock";
 
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return 0;
     snprintf(job, sizeof(job), "%u", job_id);
     snprintf(path, sizeof(path), "%s/" GS_DAEMONS_DIR, gs_state_dir);
-    mps_fd = gs_check_state_dir(0) == 0 ? gs_open_dir_at(AT_FDCWD, path) : -1;
-    if (mps_fd < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
-        if (mps_fd >= 0)
-            close(mps_fd);
+    store_fd = gs_check_state_dir(0) == 0 ? gs_open_dir_at(AT_FDCWD, path) : -1;
+    if (store_fd < 0 || gs_daemon_of_job(store_fd, job, key) < 0) {
+        if (store_fd >= 0)
+            close(store_fd);
         gs_debug(sp, "cb=job_epilog fast=no reason=no-single-daemon");
         return 0;
     }
-    if ((lock_fd = gs_lock_daemon(mps_fd, key)) >= 0) {
-        share = gs_drop_reference(mps_fd, key, job, &why);
+    if ((lock_fd = gs_lock_daemon(store_fd, key)) >= 0) {
+        share = gs_drop_reference(store_fd, key, job, &why);
         close(lock_fd);
     }
-    close(mps_fd);
+    close(store_fd);
     if (!share) {
         gs_debug(sp, "cb=job_epilog fast=no reason=%s daemon=%s", why, key);
         return 0;
@@ -240,7 +240,7 @@ void gs_ticket_facts(struct gs_ticket_facts *facts, spank_t sp, int ac, char **a
 }
 
 /* Under the daemon's lock: the record, the reference, the tasks' file; undone on failure. */
-static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, const char *job,
+static int gs_join_locked(int store_fd, int jobs_fd, const struct gs_ticket *t, const char *job,
                           const char **why)
 {
     char name[GS_KEY_MAX + 16], now_stamp[GS_STAMP_MAX], created[32], file[32], share[8];
@@ -252,14 +252,14 @@ static int gs_join_locked(int mps_fd, int jobs_fd, const struct gs_ticket *t, co
 
     *why = "daemon-changed";
     snprintf(name, sizeof(name), "%s.json", t->key);
-    if (fstatat(mps_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+    if (fstatat(store_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return -1;
     gs_stamp(&st, now_stamp, sizeof(now_stamp));
     if (strcmp(now_stamp, t->record_stamp) != 0)
         return -1;
     *why = "write";
     snprintf(name, sizeof(name), "%s" GS_DAEMON_JOBS_SUFFIX, t->key);
-    refs_fd = gs_open_dir_at(mps_fd, name);
+    refs_fd = gs_open_dir_at(store_fd, name);
     clock_gettime(CLOCK_REALTIME, &now);
     snprintf(created, sizeof(created), "%ld.%06ld", (long)now.tv_sec, now.tv_nsec / 1000L);
     record = gs_fill(t->record, marks, 2);
@@ -316,10 +316,10 @@ char *gs_read_ticket(struct gs_ticket_fds *fds, const char *name)
 {
     char path[PATH_MAX + 32];
 
-    fds->mps = fds->tickets = fds->jobs = fds->lock = -1;
+    fds->store = fds->tickets = fds->jobs = fds->lock = -1;
     snprintf(path, sizeof(path), "%s/" GS_DAEMONS_DIR, gs_state_dir);
-    if (gs_check_state_dir(0) < 0 || (fds->mps = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (fds->tickets = gs_open_dir_at(fds->mps, GS_TICKETS_DIR)) < 0)
+    if (gs_check_state_dir(0) < 0 || (fds->store = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
+        (fds->tickets = gs_open_dir_at(fds->store, GS_TICKETS_DIR)) < 0)
         return NULL;
     return gs_read_root_file(fds->tickets, name, GS_TICKET_MAX);
 }
@@ -331,7 +331,7 @@ int gs_ticket_lock(struct gs_ticket_fds *fds, const char *key)
 
     snprintf(path, sizeof(path), "%s/" GS_JOBS_DIR, gs_state_dir);
     if ((fds->jobs = gs_open_dir_at(AT_FDCWD, path)) < 0 ||
-        (fds->lock = gs_lock_daemon(fds->mps, key)) < 0)
+        (fds->lock = gs_lock_daemon(fds->store, key)) < 0)
         return -1;
     return 0;
 }
@@ -339,7 +339,7 @@ int gs_ticket_lock(struct gs_ticket_fds *fds, const char *key)
 /* The lock given back first, then the directories closed. */
 void gs_ticket_close(struct gs_ticket_fds *fds)
 {
-    int *each[] = {&fds->lock, &fds->jobs, &fds->tickets, &fds->mps};
+    int *each[] = {&fds->lock, &fds->jobs, &fds->tickets, &fds->store};
 
     for (size_t i = 0; i < sizeof(each) / sizeof(each[0]); i++)
         if (*each[i] >= 0) {
@@ -372,7 +372,7 @@ int gs_fast_join(spank_t sp, int ac, char **av)
     why = "lock";
     if (gs_ticket_lock(&fds, ticket.key) < 0)
         goto out;
-    joined = gs_join_locked(fds.mps, fds.jobs, &ticket, job, &why) == 0;
+    joined = gs_join_locked(fds.store, fds.jobs, &ticket, job, &why) == 0;
 out:
     gs_ticket_close(&fds);
     if (!joined) {

@@ -53,7 +53,7 @@ char *gs_read_root_file(int dir_fd, const char *name, size_t max);
 int gs_write_mode_at(int dir_fd, const char *name, const char *text, int no_replace,
                      mode_t mode);
 int gs_write_at(int dir_fd, const char *name, const char *text, int no_replace);
-int gs_lock_daemon(int mps_fd, const char *key);
+int gs_lock_daemon(int store_fd, const char *key);
 
 /* ---- gs_drain.c: draining the node for a fault no Python can report ---------------- */
 int gs_drain_node(const char *why);
@@ -85,10 +85,10 @@ int gs_wait_for_prolog(spank_t sp);
 int gs_read_proc_stat(long pid, char *text, size_t size);
 int gs_fast_join(spank_t sp, int ac, char **av);
 int gs_fast_leave(spank_t sp);
-/* What a ticket's use holds open: the mps and tickets directories, then the jobs directory
- * and the daemon's lock. */
+/* What a ticket's use holds open: the daemon records' and the tickets' directories, then the
+ * jobs directory and the daemon's lock. */
 struct gs_ticket_fds {
-    int mps, tickets, jobs, lock;
+    int store, tickets, jobs, lock;
 };
 int gs_ticket_job(spank_t sp, char job[16], uint32_t *uid, char gpus[48], const char **share);
 char *gs_read_ticket(struct gs_ticket_fds *fds, const char *name);

@@ -254,17 +254,17 @@ DIR *gs_dir_stream(int fd)
 
 /* The lock of daemon key (<key>.lock in the mps directory), taken within timeout= as
  * gpushare.node.mps.lock takes it: on the file that still has that name. -1 when not. */
-int gs_lock_daemon(int mps_fd, const char *key)
+int gs_lock_daemon(int store_fd, const char *key)
 {
     char name[GS_KEY_MAX + 8];
     struct stat held, named;
     int fd;
 
     snprintf(name, sizeof(name), "%s.lock", key);
-    fd = openat(mps_fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    fd = openat(store_fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd >= 0 && fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && held.st_uid == geteuid() &&
         gs_flock_until(fd, LOCK_EX, gs_now() + gs_timeout) == 0 &&
-        fstatat(mps_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
+        fstatat(store_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino)
         return fd;
     if (fd >= 0)
         close(fd);

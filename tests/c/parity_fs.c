@@ -138,21 +138,21 @@ static void drop(char *at)
 {
     char *dir = field(&at), *key_in = field(&at), *job = field(&at), key[GS_KEY_MAX] = "";
     const char *why = "lock";
-    int mps_fd = open_dir(dir), lock_fd, share = 0;
+    int store_fd = open_dir(dir), lock_fd, share = 0;
 
-    if (mps_fd < 0 || gs_daemon_of_job(mps_fd, job, key) < 0) {
+    if (store_fd < 0 || gs_daemon_of_job(store_fd, job, key) < 0) {
         printf("- 0 no-single-daemon");
     } else if (strcmp(key, key_in) != 0) {
         printf("%s 0 other-daemon", key);
     } else {
-        if ((lock_fd = gs_lock_daemon(mps_fd, key)) >= 0) {
-            share = gs_drop_reference(mps_fd, key, job, &why);
+        if ((lock_fd = gs_lock_daemon(store_fd, key)) >= 0) {
+            share = gs_drop_reference(store_fd, key, job, &why);
             close(lock_fd);
         }
         printf("%s %d %s", key, share, share ? "dropped" : why);
     }
-    if (mps_fd >= 0)
-        close(mps_fd);
+    if (store_fd >= 0)
+        close(store_fd);
 }
 
 int main(void)
