@@ -102,6 +102,7 @@ with open(f"/proc/{{lease.daemon_pid}}/oom_score_adj") as handle:
         assert status["Umask"] == "0077"
         assert status["Uid"].split()[0] == str(u1.pw_uid)
         assert status["Gid"].split()[0] == str(u1.pw_gid)
+        assert set(status["Groups"].split()) <= {str(u1.pw_gid)}, status  # none of root's
 
         released = in_node(node, bed, 'out["released"] = manager.release(1)')
         assert released["released"] == [seen["key"]]
