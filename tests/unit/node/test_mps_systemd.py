@@ -38,6 +38,9 @@ def users():
 def node():
     with systemd_node.SystemdNode() as booted:
         yield booted
+    # Nothing of the node outlives it: its processes die with its PID 1, its cgroups go.
+    assert not os.path.exists(f"/proc/{booted.pid}/ns"), booted.pid
+    assert not os.path.exists(booted.cgroup), booted.cgroup
 
 
 def in_node(node: systemd_node.SystemdNode, bed: Bed, body: str) -> dict:
