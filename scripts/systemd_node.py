@@ -10,8 +10,9 @@ path of one directory holding one empty target, so that it runs only what the te
 of it (transient units, through ``systemd-run``) and none of the distribution's units
 (``systemd-tmpfiles-setup.service`` alone would empty the host's ``/tmp``). A transient
 service needs ``DefaultDependencies=no``: the targets it would order itself after are
-not there. Stopping it kills its PID 1,
-and with it every process of the node; its cgroups go after.
+not there. Stopping it kills its PID 1, and with it every process of the node; its cgroups
+go after. In a root whose cgroups are hidden (``tests/release_root.py``) it mounts the
+cgroup v2 hierarchy on a directory of its own for as long as it runs.
 """
 
 from __future__ import annotations
