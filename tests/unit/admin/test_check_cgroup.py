@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare check says, before a shared job's daemon start fails on it, that the cgroup
-mps_cgroup= asks for cannot be had on this node."""
+mps_cgroup= asks for cannot be had on this node; and when a start fails on it under
+systemd, systemd-run's refusal is told from the MPS program's own failure."""
 
 from __future__ import annotations
 
@@ -44,3 +45,12 @@ def test_a_directory_under_the_cgroup_v2_mount_is_fine():
     if parent is None:
         pytest.skip("no cgroup v2 hierarchy here")
     assert check.check_daemon_cgroup(os.path.join(os.path.dirname(parent), "mps")) == []
+
+
+def test_systemd_runs_refusal_is_told_from_the_programs_own_failure():
+    assert isolation.scope_refused(
+        "Failed to start transient scope unit: Unit gpushare.slice is masked.")
+    assert isolation.scope_refused("Failed to connect to bus: No such file or directory")
+    assert isolation.scope_refused("systemd-run: unrecognized option '--collect'")
+    assert not isolation.scope_refused("An instance of this daemon is already running")
+    assert not isolation.scope_refused("")

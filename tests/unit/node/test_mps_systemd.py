@@ -174,6 +174,36 @@ out["released"] = manager.release(3) + manager.release(4)
         bed.close()
 
 
+def test_a_scope_systemd_refuses_fails_the_start_as_the_nodes_fault(node, users):
+    """A masked gpushare.slice (an admin's doing): systemd-run makes no scope and runs
+    nothing; the start fails naming systemd, not the MPS program, and is the node's."""
+    u1 = users[0]
+    masked = os.path.join(systemd_node.UNIT_DIR, "gpushare.slice")
+    node.run(["rm", "-f", masked])
+    node.run(["ln", "-s", "/dev/null", masked])
+    node.run(["systemctl", "daemon-reload"])
+    bed = Bed()
+    try:
+        seen = in_node(node, bed, f"""
+from gpushare.node.mps import MpsUserError
+try:
+    manager.acquire(6, {u1.pw_uid}, {u1.pw_gid}, [gpu], share_percent=25)
+except MpsUserError as err:
+    out["user"] = str(err)
+except Exception as err:
+    out["type"], out["error"], out["brief"] = type(err).__name__, str(err), err.brief
+""")
+        assert seen.get("type") == "MpsError", seen
+        assert seen["brief"].startswith("MPS start failed: no systemd scope for the daemon")
+        assert "systemd made no scope for its daemon in gpushare.slice" in seen["error"]
+        assert "masked" in seen["error"], seen["error"]
+        assert node.units("gpushare-mps-*") == []
+    finally:
+        bed.close()
+        node.run(["rm", "-f", masked])
+        node.run(["systemctl", "daemon-reload"])
+
+
 def test_mps_cgroup_systemd_without_systemd_fails_the_start_saying_so(monkeypatch, users):
     monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": False)
     bed = Bed(cgroup="systemd")

@@ -15,13 +15,14 @@ directory's ``memory.max``, ``cpu.max``, ``pids.max``.
 import contextlib
 import errno
 import os
+import re
 from typing import Optional
 
 from gpushare.common import proc
 
 __all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup_of", "cgroup_parent",
            "daemon_cgroup", "daemon_scope", "isolation", "node_rlimits", "remove_cgroup",
-           "systemd_booted", "systemd_run", "uses_systemd"]
+           "scope_refused", "systemd_booted", "systemd_run", "uses_systemd"]
 
 AUTO_PARENT = "gpushare-mps"
 SYSTEMD_SLICE = "gpushare.slice"
@@ -150,6 +151,19 @@ def daemon_scope(key: str) -> str:
     killed daemon of the same key left in its scope never blocks the next start (the
     next start's cleanup kills those by their uid and pipe directory)."""
     return f"{SCOPE_PREFIX}{key}-{os.urandom(4).hex()}.scope"
+
+
+# What systemd-run says when it made no scope (and so ran nothing), as opposed to what the
+# program it runs says about its own failure.
+# (An older systemd-run that lacks an option says so prefixed with its name, as getopt does.)
+_SCOPE_REFUSED = re.compile(r"^(Failed to (start transient scope unit|connect to bus|create "
+                            r"bus connection|allocate manager object)|systemd-run: )",
+                            re.MULTILINE)
+
+
+def scope_refused(output: str) -> bool:
+    """Whether a failed start's output is systemd-run's: no scope, the program never ran."""
+    return _SCOPE_REFUSED.search(output) is not None
 
 
 def systemd_run() -> str:

@@ -535,6 +535,11 @@ class MpsManager:
         except proc.ProcError as err:
             counters.command_error(err)
             raise failed(str(err), f"{err}; check the GPU and the daemon's log") from None
+        if result.returncode != 0 and isolate.scope and isolation.scope_refused(result.output):
+            raise failed("no systemd scope for the daemon",
+                         f"systemd made no scope for its daemon in {isolate.scope_slice}: "
+                         f"{result.output}; see `systemctl status {isolate.scope_slice}`, or "
+                         "set plugstack mps_cgroup= to a cgroup v2 directory or none")
         if result.returncode != 0:
             raise failed(f"{os.path.basename(program)} -d exit {result.returncode}",
                          f"{program} -d exited with status {result.returncode}: "
