@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,20 +28,13 @@ import time
 import uuid
 from typing import Optional, Sequence
 
+from gpushare.node.mps.isolation import cgroup2_mount
+
 __all__ = ["SystemdNode", "unusable_reason"]
 
 SYSTEMD = "/lib/systemd/systemd"
 TARGET = "gpushare-test.target"
 UNIT_DIR = "/run/gpushare-test-units"
-
-
-def _cgroup2_mount() -> Optional[str]:
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            fields = line.split(" - ", 1)
-            if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
-                return fields[0].split()[4]
-    return None
 
 
 def unusable_reason() -> Optional[str]:
@@ -62,7 +56,7 @@ class SystemdNode:
     """One booted systemd; ``run`` executes a command inside its namespaces."""
 
     def __init__(self) -> None:
-        mount = _cgroup2_mount()
+        mount = cgroup2_mount()
         self._own_mount = ""
         if mount is None:  # a root whose cgroups are hidden (tests/release_root.py)
             self._own_mount = mount = tempfile.mkdtemp(prefix="gpushare-test-cgroup2-")
@@ -95,7 +89,7 @@ class SystemdNode:
         # The launcher enters the node's cgroup before unshare makes it the new root.
         script = (f"echo $$ > {self.cgroup}/cgroup.procs && exec unshare --pid --fork "
                   "--mount --cgroup --uts --ipc --mount-proc --propagation private "
-                  f"/bin/sh -c {_quote(boot)}")
+                  f"/bin/sh -c {shlex.quote(boot)}")
         self._launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
@@ -184,8 +178,3 @@ class SystemdNode:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)

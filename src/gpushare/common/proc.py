@@ -90,7 +90,7 @@ class Isolation(NamedTuple):
     umask: int = 0o077
     scope: str = ""
     scope_slice: str = ""
-    systemd_run: str = "/usr/bin/systemd-run"
+    systemd_run: str = ""
 
     def where(self) -> str:
         """The cgroup or scope, for messages."""

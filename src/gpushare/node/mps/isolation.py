@@ -20,9 +20,9 @@ from typing import Optional
 
 from gpushare.common import proc
 
-__all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup_of", "cgroup_parent",
-           "daemon_cgroup", "daemon_scope", "isolation", "node_rlimits", "remove_cgroup",
-           "scope_refused", "systemd_booted", "systemd_run", "uses_systemd"]
+__all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup2_mount", "cgroup_of",
+           "cgroup_parent", "daemon_cgroup", "daemon_scope", "isolation", "node_rlimits",
+           "remove_cgroup", "scope_refused", "systemd_booted", "systemd_run", "uses_systemd"]
 
 AUTO_PARENT = "gpushare-mps"
 SYSTEMD_SLICE = "gpushare.slice"
@@ -68,7 +68,7 @@ def node_rlimits(proc_root: str = "/proc") -> tuple[tuple[int, int, int], ...]:
     return tuple(limits)
 
 
-def _cgroup2_mount(proc_root: str = "/proc") -> Optional[str]:
+def cgroup2_mount(proc_root: str = "/proc") -> Optional[str]:
     """Where this node mounts the cgroup v2 hierarchy (``/sys/fs/cgroup`` on a unified
     host, ``/sys/fs/cgroup/unified`` on a hybrid one); None without one."""
     try:
@@ -104,7 +104,7 @@ def cgroup_parent(setting: str, proc_root: str = "/proc") -> Optional[str]:
     if setting == "none" or uses_systemd(setting):
         return None
     if setting == "auto":
-        mount = _cgroup2_mount(proc_root)
+        mount = cgroup2_mount(proc_root)
         return os.path.join(mount, AUTO_PARENT) if mount else None
     return setting
 
