@@ -7,8 +7,8 @@ PY := $(VENV)/bin/python
 # The oldest Python the core supports (RHEL 9's python3), when this machine has one.
 PY39 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 
-.PHONY: all deps build venv test test-host test-other release-root unit unit39 lint ctest demo \
-	bench rpm deb slurm-testsuite clean
+.PHONY: all deps build venv venv39 test test-quick test-host test-other release-root unit unit39 \
+	lint ctest demo bench rpm deb slurm-testsuite clean
 
 all: build
 
@@ -57,31 +57,44 @@ ctest: venv
 unit: venv
 	@$(PY) -m pytest tests/unit -q
 
-# The unit tests again under Python 3.9, where one is installed.
-unit39:
+# A virtual environment of Python 3.9, where one is installed (the unit tests run under it too).
+venv39: venv
 	@if [ -n "$(PY39)" ]; then \
 		test -x .venv39/bin/python || $(PY39) -m venv .venv39; \
-		.venv39/bin/python -m pip install -q -e '.[test]' && \
+		.venv39/bin/python -m pip install -q -e '.[test]'; \
+	fi
+
+# The unit tests again under Python 3.9, where one is installed.
+unit39: venv39
+	@if [ -x .venv39/bin/python ]; then \
 		.venv39/bin/python -m pytest tests/unit -q -p no:cacheprovider; \
 	else echo "no Python 3.9 on this machine: unit tests under 3.9 skipped"; fi
 
-# The whole suite on this machine's Slurm, then on the other release's (Debian 12: 22.05 here,
-# 24.11 in a cached Debian 13 root; Debian 13 the other way round): one summary line each,
-# and a failure if either fails. tests/release_root.py builds and runs the other root.
-test: build venv lint unit39
+# Every suite at once, each with a log of its own under build/test-logs: lint, the unit tests
+# under Python 3.9, the whole suite on this machine's Slurm, and on each other release's in a
+# cached Debian root (bookworm 22.05, trixie 24.11, forky 26.05; built first where missing).
+# tests/release_root.py runs them and ends with one line per suite and its time; it fails
+# if any fails.
+test: build venv venv39
 	@$(SYSTEM_PYTHON) tests/release_root.py make-test $(PY)
+
+# The edit loop (a few minutes): lint, the unit tests, and one real-Slurm test per
+# capability (marked `smoke`) on this machine's Slurm. `make test` stays the whole check.
+test-quick: build venv
+	@$(SYSTEM_PYTHON) tests/release_root.py quick $(PY)
 
 # The suite on this machine's Slurm only.
 test-host: build venv lint unit39
 	@$(PY) -m pytest tests -q -ra
 
-# The other release's build and suite only (its root is built first when missing).
+# The other releases' builds and suites only, one after another (roots built when missing);
+# RELEASE=forky (or bookworm, trixie) runs one.
 test-other:
-	@$(SYSTEM_PYTHON) tests/release_root.py suite
+	@$(SYSTEM_PYTHON) tests/release_root.py suite $(if $(RELEASE),--release $(RELEASE))
 
-# Build (or refresh) the other release's cached root.
+# Build (or refresh) the other releases' cached roots.
 release-root:
-	@$(SYSTEM_PYTHON) tests/release_root.py ensure
+	@$(SYSTEM_PYTHON) tests/release_root.py ensure $(if $(RELEASE),--release $(RELEASE))
 
 demo: build venv
 	@$(PY) demo/demo.py

@@ -1,24 +1,27 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""The other Slurm release, for `make test`: a cached Debian root and runs inside it.
+"""The other Slurm releases, for `make test`: cached Debian roots and runs inside them.
 
-gpushare is tested on two Slurm releases: the machine's own (Debian 12: 22.05, Debian 13:
-24.11) and the other one, which runs in a Debian root of the other release built here with
-debootstrap from the Debian mirror apt already uses. The root is cached under
-``/var/cache/gpushare-test/<codename>/root`` and rebuilt when it is missing or when its recipe
-(release, mirror, packages) changes.
+gpushare is tested on three Slurm releases: Debian 12's 22.05, Debian 13's 24.11 and Debian
+forky's 26.05. The machine's own runs here; each other one runs in a Debian root of its
+release, built here with debootstrap from the Debian mirror apt already uses. A root is cached
+under ``/var/cache/gpushare-test/<codename>/root`` and rebuilt when it is missing or when its
+recipe (release, mirror, packages) changes.
 
 Each run gets its own mount and pid namespaces and a throw-away overlay over the cached root,
 so nothing it does reaches the cache, another run, or processes and cgroups outside it: the
 overlay has no cgroup hierarchy and the run sees only its own processes. The working tree is
-mounted at ``/src/gpushare``; the other release's plugin build and virtual environment live in
-``build/release-<codename>/`` and are mounted over ``build/`` and ``.venv`` there.
+mounted at ``/src/gpushare``; a release's plugin build and virtual environment live in
+``build/release-<codename>/`` and are mounted over ``build/`` and ``.venv`` there. Each root's
+beds have ports of their own, so every suite runs at once: they wait on Slurm far more than
+they compute.
 
-    python3 tests/release_root.py ensure          build the cached root when needed
-    python3 tests/release_root.py run -- CMD...   run CMD in a fresh overlay of it
-    python3 tests/release_root.py test            the other release's build and whole suite
-    python3 tests/release_root.py make-test PY    the suite on this machine's Slurm (with PY),
-                                                  then on the other release; one summary
-                                                  line per release; fails if either fails
+    python3 tests/release_root.py ensure [--release R]     build the cached roots when needed
+    python3 tests/release_root.py run --release R -- CMD   run CMD in a fresh overlay of R
+    python3 tests/release_root.py suite [--release R]      a root's build and whole suite
+    python3 tests/release_root.py make-test PY             every suite at once (lint, unit
+                                                           tests under 3.9, this machine's,
+                                                           each root's); one line per suite
+    python3 tests/release_root.py quick PY                 lint, unit and smoke tests at once
 """
 
 from __future__ import annotations
@@ -39,12 +42,16 @@ from typing import Iterator, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("GPUSHARE_RELEASE_CACHE", "/var/cache/gpushare-test")
-# Ports of the bed in the other release's root (the network is shared with this machine).
-BED_PORT = os.environ.get("GPUSHARE_RELEASE_BED_PORT", "18500")
 INSIDE = "/src/gpushare"
-# Which release the other root holds, by this machine's Debian codename.
-OTHER = {"bookworm": "trixie", "trixie": "bookworm"}
-SLURM_OF = {"bookworm": "22.05", "trixie": "24.11"}
+# The Slurm release each Debian release ships; gpushare is tested on all of them: the
+# machine's own, the others each in a root of its own.
+SLURM_OF = {"bookworm": "22.05", "trixie": "24.11", "forky": "26.05"}
+# Ports of each root's beds (the network is shared with this machine and the other roots; a
+# suite uses its base up to about +360, and the sanitized bed its own base).
+BED_PORT = {"bookworm": 18500, "trixie": 19000, "forky": 19500}
+SANITIZED_PORT_OFFSET = 420
+# debootstrap has no script of its own for a release newer than it: that of sid fits.
+DEBOOTSTRAP_SCRIPT_FALLBACK = "sid"
 # Everything the build, the suite and the RPM test need in the root (slurmbed.APT_PACKAGES,
 # plus the tools `make build venv` and scripts/build_rpm.sh use).
 PACKAGES = (
@@ -54,7 +61,7 @@ PACKAGES = (
     "ca-certificates", "procps",
 )
 TEST_USERS = ("gpushare-u1", "gpushare-u2")
-RECIPE_VERSION = "1"  # bump when the build steps below change
+RECIPE_VERSION = "2"  # bump when the build steps below change
 
 
 class RootError(RuntimeError):
@@ -78,11 +85,12 @@ def host_codename() -> str:
     raise RootError("/etc/os-release names no VERSION_CODENAME: not a Debian release")
 
 
-def other_codename(host: str) -> str:
-    if host not in OTHER:
-        raise RootError(f"this machine runs Debian {host!r}; gpushare tests two Slurm releases "
-                        f"on {' or '.join(sorted(OTHER))} only")
-    return OTHER[host]
+def other_codenames(host: str) -> list[str]:
+    """The releases tested in roots: every one but the machine's own."""
+    if host not in SLURM_OF:
+        raise RootError(f"this machine runs Debian {host!r}; gpushare tests its Slurm releases "
+                        f"on {', '.join(sorted(SLURM_OF))} only")
+    return [codename for codename in SLURM_OF if codename != host]
 
 
 def host_mirror(codename: str) -> Mirror:
@@ -169,11 +177,18 @@ def build_root(codename: str, mirror: Mirror, wanted: str) -> None:
     started = time.monotonic()
     print(f"release_root: building a Debian {codename} root from {mirror.main} in {new}",
           flush=True)
-    _run(["debootstrap", "--variant=minbase", codename, new, mirror.main], log)
+    argv = ["debootstrap", "--variant=minbase", codename, new, mirror.main]
+    if not os.path.exists(os.path.join("/usr/share/debootstrap/scripts", codename)):
+        argv.append(os.path.join("/usr/share/debootstrap/scripts", DEBOOTSTRAP_SCRIPT_FALLBACK))
+    _run(argv, log)
     with open(os.path.join(new, "etc/apt/sources.list"), "w") as handle:
         handle.write(f"deb {mirror.main} {codename} main\n"
                      f"deb {mirror.main} {codename}-updates main\n"
                      f"deb {mirror.security} {codename}-security main\n")
+    # The mirror may serve a snapshot of a release whose Release files carry a Valid-Until
+    # (testing's, forky's) that has passed; the packages are no less what that release ships.
+    with open(os.path.join(new, "etc/apt/apt.conf.d/99gpushare-test"), "w") as handle:
+        handle.write('Acquire::Check-Valid-Until "false";\n')
     # Daemons are started by the tests, never by package scripts.
     with open(os.path.join(new, "usr/sbin/policy-rc.d"), "w") as handle:
         handle.write("#!/bin/sh\nexit 101\n")
@@ -309,14 +324,18 @@ def run_inside(codename: str, argv: Sequence[str], env: Optional[dict[str, str]]
 
 
 def suite_inside(codename: str, pytest_args: Sequence[str]) -> int:
-    """The other release's `make build venv`, then the whole suite against its Slurm."""
+    """A release's `make build venv`, then the whole suite against its Slurm, in its root."""
+    # Builds take turns (flock on the working tree): each root's `pip install -e` writes the
+    # same egg-info into the shared tree.
     script = (
-        "set -o pipefail; make -s build venv >/tmp/build.log 2>&1 || "
+        "set -o pipefail; flock /src/gpushare make -s build venv >/tmp/build.log 2>&1 || "
         "{ cat /tmp/build.log; echo 'release_root: make build venv failed'; exit 2; }; "
         'exec .venv/bin/python -m pytest -p no:cacheprovider "$@"'
     )
+    port = BED_PORT[codename]
     env = {"GPUSHARE_BED_ROOT": f"/tmp/gpushare-bed-{codename}",
-           "GPUSHARE_BED_PORT": BED_PORT, "GPUSHARE_BED_CGROUP": "no"}
+           "GPUSHARE_BED_PORT": str(port), "GPUSHARE_BED_CGROUP": "no",
+           "GPUSHARE_SANITIZED_BED_PORT": str(port + SANITIZED_PORT_OFFSET)}
     # What replays or lengthens a run (tests/slurm/test_soak.py) goes in with it.
     env.update({name: value for name, value in os.environ.items()
                 if name in ("GPUSHARE_SOAK_SEED", "GPUSHARE_SOAK_JOBS", "HYPOTHESIS_PROFILE")})
@@ -337,75 +356,165 @@ def slurm_release(root: str = "/") -> str:
     return f"{number >> 16 & 255}.{number >> 8 & 255:02d}.{number & 255}"
 
 
-def _tee(argv: Sequence[str], run: object = None) -> tuple[int, str]:
-    """Run ``argv``, echoing its output; exit status and pytest's last summary line."""
-    process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-    last = ""
-    assert process.stdout is not None
-    for line in process.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        stripped = line.strip().strip("=").strip()
-        if re.search(r"\b(passed|failed|error|errors|skipped|no tests ran)\b.* in [\d.]+s",
-                     stripped):
-            last = stripped
-    return process.wait(), last
+SUMMARY = re.compile(r"\b(passed|failed|error|errors|skipped|no tests ran)\b.* in [\d.]+s")
+LOGS = os.path.join(REPO, "build", "test-logs")
+
+
+@dataclass
+class Suite:
+    """One release's suite, run in the background with its output in a log of its own."""
+
+    name: str
+    argv: list[str]
+    log: str
+    started: float = 0.0
+    process: Optional[subprocess.Popen[bytes]] = None
+    rc: Optional[int] = None
+    seconds: float = 0.0
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+
+    def poll(self) -> bool:
+        """True once the suite has ended (its status and time are then set)."""
+        if self.rc is None and self.process is not None and self.process.poll() is not None:
+            self.rc, self.seconds = self.process.returncode, time.monotonic() - self.started
+        return self.rc is not None
+
+    def summary(self) -> str:
+        """pytest's last summary line in the log."""
+        last = ""
+        with open(self.log, errors="replace") as handle:
+            for line in handle:
+                stripped = line.strip().strip("=").strip()
+                if SUMMARY.search(stripped):
+                    last = stripped
+        return last or "no pytest summary"
+
+
+def host_suite(host_python: str, pytest_args: Sequence[str]) -> list[str]:
+    """This machine's suite in pid and mount namespaces of its own: it sees and can signal only
+    its own processes, never a root's (whose users have the same uids), and mounts it makes go
+    with it."""
+    return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
+            "--kill-child=SIGKILL", "--mount-proc", host_python, "-m", "pytest", *pytest_args]
+
+
+def run_suites(suites: Sequence[Suite]) -> int:
+    """Start every suite at once (they wait on Slurm far more than they compute), print each
+    log whole as it ends, then one line per suite with its time; 0 only if all passed."""
+    os.makedirs(LOGS, exist_ok=True)
+    started = time.monotonic()
+    for suite in suites:
+        print(f"==== {suite.name}: started, log {os.path.relpath(suite.log, REPO)}", flush=True)
+        suite.start()
+    pending = list(suites)
+    try:
+        while pending:
+            time.sleep(2)
+            for suite in [s for s in pending if s.poll()]:
+                pending.remove(suite)
+                print(f"\n==== {suite.name}: ended after {suite.seconds:.0f}s", flush=True)
+                with open(suite.log, errors="replace") as handle:
+                    shutil.copyfileobj(handle, sys.stdout)
+                sys.stdout.flush()
+    finally:
+        for suite in pending:
+            if suite.process is not None:
+                suite.process.kill()
+    print()
+    for suite in suites:
+        verdict = "ok" if suite.rc == 0 else f"FAILED (exit {suite.rc})"
+        print(f"{suite.name}: {verdict}: {suite.summary()} [{suite.seconds:.0f}s with setup]")
+    print(f"all suites: {time.monotonic() - started:.0f}s", flush=True)
+    return 0 if all(suite.rc == 0 for suite in suites) else 1
 
 
 def make_test(host_python: str, pytest_args: Sequence[str]) -> int:
+    """Every suite at once: lint, the unit tests under Python 3.9 (where it is installed),
+    this machine's whole suite, and each other release's in its root (built first where
+    missing, while the others run)."""
     host = host_codename()
-    other = other_codename(host)
-    results = []
-    started = time.monotonic()
-    print(f"==== Slurm {slurm_release()} (this machine, Debian {host})", flush=True)
-    rc, line = _tee([host_python, "-m", "pytest", *pytest_args])
-    results.append((f"Slurm {slurm_release()} (Debian {host}, this machine)", rc, line,
-                    time.monotonic() - started))
-    started = time.monotonic()
-    print(f"==== Slurm {SLURM_OF[other]} (Debian {other} root)", flush=True)
-    try:
-        root = ensure(other)
-    except RootError as error:
-        print(f"release_root: {error}", flush=True)
-        results.append((f"Slurm {SLURM_OF[other]} (Debian {other} root)", 2,
-                        "the root could not be built", time.monotonic() - started))
+    me = os.path.abspath(__file__)
+    suites = [Suite("lint", ["make", "-s", "-C", REPO, "lint"], os.path.join(LOGS, "lint.log"))]
+    python39 = os.path.join(REPO, ".venv39", "bin", "python")
+    if os.path.exists(python39):
+        suites.append(Suite("unit tests (Python 3.9)",
+                            [python39, "-m", "pytest", "tests/unit", "-q", "-p",
+                             "no:cacheprovider"], os.path.join(LOGS, "unit39.log")))
     else:
-        me = [sys.executable, os.path.abspath(__file__), "suite", "--", *pytest_args]
-        rc, line = _tee(me)
-        results.append((f"Slurm {slurm_release(root)} (Debian {other} root)", rc,
-                        line or "no pytest summary", time.monotonic() - started))
-    print()
-    for name, rc, line, seconds in results:
-        verdict = "ok" if rc == 0 else f"FAILED (exit {rc})"
-        print(f"{name}: {verdict}: {line} [{seconds:.0f}s with setup]")
-    return 0 if all(rc == 0 for _n, rc, _l, _s in results) else 1
+        print("no Python 3.9 on this machine: unit tests under 3.9 skipped", flush=True)
+    suites.append(Suite(f"Slurm {slurm_release()} (Debian {host}, this machine)",
+                        host_suite(host_python, pytest_args), os.path.join(LOGS, f"{host}.log")))
+    for other in other_codenames(host):
+        suites.append(Suite(f"Slurm {SLURM_OF[other]} (Debian {other} root)",
+                            [sys.executable, me, "suite", "--release", other, "--",
+                             *pytest_args], os.path.join(LOGS, f"{other}.log")))
+    return run_suites(suites)
+
+
+def quick(host_python: str) -> int:
+    """The edit loop: lint, the unit tests and the real-Slurm tests marked `smoke`, at once,
+    on this machine's Slurm only."""
+    return run_suites([
+        Suite("lint", ["make", "-s", "-C", REPO, "lint"], os.path.join(LOGS, "lint.log")),
+        Suite("unit tests", [host_python, "-m", "pytest", "tests/unit", "-q"],
+              os.path.join(LOGS, "unit.log")),
+        Suite(f"smoke on Slurm {slurm_release()} (this machine)",
+              host_suite(host_python, ["tests/slurm", "-q", "-ra", "-m", "smoke"]),
+              os.path.join(LOGS, "smoke.log")),
+    ])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="release_root.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("ensure", help="build the other release's root when missing or outdated")
-    run = sub.add_parser("run", help="run a command in a fresh overlay of the root")
+
+    def with_release(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        command.add_argument("--release", choices=sorted(SLURM_OF),
+                             help="the Debian release whose root (default: every other one)")
+        return command
+
+    with_release(sub.add_parser("ensure", help="build the roots when missing or outdated"))
+    run = with_release(sub.add_parser("run", help="run a command in a fresh overlay of a root"))
     run.add_argument("argv", nargs="+")
-    suite = sub.add_parser("suite", help="the other release's build and pytest (args to pytest)")
+    suite = with_release(sub.add_parser(
+        "suite", help="a root's build and pytest (args to pytest); roots one after another"))
     suite.add_argument("pytest_args", nargs="*")
-    both = sub.add_parser("make-test", help="the suite on this machine's Slurm, then the other")
-    both.add_argument("host_python")
-    both.add_argument("pytest_args", nargs="*")
+    every = sub.add_parser("make-test", help="this machine's suite and every root's, at once")
+    every.add_argument("host_python")
+    every.add_argument("pytest_args", nargs="*")
+    fast = sub.add_parser("quick", help="lint, unit tests and the smoke tests, at once")
+    fast.add_argument("host_python")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("release_root: run as root (debootstrap, mounts, the test Slurm)", file=sys.stderr)
         return 1
     try:
-        other = other_codename(host_codename())
+        host = host_codename()
+        others = other_codenames(host)
+        if getattr(args, "release", None):
+            if args.release == host:
+                raise RootError(f"Debian {host} is this machine's own release: it has no root")
+            others = [args.release]
         if args.command == "ensure":
-            print(ensure(other))
+            for other in others:
+                print(ensure(other))
             return 0
         if args.command == "run":
-            return run_inside(other, args.argv)
+            if len(others) != 1:
+                raise RootError(f"which root? --release {' or '.join(others)}")
+            return run_inside(others[0], args.argv)
         if args.command == "suite":
-            return suite_inside(other, args.pytest_args or ["tests", "-q", "-ra"])
+            worst = 0
+            for other in others:
+                worst = max(worst, suite_inside(other, args.pytest_args or ["tests", "-q", "-ra"]))
+            return worst
+        if args.command == "quick":
+            return quick(args.host_python)
         return make_test(args.host_python, args.pytest_args or ["tests", "-q", "-ra"])
     except RootError as error:
         print(f"release_root: {error}", file=sys.stderr)

@@ -7,6 +7,7 @@ slurmd whose GPUs, gres.conf and topology come from tests/plans/bed.yaml.
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 
@@ -36,10 +37,40 @@ def bed():
         cluster.stop()
 
 
+def _job_records(bed) -> list[str]:
+    return sorted(glob.glob(os.path.join(bed.state_of("*"), "jobs", "*")))
+
+
+def _jobs_end_without_records(bed) -> None:
+    """The test's jobs are ended and their epilogs must remove their records: a test that
+    leaves records fails itself (in its teardown), not the test after it, which starts
+    clean because what was left is reaped here."""
+    for user in ("root", *slurmbed.TEST_USERS):
+        bed.run(["scancel", "--quiet", "-u", user], check=False)
+    slurmbed.wait_until("the test's jobs gone", lambda: not bed.run(
+        ["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 120)
+    try:
+        slurmbed.wait_until("job records removed by the epilogs",
+                            lambda: not _job_records(bed), 30)
+    except AssertionError:
+        left = _job_records(bed)
+        jobs = sorted({os.path.basename(path).split(".")[0] for path in left})
+        report = bed.lines_about(jobs)
+        for node in sorted({path.split(os.sep)[-3] for path in left}):
+            bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node", node,
+                     "--reap"], env={"PYTHONPATH": bed.path("lib", "python")}, check=False)
+        for path in left:
+            os.unlink(path)
+        pytest.fail(f"the test left job records after its jobs ended: {left}\n"
+                    f"what the logs say of jobs {jobs}:\n{report}")
+
+
 @pytest.fixture
 def clean_bed(bed):
-    """The bed with its default plugstack, every node usable, after the test too."""
+    """The bed with its default plugstack, every node usable, after the test too; a test
+    whose jobs leave records fails."""
     bed.write_plugstack(bed.plugstack_line())
     yield bed
     bed.write_plugstack(bed.plugstack_line())
     bed.resume(*(node.name for node in bed.nodes))
+    _jobs_end_without_records(bed)

@@ -129,6 +129,7 @@ def test_disagreeing_inventory_is_reported(bed, wrong_profile):
     assert text.returncode == 2 and "ERROR" in text.stdout and "fix:" in text.stdout
 
 
+@pytest.mark.smoke
 def test_drain_names_the_problem_in_slurm(bed, wrong_profile):
     result = check(bed, "--drain", profile=wrong_profile)
     assert result.returncode == 2, result.stdout + result.stderr

@@ -259,6 +259,7 @@ def test_a_planted_pid_file_does_not_name_the_daemon(iso_bed):
         end(impostor)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("kind", ["fifo", "file", "silent_socket"])
 def test_a_fake_control_fails_that_users_job_and_never_the_node(iso_bed, kind):
     """The user replaces their daemon's ``control``: their next job on that daemon fails

@@ -136,6 +136,7 @@ def held_after_requeue(bed, job_id: int) -> dict[str, str]:
     return wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
 
 
+@pytest.mark.smoke
 def test_a_node_fault_drains_the_node_and_requeues_the_job_held(hostile_bed):
     """The MPS program fails at start: the node's fault. The node is drained with the
     cause, and the batch job is requeued held (no nohold_on_prolog_fail on the bed), as

@@ -64,6 +64,7 @@ def counts(samples) -> dict[tuple, float]:
     return found
 
 
+@pytest.mark.smoke
 def test_metrics_count_what_ran(clean_bed, tmp_path):
     bed = clean_bed
     before = counts(scrape(bed))

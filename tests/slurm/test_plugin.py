@@ -84,6 +84,7 @@ def test_bad_share_rejected_in_the_client(clean_bed, value):
         assert "from 1 to 100" in result.stderr, result.stderr
 
 
+@pytest.mark.smoke
 def test_job_without_gpus_never_starts_python(clean_bed):
     result = clean_bed.run(["srun", "-N1", "bash", "-c", "echo $SLURM_JOB_ID"], user=USER)
     job_id = int(result.stdout.strip())

@@ -258,6 +258,7 @@ def queue_large(bed, count: int = 4) -> list[int]:
     return jobs
 
 
+@pytest.mark.smoke
 def test_the_layout_follows_the_queue(fresh):
     bed = fresh
     mig_parted = gpushare("render", "mig-parted", "--plan", bed.path("etc", "plan.yaml"))

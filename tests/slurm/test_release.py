@@ -61,6 +61,7 @@ def test_the_bed_runs_topology_block(block_bed):
         assert re.search(rf"BlockName={name} ", shown), shown
 
 
+@pytest.mark.smoke
 def test_two_node_job_gets_a_segment_and_stays_in_one_block(block_bed):
     result = block_bed.run(["sbatch", "--parsable", "-N2", "--gres=gpu:h100:1", "--wrap",
                             "true"], user=USER)
