@@ -52,6 +52,8 @@ typedef struct job_descriptor {
     uint32_t req_switch;
     uint32_t wait4switch;
     uint32_t user_id;
+    char *req_nodes;
+    uint64_t bitflags;
 @SEGMENT@    ...;
 } job_desc_msg_t;
 """

@@ -21,7 +21,10 @@ concern the GPU request); slurm.ERROR only when policy.on_error is "reject" and 
 itself failed. An internal error never reaches slurmctld: it is caught, logged, and the
 job is accepted unchanged or rejected, as policy.on_error says. Without readable facts
 the hook logs at load and accepts every job unchanged; so it does with facts rendered for
-another Slurm release than its slurmctld's (`slurmctld -V`, asked at load).
+another Slurm release than its slurmctld's (`slurmctld -V`, asked at load). The same
+release decides the few rules that differ by it: GPUs per node asked twice are refused from
+26.05, and on topology/block (segment_size, seen from 25.11) a user's --segment that Slurm
+before 25.11 could not place.
 ]]
 
 local FACTS_PATH = "/etc/slurm/gpushare-facts.json"
@@ -772,8 +775,155 @@ local function set_change(changes, order, field, value)
    changes[field] = value
 end
 
+-- The running slurmctld is known to be release major.minor (as major * 100 + minor) or
+-- later / older; an unknown release (nil) is neither (gpushare.submit.base).
+local function at_least(running, wanted)
+   return running ~= nil and running.major * 100 + running.minor >= wanted
+end
+
+local function before(running, wanted)
+   return running ~= nil and running.major * 100 + running.minor < wanted
+end
+
+-- Two gpu items of tres_per_node asking for the same GPUs: one without a type, or both of
+-- one type; what --gpus-per-node beside --gres=gpu gives slurmctld (rules._gpus_twice).
+local function gpus_twice(items)
+   local gpus = {}
+   for _, it in ipairs(items) do
+      if it.is_gres and it.name == "gpu" then gpus[#gpus + 1] = it end
+   end
+   for i = 1, #gpus do
+      for j = i + 1, #gpus do
+         if gpus[i].type == nil or gpus[j].type == nil
+            or string.lower(gpus[i].type) == string.lower(gpus[j].type) then
+            return true
+         end
+      end
+   end
+   return false
+end
+
+-- Slurm 26.05 refuses --gres=gpu:N with --gpus-per-node: say what to type.
+local function refuse_gpus_twice(asked, items)
+   if not gpus_twice(items) then return end
+   local shown, last = {}, nil
+   for _, it in ipairs(asked) do
+      if it.is_gres and it.name == "gpu" then shown[#shown + 1] = it end
+   end
+   for _, it in ipairs(items) do
+      if it.is_gres and it.name == "gpu" then last = it end
+   end
+   local per_node = fmt_int(last.count)
+   if last.type then per_node = last.type .. ":" .. per_node end
+   reject(user_form("tres_per_node", shown), "asks for the GPUs of each node twice (as "
+          .. "--gpus-per-node with --gres=gpu does), and Slurm 26.05 no longer takes both",
+          "ask once, e.g. " .. user_item("tres_per_node", last) .. " or --gpus-per-node="
+          .. per_node)
+end
+
+-- topology/block (gpushare.submit.placement): job_desc bitflags of Slurm 25.11, unused
+-- before it (slurm.SPREAD_SEGMENTS: each segment on base blocks of its own).
+local SPREAD_SEGMENTS = 2 ^ 43
+
+-- One bit (2^n) of bitflags: a uint64 in slurmctld, a double here.
+local function bit_set(value, bit)
+   if type(value) ~= "number" or value ~= value or value == math.huge or value < 0 then
+      return false
+   end
+   return math.floor(value / bit) % 2 == 1
+end
+
+-- Whether the job names its nodes (-w/--nodelist: req_nodes).
+local function names_nodes(job)
+   local value = job.req_nodes
+   if type(value) ~= "string" then return false end
+   value = string.match(value, "^[ \t\n\v\f\r]*(.-)[ \t\n\v\f\r]*$")
+   return value ~= "" and value ~= "(null)"
+end
+
+-- The largest segment that divides nodes and fits in block nodes.
+local function largest_segment(nodes, block)
+   if nodes <= block then return nodes end
+   for size = block, 1, -1 do
+      if nodes % size == 0 then return size end
+   end
+   return 1
+end
+
+-- The user's own --segment: kept, unless Slurm before 25.11 could never place it.
+local function users_segment(job, nodes, given, base, notes, running)
+   if given > base then
+      if before(running, 2511) then
+         local better = largest_segment(nodes, base)
+         local fix = "drop --segment"
+         if better > 1 then fix = "ask for one that fits, e.g. --segment=" .. fmt_int(better) end
+         reject("--segment=" .. fmt_int(given), "is larger than a block here ("
+                .. fmt_int(base) .. " nodes), and Slurm before 25.11 places a segment only "
+                .. "inside one block", fix)
+      end
+      notes[#notes + 1] = "--segment=" .. fmt_int(given) .. " kept, though larger than the "
+         .. "base block here (" .. fmt_int(base) .. " nodes): a segment may then span "
+         .. "several NVLink domains"
+      return
+   end
+   if names_nodes(job) and nodes > given and before(running, 2511) then
+      reject("--segment=" .. fmt_int(given), "splits the job's " .. fmt_int(nodes) .. " nodes "
+             .. "into segments, and Slurm before 25.11 cannot place segments on the nodes -w "
+             .. "names", "drop -w or --segment")
+   end
+end
+
+-- --segment keeps each segment of the job's nodes in one block (NVLink domain). Only where
+-- the job_desc has segment_size (job_submit/lua from 25.11); a user's own is kept, none
+-- is added to a job that names its nodes, and with --spread-segments only one that leaves
+-- each segment a block of its own.
+local function segment(job, facts, nodes, what, sizes, changes, order, notes, running)
+   if job.segment_size == nil then return end  -- before 25.11: Slurm's block placement alone
+   local given = number(job.segment_size)
+   local all = facts.domain_sizes
+   if #all == 0 then all = sizes end
+   local base = all[#all]  -- the base block: BlockSizes' first
+   if given ~= nil and given ~= 0 then
+      users_segment(job, nodes, given, base, notes, running)
+      return
+   end
+   if names_nodes(job) then
+      notes[#notes + 1] = "no --segment: the job names its nodes (-w)"
+      return
+   end
+   local held = 0
+   for _, size in ipairs(sizes) do held = held + size end
+   if nodes > held then
+      notes[#notes + 1] = "no --segment: " .. what .. " are more than the NVLink domains hold ("
+         .. fmt_int(held) .. " nodes)"
+      return
+   end
+   local block = sizes[#sizes]
+   local size = largest_segment(nodes, block)
+   if size <= 1 then
+      notes[#notes + 1] = "no --segment: " .. what .. " do not split evenly into NVLink "
+         .. "domains of " .. fmt_int(block) .. " nodes"
+      return
+   end
+   local count = nodes / size
+   if bit_set(job.bitflags, SPREAD_SEGMENTS) and count > #sizes then
+      notes[#notes + 1] = "no --segment: --spread-segments puts each segment in a block of "
+         .. "its own, and " .. what .. " need " .. fmt_int(count) .. " segments of "
+         .. fmt_int(size) .. " nodes (" .. fmt_int(#sizes) .. " blocks here)"
+      return
+   end
+   set_change(changes, order, "segment_size", size)
+   if size == nodes then
+      notes[#notes + 1] = "--segment=" .. fmt_int(size) .. " (" .. what
+         .. " fit in one NVLink domain)"
+   else
+      notes[#notes + 1] = "--segment=" .. fmt_int(size) .. " (" .. what .. " in segments of "
+         .. fmt_int(size) .. ", each in one NVLink domain of " .. fmt_int(block) .. " nodes)"
+   end
+end
+
 -- Returns changes (field -> value), their order, and the notes for the user's line.
-local function check(job, facts, constrain)
+local function check(job, facts, constrain, running)
    local changes, order, notes = {}, {}, {}
    local units = facts.units
 
@@ -811,6 +961,8 @@ local function check(job, facts, constrain)
          fields[f[1]] = res
       end
    end
+
+   local asked_per_node = fields.tres_per_node or {}
 
    -- 2. gpushare's own options.
    local options = spank_options(job.spank_job_env)
@@ -899,6 +1051,12 @@ local function check(job, facts, constrain)
             fields[f[1]] = new_items
          end
       end
+   end
+
+   -- 3b. GPUs per node asked once: the rules never write a second gpu item into
+   -- tres_per_node, and from 26.05 refuse a request that has two (before, Slurm took it).
+   if at_least(running, 2605) then
+      refuse_gpus_twice(asked_per_node, fields.tres_per_node or {})
    end
 
    -- 4. Shares: one GPU at most, never mixed with whole GPUs or shards.
@@ -1034,9 +1192,11 @@ local function check(job, facts, constrain)
              .. ", and this cluster has " .. fmt_int(have), "ask for at most -N " .. fmt_int(have))
    end
    if #sizes == 0 then return changes, order, notes end
-   -- topology/block ignores --switches, and this Lua cannot see or set segment_size
-   -- (slurmctld exposes it to job_submit.lua from 25.11): Slurm's block placement alone.
-   if facts.topology == "block" then return changes, order, notes end
+   -- topology/block ignores --switches: --segment instead.
+   if facts.topology == "block" then
+      segment(job, facts, nodes, what, sizes, changes, order, notes, running)
+      return changes, order, notes
+   end
    local held = 0
    for _, size in ipairs(sizes) do held = held + size end
    if nodes > held then
@@ -1076,9 +1236,10 @@ local function check(job, facts, constrain)
 end
 
 -- The decision for one job: {changes, order, messages, reject = {code, text} or nil}.
-local function apply(job, facts, constrain)
+-- running: the slurmctld's release ({major, minor, text}), nil when unknown.
+local function apply(job, facts, constrain, running)
    if constrain == nil then constrain = true end
-   local ok, changes, order, notes = pcall(check, job, facts, constrain)
+   local ok, changes, order, notes = pcall(check, job, facts, constrain, running)
    if not ok then
       local err = changes
       if type(err) == "table" and err.rejection then
@@ -1126,9 +1287,10 @@ local function other_release(facts, running)
 end
 
 local FACTS, FACTS_ERROR = nil, nil
+local RUNNING = running_release()  -- for the rules that differ by release, too
 do
    local ok, res = pcall(load_facts, facts_path)
-   local refused = ok and other_release(res, running_release())
+   local refused = ok and other_release(res, RUNNING)
    if refused then
       FACTS_ERROR = refused
       slurm.log_error("gpushare: refusing the facts: %s; jobs pass unchanged until then",
@@ -1147,7 +1309,7 @@ do
 end
 
 local function decide(job_desc)
-   local decision = apply(job_desc, FACTS)
+   local decision = apply(job_desc, FACTS, true, RUNNING)
    if decision.reject then
       slurm.log_user("%s", decision.messages[1])
       return decision.reject.code
@@ -1199,7 +1361,8 @@ function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
          and view.tres_per_socket == nil then
          return slurm.SUCCESS
       end
-      local decision = apply(view, FACTS, false)  -- the job's constraint is not in view
+      -- the job's constraint is not in view
+      local decision = apply(view, FACTS, false, RUNNING)
       if decision.reject then
          pcall(slurm.log_user, "%s", decision.messages[1])
          return decision.reject.code

@@ -110,6 +110,58 @@ def test_three_node_gpu_job_gets_two_switches_and_runs(hooked):
     assert info["JobState"] == "COMPLETED", info
 
 
+# ---- GPUs per node: --gpus-per-node and --gres=gpu (Slurm 26.05 refuses the pair) ---------
+
+TWICE = ("asks for the GPUs of each node twice (as --gpus-per-node with --gres=gpu does), "
+         "and Slurm 26.05 no longer takes both")
+
+
+def test_gpus_per_node_stays_one_request(hooked):
+    """--gpus-per-node fills tres_per_node as --gres=gpu does: the hook writes the type in
+    place and never a second gpu item (nor mps beside it), and --switches as ever."""
+    result = submit(hooked, "-N2", "--gpus-per-node=1")
+    job_id = accepted(result)
+    assert gpushare_lines(result.stderr) == [stored(
+        "sbatch: gpushare: --gres=gpu:1 -> gres:gpu:h100:1 (a GPU without a type is a whole "
+        "h100 here); --switches=1@1:00 (2 nodes fit in one NVLink domain)")]
+    info = hooked.wait_job(job_id)
+    assert info["TresPerNode"] == stored("gres:gpu:h100:1")
+    assert info["JobState"] == "COMPLETED", info
+    refused = submit(hooked, "--gpus-per-node=h100:1", "--gpu-share=25")
+    assert refused.returncode != 0
+    assert gpushare_lines(refused.stderr) == [
+        "sbatch: error: gpushare: --gpu-share=25 is a share of one GPU and cannot be combined "
+        "with whole GPUs (--gres=gpu:h100:1); ask for the share alone, or for whole GPUs "
+        "alone, e.g. --gres=gpu:1"]
+
+
+def test_gpus_per_node_beside_gres_gpu_by_release(hooked):
+    """Before 26.05 the pair passes as it always did. From 26.05 sbatch refuses it itself,
+    and the hook (told the release) refuses a --gres that asks for one node's GPUs twice,
+    which the client lets through. (An untyped item beside a typed one never reaches the
+    hooks: Slurm refuses it, "with and without type identification".)"""
+    pair = submit(hooked, "--hold", "--gpus-per-node=h100:1", "--gres=gpu:h100:1")
+    twice = submit(hooked, "--hold", "--gres=gpu:h100:2,gpu:h100:1")
+    try:
+        if slurmbed.slurm_release() >= (26, 5):
+            assert pair.returncode != 0
+            assert "--gpus-per-node and --gres=gpu are mutually exclusive" in pair.stderr
+            assert gpushare_lines(pair.stderr) == []
+            assert twice.returncode != 0
+            assert gpushare_lines(twice.stderr) == [
+                f"sbatch: error: gpushare: --gres=gpu:h100:2,gpu:h100:1 {TWICE}; ask once, "
+                "e.g. --gres=gpu:h100:1 or --gpus-per-node=h100:1"]
+            return
+        for result, tres in ((pair, "gres:gpu:h100:1,gres:gpu:h100:1"),
+                             (twice, "gres:gpu:h100:2,gres:gpu:h100:1")):
+            assert gpushare_lines(result.stderr) == []
+            assert hooked.job(accepted(result))["TresPerNode"] == stored(tres)
+    finally:
+        for result in (pair, twice):
+            if result.returncode == 0:
+                hooked.run(["scancel", result.stdout.strip().split(";")[0]], check=False)
+
+
 # ---- rejections ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, flag", [

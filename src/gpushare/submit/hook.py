@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from gpushare.common.log import get_logger
+from gpushare.submit.base import Release
 from gpushare.submit.facts import Facts, FactsError, load_facts
 from gpushare.submit.rules import apply, apply_modify
 
@@ -37,6 +38,7 @@ _facts_path: str | None = None
 _facts: Facts | None = None
 _running_syntax: str | None = None  # the GRES syntax of the slurmctld we run in
 _running_release: str | None = None  # its release, "24.11.5"
+_running_version: Release = None  # the same as (24, 11): what the rules compare
 
 
 def syntax_of_version_number(number: int) -> str:
@@ -47,13 +49,14 @@ def syntax_of_version_number(number: int) -> str:
 def init(facts_path: str, slurm_version_number: int | None = None) -> int:
     """Remember where the facts live and which Slurm runs us, and load the facts; always
     returns SLURM_SUCCESS."""
-    global _facts_path, _running_syntax, _running_release
+    global _facts_path, _running_syntax, _running_release, _running_version
     _facts_path = facts_path
-    _running_syntax = _running_release = None
+    _running_syntax = _running_release = _running_version = None
     if slurm_version_number is not None:
         _running_syntax = syntax_of_version_number(slurm_version_number)
         number = slurm_version_number
         _running_release = f"{number >> 16 & 255}.{number >> 8 & 255:02d}.{number & 255}"
+        _running_version = (number >> 16 & 255, number >> 8 & 255)
     return reload()
 
 
@@ -110,7 +113,7 @@ def _run(rules: Any, fields: dict[str, Any], uid: int, what: str) -> tuple[int, 
     if facts is None:
         return SLURM_SUCCESS, {}, ""
     try:
-        decision = rules(fields, facts)
+        decision = rules(fields, facts, release=_running_version)
         message = "\n".join(decision.messages)
         if decision.reject is not None:
             return decision.reject.code, {}, message

@@ -13,9 +13,12 @@ from gpushare.common import log as gslog
 from gpushare.submit import hook as submit_hook
 from gpushare.submit.facts import facts_path
 
+# features: --constraint; req_nodes: -w, read so that no --segment is added to it
 STRING_FIELDS = ("tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",
-                 "features", "array_inx")  # features: --constraint
-NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "user_id")
+                 "features", "array_inx", "req_nodes")
+# bitflags: --spread-segments and --consolidate-segments from Slurm 25.11
+NUMBER_FIELDS = ("min_nodes", "max_nodes", "num_tasks", "req_switch", "wait4switch", "user_id",
+                 "bitflags")
 # Only in the job_desc of Slurm 24.11 and later (--segment, topology/block).
 OPTIONAL_FIELDS = ("segment_size",)
 WRITABLE = set(STRING_FIELDS[:5]) | {"req_switch", "wait4switch", "segment_size"}

@@ -8,9 +8,11 @@ depends on the array index: slurmctld calls job_submit once per array.
 
 Order of checks (the first problem wins, so a user fixes one thing at a time):
 GRES syntax, the gpushare options, GPU/MIG types (an untyped GPU gets the type the plan's
-``untyped_gpu`` policy gives), shares, private MPS, then ``--switches`` (from the NVLink
-domains of the GPU type asked for). root shares as any user does: its jobs get a daemon of
-root's own on the node.
+``untyped_gpu`` policy gives), GPUs per node asked twice (from Slurm 26.05), shares,
+private MPS, then ``--switches`` or ``--segment`` (``gpushare.submit.placement``, from the
+NVLink domains of the GPU type asked for). root shares as any user does: its jobs get a
+daemon of root's own on the node. The few rules that differ by Slurm release are given the
+running one by the hook.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpushare.submit.base import (
+    ESLURM_INVALID_GRES,
+    NO_VAL,
+    NO_VAL16,
+    Rejected,
+    Rejection,
+    Release,
+    at_least,
+    reject,
+)
 from gpushare.submit.facts import Facts
 from gpushare.submit.gres import (
     GRES_FIELDS,
@@ -30,6 +42,7 @@ from gpushare.submit.gres import (
     user_form,
     user_item,
 )
+from gpushare.submit.placement import format_wait, place
 
 __all__ = [
     "ESLURM_INVALID_GRES",
@@ -45,25 +58,8 @@ __all__ = [
     "with_feature",
 ]
 
-NO_VAL = 0xFFFFFFFE
-NO_VAL16 = 0xFFFE
-ESLURM_INVALID_GRES = 2072  # every rejection concerns the job's GPU request
 SPANK_OPTION_PREFIX = "_SLURM_SPANK_OPTION_gpushare_"
 SHARING_NAMES = ("gpu", "mps", "shard")
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why a job cannot run as asked: the flag, the reason, and what to type instead."""
-
-    code: int
-    flag: str
-    reason: str
-    fix: str
-
-    @property
-    def text(self) -> str:
-        return f"gpushare: {self.flag} {self.reason}; {self.fix}"
 
 
 @dataclass
@@ -79,45 +75,6 @@ class Decision:
         if self.reject:
             reject = {"code": self.reject.code, "text": self.reject.text}
         return {"changes": dict(self.changes), "messages": list(self.messages), "reject": reject}
-
-
-class _Rejected(Exception):
-    def __init__(self, rejection: Rejection) -> None:
-        super().__init__(rejection.text)
-        self.rejection = rejection
-
-
-def _reject(flag: str, reason: str, fix: str) -> _Rejected:
-    return _Rejected(Rejection(ESLURM_INVALID_GRES, flag, reason, fix))
-
-
-def _number(value: Any) -> int | None:
-    """A numeric job_desc field, or None when unset (nil, NO_VAL, NO_VAL16)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            return None
-        value = int(value)
-    elif isinstance(value, str):
-        if not value.isdigit() or not value.isascii():
-            return None
-        value = int(value)
-    elif not isinstance(value, int):
-        return None
-    return None if value in (NO_VAL, NO_VAL16) else value
-
-
-def format_wait(seconds: int) -> str:
-    """Seconds in Slurm's time syntax: ``5:00``, ``1:00:00``, ``1-00:00:00``."""
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{minutes}:{secs:02d}"
 
 
 def spank_options(env: Any) -> dict[str, str]:
@@ -188,15 +145,15 @@ def _normalise_type(field_name: str, item: GresItem, facts: Facts) -> str:
         if len(owners) == 1:
             return owners[0]
         if owners:
-            raise _reject(flag, f"names MIG profile {profile}, which Slurm has here as "
+            raise reject(flag, f"names MIG profile {profile}, which Slurm has here as "
                           f"several types ({_listing(owners)})",
                           f"name one of them, e.g. --gres=gpu:{owners[0]}:1")
         if not facts.mig_types:
-            raise _reject(flag, f"asks for MIG profile {profile}, but Slurm has no MIG slices "
+            raise reject(flag, f"asks for MIG profile {profile}, but Slurm has no MIG slices "
                           "here", "ask for whole GPUs instead, e.g. "
                           + _example(field_name, "gpu", None, item.count))
         example = _example(field_name, "gpu", _nearest(profile, facts.mig_types), item.count)
-        raise _reject(flag, f"asks for MIG profile {profile}, which Slurm does not own here "
+        raise reject(flag, f"asks for MIG profile {profile}, which Slurm does not own here "
                       f"(Slurm owns: {_listing(facts.mig_types)})",
                       f"ask for one of those, e.g. {example}")
     tokens = wanted.split("_")
@@ -209,7 +166,7 @@ def _normalise_type(field_name: str, item: GresItem, facts: Facts) -> str:
         fix = f"ask for one of those, e.g. {_example(field_name, item.name, nearest, item.count)}"
     else:
         fix = f"ask without a type, e.g. {_example(field_name, item.name, None, item.count)}"
-    raise _reject(flag, f"asks for GPU type {item.type}, which this cluster does not have "
+    raise reject(flag, f"asks for GPU type {item.type}, which this cluster does not have "
                   f"(valid types{kind}: {_listing(valid)})", fix)
 
 
@@ -269,14 +226,14 @@ def _untyped_type(field_name: str, item: GresItem, facts: Facts,
         return facts.gpu_types[0]
     flag = user_item(field_name, item)
     if not facts.gpu_types:
-        raise _reject(flag, "asks for a whole GPU, and Slurm has only MIG slices here "
+        raise reject(flag, "asks for a whole GPU, and Slurm has only MIG slices here "
                       f"({_listing(facts.mig_types)})", "ask for a slice by its profile, e.g. "
                       + _example(field_name, "gpu", facts.mig_types[0], item.count))
     if facts.whole_gpu_feature and constrain:
         return BY_FEATURE
     where = ("" if facts.whole_gpu_feature else
              ", and a node has both whole GPUs and MIG slices for Slurm")
-    raise _reject(flag, "does not say which GPU, and here it could get a MIG slice (whole "
+    raise reject(flag, "does not say which GPU, and here it could get a MIG slice (whole "
                   f"GPUs: {_listing(facts.gpu_types)}; MIG: {_listing(facts.mig_types)}"
                   f"{where})", "name the type, e.g. "
                   + _example(field_name, "gpu", facts.gpu_types[0], item.count))
@@ -295,45 +252,42 @@ def with_feature(constraint: str | None, feature: str) -> str:
     return f"{old}&{feature}"
 
 
-def _fewest_domains(nodes: int, sizes: tuple[int, ...]) -> int:
-    """Fewest NVLink domains whose nodes add up to ``nodes`` (they must hold them)."""
-    total = 0
-    for used, size in enumerate(sizes, start=1):
-        total += size
-        if total >= nodes:
-            return used
-    return len(sizes)
-
-
-def _domains_reason(what: str, domains: int, largest: int) -> str:
-    if domains == 1:
-        return f"{what} fit in one NVLink domain"
-    return f"{what} need {domains} NVLink domains of at most {largest} nodes"
-
-
-def _candidate_types(asked: list[tuple[str, GresItem]], facts: Facts) -> list[str]:
-    """The GRES types the job's GPUs could be: its own types, or for an untyped item the
-    whole GPUs (and MIG slices too under policy ``any``)."""
-    names: list[str] = []
-    for _field, item in asked:
-        if item.type is not None:
-            choices: tuple[str, ...] = (item.type,)
-        elif item.name == "gpu" and facts.policy.untyped_gpu == "any":
-            choices = facts.gpu_types + facts.mig_types
-        else:
-            choices = facts.gpu_types
-        names.extend(name for name in choices if name in facts.types and name not in names)
-    return names
-
-
 def _share_flag(items: list[tuple[str, GresItem]], share_text: str | None) -> str:
     if items:
         return user_item(items[0][0], items[0][1])
     return f"--gpu-share={share_text}"
 
 
-def _check(job: dict[str, Any], facts: Facts,
-           constrain: bool = True) -> tuple[dict[str, Any], list[str]]:
+def _gpus_twice(items: list[GresItem]) -> bool:
+    """Whether two gpu items of ``tres_per_node`` ask for the same GPUs: one without a type
+    (any GPU), or both of one type. That is what ``--gpus-per-node`` beside ``--gres=gpu``
+    gives slurmctld (both fill ``tres_per_node``); distinct types (``gpu:a100:1,gpu:h100:1``)
+    are one request, which Slurm takes."""
+    gpus = [it for it in items if it.is_gres and it.name == "gpu"]
+    for index, first in enumerate(gpus):
+        for second in gpus[index + 1:]:
+            if (first.type is None or second.type is None
+                    or ascii_lower(first.type) == ascii_lower(second.type)):
+                return True
+    return False
+
+
+def _refuse_gpus_twice(asked: list[GresItem], items: list[GresItem]) -> None:
+    """Slurm 26.05 refuses ``--gres=gpu:N`` with ``--gpus-per-node``: say what to type.
+    ``items`` are the request in the facts' spelling, ``asked`` as the user wrote it."""
+    if not _gpus_twice(items):
+        return
+    shown = [it for it in asked if it.is_gres and it.name == "gpu"]
+    last = [it for it in items if it.is_gres and it.name == "gpu"][-1]
+    per_node = f"{last.type}:{last.count}" if last.type else str(last.count)
+    raise reject(user_form("tres_per_node", shown), "asks for the GPUs of each node twice (as "
+                 "--gpus-per-node with --gres=gpu does), and Slurm 26.05 no longer takes both",
+                 f"ask once, e.g. {user_item('tres_per_node', last)} or "
+                 f"--gpus-per-node={per_node}")
+
+
+def _check(job: dict[str, Any], facts: Facts, constrain: bool = True,
+           release: Release = None) -> tuple[dict[str, Any], list[str]]:
     changes: dict[str, Any] = {}
     notes: list[str] = []
     units = facts.mps_units_per_gpu
@@ -352,18 +306,20 @@ def _check(job: dict[str, Any], facts: Facts,
                 name, _, type_ = shown.partition(":")
                 if name == "mps":
                     # mps has no types: "mps:25x" is a mistyped count, never a type.
-                    raise _reject(f'{flag} item "{shown}"',
+                    raise reject(f'{flag} item "{shown}"',
                                   "is not a whole number of mps units",
                                   "write the share's units alone, e.g. "
                                   + _example(field_name, "mps", None, 25)) from None
-                raise _reject(f'{flag} item "{shown}"', "has no count, and Slurm reads a type "
+                raise reject(f'{flag} item "{shown}"', "has no count, and Slurm reads a type "
                               "that starts with a digit as a count",
                               "write the count after it, e.g. "
                               + _example(field_name, name, type_, 1)) from None
             example = _example("tres_per_node", "gpu",
                                facts.gpu_types[0] if facts.gpu_types else None, 2)
-            raise _reject(f'{flag} item "{shown}"', "is not a GRES request Slurm understands",
+            raise reject(f'{flag} item "{shown}"', "is not a GRES request Slurm understands",
                           f"write name[:type][:count], e.g. {example}") from None
+
+    asked_per_node = fields.get("tres_per_node", [])
 
     # 2. gpushare's own options.
     options = spank_options(job.get("spank_job_env"))
@@ -372,11 +328,11 @@ def _check(job: dict[str, Any], facts: Facts,
     if share_text is not None:
         if (not (share_text.isdigit() and share_text.isascii()) or len(share_text) > 6
                 or int(share_text) == 0):
-            raise _reject(f"--gpu-share={share_text}", "is not a share of one GPU",
+            raise reject(f"--gpu-share={share_text}", "is not a share of one GPU",
                           "give a percentage from 1 to 100, e.g. --gpu-share=25")
         share_pct = int(share_text)
         if share_pct > 100:
-            raise _reject(f"--gpu-share={share_text}",
+            raise reject(f"--gpu-share={share_text}",
                           f"asks for {share_pct / 100:g} GPUs; a share must fit on one GPU "
                           "(at most --gpu-share=100)",
                           f"for more, ask for whole GPUs: --gres=gpu:{-(-share_pct // 100)}")
@@ -385,7 +341,7 @@ def _check(job: dict[str, Any], facts: Facts,
     if mps_text is not None:
         # A flag without a value reaches slurmctld 22.05 as "(null)".
         if mps_text not in ("", "(null)", "yes", "no"):
-            raise _reject(f"--gpu-mps={mps_text}", "is neither yes nor no",
+            raise reject(f"--gpu-mps={mps_text}", "is neither yes nor no",
                           "write --gpu-mps to run a private MPS on your whole GPUs")
         private_mps = mps_text != "no"
 
@@ -430,11 +386,16 @@ def _check(job: dict[str, Any], facts: Facts,
             notes.append(note)
             fields[field_name] = new_items
 
+    # 3b. GPUs per node asked once: the rules never write a second gpu item into
+    # tres_per_node, and from 26.05 refuse a request that has two (before, Slurm took it).
+    if at_least(release, (26, 5)):
+        _refuse_gpus_twice(asked_per_node, fields.get("tres_per_node", []))
+
     # 4. Shares: one GPU at most, never mixed with whole GPUs or shards.
     for field_name, _flag in GRES_FIELDS:
         for item in fields.get(field_name, ()):
             if item.is_gres and item.name == "mps" and item.count == 0:
-                raise _reject(user_item(field_name, item), "is not a share of one GPU",
+                raise reject(user_item(field_name, item), "is not a share of one GPU",
                               f"give a share from 1 to {units}, e.g. "
                               + _example(field_name, "mps", item.type, max(1, units // 4)))
     asked = [(f, it) for f, _ in GRES_FIELDS for it in fields.get(f, ())
@@ -447,29 +408,29 @@ def _check(job: dict[str, Any], facts: Facts,
     is_share = bool(mps_items) or share_pct is not None
 
     if private_mps and is_share:
-        raise _reject("--gpu-mps", "runs a private MPS on whole GPUs and cannot be combined "
+        raise reject("--gpu-mps", "runs a private MPS on whole GPUs and cannot be combined "
                       f"with a share ({_share_flag(mps_items, share_text)})",
                       "ask for whole GPUs with it (e.g. --gres=gpu:1 --gpu-mps), "
                       "or for the share alone")
     if private_mps and not gpu_items:
-        raise _reject("--gpu-mps", "needs whole GPUs and this job asks for none",
+        raise reject("--gpu-mps", "needs whole GPUs and this job asks for none",
                       "add them, e.g. --gres=gpu:1 --gpu-mps")
     if mps_items and share_pct is not None and mps_total != share_units:
-        raise _reject(f"--gpu-share={share_text}",
+        raise reject(f"--gpu-share={share_text}",
                       f"and {_share_flag(mps_items, None)} ask for different shares "
                       f"({share_pct}% of a GPU is mps:{share_units} here)",
                       f"give only one of them, e.g. --gpu-share={share_text}")
     if is_share and (gpu_items or shard_items):
         other_field, other = (gpu_items or shard_items)[0]
         what = "whole GPUs" if other.name == "gpu" else "shards"
-        raise _reject(_share_flag(mps_items, share_text),
+        raise reject(_share_flag(mps_items, share_text),
                       f"is a share of one GPU and cannot be combined with {what} "
                       f"({user_item(other_field, other)})",
                       "ask for the share alone, or for whole GPUs alone, e.g. --gres=gpu:1")
     if mps_total > units:
         flag = (user_item(*mps_items[0]) if len(mps_items) == 1
                 else user_form(mps_items[0][0], [it for _, it in mps_items]))
-        raise _reject(flag, f"asks for {mps_total / units:g} GPUs of MPS; a share must fit on "
+        raise reject(flag, f"asks for {mps_total / units:g} GPUs of MPS; a share must fit on "
                       f"one GPU (at most mps:{units})",
                       f"for more, ask for whole GPUs: --gres=gpu:{-(-mps_total // units)}")
     if share_units is not None and not mps_items:
@@ -482,129 +443,10 @@ def _check(job: dict[str, Any], facts: Facts,
         changes["tres_per_node"] = value
         notes.append(f"--gpu-share={share_text} -> {value}")
 
-    # 5. Multi-node GPU jobs stay in the fewest NVLink domains of their GPU type, with a
-    # bounded wait. The node count is -N, or what the job's GPUs need without it.
-    if not asked and share_pct is None:
-        return changes, notes
-    candidates = _candidate_types(asked, facts)
-    if len(candidates) == 1:
-        sizes = facts.types[candidates[0]].domain_sizes
-        per_node = facts.types[candidates[0]].per_node
-    elif candidates:  # the job may get any of several types: every domain that holds one
-        held = any(facts.types[name].domain_sizes for name in candidates)
-        sizes = facts.domain_sizes if held else ()
-        per_node = max(facts.types[name].per_node for name in candidates)
-    else:  # a gres.conf without types: every domain, every node
-        sizes = facts.domain_sizes
-        per_node = max(facts.gpus_per_node.values(), default=0)
-    min_nodes = _number(job.get("min_nodes")) or 0
-    total = _gpu_total(job, fields)
-    implied = -(-total // per_node) if total and per_node else 0
-    nodes = max(min_nodes, implied)
-    if nodes <= 1:
-        return changes, notes
-    if implied > min_nodes:
-        gpu_flag = next(user_item(f, it) for f, it in gpu_items if f in ("tres_per_job",
-                                                                           "tres_per_task"))
-        what = f"{total} GPUs ({nodes} nodes of {per_node})"
-    else:
-        gpu_flag = ""
-        what = f"{nodes} nodes"
-    if len(candidates) == 1 and nodes > facts.types[candidates[0]].nodes:
-        name = candidates[0]
-        have = facts.types[name].nodes
-        if gpu_flag:
-            raise _reject(gpu_flag, f"needs {nodes} nodes of at most {per_node} {name} each, "
-                          f"and this cluster has {have} nodes with {name}",
-                          f"ask for at most {have * per_node} GPUs")
-        raise _reject(f"-N {nodes}", f"asks for {nodes} nodes with {name}, and this cluster "
-                      f"has {have}", f"ask for at most -N {have}")
-    if not sizes:
-        return changes, notes  # PCIe nodes: no NVLink domain to keep the job in
-    if facts.topology == "block":
-        return changes, _segment(job, nodes, what, sizes, changes, notes)
-    req = _number(job.get("req_switch"))
-    wait = _number(job.get("wait4switch"))
-    policy = facts.policy
-    if nodes > sum(sizes):
-        notes.append(f"no --switches: {what} are more than the NVLink domains hold "
-                     f"({sum(sizes)} nodes)")
-        return changes, notes
-    need = _fewest_domains(nodes, sizes)
-    if req is None:
-        changes["req_switch"] = need
-        if wait != policy.switch_wait_s:
-            changes["wait4switch"] = policy.switch_wait_s
-        notes.append(f"--switches={need}@{format_wait(policy.switch_wait_s)} "
-                     f"({_domains_reason(what, need, sizes[0])})")
-    else:
-        reasons = []
-        new_req, new_wait = req, wait
-        if req < need:
-            new_req = need
-            changes["req_switch"] = need
-            reasons.append(_domains_reason(what, need, sizes[0]))
-        if wait is not None and wait > policy.max_switch_wait_s:
-            new_wait = policy.max_switch_wait_s
-            changes["wait4switch"] = new_wait
-            reasons.append(f"the longest switch wait here is {format_wait(new_wait)}")
-        if reasons:
-            notes.append(f"--switches={_switches(req, wait)} -> "
-                         f"--switches={_switches(new_req, new_wait)} ({', '.join(reasons)})")
+    # 5. Multi-node GPU jobs stay in the fewest NVLink domains of their GPU type.
+    if asked or share_pct is not None:
+        place(job, facts, fields, asked, changes, notes, release)
     return changes, notes
-
-
-NO_VAL16 = 0xFFFE
-
-
-def _segment(job: dict[str, Any], nodes: int, what: str, sizes: tuple[int, ...],
-             changes: dict[str, Any], notes: list[str]) -> list[str]:
-    """topology/block: ``--segment`` keeps each segment of the job's nodes in one block
-    (NVLink domain); ``--switches`` means nothing there. Only where the job_desc has
-    ``segment_size`` (the job_submit/gpushare plugin on Slurm 24.11+); a segment the user
-    gave is kept."""
-    if "segment_size" not in job:
-        return notes  # job_submit.lua before 25.11: Slurm's block placement alone
-    given = _number(job.get("segment_size"))
-    if given is not None and given not in (0, NO_VAL16):
-        return notes
-    if nodes > sum(sizes):
-        notes.append(f"no --segment: {what} are more than the NVLink domains hold "
-                     f"({sum(sizes)} nodes)")
-        return notes
-    block = min(sizes)  # a segment must fit in a block (24.11: the base block size)
-    if nodes <= sizes[0]:
-        segment = nodes if nodes <= block else max(
-            d for d in range(1, block + 1) if nodes % d == 0)
-    else:
-        segment = max(d for d in range(1, block + 1) if nodes % d == 0)
-    if segment <= 1:
-        notes.append(f"no --segment: {what} do not split evenly into NVLink domains of "
-                     f"{block} nodes")
-        return notes
-    changes["segment_size"] = segment
-    if segment == nodes:
-        notes.append(f"--segment={segment} ({what} fit in one NVLink domain)")
-    else:
-        notes.append(f"--segment={segment} ({what} in segments of {segment}, each in one "
-                     f"NVLink domain of {block} nodes)")
-    return notes
-
-
-def _gpu_total(job: dict[str, Any], fields: dict[str, list[GresItem]]) -> int:
-    """Whole GPUs the job asks for in total where that is known without -N: ``--gpus``, or
-    ``--gpus-per-task`` times the task count; 0 otherwise."""
-    total = sum(it.count for it in fields.get("tres_per_job", ())
-                if it.is_gres and it.name == "gpu")
-    tasks = _number(job.get("num_tasks"))
-    if tasks:
-        total += tasks * sum(it.count for it in fields.get("tres_per_task", ())
-                             if it.is_gres and it.name == "gpu")
-    return total
-
-
-def _switches(count: int, wait: int | None) -> str:
-    return str(count) if wait is None else f"{count}@{format_wait(wait)}"
 
 
 def _prefixed(item: GresItem, items: list[GresItem], facts: Facts) -> GresItem:
@@ -616,21 +458,24 @@ def _prefixed(item: GresItem, items: list[GresItem], facts: Facts) -> GresItem:
                     count_sep=item.count_sep, raw=item.raw)
 
 
-def apply(job: dict[str, Any], facts: Facts, constrain: bool = True) -> Decision:
+def apply(job: dict[str, Any], facts: Facts, constrain: bool = True,
+          release: Release = None) -> Decision:
     """Run every rule on one job_desc (field names as slurmctld gives them to Lua).
 
     ``constrain``: the job's whole ``features`` (--constraint) is in ``job``, so a node
-    feature may be added to it (not so in a job_modify).
+    feature may be added to it (not so in a job_modify). ``release``: the running
+    slurmctld's (major, minor), for the rules that differ by release; None: unknown, and
+    they behave as before 25.11.
     """
     try:
-        changes, notes = _check(job, facts, constrain)
-    except _Rejected as rejected:
+        changes, notes = _check(job, facts, constrain, release)
+    except Rejected as rejected:
         return Decision(messages=[rejected.rejection.text], reject=rejected.rejection)
     messages = ["gpushare: " + "; ".join(notes)] if notes else []
     return Decision(changes=changes, messages=messages)
 
 
-def apply_modify(job: dict[str, Any], facts: Facts) -> Decision:
+def apply_modify(job: dict[str, Any], facts: Facts, release: Release = None) -> Decision:
     """Rules for ``scontrol update``/job_modify: the GRES rules on the tres fields it carries.
 
     A modification carries only the fields being changed, so it alone cannot say whether the
@@ -639,4 +484,4 @@ def apply_modify(job: dict[str, Any], facts: Facts) -> Decision:
     view = {name: job[name] for name, _ in GRES_FIELDS if job.get(name) is not None}
     if not view:
         return Decision()
-    return apply(view, facts, constrain=False)
+    return apply(view, facts, constrain=False, release=release)

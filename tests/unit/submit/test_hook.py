@@ -25,6 +25,8 @@ def facts_file(tmp_path):
 def fresh_hook(monkeypatch):
     monkeypatch.setattr(submit_hook, "_facts", None)
     monkeypatch.setattr(submit_hook, "_facts_path", None)
+    for name in ("_running_syntax", "_running_release", "_running_version"):
+        monkeypatch.setattr(submit_hook, name, None)
 
 
 def test_submit_rewrites_and_tells(facts_file):
@@ -72,7 +74,7 @@ def test_internal_error_follows_policy(facts_file, monkeypatch, caplog, on_error
     path.write_text(json.dumps(data))
     submit_hook.init(str(path))
 
-    def broken(job, facts):
+    def broken(job, facts, release=None):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(submit_hook, "apply", broken)
@@ -91,3 +93,25 @@ def test_modify_applies_gres_rules_only(facts_file):
         {"tres_per_node": "gres:gpu:H100:1", "min_nodes": 4}, 0)
     assert (rc, changes) == (0, {"tres_per_node": "gres:gpu:h100:1"})
     assert submit_hook.job_modify({"min_nodes": 4}, 0) == (0, {}, "")
+
+
+@pytest.mark.parametrize("number, rc", [(0x1A0505, 2072), (0x190B02, 0), (None, 0)])
+def test_the_running_release_reaches_the_rules(number, rc):
+    """job_submit/gpushare is told the release it was built for (26.05.5, 25.11.2, none):
+    only 26.05 refuses --gpus-per-node beside --gres=gpu, in a submission and an update."""
+    submit_hook.init(facts_path("a100-2311"), number)
+    job = {"tres_per_node": "gres/gpu:2,gres/gpu:1"}
+    for entry in (submit_hook.job_submit, submit_hook.job_modify):
+        got, changes, message = entry(job, 1000)
+        assert (got, changes) == (rc, {})
+        assert ("and Slurm 26.05 no longer takes both; ask once, e.g. --gres=gpu:1 or "
+                "--gpus-per-node=1" in message) == (rc != 0)
+
+
+def test_a_segment_slurm_24_11_cannot_place_is_refused_there():
+    job = {"tres_per_node": "gres/gpu:a100:1", "min_nodes": 4, "segment_size": 4}
+    submit_hook.init(facts_path("block-2311"), 0x180B05)  # 24.11.5
+    assert submit_hook.job_submit(job, 1000)[0] == 2072
+    submit_hook.init(facts_path("block-2311"), 0x190B00)  # 25.11.0: kept, and said
+    rc, changes, message = submit_hook.job_submit(job, 1000)
+    assert (rc, changes) == (0, {}) and "--segment=4 kept" in message
