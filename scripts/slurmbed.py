@@ -151,6 +151,9 @@ class SlurmBed:
     prolog_flags: str = ""  # slurm.conf PrologFlags= (none, as docs/admin.md configures)
     facts_json: str = ""  # the submit hooks' facts, written to etc/gpushare-facts.json
     plan_source: str = ""  # an ownership plan copied to etc/plan.yaml
+    # etc/fake_gpus.conf: the GPUs slurmd takes as detected, with their UUIDs (26.05 reads
+    # it beside slurm.conf; gres.conf Flags=env_uuid needs a UUID). One for every node.
+    fake_gpus: str = ""
     # A booted systemd_node.SystemdNode: each slurmd runs there as a service of its own, as
     # a site's slurmd.service (Delegate=yes, KillMode=process); None: a plain process.
     systemd: Any = None
@@ -368,6 +371,8 @@ class SlurmBed:
             self._write("etc/gpushare-facts.json", self.facts_json)
         if self.plan_source:
             shutil.copy2(self.plan_source, self.path("etc", "plan.yaml"))
+        if self.fake_gpus:
+            self._write("etc/fake_gpus.conf", self.fake_gpus.replace("@ROOT@", self.root))
 
     def write_plugstack(self, text: str) -> None:
         """Replace plugstack.conf; Slurm re-reads it for every job."""
@@ -721,7 +726,8 @@ def renamed_plan(plan_path: str, prefix: str, out: str) -> str:
 
 def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
              plan_path: str = BED_PLAN, profiles: Optional[dict[str, str]] = None,
-             simulate: bool = False, node_prefix: str = "", **kwargs: object) -> SlurmBed:
+             simulate: bool = False, node_prefix: str = "", fake_gpus: bool = False,
+             **kwargs: object) -> SlurmBed:
     """A bed whose gres.conf, node GRES, topology.conf and submit facts are rendered by
     gpushare from an ownership plan, with each node's NVML simulated from a profile.
 
@@ -730,7 +736,9 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     generated from the plan (``gpushare simulate``) and gres.conf is rendered as a site
     does, without inventories; else each node group's profile file comes from ``profiles``
     (default: the bed plan's) and gres.conf from it. ``node_prefix`` renames the plan's
-    nodes n1.. to <prefix>1.. (the plan is copied to ``<root>.plan.yaml``).
+    nodes n1.. to <prefix>1.. (the plan is copied to ``<root>.plan.yaml``). ``fake_gpus``:
+    slurmd takes the one node's whole GPUs from fake_gpus.conf, UUIDs and all, as from
+    AutoDetect (what a plan's ``slurm.env_uuid`` needs on 26.05); not with ``simulate``.
     """
     from gpushare.admin.plan import load_plan
     from gpushare.admin.render import (
@@ -766,6 +774,13 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
             inventories[name] = collect(nvml, "sim", nvml.mig_minors_text, nvml.device_dir, name)
             nodes.append(Node(name=name, port=port, gres=slurm_node_gres(group),
                               features=features, profile=profiles[group.name]))
+    if fake_gpus:
+        from gpushare.gpu.nvml_sim import SimNvml, load_profile
+
+        if simulate or len(nodes) != 1:
+            raise BedError("fake_gpus.conf is slurmd's for every node: one node, a profile")
+        sim = SimNvml(load_profile(nodes[0].profile, device_root=root))
+        kwargs.setdefault("fake_gpus", sim.fake_gpus_conf(nodes[0].cpus))
     gres = render_gres_conf(plan, inventories, device_root=os.path.join(root, "dev"))
     files = {f for name in plan.nodes for device in parse_gres_conf(gres).devices(name)
              for f in device.files}

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * The small pure parsers of the C glue: a --gpu-share value, a share file, a /proc stat
- * line, a file's stamp and a job's GPU list. No SPANK, no I/O (gs_parse.h).
+ * line, a file's stamp, a job's GPU list and whether a device list names UUIDs. No SPANK,
+ * no I/O (gs_parse.h).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -95,5 +96,21 @@ int gs_parse_gpu_list(const char *value, long *indices, int max)
         if (*end != ',')
             return -1;
         at = end + 1;
+    }
+}
+
+int gs_uuid_list(const char *value)
+{
+    const char *at = value;
+
+    if (!value || !*value)
+        return 0;
+    for (;;) {
+        size_t len = strcspn(at, ",");
+        if (len <= 4 || (strncmp(at, "GPU-", 4) != 0 && strncmp(at, "MIG-", 4) != 0))
+            return 0;
+        if (at[len] == '\0')
+            return 1;
+        at += len + 1;
     }
 }

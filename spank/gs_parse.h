@@ -40,6 +40,10 @@ void gs_stamp(const struct stat *st, char *out, size_t size);
 /* SLURM_JOB_GPUS as a list of indices (0..99999) into indices: their count, or -1 when it
  * is not a plain list or holds more than max. */
 int gs_parse_gpu_list(const char *value, long *indices, int max);
+/* Whether a CUDA_VISIBLE_DEVICES value names its devices by UUID only ("GPU-..." or
+ * "MIG-..." items, as Slurm 26.05's gres.conf Flags=env_uuid and MIG slices write it): an
+ * MPS client may keep such a list, an index list is renumbered by the daemon. 1 or 0. */
+int gs_uuid_list(const char *value);
 
 /* ---- gs_ticket.c: the join ticket (gpushare.node.ticket describes its format) -------- */
 

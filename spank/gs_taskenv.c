@@ -55,8 +55,23 @@ static int gs_read_env_file(spank_t sp, char *buf, size_t size)
     return 1;
 }
 
+/*
+ * One variable of the file into the task. The file's CUDA_VISIBLE_DEVICES numbers the MPS
+ * daemon's devices from 0, as the daemon renumbers them, because Slurm's indices mean
+ * nothing to its clients. A list of UUIDs that Slurm gave the task (gres.conf
+ * Flags=env_uuid in 26.05, MIG slices) does, the daemon's devices named as they are and
+ * any per-task binding kept: the task keeps it (gpushare.node.devices.uuid_list).
+ */
 static int gs_set_task_env(void *ctx, const char *name, const char *value)
 {
+    char slurm_devices[4096];
+
+    if (strcmp(name, "CUDA_VISIBLE_DEVICES") == 0 &&
+        gs_getenv((spank_t)ctx, name, slurm_devices, sizeof(slurm_devices)) == 0 &&
+        gs_uuid_list(slurm_devices)) {
+        gs_debug((spank_t)ctx, "cb=task_init_privileged devices=slurm-uuids");
+        return 0;
+    }
     return spank_setenv((spank_t)ctx, name, value, 1) == ESPANK_SUCCESS ? 0 : -1;
 }
 

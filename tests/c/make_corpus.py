@@ -159,7 +159,12 @@ def nasty(base: dict[str, dict[str, bytes]]) -> dict[str, dict[str, bytes]]:
                 "index-too-big": b"100000", "sixty-four": ",".join(map(str, range(64))).encode(),
                 "sixty-five": ",".join(map(str, range(65))).encode(), "empty-item": b"0,,1",
                 "trailing-comma": b"0,", "leading-comma": b",0", "sign": b"-1", "space": b"0, 1",
-                "range": b"0-3", "leading-zeros": b"007"}
+                "range": b"0-3", "leading-zeros": b"007",
+                # CUDA_VISIBLE_DEVICES by UUID (26.05 Flags=env_uuid, MIG), gs_uuid_list's
+                "uuids": b"GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,"
+                         b"GPU-f9e8d7c6-b5a4-3210-fedc-ba9876543210",
+                "mig-uuid": b"MIG-GPU-8932f937-d72c-4106-c12f-20bd9faed9f6/1/0",
+                "uuid-then-index": b"GPU-a,1", "bare-prefix": b"GPU-"}
     percent = {**common, "25": b"25", "1": b"1", "100": b"100", "0": b"0", "101": b"101",
                "float": b"25.0", "sign": b"+25", "space": b" 25", "overflow": b"9" * 30}
     return {"ticket": tickets, "envfile": env_files, "share": share, "proc_stat": proc_stat,

@@ -11,6 +11,7 @@
  *   env_file <text>     gs_env_file_apply: "<rc> <show|-> <error|-> <NAME=VALUE\n...>"
  *   node <name>         SLURMD_NODENAME for what follows ("" unsets it)
  *   path <value>        gs_copy_path of a plugstack path argument: the path, or "-"
+ *   uuid_list <text>    gs_uuid_list
  * spank/gs_args.c is included for its static gs_copy_path; slurm_error is this file's.
  * links: gs_parse.c gs_envfile.c
  */
@@ -105,6 +106,8 @@ int main(void)
                 setenv("SLURMD_NODENAME", arg, 1);
             else
                 unsetenv("SLURMD_NODENAME");
+        } else if (strcmp(line, "uuid_list") == 0) {
+            printf("%d", gs_uuid_list(arg));
         } else if (strcmp(line, "path") == 0) {
             static char path[PATH_MAX];
             put_hex(gs_copy_path(path, arg, "state_dir") == 0 ? path : NULL);

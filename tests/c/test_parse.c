@@ -123,6 +123,21 @@ static void test_gpu_list(void)
     CHECK_INT(gs_parse_gpu_list(list, indices, 64), -1); /* never past max */
 }
 
+static void test_uuid_list(void)
+{
+    const char *uuids[] = {"GPU-8932f937-d72c-4106-c12f-20bd9faed9f6",
+                           "GPU-a,GPU-b", "MIG-5c5b9cc6-2b5e-5d3a-9c4d-0c2c7b1e2f10",
+                           "MIG-GPU-8932f937-d72c-4106-c12f-20bd9faed9f6/1/0", "GPU-a,MIG-b"};
+    const char *not_uuids[] = {NULL, "", "0", "0,1", "GPU-a,1", "1,GPU-a", "GPU-", "MIG-",
+                               "GPU-a,", ",GPU-a", "GPU-a,,GPU-b", "gpu-a", " GPU-a",
+                               "NoDevFiles", "GPU-a,MIG-"};
+
+    for (size_t i = 0; i < sizeof(uuids) / sizeof(uuids[0]); i++)
+        CHECK_INT(gs_uuid_list(uuids[i]), 1);
+    for (size_t i = 0; i < sizeof(not_uuids) / sizeof(not_uuids[0]); i++)
+        CHECK_INT(gs_uuid_list(not_uuids[i]), 0);
+}
+
 int main(void)
 {
     test_percent();
@@ -131,5 +146,6 @@ int main(void)
     test_proc_parent();
     test_stamp();
     test_gpu_list();
+    test_uuid_list();
     return gs_check_done("test_parse");
 }

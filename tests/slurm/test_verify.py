@@ -314,3 +314,77 @@ def test_inventory_of_the_mig_node_matches_the_plan(bed):
                    for d in load_gres_conf(bed.path("etc", "gres.conf")).devices(MIG_NODE)
                    for f in d.files}
     assert slurm_files and slurm_files <= reported, slurm_files - reported
+
+
+# --------------------------------------------------------------------------------------------
+# 8. Slurm 26.05's gres.conf Flags=env_uuid: jobs' GPUs named by UUID
+
+UUID_NODE = "uu1"
+UUID_PLAN = f"""\
+version: 1
+slurm: {{env_uuid: true, mps_units_per_gpu: 100, sharing_flag: all_sharing}}
+node_groups:
+  - name: train
+    nodes: {UUID_NODE}
+    gpu_model: h100-80gb
+    gpus: 8
+    layout:
+      all: {{owner: slurm, mps: 100}}
+"""
+ENV_LINES = ("for v in SLURM_JOB_GPUS CUDA_VISIBLE_DEVICES GPUSHARE_GPUS GPUSHARE_GPU_UUIDS "
+             "CUDA_MPS_PIPE_DIRECTORY; do echo \"$v=${!v}\"; done; sleep 2")
+
+
+@pytest.fixture(scope="module")
+def uuid_bed(tmp_path_factory):
+    """One node of 8 simulated H100s whose UUIDs slurmd takes from fake_gpus.conf, with the
+    plan's gres.conf (Flags=env_uuid); its own root, ports (+260) and node name."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm needs root")
+    if slurmbed.slurm_release() < (26, 5):
+        pytest.skip(f"Slurm {slurmbed.slurm_release()} has no gres.conf Flags=env_uuid")
+    root = os.environ.get("GPUSHARE_BED_ROOT", "/tmp/gpushare-test-bed") + "-uuid"
+    plan = tmp_path_factory.mktemp("plan") / "uuid.yaml"
+    plan.write_text(UUID_PLAN)
+    cluster = slurmbed.plan_bed(
+        root=root, port_base=int(os.environ.get("GPUSHARE_BED_PORT", "17200")) + 260,
+        plan_path=str(plan), profiles={"train": slurmbed.PROFILES["train"]}, fake_gpus=True)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def uuid_of_minor() -> dict[str, str]:
+    with open(slurmbed.PROFILES["train"]) as handle:
+        return {str(gpu["minor"]): gpu["uuid"] for gpu in json.load(handle)["gpus"]}
+
+
+def job_env(bed, job_id: int) -> dict[str, str]:
+    info = bed.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", (info, bed.output(job_id, ""), bed.logs(30))
+    prologs = [line for line in bed.debug_lines()
+               if f"job={job_id} cb=job_prolog" in line and " rc=" in line]
+    assert all(line.endswith(" rc=0") for line in prologs), prologs
+    assert "DRAIN" not in bed.node_state(UUID_NODE)["State"]
+    return dict(line.split("=", 1) for line in bed.output(job_id).splitlines() if "=" in line)
+
+
+def test_env_uuid_gives_gpu_jobs_uuids_the_check_and_the_daemon_follow(uuid_bed):
+    """Slurm names a gpu job's GPUs by UUID and keeps SLURM_JOB_GPUS as indices: the
+    prolog's check passes, and a private MPS job's daemon and tasks get those very GPUs,
+    the tasks keeping Slurm's UUIDs (which name the daemon's devices) instead of 0,1."""
+    uuids = uuid_of_minor()
+    whole = job_env(uuid_bed, uuid_bed.sbatch(ENV_LINES, "--gres=gpu:h100:2"))
+    named = [uuids[index] for index in whole["SLURM_JOB_GPUS"].split(",")]
+    assert whole["CUDA_VISIBLE_DEVICES"].split(",") == named, whole
+    private = job_env(uuid_bed, uuid_bed.sbatch(ENV_LINES, "--gres=gpu:h100:2", "--gpu-mps"))
+    named = [uuids[index] for index in private["GPUSHARE_GPUS"].split(",")]
+    assert private["GPUSHARE_GPU_UUIDS"].split(",") == named, private
+    assert private["CUDA_VISIBLE_DEVICES"].split(",") == named, private
+    assert private["CUDA_MPS_PIPE_DIRECTORY"], private
+    # gres/mps still names its GPU by index: the shared job's task sees the daemon's 0.
+    shared = job_env(uuid_bed, uuid_bed.sbatch(ENV_LINES, "--gres=mps:25"))
+    assert shared["CUDA_VISIBLE_DEVICES"] == "0", shared
+    assert shared["GPUSHARE_GPU_UUIDS"] == uuids[shared["GPUSHARE_GPUS"]], shared

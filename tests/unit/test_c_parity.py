@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gpushare.node import ticket
 from gpushare.node.config import ConfigError, expand_path, plugin_arg_values
+from gpushare.node.devices import uuid_list
 from gpushare.node.job import parse_share
 from gpushare.node.mps.procscan import ProcScan
 from gpushare.node.state import ENV_NAME, JobRecord
@@ -246,8 +247,32 @@ def test_the_parity_vectors_reach_every_copy_the_docs_list():
     with open(os.path.join(C_DIR, "..", "..", "docs", "architecture.md")) as handle:
         doc = handle.read()
     for c_name in ("gs_stamp", "gs_parse_proc_start", "gs_env_file_apply",
-                   "gs_parse_share_text"):
+                   "gs_parse_share_text", "gs_uuid_list"):
         assert re.search(rf"`{c_name}`", doc), c_name
+
+
+# ---- a device list by UUID: gs_uuid_list (the task keeps it) and devices.uuid_list ------
+
+SLURM_DEVICE_LISTS = [
+    "0", "0,1", "3", "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6",  # 26.05 Flags=env_uuid
+    "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,GPU-f9e8d7c6-b5a4-3210-fedc-ba9876543210",
+    "MIG-5c5b9cc6-2b5e-5d3a-9c4d-0c2c7b1e2f10",  # a MIG slice's, from AutoDetect=nvml
+    "MIG-GPU-8932f937-d72c-4106-c12f-20bd9faed9f6/1/0",  # the same before driver 470
+    "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,1", "", "GPU-", "GPU-a,", "gpu-a", " GPU-a",
+    "NoDevFiles",  # what Slurm sets for a GRES without device files
+]
+
+
+@pytest.mark.parametrize("value", SLURM_DEVICE_LISTS)
+def test_slurms_device_lists_are_told_apart_alike(c_side, value):
+    assert c_side.ask("uuid_list", value.encode()) == str(int(uuid_list(value))), value
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(value=st.lists(st.sampled_from(["GPU-", "MIG-", "GPU-a", "MIG-1/0", "0", "12", ",",
+                                       "-", " ", "x"]), max_size=6).map("".join))
+def test_a_device_list_names_uuids_alike(c_side, value):
+    assert c_side.ask("uuid_list", value.encode()) == str(int(uuid_list(value))), value
 
 
 # ---- plugstack path arguments: gs_copy_path (spank/gs_args.c) and gpushare.node.config --

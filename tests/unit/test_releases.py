@@ -415,3 +415,21 @@ def test_slurm_version_is_given_whatever_follows_it(tmp_path):
     plan = load_plan(str(path))
     assert (plan.slurm.version, plan.slurm.version_given) == ("24.11", True)
     assert load_plan(os.path.join(REPO, "etc", "plan.example.yaml")).slurm.version_given
+
+
+def test_check_env_uuid_plan_on_a_release_without_the_flag(tmp_path):
+    """A gres.conf with Flags=env_uuid on its gpu lines leaves an older slurmd's gpu jobs
+    without CUDA_VISIBLE_DEVICES: an error on the controller (a warning on a node)."""
+    from gpushare.admin.check import check_release
+
+    path = tmp_path / "uuid.yaml"
+    with open(_plan_for(tmp_path, "26.05")) as handle:
+        path.write_text(handle.read().replace('version: "26.05"\n',
+                                              'version: "26.05"\n  env_uuid: true\n', 1))
+    plan = load_plan(str(path))
+    (found,) = check_release(plan, "24.11.5", True)
+    assert found.severity == "error" and "leaves its jobs no CUDA_VISIBLE_DEVICES" in found.what
+    assert found.fix.startswith("upgrade Slurm to 26.05, or set slurm.version")
+    assert check_release(plan, "24.11.5", False)[0].severity == "warning"
+    assert check_release(plan, "26.05.5", True) == []
+    assert check_release(plan, "26.11.0", True)[0].severity == "warning"

@@ -21,6 +21,7 @@ from gpushare.admin.plan import (
     GpuPlan,
     NodeGroup,
     Plan,
+    env_uuid_renders,
     gres_syntax_of,
     release_tuple,
     with_slurm_version,
@@ -120,6 +121,7 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
                               f"{', '.join(map(str, missing))} but the node shows "
                               f"{len(real)} GPUs; run `gpushare check` on the node")
     flags = plan.slurm.sharing_flag
+    gpu_flags = "env_uuid" if env_uuid_renders(plan.slurm) else ""
     devices: list[PlannedDevice] = []
     for gpu in group.gpus:
         minor = real[gpu.index].minor if real else gpu.index
@@ -128,7 +130,7 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
             if gpu.owner != owner:
                 continue
             devices.append(PlannedDevice("gpu", group.model.gres_type, (gpu_file,), False,
-                                         gpu_index=gpu.index))
+                                         flags=gpu_flags, gpu_index=gpu.index))
             if gpu.mps and owner == "slurm":
                 devices.append(PlannedDevice("mps", "", (gpu_file,), False, gpu.mps, flags,
                                              gpu.index))
@@ -138,7 +140,7 @@ def expected_gres(plan: Plan, group: NodeGroup, inventory: Optional[Inventory] =
             continue
         slices = _owned_slices(group, gpu, real.get(gpu.index), minor, root, owner)
         devices.extend(PlannedDevice("gpu", profile, (gpu_file, gi_file, ci_file), True,
-                                     gpu_index=gpu.index, comment=comment)
+                                     flags=gpu_flags, gpu_index=gpu.index, comment=comment)
                        for profile, gi_file, ci_file, comment in slices)
     return devices
 
@@ -187,11 +189,12 @@ def _fold(devices: list[PlannedDevice]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     run: list[str] = []
     run_type = ""
+    run_flags = [""]  # a run's gpu lines share their flags (env_uuid or none, plan-wide)
 
     def close_run() -> None:
         if run:
             rows.append({"name": "gpu", "type": run_type, "count": 0, "multiple_files": False,
-                         "files": hostlist.collect_hostlist(run), "flags": "",
+                         "files": hostlist.collect_hostlist(run), "flags": run_flags[0],
                          "comment": f"{len(run)} whole {run_type} GPU"
                                     + ("s" if len(run) > 1 else "")})
             run.clear()
@@ -207,7 +210,7 @@ def _fold(devices: list[PlannedDevice]) -> list[dict[str, Any]]:
             if name == "gpu" and not device.multiple_files:
                 if run and run_type != device.type:
                     close_run()
-                run_type = device.type
+                run_type, run_flags[0] = device.type, device.flags
                 run.extend(device.files)
                 continue
             close_run()
@@ -256,6 +259,12 @@ def release_findings(plan: Plan, running: Optional[str]) -> list[tuple[str, str,
         return []
     fix = (f'set slurm.version: "{".".join(running.split(".")[:2])}" in {plan.path} and '
            "render again")
+    if env_uuid_renders(plan.slurm) and not env_uuid_renders(
+            with_slurm_version(plan, running).slurm):
+        return [("error", f"the plan is for Slurm {wanted} with slurm.env_uuid: Slurm "
+                          f"{running} running here ignores gres.conf Flags=env_uuid, and any "
+                          "Flags= on a gpu line leaves its jobs no CUDA_VISIBLE_DEVICES",
+                 f"upgrade Slurm to 26.05, or {fix}")]
     if (plan.slurm.topology == "block" or plan.slurm.imex) and \
             release_tuple(running) < (24, 5):
         return [("error", f"the plan is for Slurm {wanted} with slurm.topology: block or "
@@ -325,8 +334,17 @@ def render_gres_conf(plan: Plan, inventory_by_node: Optional[Mapping[str, Invent
     if any(group.has_mig for group in groups) and not inventories:
         caps_note = ("MIG capability files follow the standard mig-minors numbering for the "
                      "plan's placements; render on the node (--source) to use the real ones.")
+    uuid_note = ""
+    if env_uuid_renders(plan.slurm):
+        uuid_note = ("Flags=env_uuid (Slurm 26.05): a job's CUDA_VISIBLE_DEVICES names its "
+                     "GPUs by UUID where slurmd knows them; with AutoDetect=off only "
+                     "fake_gpus.conf tells it, elsewhere it logs a warning and keeps indices. "
+                     "gpushare takes either.")
+    elif plan.slurm.env_uuid:
+        uuid_note = (f"slurm.env_uuid is not rendered: Slurm {plan.slurm.version} has no "
+                     "gres.conf Flags=env_uuid (26.05 on).")
     return _render("gres.conf.j2", plan_path=plan.path, version=plan.version, blocks=blocks,
-                   caps_note=caps_note)
+                   caps_note=caps_note, uuid_note=uuid_note)
 
 
 def slurm_node_gres(group: NodeGroup) -> str:

@@ -18,6 +18,7 @@ from typing import Mapping, Optional
 from gpushare.cli import nodeconf
 from gpushare.common import proc
 from gpushare.node.config import ConfigError
+from gpushare.node.devices import is_uuid
 
 __all__ = ["DaemonProbe", "JobView", "format_view", "job_view", "probe_daemon", "register"]
 
@@ -74,8 +75,12 @@ def job_view(env: Mapping[str, str]) -> JobView:
     problems: list[str] = []
     job_id = _ints(env.get("SLURM_JOB_ID", ""))
     # Slurm gives an mps job's tasks no GPU index; gpushare's prolog does (GPUSHARE_GPUS).
+    # GPU_DEVICE_ORDINAL is CUDA_VISIBLE_DEVICES' twin: UUIDs with 26.05's Flags=env_uuid,
+    # which are no index (SLURM_*_GPUS stay indices).
+    ordinal = env.get("GPU_DEVICE_ORDINAL", "")
     gpus_text = (env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
-                 or env.get("GPUSHARE_GPUS") or env.get("GPU_DEVICE_ORDINAL") or "")
+                 or env.get("GPUSHARE_GPUS")
+                 or ("" if any(map(is_uuid, ordinal.split(","))) else ordinal))
     share_text = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
     share = _ints(share_text)
     if share_text and (share is None or not 1 <= share <= 100):

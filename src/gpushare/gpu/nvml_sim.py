@@ -464,6 +464,27 @@ class SimNvml:
         return text if text is not None else standard_mig_minors(
             [g["minor"] for g in self.profile["gpus"]])
 
+    def fake_gpus_conf(self, cpus: int) -> str:
+        """Slurm's fake_gpus.conf for this node's whole GPUs (read beside slurm.conf in place
+        of probing them): type, CPUs, NVLink order, device file, UUID and env flag, so that
+        a test Slurm without NVML knows the UUIDs that gres.conf ``Flags=env_uuid`` (26.05)
+        puts in ``CUDA_VISIBLE_DEVICES``. A MIG-mode GPU is left out: its slices keep
+        Slurm's indices, and their gres.conf order."""
+        from gpushare.gpu.gresconf import slurm_gpu_type
+
+        whole = [g for g in self.profile["gpus"] if not (g["mig"] and g["mig"]["current"])]
+        lines = []
+        for at, gpu in enumerate(whole):
+            # Slurm orders the GPUs it merges with gres.conf by the -1 in their links.
+            links = ",".join("-1" if i == at else "0" for i in range(len(whole)))
+            line = "|".join((slurm_gpu_type(gpu["name"]), str(cpus), f"0-{cpus - 1}", links,
+                             os.path.join(self.device_dir, f"nvidia{gpu['minor']}"),
+                             gpu["uuid"], "nvidia_gpu_env"))
+            if len(line) > 254:  # slurmd reads 256 bytes a line, its newline included
+                raise ValueError(f"fake_gpus.conf line of GPU {gpu['minor']} is too long")
+            lines.append(line + "\n")
+        return "".join(lines)
+
     def __getattribute__(self, name: str) -> Any:
         attr = object.__getattribute__(self, name)
         if name.startswith("nvml") and callable(attr):

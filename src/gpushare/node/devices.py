@@ -8,7 +8,9 @@ Kept apart from the check itself, so that a prolog that reuses an earlier check'
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
-__all__ = ["ResolvedDevice", "check_key", "gres_name_of"]
+__all__ = ["ResolvedDevice", "check_key", "gres_name_of", "is_uuid", "uuid_list"]
+
+UUID_PREFIXES = ("GPU-", "MIG-")
 
 
 class ResolvedDevice(NamedTuple):
@@ -56,3 +58,16 @@ def check_key(node: str, env: Mapping[str, str], gres_name: Optional[str] = None
     gres_name = gres_name or gres_name_of(env)
     return " ".join((node, gres_name, env.get("SLURM_JOB_GPUS", "").strip() or "-",
                      env.get("CUDA_VISIBLE_DEVICES", "").strip() or "-"))
+
+
+def is_uuid(token: str) -> bool:
+    """Whether one item of a device list names a GPU or MIG slice by its NVML UUID."""
+    return token.startswith(UUID_PREFIXES) and len(token) > len("GPU-")
+
+
+def uuid_list(value: str) -> bool:
+    """Whether a ``CUDA_VISIBLE_DEVICES`` value names its devices by UUID only, as Slurm
+    26.05 writes it for gres.conf ``Flags=env_uuid`` (and for MIG slices): an MPS client
+    may keep such a list, since UUIDs name the daemon's devices whatever it renumbers, so
+    the C glue leaves it to the task (``gs_uuid_list``, held to this by the parity test)."""
+    return bool(value) and all(is_uuid(token) for token in value.split(","))

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """Check, at job start, that the devices Slurm gave a job are what Slurm believes they are.
 
-Slurm names a job's devices by its own GRES indices (``SLURM_JOB_GPUS``; integer
-``CUDA_VISIBLE_DEVICES`` in the prolog) or by ``GPU-``/``MIG-`` UUIDs (``CUDA_VISIBLE_DEVICES``,
-depending on version and config). Each is resolved through gres.conf's device files to NVML:
+Slurm names a job's devices by its own GRES indices (``SLURM_JOB_GPUS``, indices even with
+26.05's gres.conf ``Flags=env_uuid``; integer ``CUDA_VISIBLE_DEVICES`` in the prolog) or by
+``GPU-``/``MIG-`` UUIDs (the prolog's ``CUDA_VISIBLE_DEVICES`` wherever slurmd learnt the
+device's UUID: AutoDetect, or fake_gpus.conf in a test bed). Both are checked against each
+other. Each is resolved through gres.conf's device files to NVML:
 ``/dev/nvidia<N>`` is the GPU with minor N, ``/dev/nvidia-caps/nvidia-cap<M>`` the MIG slice
 whose GI/CI capability has minor M. Then: the device exists; a slice's profile is the type
 Slurm allocated; a GPU handed out whole is not in MIG mode; the plan does not give it to
@@ -19,7 +21,7 @@ from typing import Callable, NamedTuple, Optional
 
 from gpushare.gpu.gresconf import GresConf, GresDevice
 from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
-from gpushare.node.devices import ResolvedDevice, gres_name_of
+from gpushare.node.devices import ResolvedDevice, gres_name_of, is_uuid
 
 __all__ = ["ERROR", "WARNING", "Finding", "ResolvedDevice", "VerifyResult",
            "profile_of_gres_type", "verify_job_devices"]
@@ -272,11 +274,11 @@ class _Verifier:
                        "check gres.conf Flags= (env flags) and that slurmd runs with this "
                        "gres.conf")
         for token in uuid_tokens:
-            if not token.startswith(("GPU-", "MIG-")):
+            if not is_uuid(token):
                 self.error(f"CUDA_VISIBLE_DEVICES holds {token!r}, neither an index nor a "
                            "GPU-/MIG- UUID", where_env,
                            "set CUDA_VISIBLE_DEVICES only through Slurm's GRES")
-        uuid_tokens = [t for t in uuid_tokens if t.startswith(("GPU-", "MIG-"))]
+        uuid_tokens = [t for t in uuid_tokens if is_uuid(t)]
         if indices and uuid_tokens and len(uuid_tokens) != len(indices):
             self.error(f"CUDA_VISIBLE_DEVICES names {len(uuid_tokens)} device(s) but "
                        f"SLURM_JOB_GPUS={job_gpus} names {len(indices)}", where_env,

@@ -221,3 +221,15 @@ def test_untyped_gpu_policy(value, problem):
         with pytest.raises(PlanError) as info:
             parse_plan(text)
         assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_env_uuid_needs_a_release_that_has_the_flag():
+    plan = parse_plan(plan_text("all: {owner: slurm}",
+                                extra="slurm: {version: '26.05', env_uuid: true}\n"))
+    assert plan.slurm.env_uuid
+    found = problems(plan_text("all: {owner: slurm}",
+                               extra="slurm: {version: '24.11', env_uuid: true}\n"))
+    assert any("slurm.env_uuid needs Slurm 26.05 or later" in p for p in found)
+    found = problems(plan_text("all: {owner: slurm}", extra="slurm: {env_uuid: yes please}\n"))
+    assert any("slurm.env_uuid must be true or false" in p for p in found)
+    assert not parse_plan(plan_text("all: {owner: slurm}")).slurm.env_uuid

@@ -13,6 +13,7 @@ from gpushare.admin.render import (
     RenderError,
     _mig_layouts,
     expected_gres,
+    for_installed_slurm,
     render_facts,
     render_gres_conf,
     render_mig_parted,
@@ -204,3 +205,33 @@ def test_no_feature_where_a_node_has_both_or_there_are_no_slices():
         assert whole_gpu_nodes(plan) == []
         assert "whole_gpu_feature" not in render_facts(plan)
         assert "Features=" not in render_slurm_conf(plan)
+
+
+def test_env_uuid_flags_every_gpu_line_from_26_05_on():
+    """Slurm 26.05 reads Flags=env_uuid on gpu lines (not mps/shard, whose jobs it names
+    by index); the gres.conf says where slurmd learns the UUIDs."""
+    plan = parse_plan(MIXED.replace('version: "23.11", ',
+                                    'version: "26.05", env_uuid: true, '))
+    text = render_gres_conf(plan)
+    body = lines(text)
+    gpu_lines = [ln for ln in body if "Name=gpu" in ln]
+    assert gpu_lines and all(ln.endswith(" Flags=env_uuid") for ln in gpu_lines), gpu_lines
+    assert any("MultipleFiles=" in ln for ln in gpu_lines)
+    assert not any("env_uuid" in ln for ln in body if "Name=gpu" not in ln)
+    assert "fake_gpus.conf" in text
+    devices = parse_gres_conf(text).devices("a1")
+    assert [d.flags for d in devices] == [["env_uuid"]] * len(devices)
+    # the indices are those of the same plan without the flag
+    plain = parse_gres_conf(render_gres_conf(parse_plan(MIXED))).devices("a1")
+    assert [(d.type, d.files) for d in devices] == [(d.type, d.files) for d in plain]
+
+
+def test_env_uuid_is_rendered_only_for_a_release_that_has_it():
+    plan = parse_plan(MIXED.replace('version: "23.11", ', 'env_uuid: true, '))
+    assert plan.slurm.env_uuid and not plan.slurm.version_given
+    for installed, rendered in (("24.11.5", False), ("26.05.5", True)):
+        text = render_gres_conf(for_installed_slurm(plan, installed)[0])
+        assert any("Flags=env_uuid" in ln for ln in lines(text)) == rendered, installed
+        if not rendered:
+            assert f"Slurm {installed} has no gres.conf Flags=env_uuid" in text
+    assert "env_uuid" not in render_gres_conf(parse_plan(MIXED))

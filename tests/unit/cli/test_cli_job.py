@@ -204,3 +204,14 @@ def test_mps_job_learns_its_gpu_from_gpushare():
     env = {k: v for k, v in SHARED_ENV.items() if k != "SLURM_STEP_GPUS"}
     assert job_view(env).node_gpus == []
     assert job_view(dict(env, GPUSHARE_GPUS="3")).node_gpus == ["3"]
+
+
+def test_gpu_uuids_from_env_uuid_are_not_taken_for_indices():
+    # Slurm 26.05's gres.conf Flags=env_uuid: CUDA_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL
+    # name the GPUs by UUID, SLURM_*_GPUS stay the node's indices.
+    uuids = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,GPU-f9e8d7c6-b5a4-3210-fedc-ba9876543210"
+    env = {"SLURM_JOB_ID": "8", "GPU_DEVICE_ORDINAL": uuids, "CUDA_VISIBLE_DEVICES": uuids}
+    view = job_view(env)
+    assert view.node_gpus == []
+    assert view.visible_devices == uuids
+    assert job_view(dict(env, SLURM_STEP_GPUS="2,5")).node_gpus == ["2", "5"]

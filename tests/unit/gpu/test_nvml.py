@@ -236,3 +236,17 @@ def test_a_call_the_profile_hangs_never_returns(tmp_path):
     caller.join(0.5)
     assert caller.is_alive() and not answered
     assert nvml.nvmlSystemGetDriverVersion()  # the other calls still answer
+
+
+def test_fake_gpus_conf_tells_slurmd_the_whole_gpus_uuids():
+    """Slurm's fake_gpus.conf (26.05): <type>|<cpus>|<cpu range>|<links>|<file>|<uuid>|<flags>
+    per whole GPU, in NVML order by the -1 of its links; MIG-mode GPUs are left out."""
+    sim = SimNvml(load_profile(A100, device_root="/tmp/bed"))
+    rows = [line.split("|") for line in sim.fake_gpus_conf(8).splitlines()]
+    whole = [g for g in _raw()["gpus"] if not (g.get("mig") or {}).get("current")]
+    assert len(rows) == len(whole) == 2
+    for at, (row, gpu) in enumerate(zip(rows, whole)):
+        assert row[:3] == ["nvidia_a100-sxm4-80gb", "8", "0-7"], row
+        assert row[3].split(",").index("-1") == at and row[3].count("-1") == 1
+        assert row[4:] == [f"/tmp/bed/dev/nvidia{gpu['minor']}", gpu["uuid"], "nvidia_gpu_env"]
+    assert len(SimNvml(load_profile(H100)).fake_gpus_conf(2).splitlines()) == 8

@@ -17,6 +17,7 @@ OWNERS = ("slurm", "kubernetes")
 PLAN_VERSION = 1
 MAX_GPUS_PER_NODE = 64
 MAX_SWITCH_NAME = 64
+ENV_UUID_RELEASE = (26, 5)  # the first Slurm whose gres.conf takes Flags=env_uuid
 
 
 class PlanError(ValueError):
@@ -101,12 +102,23 @@ class SlurmOptions:
     # (each a block of topology/block, --segment; rack-scale domains such as GB200 NVL72).
     topology: str = "tree"
     imex: bool = False  # multi-node NVLink jobs get an IMEX channel (switch/nvidia_imex)
+    # gres.conf Flags=env_uuid on the gpu lines (26.05+): Slurm then names a job's GPUs by
+    # UUID in CUDA_VISIBLE_DEVICES (where slurmd knows them), not by index.
+    env_uuid: bool = False
 
 
 def release_tuple(version: str) -> tuple[int, int]:
     """``"24.11.5"`` -> (24, 11); the caller has checked the form."""
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
+
+
+def env_uuid_renders(slurm: SlurmOptions) -> bool:
+    """Whether gres.conf gets ``Flags=env_uuid``: the plan asks for it and its release
+    (26.05 on) knows the flag. An older slurmd ignores the word, but any ``Flags=`` on a
+    gpu line turns its default environment off there (24.11's gres.c): jobs would get no
+    ``CUDA_VISIBLE_DEVICES`` at all."""
+    return slurm.env_uuid and release_tuple(slurm.version) >= ENV_UUID_RELEASE
 
 
 def gres_syntax_of(version: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 from gpushare.admin.plan.lines import Checker, YamlMap, line_of
 from gpushare.admin.plan.model import (
+    ENV_UUID_RELEASE,
     MAX_SWITCH_NAME,
     Domain,
     NodeGroup,
@@ -17,8 +18,7 @@ from gpushare.admin.plan.model import (
 from gpushare.submit.facts import MAX_WAIT_S, ON_ERROR, UNTYPED_POLICIES, Policy
 
 _SLURM_KEYS = ("version", "device_root", "mps_units_per_gpu", "sharing_flag", "topology",
-               "imex", "plugin",
-               "plugin_args")
+               "imex", "env_uuid", "plugin", "plugin_args")
 _POLICY_KEYS = ("switch_wait_s", "max_switch_wait_s", "on_error", "untyped_gpu")
 
 
@@ -93,9 +93,20 @@ def slurm_options(c: Checker, raw: Any, line: int) -> SlurmOptions:
                     f"slurm.version is {version}")
         else:
             imex = value
+    env_uuid = False
+    if "env_uuid" in section:
+        value = section["env_uuid"]
+        if not isinstance(value, bool):
+            c.error(line_of(section, "env_uuid"), "slurm.env_uuid must be true or false")
+        elif value and "version" in section and release_tuple(version) < ENV_UUID_RELEASE:
+            c.error(line_of(section, "env_uuid"),
+                    f"slurm.env_uuid needs Slurm 26.05 or later (gres.conf Flags=env_uuid); "
+                    f"slurm.version is {version}")
+        else:
+            env_uuid = value
     return SlurmOptions(version, syntax, device_root, units, flag, plugin, args,
                         version_given="version" in section and version == text,
-                        topology=topology, imex=imex)
+                        topology=topology, imex=imex, env_uuid=env_uuid)
 
 
 def _plugin_args(c: Checker, raw: Any, line: int) -> tuple[tuple[str, str], ...]:
