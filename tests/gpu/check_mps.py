@@ -14,6 +14,9 @@ daemons through ``gpushare.node.mps.MpsManager`` (the code job_prolog runs) and 
                  daemon's default still holds)
   device index   the client sees one device, index 0 (CUDA_VISIBLE_DEVICES=0 as the plugin
                  sets it), and its UUID is the GPU's the daemon was given
+  device by UUID the client also finds its device when CUDA_VISIBLE_DEVICES holds the GPU's
+                 UUID, as a --gpu-mps task keeps it under Slurm 26.05's gres.conf
+                 Flags=env_uuid (gpushare then leaves Slurm's UUIDs in place)
   cleanup        release stops every daemon; no record and no daemon process remain
 
 Prints a table, writes every result to RESULTS.json (keep them under tests/gpu/results/),
@@ -312,6 +315,20 @@ class Checker:
                         f"(GPU {self.gpu['index']} = {self.gpu['uuid']})", client=out)
         self.release(301)
 
+    def check_device_by_uuid(self) -> None:
+        u1 = self.users[0]
+        lease = self.manager.acquire(401, u1.pw_uid, u1.pw_gid, [self.device()], "shared", 25)
+        by_uuid = lease._replace(env={**lease.env, "CUDA_VISIBLE_DEVICES": self.gpu["uuid"]})
+        out = self.finish(self.start_client(by_uuid, "info", 0))
+        if "failed" in out:
+            self.record("device by UUID", False, out["failed"])
+        else:
+            ok = out["device_count"] == 1 and out["uuid"] == self.gpu["uuid"]
+            self.record("device by UUID", ok,
+                        f"CUDA_VISIBLE_DEVICES={self.gpu['uuid']}: {out['device_count']} "
+                        f"device(s), device 0 = {out['uuid']}", client=out)
+        self.release(401)
+
     def check_cleanup(self, pids: list[int]) -> None:
         left = self.manager.records()
         alive = [pid for pid in pids if _alive(pid)]
@@ -335,12 +352,13 @@ class Checker:
         self.manager.acquire = acquire  # type: ignore[method-assign]
         for name, check in (("side by side", self.check_side_by_side),
                             ("pinned limit", self.check_pinned_limit),
-                            ("device index", self.check_device_index)):
+                            ("device index", self.check_device_index),
+                            ("device by UUID", self.check_device_by_uuid)):
             try:
                 check()
             except MpsError as err:
                 self.record(name, False, f"MpsError: {err}")
-                for job in (101, 102, 201, 301):
+                for job in (101, 102, 201, 301, 401):
                     try:
                         self.manager.release(job)
                     except MpsError as again:

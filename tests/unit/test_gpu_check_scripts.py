@@ -33,6 +33,7 @@ def test_check_mps_dry_run_answers_every_question(tmp_path):
     assert any("side by side" in name for name in verdicts), verdicts
     assert any("pinned" in name for name in verdicts), verdicts
     assert any("index" in name for name in verdicts), verdicts
+    assert "device by UUID" in verdicts, verdicts
     assert "RESULT" in run.stdout  # the table a person reads
 
 
