@@ -25,6 +25,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -176,11 +177,34 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
     return rc;
 }
 
+/*
+ * The job's prolog worker, or its supervisor, still holds the job's lock when every bound
+ * it has is past: a process stuck in the kernel (NVML, the MPS daemon), a node fault. The
+ * node is drained for it here, and the epilog still undoes what the prolog set up: an
+ * epilog that gave up would leave the job's files and its daemon reference behind, and
+ * Slurm's bare "Epilog error" in place of the cause. 0 when drained; -1 when the drain
+ * failed, and the epilog fails so that Slurm drains the node.
+ */
+static int gs_prolog_stuck(spank_t sp)
+{
+    char why[160];
+    uint32_t job_id = 0;
+
+    (void)spank_get_item(sp, S_JOB_ID, &job_id);
+    slurm_error("gpushare: job %u: epilog: the job's prolog worker still runs after %g s (a "
+                "hung MPS daemon or NVML?); draining the node and undoing the job without it; "
+                "see slurmd's log and `gpushare mps` on this node", job_id, gs_wait_limit());
+    gs_debug(sp, "cb=job_epilog prolog=stuck");
+    snprintf(why, sizeof(why), "prolog worker still ran at the epilog after %g s (job %u; "
+             "hung NVML or MPS?)", gs_wait_limit(), job_id);
+    return gs_drain_node(why);
+}
+
 GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     char lock[PATH_MAX + 32], jobs[PATH_MAX];
     double started = gs_now();
-    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok;
+    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok, undrained = 0;
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
@@ -190,14 +214,8 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     /* The job's prolog worker first: what it set up is what this epilog undoes. */
     if (gs_job_file(sp, GS_LOCK_SUFFIX, lock, sizeof(lock)) == 0)
         fd = gs_open_lock(lock, 0);
-    if (fd >= 0 && gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0) {
-        slurm_error("gpushare: job epilog: the job's prolog worker still runs after %g s (a "
-                    "hung MPS daemon or NVML?); see slurmd's log and `gpushare mps` on this "
-                    "node", gs_wait_limit());
-        gs_count_fast("epilog failed", gs_now() - started);
-        close(fd);
-        return -1;
-    }
+    if (fd >= 0 && gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0)
+        undrained = gs_prolog_stuck(sp) < 0; /* undone below all the same */
     if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
         !gs_job_options_used(sp)) {
         if (fd >= 0) {
@@ -207,7 +225,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
             close(fd);
         }
         gs_debug(sp, "cb=job_epilog python=skip reason=no-share");
-        return 0;
+        return undrained ? -1 : 0;
     }
     jobs_ok = gs_jobs_dir(jobs, sizeof(jobs)) == 0;
     if (jobs_ok && gs_fast_leave(sp)) {
@@ -215,7 +233,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
             gs_finish("job_epilog", sp, lock);
             close(fd);
         }
-        return 0;
+        return undrained ? -1 : 0;
     }
     if (!jobs_ok || (held = gs_hold_epilog_barrier(barrier, GS_EPILOG_LOCKS_MAX)) < 0) {
         rc = gs_in_place("job_epilog", sp, ac, av, fd >= 0 ? lock : NULL);
@@ -226,7 +244,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     }
     if (fd >= 0)
         close(fd);
-    return rc;
+    return undrained ? -1 : rc;
 }
 
 GS_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)

@@ -92,15 +92,23 @@ int gs_hold_epilog_barrier(int *fds, int max)
 
 /* A prolog worker that failed before its Python could say so, or was killed: the tasks
  * fail with ``text`` instead of starting unchecked. An env file already written is left
- * alone. */
+ * alone, and none is written once the job's epilog has undone the job (it removed the
+ * job's lock, which the prolog made first): the tasks are over, and the file would
+ * outlive the job. */
 void gs_fail_tasks(spank_t sp, const char *text)
 {
-    char jobs[PATH_MAX], path[PATH_MAX + 32], tmp[PATH_MAX + 64];
+    char jobs[PATH_MAX], path[PATH_MAX + 32], tmp[PATH_MAX + 64], lock[PATH_MAX + 32];
     int fd;
 
     if (gs_jobs_dir(jobs, sizeof(jobs)) < 0 ||
-        gs_job_file(sp, GS_ENV_SUFFIX, path, sizeof(path)) < 0)
+        gs_job_file(sp, GS_ENV_SUFFIX, path, sizeof(path)) < 0 ||
+        gs_job_file(sp, GS_LOCK_SUFFIX, lock, sizeof(lock)) < 0)
         return;
+    if (access(lock, F_OK) < 0) {
+        slurm_error("gpushare: %s is gone: the job's epilog has undone the job, so its "
+                    "tasks get no word (%s)", lock, text);
+        return;
+    }
     snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
     if (access(path, F_OK) == 0)
         return;

@@ -9,19 +9,33 @@ then loads no gpushare and undoes nothing, and its job's records stay behind. Th
 rewrites it at every clean_bed test's start and end, right when the jobs of the test before
 end; the second test shows that this must not leave records: the bed replaces the file in
 one rename (SlurmBed._write in scripts/slurmbed.py), as a site's configuration management
-should.
+should. The third: a job whose prolog's worker was killed while its supervisor hung (it
+holds the job's lock past every bound): the epilog still undoes the job, and the supervisor
+that comes back later brings no record back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from tests.slurm.test_mps import assert_nothing_left, job_records, mps_entries
+from tests.slurm.test_hostile import with_timeout, worker_pid
+from tests.slurm.test_mps import (
+    FAULT_NODE,
+    U1,
+    assert_nothing_left,
+    job_records,
+    mps_entries,
+    mps_records,
+    set_fault,
+    wait_drained,
+)
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
 import slurmbed
@@ -109,3 +123,63 @@ def test_plugstack_rewritten_while_jobs_end_leaves_no_records(_mps_bed):  # noqa
         _reap(bed)
         assert_nothing_left(bed)  # the next test starts clean either way
     assert not left
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_prolog_whose_supervisor_hangs_is_undone_by_its_epilog(_mps_bed):  # noqa: F811
+    """The prolog's worker is killed while it starts the job's daemon, and its supervisor
+    hangs (stopped), holding the job's lock past every bound (timeout=2: 24 s). The task
+    gives up waiting; the epilog, after the same wait, drains the node with gpushare's
+    cause (not Slurm's bare "Epilog error") and undoes the job all the same: its records,
+    its lock, its daemon. The supervisor, resumed, reports the killed worker: the node is
+    drained again, but the job, over, gets no record back."""
+    bed = _mps_bed
+    line = with_timeout(bed, 2)
+    set_fault(bed, "slow_start")
+    supervisor = 0
+    try:
+        job_id = bed.sbatch("echo RAN", "--gres=mps:25", "-w", FAULT_NODE, "-c1",
+                            "--no-requeue", user=U1)
+        worker = worker_pid(bed, job_id)
+        slurmbed.wait_until("the daemon's record names the job", lambda: any(
+            str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
+        supervisor = _parent(worker)
+        os.kill(supervisor, signal.SIGSTOP)
+        os.kill(worker, signal.SIGKILL)
+        info = bed.wait_job(job_id, timeout=120)
+        assert info["JobState"] != "COMPLETED" and "RAN" not in bed.output(job_id, ""), info
+        reason = wait_drained(bed, FAULT_NODE, timeout=120)
+        assert reason.startswith("gpushare: prolog worker still ran at the epilog after 24 s "
+                                 f"(job {job_id}; "), reason
+        # Undone without the lock: the records, the lock and the daemon the worker started.
+        slurmbed.wait_until("the job undone", lambda: not job_records(bed) and
+                            not mps_entries(bed), 60)
+        os.kill(supervisor, signal.SIGCONT)
+        slurmbed.wait_until("the supervisor's report", lambda: any(
+            f"job={job_id} cb=job_prolog_worker_lost python rc=0" in entry
+            for entry in bed.debug_lines()), 60)
+        slurmbed.wait_until("the supervisor gone", lambda: not os.path.exists(
+            f"/proc/{supervisor}") or _zombie(supervisor), 30)
+        assert not job_records(bed), job_records(bed)
+        assert bed.job(job_id).get("Restarts") == "0"
+        assert_nothing_left(bed)
+    finally:
+        if supervisor:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor, signal.SIGCONT)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bed.path("bin", "faults"))
+        bed.write_plugstack(line)
+        bed.resume(FAULT_NODE)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return re.match(r"[ZX]", handle.read().rsplit(")", 1)[1].strip()) is not None
+    except FileNotFoundError:
+        return True

@@ -153,7 +153,9 @@ def task_environment(record: JobRecord) -> dict[str, str]:
 
     The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuids>`` and numbers its devices
     from 0, so the task sees 0..n-1; ``GPUSHARE_GPUS`` (Slurm's indices on the node) and
-    ``GPUSHARE_GPU_UUIDS`` say which devices those are.
+    ``GPUSHARE_GPU_UUIDS`` say which devices those are. A task Slurm gave the devices'
+    UUIDs (gres.conf ``Flags=env_uuid``, 26.05) keeps them instead: they name the daemon's
+    devices too (the C glue's rule, ``gpushare.node.devices.uuid_list``).
     """
     devices = ",".join(str(i) for i in range(len(record.slurm_gpus)))
     # Which of the node's GPUs these are: Slurm tells an mps job's tasks nothing of it.
@@ -506,8 +508,10 @@ def epilog(config: PluginConfig, job_id: int, phases: Optional[Phases] = None) -
     """Run at job end on each node; idempotent (twice, or without a prolog, is fine).
 
     A daemon that cannot be stopped is a NodeError naming the GPU and daemon: Slurm then
-    drains the node. The job's record goes either way; the MPS record keeps the failure.
-    ``phases`` is told where the time went.
+    drains the node. The job's record and tasks' file go whatever stops the release (the
+    error is still raised, a node fault): left, they would outlive the job, and the next
+    prolog's reap drops the daemon reference of a job without a record. The MPS record
+    keeps the failure. ``phases`` is told where the time went.
     """
     phases = phases or Phases()
     store = JobStore(config.state_dir)
@@ -523,13 +527,25 @@ def epilog(config: PluginConfig, job_id: int, phases: Optional[Phases] = None) -
     try:
         stopped = MpsManager(config).release(job_id, hint=hint)
     except MpsError as err:
-        store.remove(job_id)
+        _remove_after_failure(store, job_id)
         raise NodeError(str(err), drain=True, brief=err.brief) from None
+    except Exception:
+        _remove_after_failure(store, job_id)
+        raise
     phases.done("mps")
     removed = store.remove(job_id)
     phases.done("remove")
     log.debug("record %s, daemons stopped: %s",
               "removed" if removed else "absent", ", ".join(stopped) or "none")
+
+
+def _remove_after_failure(store: JobStore, job_id: int) -> None:
+    """The job's record and tasks' file, removed after its epilog failed; a removal that
+    fails too is logged, so that the epilog's own error is the one reported."""
+    try:
+        store.remove(job_id)
+    except OSError as err:
+        log.error("cannot remove job %d's record after its epilog failed: %s", job_id, err)
 
 
 # How often a prolog asks slurmctld which jobs still run on its node (one squeue). A lost
@@ -543,13 +559,16 @@ _SLURM_CHECKED = "slurm-checked"  # its mtime: when this node last asked
 def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterable[int]" = (),
               force: bool = False, squeue: Optional[str] = None) -> set[int]:
     """Jobs with a gpushare record on this node that slurmctld no longer runs here: their
-    epilog will never come (slurmd was killed between the job's end and its epilog).
+    epilog will never come (slurmd was killed between the job's end and its epilog), or
+    could not undo them (a plugstack line or state directory it refused). A job with only
+    its tasks' file or lock (``JobStore.leftover_ids``: its prolog failed before its
+    record, or it shares nothing) counts too: nothing else would ever remove them.
 
     The records are listed before slurmctld is asked, so a job starting meanwhile is never
     taken for a lost one. Nothing is lost when slurmctld cannot answer. Without ``force``
     slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
     """
-    recorded = set(store.job_ids()) - set(exclude)
+    recorded = (set(store.job_ids()) | set(store.leftover_ids())) - set(exclude)
     if not recorded:
         # No other job here, so none is lost: as good as slurmctld's answer, and the date
         # the tickets this prolog leaves need (gpushare.node.ticket).

@@ -114,12 +114,17 @@ def worker_lost(callback: str, spank: Spank, config: PluginConfig) -> int:
     """The C glue killed ``callback``'s worker at its deadline, or found it killed
     (spank/gs_deadline.c), and wrote why into the job's lock file: a node fault. The node
     is drained with that cause; a prolog's batch job is requeued and its tasks told, as
-    for any node fault, unless they already had their word (the worker hung after it)."""
+    for any node fault, unless they already had their word (the worker hung after it) or
+    the job's epilog has undone the job already (it removed the job's lock file, which the
+    prolog made first): a record written then would outlive the job."""
     job_id = _job_id(spank)
     store = JobStore(config.state_dir)
+    undone = False
     try:
         with open(store.path(job_id, LOCK_SUFFIX), "rb") as board:
             reason = board.read(deadline.BOARD_SIZE).decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        undone, reason = True, ""
     except OSError:
         reason = ""
     reason = reason or f"the {callback.replace('_', ' ')}'s worker was killed"
@@ -127,8 +132,11 @@ def worker_lost(callback: str, spank: Spank, config: PluginConfig) -> int:
         counters.timed_out("worker")
     counters.failed(callback, reason)
     logger.error("%s: %s", callback, reason)
+    if undone:
+        logger.warning("%s: the job's epilog has undone the job already: no record for its "
+                       "tasks, no requeue", callback)
     told = callback == "job_prolog" and _tasks_told(store, job_id)
-    if told:
+    if told or undone:
         _drain(reason, config)
     else:
         _failed(callback, spank, config, reason, reason)

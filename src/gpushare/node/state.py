@@ -211,3 +211,19 @@ class JobStore:
         return sorted(int(name[:-5]) for name in os.listdir(self.jobs_dir)
                       if name.endswith(RECORD_SUFFIX) and
                       name[:-len(RECORD_SUFFIX)].isdigit())
+
+    def leftover_ids(self) -> list[int]:
+        """Jobs with a tasks' file or a lock but no record: a job that shares nothing, or
+        whose prolog failed before its record, until its epilog. Listed apart, so that the
+        reap of lost jobs also finds those whose epilog never ran or gave up."""
+        if not os.path.isdir(self.jobs_dir):
+            return []
+        names = os.listdir(self.jobs_dir)
+        recorded = {name[:-len(RECORD_SUFFIX)] for name in names
+                    if name.endswith(RECORD_SUFFIX)}
+        found = set()
+        for name in names:
+            stem, suffix = os.path.splitext(name)
+            if suffix in (ENV_SUFFIX, LOCK_SUFFIX) and stem.isdigit() and stem not in recorded:
+                found.add(int(stem))
+        return sorted(found)

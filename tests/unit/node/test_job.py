@@ -190,6 +190,30 @@ def test_jobs_slurmctld_no_longer_runs_here_are_lost(tmp_path):
     assert any(a.startswith("--states=") and "COMPLETING" in a for a in args)
 
 
+def test_a_jobs_files_without_its_record_are_reaped_once_slurmctld_no_longer_runs_it(
+        tmp_path):
+    """A prolog that failed before the job's record leaves only the tasks' file and the job's
+    lock; if its epilog never runs, or cannot undo the job (a plugstack line or a state
+    directory it refuses), nothing but the reap of lost jobs would ever remove them."""
+    from gpushare.node.config import parse_plugin_args
+
+    config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
+    store = _records(config, 11)
+    store.write_unshared(12)  # a job that shares nothing, still running
+    store.write_unshared(13)  # a prolog's word for its tasks, its epilog lost
+    for job_id in (11, 12, 13, 14):  # 14: a prolog that failed before any word
+        open(store.path(job_id, ".lock"), "a").close()
+    with open(store.path(15, ".env") + ".99.tmp", "w"):
+        pass  # a write in progress is no job's file
+    assert store.leftover_ids() == [12, 13, 14]
+    squeue, _calls = _fake_squeue(tmp_path, "11\\n12\\n")
+    lost = job.lost_jobs(config, store, "n1", force=True, squeue=squeue)
+    assert lost == {13, 14}
+    job._forget(store, lost)
+    assert sorted(os.listdir(store.jobs_dir)) == ["11.env", "11.json", "11.lock", "12.env",
+                                                  "12.lock", "15.env.99.tmp"]
+
+
 @pytest.mark.parametrize("output, status", [("", 1), ("12 oops\\n", 0)])
 def test_nothing_is_lost_when_slurmctld_cannot_answer(tmp_path, output, status):
     from gpushare.node.config import parse_plugin_args

@@ -3,6 +3,7 @@
 drain the node on any failure, fail the job's tasks with the cause, and order itself after
 earlier epilogs."""
 
+import errno
 import fcntl
 import os
 import re
@@ -260,3 +261,106 @@ def test_an_epilog_worker_lost_drains_without_a_requeue(adapter, state_dir):
     assert adapter.drained == ["epilog worker timed out after 13 s while leaving or stopping "
                                "the job's MPS daemon"]
     assert adapter.requeued == []
+
+
+# ------------------------------------------------- the epilog after a prolog that failed
+
+def prolog_lock(state_dir: str, job_id: int) -> str:
+    """The job's lock file, as the C glue's prolog makes it before its worker starts."""
+    path = JobStore(state_dir).path(job_id, ".lock")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    open(path, "a").close()
+    return path
+
+
+def shared_record(job_id: int) -> JobRecord:
+    return JobRecord(job_id=job_id, uid=1000, gid=1000, node="n1", mode="shared",
+                     share_percent=25, slurm_gpus=["0"])
+
+
+def failed_prolog(kind: str, adapter, state_dir: str, job_id: int, monkeypatch) -> None:
+    """The prolog of ``job_id`` failing as ``kind`` says, and what the C glue does then."""
+    args = [f"state_dir={state_dir}", "verify=off"]
+    store = JobStore(state_dir)
+    prolog_lock(state_dir, job_id)
+    if kind in ("node-error", "internal-error"):
+        def fails(config, request, phases):
+            store.write(shared_record(job_id), tasks=False)  # before the daemon, as prolog
+            if kind == "node-error":
+                raise job.NodeError("MPS for job: cannot start MPS on GPU 0", drain=True)
+            raise KeyError("oops")
+
+        monkeypatch.setattr(job, "prolog", fails)
+        assert adapter.dispatch("job_prolog", FakeHost(job_id, {}), args) == -1
+    elif kind == "bad-plugstack":
+        assert adapter.dispatch("job_prolog", FakeHost(job_id, {}), ["bogus=1"]) == -1
+        # The worker's C word for its tasks when its Python left none (gs_fail_tasks).
+        with open(store.path(job_id, ".env"), "w") as handle:
+            handle.write("#error=could not set up this job on its node\n")
+    elif kind in ("killed", "timed-out", "killed-after-its-word"):
+        store.write(shared_record(job_id), tasks=kind == "killed-after-its-word")
+        write_board(state_dir, job_id, "prolog worker timed out after 13 s while starting "
+                    "or joining the MPS daemon" if kind == "timed-out" else
+                    "prolog worker killed by signal 9 (OOM?)")
+        assert adapter.dispatch("job_prolog_worker_lost", FakeHost(job_id, {}), args) == 0
+    else:  # killed with its supervisor: nothing ran after the record's first write
+        assert kind == "killed-with-its-supervisor"
+        store.write(shared_record(job_id), tasks=False)
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ["node-error", "internal-error", "bad-plugstack", "killed",
+                                  "timed-out", "killed-after-its-word",
+                                  "killed-with-its-supervisor"])
+def test_an_epilog_after_any_failed_prolog_undoes_it_and_succeeds(adapter, state_dir,
+                                                                  monkeypatch, kind):
+    """Whatever stopped the prolog, its epilog removes what it made and does not fail for
+    it: the node fault was the prolog's to report (and was), not the epilog's."""
+    failed_prolog(kind, adapter, state_dir, 21, monkeypatch)
+    drained = list(adapter.drained)
+    assert adapter.dispatch("job_epilog", FakeHost(21, {}), [f"state_dir={state_dir}"]) == 0
+    assert adapter.drained == drained
+    # Only the job's lock is left: the C glue removes it once the epilog's Python is done.
+    assert os.listdir(JobStore(state_dir).jobs_dir) == ["21.lock"]
+
+
+@needs_root
+def test_an_epilog_whose_release_fails_still_removes_the_jobs_files(adapter, state_dir,
+                                                                    monkeypatch):
+    """An error gpushare did not expect while the epilog leaves the job's daemon is a node
+    fault and drains the node, but the job's record and tasks' file go all the same: left,
+    they would outlive the job (the next prolog's reap drops a daemon reference whose job
+    has no record)."""
+    store = JobStore(state_dir)
+    store.write(shared_record(22))
+
+    class BrokenManager:
+        def __init__(self, config: PluginConfig) -> None:
+            self.config = config
+
+        def release(self, job_id: int, hint: object = None) -> list[str]:
+            raise OSError(errno.EIO, "Input/output error", "daemons/u1000-GPU-x.json")
+
+    monkeypatch.setattr(job, "MpsManager", BrokenManager)
+    assert adapter.dispatch("job_epilog", FakeHost(22, {}), [f"state_dir={state_dir}"]) == -1
+    assert adapter.drained == ["job_epilog failed: Input/output error "
+                               "(daemons/u1000-GPU-x.json)"]
+    assert os.listdir(store.jobs_dir) == []
+
+
+@needs_root
+def test_a_prolog_worker_reported_lost_after_its_epilog_brings_no_record_back(adapter,
+                                                                              state_dir):
+    """The prolog's supervisor hung, and the job's epilog undid the job without it (the C
+    glue then removed the job's lock); the supervisor, resumed, reports its killed worker:
+    the node is drained, but a job that is over gets no record and no requeue."""
+    args = [f"state_dir={state_dir}"]
+    store = JobStore(state_dir)
+    lock = prolog_lock(state_dir, 23)
+    store.write(shared_record(23), tasks=False)
+    assert adapter.dispatch("job_epilog", FakeHost(23, {}), args) == 0
+    os.unlink(lock)  # the end of the C glue's epilog (gs_finish)
+    assert adapter.dispatch("job_prolog_worker_lost", FakeHost(23, {}), args) == 0
+    assert adapter.drained == ["the job prolog's worker was killed"]
+    assert adapter.requeued == []
+    assert os.listdir(store.jobs_dir) == []
