@@ -270,6 +270,7 @@ def test_pinned_memory_limit_is_proportional_to_the_share(mps_bed):
     assert_nothing_left(mps_bed)
 
 
+@pytest.mark.smoke
 def test_second_user_gets_its_own_daemon_and_neither_blocks(mps_bed):
     bed = mps_bed
     first = bed.sbatch(ENV_SCRIPT.replace("{sleep}", "20"), "--gres=mps:25", "-w", NODE,

@@ -87,6 +87,7 @@ def _reap(bed) -> None:
         os.unlink(path)
 
 
+@pytest.mark.smoke
 def test_fast_ending_jobs_leave_no_records(_mps_bed):  # noqa: F811  (the fixture above)
     bed = _mps_bed
     results = _run_rounds(bed, ROUNDS)

@@ -199,6 +199,7 @@ def test_mig_request_by_autodetect_name_is_normalised_and_runs_on_its_slice(hook
     assert prologs and all(line.endswith(" rc=0") for line in prologs), prologs
 
 
+@pytest.mark.smoke
 def test_gpu_share_without_gres_becomes_mps_and_runs_capped(hooked):
     result = submit(hooked, "--gpu-share=25")
     job_id = accepted(result)

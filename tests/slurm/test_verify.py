@@ -161,6 +161,7 @@ def test_rendered_gres_conf_is_what_slurmd_runs_with(bed):
 # 2. healthy jobs run
 
 
+@pytest.mark.smoke
 def test_mig_slice_job_runs_with_its_device(mig_bed):
     script, marker = marker_script(mig_bed, "1g")
     job_id = mig_bed.sbatch(script, "-w", MIG_NODE, "--gres=gpu:1g.10gb:1")
