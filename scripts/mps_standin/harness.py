@@ -10,10 +10,12 @@ import contextlib
 import functools
 import os
 import pwd
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -118,12 +120,57 @@ class StandinInstall:
         return standin_processes(self.program)
 
     def kill_all(self) -> list[int]:
-        """SIGKILL every process of this copy (test cleanup); returns their pids."""
-        pids = self.processes()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return pids
+        """SIGKILL every process of this copy until none is left (test cleanup); returns
+        every pid it killed.
+
+        Looked for again once those are gone: one killed while it forked (``-d`` forks
+        twice) can leave a child the scan before could not see, which would outlive the
+        test that started it.
+        """
+        killed: list[int] = []
+        deadline = time.monotonic() + 30
+        while True:
+            pids = self.processes()
+            if not pids:
+                return killed
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"stand-in processes survive SIGKILL: {pids}")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if pid not in killed:
+                    killed.append(pid)
+            for pid in pids:
+                _wait_exited(pid, deadline)
+
+
+def _wait_exited(pid: int, deadline: float) -> None:
+    """Wait until ``pid`` (not a child of ours) has exited or ``deadline`` passes: woken
+    by the exit through a pidfd; without pidfds (kernels before 5.3), looked at every
+    10 ms."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except OSError:
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+    finally:
+        os.close(pidfd)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def standin_processes(program: str) -> list[int]:

@@ -101,6 +101,20 @@ def kill_and_wait(pid: int) -> None:
     raise AssertionError(f"pid {pid} survived SIGKILL")
 
 
+def wait_listening(daemon: subprocess.Popen, pipe_dir: str) -> None:
+    """Wait until a daemon started here listens on its control socket: it renames the
+    socket into place last, so the daemon is then started, as one gpushare started is."""
+    control = os.path.join(pipe_dir, "control")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(control):
+        if daemon.poll() is not None:
+            raise AssertionError(f"the stand-in exited with {daemon.returncode} before it "
+                                 f"listened on {control}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the stand-in made no {control} within 30 s")
+        time.sleep(0.005)
+
+
 def standin_state(lease: MpsLease) -> dict:
     with open(os.path.join(lease.log_dir, "standin-state.json")) as handle:
         return json.load(handle)
@@ -1047,21 +1061,21 @@ def test_reap_never_acts_for_root_in_a_users_directory_without_record(bed, users
     env = {"PATH": "/usr/bin:/bin",
            "CUDA_MPS_PIPE_DIRECTORY": pipe_dir,
            "CUDA_MPS_LOG_DIRECTORY": os.path.join(bed.base, "root-log")}
-    subprocess.run([bed.standin.program, "-d"], env=env, check=True, timeout=30)
-    pid = None
-    for _ in range(500):
-        pids = bed.standin.processes()
-        if pids:
-            pid = pids[0]
-            break
-        time.sleep(0.01)
-    assert pid is not None
+    # In the foreground, as this test's child: its pid is the daemon's from exec on. -d
+    # returns while the middle process of its fork, setsid, fork may not have forked yet: a
+    # pid taken then, or the reap's scan of /proc, catches that process, which exits
+    # unchecked while the daemon it forks runs on.
+    daemon = subprocess.Popen([bed.standin.program, "-f"], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with pytest.raises(MpsError, match=rf"pid {pid} runs MPS as root in .*{key}/pipe"):
+        wait_listening(daemon, pipe_dir)  # so a quit through the user's pipe would end it
+        with pytest.raises(MpsError,
+                           match=rf"pid {daemon.pid} runs MPS as root in .*{key}/pipe"):
             mgr.reap_stale(lambda job_id: True, strays=True)
-        assert alive(pid)
+        assert daemon.poll() is None
     finally:
-        kill_and_wait(pid)
+        daemon.kill()
+        daemon.wait(timeout=30)
         shutil.rmtree(os.path.join(bed.mps_dir, key), ignore_errors=True)
 
 
