@@ -1090,11 +1090,19 @@ def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
     for path in (tmp_path, state):
         path.chmod(0o755)
     (state / "daemons").chmod(0o700)
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
-    result = subprocess.run(
-        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-m", "gpushare.cli", "mps",
-         "--state-dir", str(state)], capture_output=True, text=True, timeout=60,
-        env={"PYTHONPATH": os.path.abspath(src), "PATH": os.environ["PATH"]}, cwd="/")
+    # The core, where the user can read it whatever the checkout's place (a 0700 parent).
+    src = traversable_tmpdir()
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",
+                                 "gpushare"), os.path.join(src, "gpushare"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "go+rX", src], check=True)
+    try:
+        result = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-m", "gpushare.cli", "mps",
+             "--state-dir", str(state)], capture_output=True, text=True, timeout=60,
+            env={"PYTHONPATH": src, "PATH": os.environ["PATH"]}, cwd="/")
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     assert f"cannot read the plugin's state in {state}" in result.stderr
