@@ -398,9 +398,11 @@ class Suite:
 def host_suite(host_python: str, pytest_args: Sequence[str]) -> list[str]:
     """This machine's suite in pid and mount namespaces of its own: it sees and can signal only
     its own processes, never a root's (whose users have the same uids), and mounts it makes go
-    with it."""
+    with it. bash is the namespace's init and reaps the daemons the tests orphan, as the
+    machine's init would."""
     return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
-            "--kill-child=SIGKILL", "--mount-proc", host_python, "-m", "pytest", *pytest_args]
+            "--kill-child=SIGKILL", "--mount-proc", "bash", "-c", '"$@"; exit $?', "init",
+            host_python, "-m", "pytest", *pytest_args]
 
 
 def run_suites(suites: Sequence[Suite]) -> int:
