@@ -619,6 +619,10 @@ class Soak:
                 if spec.kind != "event" and spec.node in self.reserved:
                     continue
                 waiting.remove(spec)
+                if spec.kind == "event":
+                    # Reserved now, not at the event's first step: a job later in this
+                    # pass must not be submitted to the node the event is about to fault.
+                    self.reserved.add(spec.node)
                 steps.append(getattr(self, spec.fate)(spec) if spec.kind == "event"
                              else self.job(spec))
             for step in list(steps):
