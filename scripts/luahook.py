@@ -110,13 +110,14 @@ def facts_path(name: str) -> str:
     return os.path.join(VECTORS_DIR, "facts", f"{name}.json")
 
 
-def load_vectors() -> list[dict[str, Any]]:
-    """Every conformance vector, each with its facts name, entry and expected decision."""
+def load_vectors(directory: str = VECTORS_DIR) -> list[dict[str, Any]]:
+    """Every conformance vector in ``directory``, each with its facts name, entry, expected
+    decision and the Slurm release its slurmctld runs (None where the vector names none)."""
     import glob
     import json
 
     vectors = []
-    for path in sorted(glob.glob(os.path.join(VECTORS_DIR, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
         with open(path, encoding="utf-8") as handle:
             group = json.load(handle)
         for vector in group["vectors"]:
@@ -131,6 +132,7 @@ def load_vectors() -> list[dict[str, Any]]:
             vectors.append({
                 "id": f"{os.path.basename(path)[:-5]}: {vector['name']}",
                 "facts": vector.get("facts", group["facts"]),
+                "release": vector.get("release", group.get("release")),
                 "entry": vector.get("entry", "submit"),
                 "job": vector["job"],
                 "expected": expected,

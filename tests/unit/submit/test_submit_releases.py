@@ -11,8 +11,6 @@ runs through the Python rules given the release and through job_submit.lua whose
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 from typing import Any
 from unittest import mock
@@ -42,33 +40,8 @@ def release_tuple(text: str | None) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-def load_release_vectors() -> list[dict[str, Any]]:
-    """Every vector under releases/, with the release its slurmctld runs (null: unknown)."""
-    vectors = []
-    for path in sorted(glob.glob(os.path.join(RELEASES, "*.json"))):
-        with open(path, encoding="utf-8") as handle:
-            group = json.load(handle)
-        for vector in group["vectors"]:
-            expect = vector["expect"]
-            if "reject" in expect:
-                expected = {"changes": {}, "messages": [expect["reject"]],
-                            "reject": {"code": 2072, "text": expect["reject"]}}
-            else:
-                message = expect["message"]
-                expected = {"changes": expect["changes"],
-                            "messages": [message] if message else [], "reject": None}
-            vectors.append({
-                "id": f"{os.path.basename(path)[:-5]}: {vector['name']}",
-                "facts": vector.get("facts", group["facts"]),
-                "release": vector.get("release", group["release"]),
-                "entry": vector.get("entry", "submit"),
-                "job": vector["job"],
-                "expected": expected,
-            })
-    return vectors
-
-
-VECTORS = load_release_vectors()
+# Each with the release its slurmctld runs (null: unknown).
+VECTORS = luahook.load_vectors(RELEASES)
 
 
 class _Answering:
