@@ -877,6 +877,17 @@ end
 -- the job_desc has segment_size (job_submit/lua from 25.11); a user's own is kept, none
 -- is added to a job that names its nodes, and with --spread-segments only one that leaves
 -- each segment a block of its own.
+-- Whether ``nodes`` are more than all NVLink domains hold; then ``flag`` is not set, and
+-- the note says why.
+local function beyond_domains(nodes, sizes, flag, what, notes)
+   local held = 0
+   for _, size in ipairs(sizes) do held = held + size end
+   if nodes <= held then return false end
+   notes[#notes + 1] = "no " .. flag .. ": " .. what .. " are more than the NVLink domains hold ("
+      .. fmt_int(held) .. " nodes)"
+   return true
+end
+
 local function segment(job, facts, nodes, what, sizes, changes, order, notes, running)
    if job.segment_size == nil then return end  -- before 25.11: Slurm's block placement alone
    local given = number(job.segment_size)
@@ -891,13 +902,7 @@ local function segment(job, facts, nodes, what, sizes, changes, order, notes, ru
       notes[#notes + 1] = "no --segment: the job names its nodes (-w)"
       return
    end
-   local held = 0
-   for _, size in ipairs(sizes) do held = held + size end
-   if nodes > held then
-      notes[#notes + 1] = "no --segment: " .. what .. " are more than the NVLink domains hold ("
-         .. fmt_int(held) .. " nodes)"
-      return
-   end
+   if beyond_domains(nodes, sizes, "--segment", what, notes) then return end
    local block = sizes[#sizes]
    local size = largest_segment(nodes, block)
    if size <= 1 then
@@ -1197,11 +1202,7 @@ local function check(job, facts, constrain, running)
       segment(job, facts, nodes, what, sizes, changes, order, notes, running)
       return changes, order, notes
    end
-   local held = 0
-   for _, size in ipairs(sizes) do held = held + size end
-   if nodes > held then
-      notes[#notes + 1] = "no --switches: " .. what .. " are more than the NVLink domains hold ("
-         .. fmt_int(held) .. " nodes)"
+   if beyond_domains(nodes, sizes, "--switches", what, notes) then
       return changes, order, notes
    end
    local need = fewest_domains(nodes, sizes)
