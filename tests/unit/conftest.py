@@ -15,3 +15,13 @@ def no_host_slurm(monkeypatch, tmp_path_factory):
 
     monkeypatch.setattr(slurm_client, "installed_release", lambda *args, **kwargs: None)
     monkeypatch.setenv("GPUSHARE_SLURMCTLD", "/nonexistent/slurmctld")  # job_submit.lua's
+
+
+@pytest.fixture(autouse=True)
+def no_worker_deadline(monkeypatch):
+    """A worker's deadline (``phases.start``, set by the SPANK adapter a test drives) is
+    process-wide: each test begins without one, so none ends another's waits."""
+    from gpushare.node import phases
+
+    monkeypatch.setattr(phases, "_deadline", None)
+    monkeypatch.setattr(phases, "_board", None)

@@ -174,7 +174,7 @@ def test_every_refusal_of_the_core_has_its_reason():
         with pytest.raises(job.UserError) as err:
             job.plan_job(request)
         assert counters.refusal_reason(str(err.value)) == reason, err.value
-    # MpsUserError: what the job's user did to their own daemon (manager._check_control_at)
+    # MpsUserError: what the job's user did to their own daemon (userdirs.check_control_at)
     tampered = ("MPS control daemon k: /run/gpushare/mps/k/pipe/control is a FIFO, not the "
                 "daemon's socket; the job's user put it there. Stop what runs ...")
     assert counters.refusal_reason(tampered) == "user_daemon"

@@ -678,10 +678,70 @@ def test_start_faults_give_a_clear_error_and_leave_nothing(bed, users, fault, wo
         mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                     share_percent=25)
     assert "GPU 0" in str(err.value) and GPU0.uuid in str(err.value)
+    # The node's fault: root's probe on the same GPU fails the same way.
+    assert not isinstance(err.value, MpsUserError)
+    assert "root's probe on the same GPUs failed too" in str(err.value)
     assert bed.standin.processes() == []
     assert bed.entries() == []
+    assert not [name for name in os.listdir(bed.daemons_dir) if name.startswith(".probe")]
     # The drain reason: the cause first, within what `sinfo -R` shows.
     assert err.value.brief.startswith(("MPS start failed: ", "MPS ")), err.value.brief
+
+
+def test_a_user_who_chmods_their_pipe_directory_during_a_start_fails_only_their_job(
+        bed, users, monkeypatch):
+    """The daemon's user makes its pipe directory unusable while it starts (``chmod 0``):
+    the start fails as the user's doing (MpsUserError naming the change), and the node is
+    not blamed; the next start of the same user works."""
+    from gpushare.node.mps import userdirs
+
+    u1 = users[0]
+    made = userdirs.UserDirs.make
+
+    def make_then_chmod(self, rec):
+        made(self, rec)
+        os.chmod(os.path.join(self.path(rec.key), "pipe"), 0)  # what the user may do
+
+    monkeypatch.setattr(userdirs.UserDirs, "make", make_then_chmod)
+    mgr = bed.manager()
+    with pytest.raises(MpsUserError, match=r"pipe has mode 0000, not 0700, which only its "
+                                           r"user can do") as err:
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    assert "its user changed its directories" in err.value.brief
+    assert bed.standin.processes() == [] and bed.entries() == []
+    monkeypatch.setattr(userdirs.UserDirs, "make", made)
+    lease = mgr.acquire(job_id=2, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
+                        share_percent=25)
+    assert alive(lease.daemon_pid) and mgr.release(2) == [lease.key]
+    assert bed.entries() == []
+
+
+def test_a_user_who_kills_their_daemon_during_a_start_fails_only_their_job(
+        bed, users, monkeypatch):
+    """The daemon's user SIGKILLs their own MPS processes while it starts (``pkill -u``):
+    the start fails, root's probe on the same GPU works, so the job fails as the user's
+    doing and the node stays in service. Nothing of the probe is left."""
+    import signal
+
+    from gpushare.node.mps import daemon as daemon_mod
+
+    u1 = users[0]
+    waited = daemon_mod.Daemons._wait_listening
+
+    def user_kills_then_wait(self, rec, budget, failed):
+        for pid in bed.standin.processes():
+            if os.stat(f"/proc/{pid}").st_uid == rec.uid:
+                os.kill(pid, signal.SIGKILL)  # as the user may, on their own processes
+        return waited(self, rec, budget, failed)
+
+    monkeypatch.setattr(daemon_mod.Daemons, "_wait_listening", user_kills_then_wait)
+    mgr = bed.manager()
+    with pytest.raises(MpsUserError, match=r"the same program started by root on GPU 0 "
+                                           r"works") as err:
+        mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    assert "not the node's fault" in err.value.brief
+    assert bed.standin.processes() == [] and bed.entries() == []
+    assert not [name for name in os.listdir(bed.daemons_dir) if name.startswith(".probe")]
 
 
 def test_a_start_that_fails_keeps_the_daemon_logs_last_lines_in_the_message(bed, users):
@@ -761,7 +821,7 @@ def test_a_daemon_that_cannot_be_stopped_fails_release_naming_gpu_and_daemon(
     lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                         share_percent=25)
     bed.standin.set_faults("ignore_quit")
-    monkeypatch.setattr(mgr, "_signal_if_ours", lambda pid, rec, sig: None)  # no effect
+    monkeypatch.setattr(mgr.daemons, "signal_if_ours", lambda pid, rec, sig: None)  # no effect
     with pytest.raises(MpsError) as err:
         mgr.release(1)
     message = str(err.value)

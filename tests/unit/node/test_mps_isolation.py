@@ -215,9 +215,9 @@ def test_signals_go_only_to_the_process_checked(bed, users, monkeypatch):
                        lease.log_dir)
     bystander = subprocess.Popen(["/bin/sleep", "60"], user=u1.pw_uid, group=u1.pw_gid)
     try:
-        mgr._signal_if_ours(bystander.pid, rec, signal.SIGKILL)
+        mgr.daemons.signal_if_ours(bystander.pid, rec, signal.SIGKILL)
         assert bystander.poll() is None
-        mgr._signal_if_ours(lease.daemon_pid, rec, signal.SIGKILL)
+        mgr.daemons.signal_if_ours(lease.daemon_pid, rec, signal.SIGKILL)
         proc.wait_for_exit(lease.daemon_pid, 10)
         assert not alive(lease.daemon_pid)
     finally:
