@@ -29,6 +29,20 @@ static const char *gs_ctx_name(void)
     }
 }
 
+/* debug_log= lines name users' jobs, GPUs and pids: root's, 0640 (readable by the file's
+ * group, root or an admin's adm), as gpushare.common.log makes it; a file an earlier release
+ * made 0644 is narrowed at the next line. */
+#define GS_DEBUG_LOG_MODE 0640
+/* counters.json and counters.fast: root's alone, as gpushare.node.counters makes them. */
+#define GS_COUNTERS_MODE 0600
+
+/* Take away the bits beyond `mode` from a file of root's opened by `fd` (best effort). */
+static void gs_narrow_mode(int fd, const struct stat *st, mode_t mode)
+{
+    if ((st->st_mode & 07777 & ~mode) && st->st_uid == 0)
+        (void)fchmod(fd, st->st_mode & mode);
+}
+
 /* debug_log= opened for one line: never through a link, never blocking (a FIFO there must
  * not hang a prolog), and only a regular file of root's; anything else is said once per
  * process in slurmd's log and the line dropped. */
@@ -41,9 +55,11 @@ static int gs_open_debug_log(void)
     if (refused)
         return -1;
     fd = open(gs_debug_log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-              0644);
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0)
+              GS_DEBUG_LOG_MODE);
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0) {
+        gs_narrow_mode(fd, &st, GS_DEBUG_LOG_MODE);
         return fd;
+    }
     refused = 1;
     if (fd >= 0) {
         slurm_error("gpushare: refusing debug_log=%s: not a regular file of root's (mode %04o, "
@@ -112,15 +128,18 @@ void gs_count_fast(const char *callback, double seconds)
     snprintf(lines, sizeof(lines), "%s %ld\n", callback, (long)(seconds * 1e6));
     len = (int)strlen(lines);
     snprintf(path, sizeof(path), "%s/" GS_COUNTERS_FILE, gs_state_dir);
-    lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                   GS_COUNTERS_MODE);
     if (lock_fd < 0)
         return;
     if (fstat(lock_fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
         gs_flock_until(lock_fd, LOCK_EX, gs_now() + 1.0) == 0) {
+        gs_narrow_mode(lock_fd, &st, GS_COUNTERS_MODE);
         snprintf(path, sizeof(path), "%s/" GS_COUNTERS_FAST_FILE, gs_state_dir);
         fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                  0644);
+                  GS_COUNTERS_MODE);
         if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+            gs_narrow_mode(fd, &st, GS_COUNTERS_MODE);
             if (write(fd, lines, len) != len) {
                 /* a count is best effort, as in Python */
             }

@@ -20,14 +20,26 @@ SCONTROL = shutil.which("scontrol") or "/usr/bin/scontrol"
 SINFO = shutil.which("sinfo") or "/usr/bin/sinfo"
 
 
-def check(bed, *args: str, profile: str = "") -> subprocess.CompletedProcess[str]:
+def proc_root(bed, ptrace_scope: str = "1") -> str:
+    """A proc root whose kernel.yama.ptrace_scope is ``ptrace_scope``: 1, as a node running
+    gpushare should have it, whatever this host's kernel says (it may have no Yama)."""
+    root = bed.path(f"proc-ptrace-{ptrace_scope}")
+    os.makedirs(os.path.join(root, "sys", "kernel", "yama"), exist_ok=True)
+    with open(os.path.join(root, "sys", "kernel", "yama", "ptrace_scope"), "w") as handle:
+        handle.write(ptrace_scope + "\n")
+    return root
+
+
+def check(bed, *args: str, profile: str = "",
+          ptrace_scope: str = "1") -> subprocess.CompletedProcess[str]:
     env = dict(bed.env, PYTHONPATH=os.path.join(slurmbed.REPO, "src"))
     argv = [sys.executable, "-m", "gpushare.cli", "check", "--plan", slurmbed.BED_PLAN,
             "--scontrol", SCONTROL, "--sinfo", SINFO, *args]
     if "--cluster" not in args:
         argv += ["--node", NODE, "--gres-conf", bed.path("etc", "gres.conf"),
                  "--device-root", bed.path("dev"),
-                 "--source", "sim:" + (profile or bed.path("nodes", f"{NODE}.json"))]
+                 "--source", "sim:" + (profile or bed.path("nodes", f"{NODE}.json")),
+                 "--proc-root", proc_root(bed, ptrace_scope)]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -115,6 +127,16 @@ def test_healthy_node_is_clean(bed, tmp_path):
     assert "all well" in result.stdout
     as_json = json.loads(check(bed, "--json", profile=str(path)).stdout)
     assert as_json["status"] == 0 and as_json["findings"] == []
+
+
+def test_ptrace_scope_0_is_a_warning_on_a_node_running_the_plugin(bed):
+    """A job could take over its user's MPS daemon, outside the job's cgroup."""
+    result = check(bed, "--json", ptrace_scope="0")
+    report = json.loads(result.stdout)
+    (finding,) = [f for f in report["findings"] if f["where"].endswith("ptrace_scope")]
+    assert finding["severity"] == "warning" and "ptrace_scope is 0" in finding["what"]
+    assert result.returncode >= 1 and report["status"] >= 1, result.stdout
+    assert "DRAIN" not in bed.node_state(NODE)["State"]  # a warning drains nothing
 
 
 def test_disagreeing_inventory_is_reported(bed, wrong_profile):

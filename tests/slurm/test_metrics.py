@@ -4,6 +4,7 @@ gpushare status --cluster against its real slurmctld (22.05)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -43,6 +44,13 @@ def total(samples: dict[str, list], name: str, **labels: str) -> float:
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
+def not_readable_by(bed, user: str, path: str) -> bool:
+    """``path`` is root's, with no bit for others, and ``user`` really cannot open it."""
+    st = os.stat(path)
+    tried = bed.run(["cat", path], user=user, check=False)
+    return st.st_uid == 0 and not st.st_mode & 0o007 and tried.returncode != 0
+
+
 def finished(bed, job_id: int) -> str:
     """The job's end state (its epilog may still run: counts are waited for below)."""
     return bed.wait_job(job_id, timeout=120)["JobState"]
@@ -79,6 +87,11 @@ def test_metrics_count_what_ran(clean_bed, tmp_path):
         return (samples, jobs) if jobs and up else None
 
     samples, jobs = wait_until("the job's daemon in the metrics", live)
+    # What the node keeps of the job (its daemon's record: GPU, job, pid; the counters; the
+    # debug log) is root's: another user reads none of it.
+    records = glob.glob(os.path.join(bed.state_of("n1"), "daemons", "*.json"))
+    kept = [*records, os.path.join(bed.state_of("n1"), "counters.json"), bed.debug_log]
+    assert records and all(not_readable_by(bed, U2, path) for path in kept), kept
     (device,) = jobs
     assert device.value == 1 and device.labels["node"] == "n1"
     assert device.labels["uuid"].startswith("GPU-") and device.labels["mig_profile"] == ""

@@ -36,6 +36,7 @@ __all__ = [
     "check_daemon_cgroup",
     "check_gres_all_nodes",
     "check_node",
+    "check_ptrace_scope",
     "check_release",
     "check_state_space",
     "check_trash",
@@ -143,6 +144,32 @@ def check_daemon_cgroup(setting: str) -> list[Finding]:
         return [Finding(ERROR, "MPS daemons cannot get a cgroup: neither the directory nor "
                         "its parent is in the cgroup v2 hierarchy", where,
                         "name a directory under the cgroup v2 mount, or set mps_cgroup=auto")]
+    return []
+
+
+def check_ptrace_scope(proc_root: str = "/proc") -> list[Finding]:
+    """Whether a user can take over their own MPS daemon: it runs as the user, outside the
+    job's cgroup, so where ``kernel.yama.ptrace_scope`` is 0 (or the kernel has no Yama) a
+    job can attach to it or write its ``/proc/<pid>/mem`` and run code beyond the job's
+    device and memory limits and past its end. 1 or more allows only a tracer's own
+    descendants (the daemon is root's prolog's child, not the job's)."""
+    where = f"{proc_root.rstrip('/')}/sys/kernel/yama/ptrace_scope"
+    why = ("a job can ptrace its user's MPS control daemon or open its /proc/<pid>/mem and "
+           "take it over; the daemon runs outside the job's cgroup, so code run there "
+           "escapes the job's device and memory limits and outlives the job")
+    fix = ("sysctl -w kernel.yama.ptrace_scope=1 (or 2, 3), and keep it in /etc/sysctl.d/ "
+           "(e.g. 10-ptrace.conf: kernel.yama.ptrace_scope = 1)")
+    try:
+        with open(where) as handle:
+            value = handle.read().strip()
+    except FileNotFoundError:
+        return [Finding(WARNING, f"this kernel has no Yama (no {where}): {why}", where,
+                        "boot a kernel with Yama (CONFIG_SECURITY_YAMA, listed in lsm=), "
+                        "then " + fix)]
+    except OSError:
+        return []  # unreadable: nothing can be said
+    if value == "0":
+        return [Finding(WARNING, f"kernel.yama.ptrace_scope is 0: {why}", where, fix)]
     return []
 
 

@@ -13,6 +13,12 @@ configured per GPU, so each MPS index is one GPU of that type). 24.11 gives MPS 
 MPS use is taken from the jobs' allocations when they are given (``scontrol -d show job``):
 22.05's ``GresUsed`` counts one unit for all of a GPU's MPS jobs (``mps:h100:1(IDX:0)`` while
 jobs of mps:25 and mps:50 run), so only the jobs tell how many shares are in use.
+
+A job that asked for untyped ``--gres=mps:N`` holds an untyped ``mps:N(...)``, while a node
+whose GRES has several GPU types reports typed MPS (``gpu:h100:4,gpu:1g.10gb:2,mps:400``
+shows as ``mps:h100:400,mps:1g.10gb:0``). Such a job's shares belong to the only type with
+MPS, else to the type whose devices its indexes name (Slurm numbers a node's GPUs type after
+type, in the order of its ``Gres=``).
 """
 
 from __future__ import annotations
@@ -77,8 +83,12 @@ def _items(text: str) -> list[tuple[str, str, int, str]]:
     for item in GRES_ITEM_SPLIT.split(text):
         head, _, rest = item.strip().partition("(")
         name, gres_type, count = gres_item(head)
+        detail = rest.rstrip(")")
+        counted = re.fullmatch(r"CNT:(\d+)", detail)  # a job's mps(CNT:25): no device bitmap
+        if counted:
+            count = int(counted.group(1))
         if name:
-            items.append((name, gres_type, count, rest.rstrip(")")))
+            items.append((name, gres_type, count, detail))
     return items
 
 
@@ -87,15 +97,17 @@ def used_indexes(detail: str) -> set[int]:
 
     22.05 writes ``IDX:0-1,3`` (none for ``IDX:N/A``); 24.11 writes shared GRES (mps,
     shard) per GPU as ``used/total`` in device order (``mps:h100:25(0/100,25/100)``): the
-    GPUs with a use are the busy ones.
+    GPUs with a use are the busy ones. 26.05's GresUsed writes ``-`` for a GPU taken whole
+    (``mps:h100:75(75/100,-/100)``): not an MPS use.
     """
     match = re.search(r"IDX:([0-9,\-]+)", detail)
     found: set[int] = set()
     if match is None:
-        per_gpu = re.fullmatch(r"(\d+/\d+)(,\d+/\d+)*", detail.strip())
+        per_gpu = re.fullmatch(r"((\d+|-)/\d+)(,(\d+|-)/\d+)*", detail.strip())
         if per_gpu:
             for index, part in enumerate(detail.strip().split(",")):
-                if int(part.split("/")[0]) > 0:
+                used = part.split("/")[0]
+                if used.isdigit() and int(used) > 0:
                     found.add(index)
         return found
     for part in match.group(1).split(","):
@@ -111,6 +123,22 @@ def _gpu_counts(text: str) -> dict[str, int]:
         if name == "gpu":
             counts[gres_type] = counts.get(gres_type, 0) + count
     return counts
+
+
+def _device_types(gpus: Mapping[str, int]) -> list[str]:
+    """The GPU type of each device index: Slurm numbers them type after type."""
+    return [gres_type for gres_type, count in gpus.items() for _ in range(count)]
+
+
+def _mps_type(detail: str, mps_total: Mapping[str, int], devices: Sequence[str]) -> str:
+    """The type an untyped MPS allocation belongs to; "" when it cannot be told."""
+    with_mps = [gres_type for gres_type, count in mps_total.items() if count > 0]
+    if len(with_mps) == 1:
+        return with_mps[0]
+    named = {devices[index] for index in used_indexes(detail) if index < len(devices)}
+    if len(named) == 1 and next(iter(named)) in with_mps:
+        return named.pop()
+    return ""
 
 
 def node_sharing(node: SlurmNode,
@@ -129,12 +157,13 @@ def node_sharing(node: SlurmNode,
         if name == "mps":
             mps_total[gres_type] = mps_total.get(gres_type, 0) + count
     in_use = [node.gres_used] if held is None else list(held)
+    devices = _device_types(total)
     for text in in_use:
         for name, gres_type, count, detail in _items(text):
             if name != "mps":
                 continue
-            if not gres_type and len(mps_total) == 1:  # a job's untyped mps:25
-                gres_type = next(iter(mps_total))
+            if not gres_type and "" not in mps_total:  # a job's untyped mps:25
+                gres_type = _mps_type(detail, mps_total, devices)
             mps_used[gres_type] = mps_used.get(gres_type, 0) + count
             mps_gpus.setdefault(gres_type, set()).update(used_indexes(detail))
     if not total and not mps_total:

@@ -30,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(<state_dir>/inventory.json, used for verify_reuse= seconds). A plan whose "
         "slurm.version is not the running Slurm's release is reported: an error on the "
         "controller (--cluster, --all-nodes) where what is rendered from it cannot work "
-        "there, else a warning.",
+        "there, else a warning. On a node whose plugstack line has the plugin, it also warns "
+        "where kernel.yama.ptrace_scope is 0 or the kernel has no Yama: a job could take "
+        "over its user's MPS daemon, which runs outside the job's cgroup.",
         epilog="examples:\n"
         "  gpushare check --plan /etc/gpushare/plan.yaml\n"
         "  gpushare check --plan plan.yaml --source sim:/path/node.json --json\n"
@@ -59,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the layouts `gpushare relayout` applied (default "
                         "relayout-state.json beside the plan, when it exists; 'none': the "
                         "plan's alone)")
+    parser.add_argument("--proc-root", default="/proc", metavar="DIR",
+                        help="where the kernel's settings are read (default /proc; "
+                        "sys/kernel/yama/ptrace_scope below it)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--drain", action="store_true",
                         help="on errors, drain this node with a reason naming the worst one")
@@ -127,24 +132,26 @@ def _run(args: argparse.Namespace) -> int:
                                           args.source, "see the message; nvidia-smi should "
                                           "work on the node"))
     findings.extend(check.check_node(plan, node, gres, inventory, args.device_root))
-    findings.extend(_state_findings(node))
+    findings.extend(_state_findings(node, args.proc_root))
     _prepare_for_prologs(args, node, inventory, asked)
     return _report(args, node, findings, args.source)
 
 
-def _state_findings(node: str) -> list[Any]:
-    """Where the plugin's state lives on this node, by its plugstack line (none without
-    one)."""
+def _state_findings(node: str, proc_root: str) -> list[Any]:
+    """Where the plugin's state lives on this node, by its plugstack line, and whether its
+    users can take over their MPS daemons (none without a line: no daemons here)."""
     from gpushare.admin import check
     from gpushare.node.config import ConfigError
 
     try:
-        config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
+        config, source = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
     except ConfigError:
         return []
     node_config = config.for_node(node)
+    plugin_here = not source.startswith(nodeconf.DEFAULTS)
     return (check.check_state_space(node_config.state_dir) + check.check_trash(
-        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup))
+        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup)
+        + (check.check_ptrace_scope(proc_root) if plugin_here else []))
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,

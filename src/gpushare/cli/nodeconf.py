@@ -25,6 +25,10 @@ from gpushare.node.config import (
 __all__ = ["add_arguments", "load", "this_node"]
 
 
+# The source of a configuration read where plugstack.conf has no gpushare line.
+DEFAULTS = "the plugin's defaults"
+
+
 def this_node() -> str:
     """The Slurm node this runs on: slurmd's name inside a job, else the short host name."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -52,7 +56,7 @@ def load(args: argparse.Namespace) -> tuple[PluginConfig, str]:
         if found is None and args.plugstack:
             raise ConfigError(f"{path} has no line loading {PLUGIN_LIBRARY}")
     # Where the line is: plugstack.conf, or a file it includes (the RPM's drop-in).
-    source, words = found if found is not None else ("the plugin's defaults", None)
+    source, words = found if found is not None else (DEFAULTS, None)
     where = found[0] if found is not None else path
     try:
         config = parse_plugin_args(words or []).for_node(args.node or this_node())

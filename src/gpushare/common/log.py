@@ -30,6 +30,11 @@ DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
 _NAMES = {DEBUG: "debug", INFO: "info", WARNING: "warning", ERROR: "error"}
 _TO_SLURM = {INFO: LEVEL_INFO, WARNING: LEVEL_ERROR, ERROR: LEVEL_ERROR}
 
+# debug_log= lines name users' jobs, GPUs and pids: root's, readable by its group (root, or
+# adm after an admin's chgrp) and by no one else; a file left 0644 by an earlier release is
+# narrowed at the next line (spank/gs_log.c does the same).
+DEBUG_LOG_MODE = 0o640
+
 _sink: Optional[Sink] = None
 _debug_log = ""
 _current_job = 0
@@ -116,11 +121,14 @@ def _append_debug_log(line: str) -> None:
     says in slurmd's log when it refuses one)."""
     try:
         fd = os.open(_debug_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+                     | os.O_NONBLOCK | os.O_CLOEXEC, DEBUG_LOG_MODE)
     except OSError:
         return
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if st.st_mode & ~DEBUG_LOG_MODE & 0o7777 and st.st_uid == 0:  # 0644 of old
+                os.fchmod(fd, st.st_mode & DEBUG_LOG_MODE)
             os.write(fd, line.encode("utf-8", "replace"))
     except OSError:
         pass

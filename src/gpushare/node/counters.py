@@ -41,6 +41,9 @@ LOG = get_logger("gpushare.counters")
 
 FILE = "counters.json"
 FAST_FILE = "counters.fast"  # the C glue's callbacks: "<prolog|epilog> <microseconds>"
+# Root's alone (the C glue makes counters.fast so too): what the node's jobs did is for the
+# admin, who reads it as root with ``gpushare metrics``.
+MODE = 0o600
 VERSION = 1
 
 # Histogram bounds in seconds: a prolog takes tens of milliseconds, an MPS start more, a
@@ -184,9 +187,11 @@ def add(state_dir: str, keys: list[str], amounts: Optional[dict[str, int]] = Non
 
     dir_fd = safefs.open_root_dir(state_dir)
     try:
-        fd = os.open(FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+        fd = os.open(FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, MODE,
                      dir_fd=dir_fd)
         try:
+            if os.fstat(fd).st_mode & 0o077:  # written 0644 by an earlier release
+                os.fchmod(fd, MODE)
             fcntl.flock(fd, fcntl.LOCK_EX)
             values = _parse(_read_all(fd))
             fast = _fold_fast(values, dir_fd)

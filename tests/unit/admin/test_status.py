@@ -241,3 +241,64 @@ def test_cli_needs_cluster_and_a_working_slurm(tmp_path, capsys):
     assert cli_main(["status", "--cluster", "--backend", "sinfo", "--sinfo",
                      str(tmp_path / "missing")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+# A node with whole GPUs and MIG slices, Gres=gpu:h100:4,gpu:1g.10gb:2,mps:400 in slurm.conf,
+# which Slurm shows as mps:h100:400,mps:1g.10gb:0; running: mps:25 and mps:50 (untyped, two
+# users), gpu:h100:1 and gpu:1g.10gb:1. Captured from tests/slurm/test_status_mixed.py's bed
+# on each release (22.05 on the host, 24.11 and 26.05 in tests/release_root.py's roots).
+MIXED_RELEASES = ["22.05", "24.11", "26.05"]
+
+
+@pytest.mark.parametrize("release", MIXED_RELEASES)
+def test_node_with_whole_gpus_mig_slices_and_untyped_mps_jobs(release):
+    text = fixture(f"scontrol-mixed-{release}.txt")
+    (node,) = parse_scontrol_nodes(text)
+    assert "mps:h100:400,mps:1g.10gb:0" in node.gres
+    held = parse_scontrol_jobs(text)
+    assert [item.split("(")[0] for item in held["mx1"]] == [
+        "mps:25", "mps:50", "gpu:h100:1", "gpu:1g.10gb:1"]
+    (sharing,) = summary([node], held)
+    h100, slices = sharing.types
+    assert (h100.gpu_type, h100.mps_used, h100.mps_total) == ("h100", 75, 400)
+    # GPU 0 serves both MPS jobs, GPU 1 the whole-GPU job: 2 of 4 free.
+    assert (h100.mps_busy, h100.used, h100.free) == (1, 1, 2)
+    assert (slices.mig_profile, slices.used, slices.free) == ("1g.10gb", 1, 1)
+
+
+@pytest.mark.parametrize("release", MIXED_RELEASES)
+def test_mixed_node_from_gres_used_alone(release):
+    """Without the jobs, GresUsed's MPS: 22.05 miscounts (1 for 75), 24.11 and 26.05 count
+    per GPU (26.05 writes ``-`` for the GPU taken whole); the busy GPU is GPU 0 in all."""
+    (node,) = parse_scontrol_nodes(fixture(f"scontrol-mixed-{release}.txt"))
+    h100, _slices = node_sharing(node).types
+    assert (h100.mps_used, h100.mps_busy, h100.free) == (
+        1 if release == "22.05" else 75, 1, 2)
+
+
+@pytest.mark.parametrize("held, owner", [
+    (["mps:30(IDX:5)"], "a100"),  # 22.05: device 5 is the second a100
+    (["mps:30(0/100,0/100,0/100,0/0,30/100,0/100)"], "a100"),  # 24.11 and later
+    (["mps:30(IDX:0)"], "h100"),
+])
+def test_untyped_mps_job_goes_to_the_type_of_its_device(held, owner):
+    """Two whole-GPU types with MPS and a MIG type between them in Gres= order: the job's
+    device index tells the type (Slurm numbers the GPUs type after type)."""
+    node = SlurmNode("n1", ("MIXED",),
+                     gres="gpu:h100:2,gpu:1g.10gb:2,gpu:a100:2,mps:h100:200,mps:1g.10gb:0,"
+                          "mps:a100:200")
+    types = {t.gpu_type: t for t in node_sharing(node, held).types}
+    assert types[owner].mps_used == 30 and types[owner].mps_busy == 1
+    assert sum(t.mps_used for t in types.values()) == 30
+
+
+def test_a_job_counted_without_devices():
+    """A job's shared GRES on a node without device files: ``mps(CNT:30)``."""
+    node = SlurmNode("n1", ("MIXED",), gres="gpu:l40s:4,mps:400")
+    (l40s,) = node_sharing(node, ["mps(CNT:30)"]).types
+    assert (l40s.mps_used, l40s.mps_busy) == (30, 0)
+
+
+def test_used_indexes_of_26_05_whole_gpu_dash():
+    assert used_indexes("75/100,-/100,0/100,0/100") == {0}
+    assert used_indexes("-/0,0/0") == set()

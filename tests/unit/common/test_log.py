@@ -107,3 +107,25 @@ def test_without_a_sink_messages_go_to_logging(caplog):
         gslog.get_logger("gpushare.test").warning("daemon %d ignored quit", 7)
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         ("gpushare.test", logging.WARNING, "daemon 7 ignored quit")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a file of root's is narrowed")
+@pytest.mark.parametrize("before, after", [
+    (None, 0o640),  # made by this line
+    (0o644, 0o640),  # an earlier release's
+    (0o666, 0o640),
+    (0o600, 0o600),  # an admin's narrower choice stays
+])
+def test_debug_log_is_root_s_and_its_group_s_alone(tmp_path, before, after):
+    """Its lines name users' jobs, GPUs and pids."""
+    path = tmp_path / "debug.log"
+    if before is not None:
+        path.write_text("")
+        os.chmod(path, before)
+    gslog.install(lambda level, text: None, str(path))
+    try:
+        gslog.get_logger("gpushare.test").debug("job 7 on GPU 0")
+    finally:
+        gslog.uninstall()
+    assert oct(os.stat(path).st_mode & 0o7777) == oct(after)
+    assert "job 7 on GPU 0" in path.read_text()

@@ -29,3 +29,18 @@ def test_failed_lines_count_as_failed_callbacks_with_a_drain(tmp_path):
     assert (values["prolog_duration_count"], values["epilog_duration_count"]) == (1, 2)
     assert values["prolog_duration_sum_us"] == 1200
     assert values["epilog_duration_sum_us"] == 340
+
+
+def test_counters_are_root_s_alone_also_those_of_an_earlier_release(tmp_path):
+    """What ran on the node, when, and how it ended is the admin's: 0600, and a file an
+    earlier release made 0644 is narrowed at the next count."""
+    os.chmod(tmp_path, 0o755)
+    state_dir = str(tmp_path / "state")
+    os.makedirs(state_dir)
+    counters.add(state_dir, ["prologs_total:ok"])
+    path = os.path.join(state_dir, counters.FILE)
+    assert oct(os.stat(path).st_mode & 0o7777) == "0o600"
+    os.chmod(path, 0o644)
+    counters.add(state_dir, ["prologs_total:ok"])
+    assert oct(os.stat(path).st_mode & 0o7777) == "0o600"
+    assert counters.read(state_dir)["prologs_total:ok"] == 2

@@ -1139,17 +1139,20 @@ def test_reap_never_acts_for_root_in_a_users_directory_without_record(bed, users
         shutil.rmtree(os.path.join(bed.mps_dir, key), ignore_errors=True)
 
 
-def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path):
-    """The plugin's state is root's: a user is told to run the command as root, not shown a
-    traceback."""
+@pytest.mark.parametrize("dir_mode, record_mode", [(0o700, 0o644), (0o755, 0o600)])
+def test_gpushare_mps_as_a_user_without_rights_says_what_it_needs(tmp_path, dir_mode,
+                                                                   record_mode):
+    """The plugin's state is root's (the records 0600 in a 0755 directory, as written now):
+    a user is told to run the command as root, not shown a traceback."""
     if os.geteuid() != 0:
         pytest.skip("needs root to make root's state and run as another user")
     state = tmp_path / "state"
     (state / "daemons").mkdir(parents=True)
     (state / "daemons" / "u1-GPU-x.json").write_text("{}")
+    (state / "daemons" / "u1-GPU-x.json").chmod(record_mode)
     for path in (tmp_path, state):
         path.chmod(0o755)
-    (state / "daemons").chmod(0o700)
+    (state / "daemons").chmod(dir_mode)
     # The core, where the user can read it whatever the checkout's place (a 0700 parent).
     src = traversable_tmpdir()
     shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src",

@@ -181,3 +181,22 @@ def test_a_daemons_removal_takes_its_join_tickets_and_an_earlier_releases_start_
             store.write_ticket(mps_fd, name, f"gpushare-ticket 1\nkey {key}\n".encode())
         store.remove(mps_fd, KEY)
     assert sorted(p.name for p in tickets.iterdir()) == ["u1002.g0.s25"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record directory must be root's")
+def test_a_record_is_root_s_alone_also_one_an_earlier_release_wrote(tmp_path):
+    """A record names its user's GPUs, jobs and daemon pid: 0600. One written 0644 before
+    gets 0600 at its next write (a record is replaced whole)."""
+    os.chmod(tmp_path, 0o755)
+    store = RecordStore(str(tmp_path / "daemons"), str(tmp_path / "mps"))
+    path = tmp_path / "daemons" / f"{KEY}.json"
+    with store.dir_fd() as mps_fd:
+        path.write_text(WRITTEN_BEFORE)
+        os.chmod(path, 0o644)
+        rec = store.read(mps_fd, KEY)
+        store.write(mps_fd, rec)
+        assert oct(path.stat().st_mode & 0o7777) == "0o600"
+        store.write(mps_fd, DaemonRecord("u1002-GPU-1", "shared", 1002, 1002, (GPU0,), "/p",
+                                         "/l", daemon_pid=4242, jobs={"9": 50}))
+        assert oct((tmp_path / "daemons" / "u1002-GPU-1.json").stat().st_mode & 0o7777) == (
+            "0o600")

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """The daemon record: what survives a slurmd restart about one MPS control daemon.
 
-``<state_dir>/daemons/<key>.json`` (root-owned, replaced whole) names the daemon's devices, its
+``<state_dir>/daemons/<key>.json`` (root's, 0600, replaced whole) names the daemon's devices, its
 pid and the caps it was last told. The jobs referencing it are files beside it,
 ``<key>.jobs/<job id>`` holding the job's share in percent: the C glue's epilog drops a job
 that leaves other jobs and the caps as they were by unlinking its file, without an
@@ -332,8 +332,10 @@ class RecordStore:
         The jobs go first: a reader without the lock never sees a record whose jobs are
         missing."""
         self._write_jobs(mps_fd, rec)
+        # 0600: a record names the user's GPUs, jobs and daemon pid. Replaced whole, so a
+        # record an earlier release wrote 0644 gets this mode at its next write.
         safefs.write_file_atomic_at(mps_fd, rec.key + ".json", self.payload(rec).encode(),
-                                    0o644)
+                                    0o600)
 
     @staticmethod
     def payload(rec: DaemonRecord) -> str:
