@@ -74,7 +74,7 @@ class MpsManager:
         self.proc_root = proc_root
         self.mps_dir = config.mps_dir  # the users' pipe and log directories
         self.store = RecordStore(config.daemons_dir, config.mps_dir)
-        self.dirs = UserDirs(self.store, config.mps_dir, config.state_dir)
+        self.dirs = UserDirs(self.store, config.mps_dir, config.state_dir, config.mps_space)
         self.daemons = Daemons(config, self.dirs, proc_root)
         self._migrated = False
 
