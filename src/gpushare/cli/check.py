@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -142,9 +143,11 @@ def _state_findings(node: str) -> list[Any]:
         config, _ = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
     except ConfigError:
         return []
+    from gpushare.admin.check_space import space_findings
+
     node_config = config.for_node(node)
-    return (check.check_state_space(node_config.state_dir) + check.check_trash(
-        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup))
+    return (space_findings(node_config.state_dir, node_config.mps_space, os.environ)
+            + check.check_daemon_cgroup(node_config.mps_cgroup))
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,
