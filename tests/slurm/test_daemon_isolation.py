@@ -324,9 +324,10 @@ def test_a_user_who_fills_their_own_mps_space_fails_nobody_else_and_drains_nothi
     them up, and each daemon's own space on top (the default mps_space=16M,4096). From
     inside their running MPS job, user 1 writes into $CUDA_MPS_LOG_DIRECTORY until ENOSPC.
     Their space is full, and only theirs: user 2's shared job on the same GPU starts and
-    completes; user 1's next job joins their running daemon; no node drains. When the
-    filling job ends its space goes with one unmount (nothing left behind), and user 1's
-    next start gets a fresh one and runs."""
+    completes; user 1's next job there fails, naming their uid and what to do, and joins
+    once they removed what they wrote; no node drains. When the filling job ends its space
+    goes with one unmount (nothing left behind), and user 1's next start gets a fresh one
+    and runs."""
     bed = iso_bed
     node = "n2"
     mps = os.path.join(bed.state_of(node), "mps")
@@ -354,9 +355,19 @@ def test_a_user_who_fills_their_own_mps_space_fails_nobody_else_and_drains_nothi
                       check=False, timeout=120)
         assert ran.returncode == 0, ran.stderr
         not_drained(bed, node)
+        refused = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U1,
+                          check=False, timeout=120)
+        assert refused.returncode != 0
+        assert (f"its own MPS space {key_dir} (uid {uid1}'s, plugstack mps_space=16M,4096) "
+                f"is full: the jobs of uid {uid1} filled") in refused.stderr, refused.stderr
+        not_drained(bed, node)
+        freed = subprocess.run(["runuser", "-u", U1, "--", "rm", mine["log_dir"] + "/fill"],
+                               capture_output=True, text=True)
+        assert freed.returncode == 0, freed.stderr
         joined = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U1,
                          check=False, timeout=120)
         assert joined.returncode == 0, joined.stderr
+        not_drained(bed, node)
         bed.run(["scancel", str(filler), str(holder)])
         bed.wait_job(filler)
         bed.wait_job(holder)

@@ -14,7 +14,7 @@ import pytest
 from tests.unit.node.test_mps import GPU0, GPU1, REASON, Bed, alive, mounts_below
 
 from gpushare.node import faults
-from gpushare.node.mps import RecordStore, space
+from gpushare.node.mps import MpsUserError, RecordStore, space
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
@@ -86,20 +86,29 @@ def test_each_daemon_gets_a_small_tmpfs_of_its_own_that_goes_with_it(bed, users)
 
 def test_a_user_who_fills_their_space_leaves_another_users_start_working(bed, users):
     """User 1 fills their daemon's tmpfs from their log directory. User 2's daemon on the
-    same GPU starts; user 1's next job joins their running daemon; a start of user 1 on
-    another GPU gets a space of its own and works. When user 1's daemon retires its full
-    tmpfs goes with one unmount, and their next start on that GPU works again."""
+    same GPU starts; a start of user 1 on another GPU gets a space of its own and works.
+    User 1's next job on the full daemon fails as theirs (naming their uid and key, what to
+    do; the node stays in service), and joins once they freed room. When user 1's daemon
+    retires its tmpfs goes with one unmount, and their next start there works again."""
     u1, u2 = users
     mgr = bed.manager(mps_space=SMALL)
     mine = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                        share_percent=25)
-    fill(mine.log_dir)
+    filled = fill(mine.log_dir)
     other = mgr.acquire(job_id=2, uid=u2.pw_uid, gid=u2.pw_gid, devices=[GPU0],
                         share_percent=25)
     assert alive(other.daemon_pid) and other.key != mine.key
+    with pytest.raises(MpsUserError, match=rf"its own MPS space .*{mine.key} \(uid "
+                                           rf"{u1.pw_uid}'s, plugstack mps_space=1M,64\) is "
+                                           rf"full: the jobs of uid {u1.pw_uid} filled") as err:
+        mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0], share_percent=25)
+    fault = faults.classify("job_prolog", err.value, bed.state_dir)
+    assert fault.who == faults.USER and "Remove what they wrote there" in fault.detail
+    os.unlink(filled)  # as the user may, in their own log directory
     joined = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                          share_percent=25)
     assert joined.daemon_pid == mine.daemon_pid
+    fill(mine.log_dir)
     elsewhere = mgr.acquire(job_id=4, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
                             share_percent=25)
     assert alive(elsewhere.daemon_pid)

@@ -110,6 +110,7 @@ class MpsManager:
                                "its daemon")
             if rec is not None and rec.daemon_pid and self.daemons.is_ours(rec.daemon_pid, rec):
                 self.dirs.check_control(rec)
+                self.dirs.check_room(rec)
                 rec.jobs[str(job_id)] = share_percent
                 self.store.write(store_fd, rec)
                 if not caps_later:

@@ -179,6 +179,33 @@ class UserDirs:
                 space.f_blocks and space.f_bavail * space.f_frsize < USERS_ROOM):
             raise self._full(rec, "no space or inodes left")
 
+    def check_room(self, rec: DaemonRecord) -> None:
+        """A job joining a daemon whose own space its user filled would find no room for
+        its server's sockets: it fails now, saying whose space it is and what to do."""
+        if self.limits is None:
+            return
+        try:
+            with self.store.users_fd(create=False) as users_fd:
+                key_fd = safefs.open_dir_at(users_fd, rec.key, self.path(rec.key),
+                                            root_owned=True)
+                try:
+                    if os.fstat(key_fd).st_dev == os.fstat(users_fd).st_dev:
+                        return  # no space of its own (made under mps_space=shared)
+                    room = os.fstatvfs(key_fd)
+                finally:
+                    os.close(key_fd)
+        except (OSError, MpsError):
+            return  # the start or the control check says what is wrong
+        if not ((room.f_files and room.f_favail == 0) or (
+                room.f_blocks and room.f_bavail * room.f_frsize < USERS_ROOM)):
+            return
+        raise MpsUserError(
+            f"{rec.describe()}: its own MPS space {self.path(rec.key)} (uid {rec.uid}'s, "
+            f"plugstack mps_space={self.mps_space}) is full: the jobs of uid {rec.uid} "
+            "filled $CUDA_MPS_LOG_DIRECTORY or $CUDA_MPS_PIPE_DIRECTORY. Remove what they "
+            "wrote there, or end them: the space is renewed when the daemon's last job ends",
+            brief=f"MPS space of daemon {rec.key} full (uid {rec.uid})")
+
     def _full(self, rec: DaemonRecord, why: str) -> MpsUserError:
         """Users filled their mount: the job fails, the node stays in service (a user did
         it, and the next daemon stop frees room)."""
