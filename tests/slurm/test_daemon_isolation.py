@@ -312,45 +312,80 @@ def test_a_fake_control_fails_that_users_job_and_never_the_node(iso_bed, kind):
 
 # ---------------------------------------------------------------------------- space
 
-def test_a_user_who_fills_the_users_mps_mount_fails_shared_starts_and_drains_nothing(iso_bed):
-    """The node's users' MPS directories on a small tmpfs, as docs/admin.md sets them up,
-    which one user's job fills through its own MPS log directory. Another user's shared
-    job there fails, saying the users' directories are full; the node stays in service
-    (root's daemon records live on state_dir='s file system, apart from the users'), the
-    filling user's next job joins their running daemon, and once the filling job ends (its
-    directories go with its daemon) the other user's job runs."""
+def mounts_below(path: str) -> list[str]:
+    """Mount points below ``path`` in this (the bed's) mount namespace."""
+    with open("/proc/self/mountinfo") as handle:
+        points = [line.split()[4] for line in handle]
+    return [point for point in points if point.startswith(path + "/")]
+
+
+def test_a_user_who_fills_their_own_mps_space_fails_nobody_else_and_drains_nothing(iso_bed):
+    """The node's users' MPS directories on a small tmpfs, as docs/admin.md used to set
+    them up, and each daemon's own space on top (the default mps_space=16M,4096). From
+    inside their running MPS job, user 1 writes into $CUDA_MPS_LOG_DIRECTORY until ENOSPC.
+    Their space is full, and only theirs: user 2's shared job on the same GPU starts and
+    completes; user 1's next job there fails, naming their uid and what to do, and joins
+    once they removed what they wrote; no node drains. When the filling job ends its space
+    goes with one unmount (nothing left behind), and user 1's next start gets a fresh one
+    and runs."""
     bed = iso_bed
     node = "n2"
     mps = os.path.join(bed.state_of(node), "mps")
     os.makedirs(mps, mode=0o755, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=1m,nr_inodes=256",
                     "gpushare-test-full", mps], check=True)
+    uid1, uid2 = slurmbed.uid_of(U1), slurmbed.uid_of(U2)
     try:
-        filler = bed.sbatch("head -c 2M /dev/zero > $CUDA_MPS_LOG_DIRECTORY/fill; "
-                            "echo FILLED; sleep 60", "--gres=mps:25", "-w", node, "-c1",
+        filler = bed.sbatch("head -c 20M /dev/zero > $CUDA_MPS_LOG_DIRECTORY/fill; "
+                            "echo WRITE=$?; sleep 90", "--gres=mps:25", "-w", node, "-c1",
                             user=U1)
-        wait_until("the mount filled", lambda: os.statvfs(mps).f_bavail == 0, 90)
-        failed = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U2,
-                         check=False, timeout=120)
-        assert failed.returncode != 0, bed.debug_lines()[-15:]
-        assert f"the users' MPS directories {mps} are full" in failed.stderr, failed.stderr
-        assert "state_dir=" not in failed.stderr, failed.stderr
-        not_drained(bed, node)
-        joined = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U1,
-                         check=False, timeout=120)
-        assert joined.returncode == 0, joined.stderr
-        bed.run(["scancel", str(filler)])
-        bed.wait_job(filler)
-        nothing_left(bed)
-        assert os.statvfs(mps).f_bavail > 0
+        mine = one_daemon(bed, uid1, node)
+        key_dir = os.path.dirname(mine["log_dir"])
+
+        def full() -> bool:
+            room = os.statvfs(key_dir)
+            return room.f_bavail == 0 or room.f_favail == 0
+        wait_until("user 1's MPS space full", full, 90)
+        assert "WRITE=1" in bed.output(filler, ""), bed.output(filler, "")
+        holder = bed.sbatch("sleep 60", "--gres=mps:25", "-w", node, "-c1", user=U2)
+        bed.wait_job(holder, states={"RUNNING"}, timeout=120)
+        theirs = one_daemon(bed, uid2, node)
+        assert theirs["devices"] == mine["devices"], (theirs["devices"], mine["devices"])
         ran = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U2,
                       check=False, timeout=120)
         assert ran.returncode == 0, ran.stderr
+        not_drained(bed, node)
+        refused = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U1,
+                          check=False, timeout=120)
+        assert refused.returncode != 0
+        assert (f"its own MPS space {key_dir} (uid {uid1}'s, plugstack mps_space=16M,4096) "
+                f"is full: the jobs of uid {uid1} filled") in refused.stderr, refused.stderr
+        not_drained(bed, node)
+        freed = subprocess.run(["runuser", "-u", U1, "--", "rm", mine["log_dir"] + "/fill"],
+                               capture_output=True, text=True)
+        assert freed.returncode == 0, freed.stderr
+        joined = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "true"], user=U1,
+                         check=False, timeout=120)
+        assert joined.returncode == 0, joined.stderr
+        not_drained(bed, node)
+        bed.run(["scancel", str(filler), str(holder)])
+        bed.wait_job(filler)
+        bed.wait_job(holder)
         nothing_left(bed)
+        assert mounts_below(mps) == [] and os.listdir(mps) == []
+        again = bed.run(["srun", "-w", node, "--gres=mps:25", "-c1", "bash", "-c",
+                         "head -c 1M /dev/zero > $CUDA_MPS_LOG_DIRECTORY/room && echo ROOM"],
+                        user=U1, check=False, timeout=120)
+        assert again.returncode == 0 and "ROOM" in again.stdout, again.stderr
+        nothing_left(bed)
+        assert mounts_below(mps) == [] and os.listdir(mps) == []
         not_drained(bed, node)
     finally:
         bed.run(["scancel", "-u", U1], check=False)
+        bed.run(["scancel", "-u", U2], check=False)
         nothing_left(bed)
+        for point in reversed(mounts_below(mps)):
+            subprocess.run(["umount", "-l", point], check=False)
         subprocess.run(["umount", "-l", mps], check=False)
         bed.resume(node)
 

@@ -67,21 +67,38 @@ def test_a_70_deep_tree_in_the_users_log_directory(hostile_bed):
     assert_in_service_and_clean(bed)
 
 
-def test_many_files_fifos_sockets_and_links_in_the_users_mps_directories(hostile_bed):
+@pytest.mark.parametrize("mps_space", ["16M,4096", "shared"])
+def test_many_files_fifos_sockets_and_links_in_the_users_mps_directories(hostile_bed,
+                                                                         mps_space):
+    """FIFOs, sockets, links of every kind, then 12,000 files. With the default space of
+    its own (4096 inodes) the user gets as many as their limit allows, ENOSPC after, and
+    all of it goes with one unmount; with ``mps_space=shared`` they get all 12,000 and the
+    tree goes through the trash made beforehand. Either way nothing is left."""
     bed = hostile_bed
+    line = bed.plugstack_line()
+    bed.write_plugstack(line.rstrip("\n") + f" mps_space={mps_space}\n")
     script = (
         "set -e\n"
         "cd \"$CUDA_MPS_LOG_DIRECTORY\"\n"
-        "mkdir many && (cd many && seq 1 12000 | sed 's/^/f/' | xargs touch)\n"
         "mkfifo fifo \"$CUDA_MPS_PIPE_DIRECTORY/fifo\"\n"
         "python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")'\n"
         "ln -s / rootlink; ln -s /etc/passwd \"$CUDA_MPS_PIPE_DIRECTORY/passwd\"\n"
         "ln -s \"$CUDA_MPS_LOG_DIRECTORY\" loop; ln -s /nonexistent dangling\n"
         "mkdir -p deep/a/b && ln -s / deep/a/b/up\n"
-        "echo MADE\n")
-    info, output = run_shared(bed, script)
-    assert info["JobState"] == "COMPLETED" and "MADE" in output, (info, output)
-    assert_in_service_and_clean(bed)
+        "mkdir many && (cd many && seq 1 12000 | sed 's/^/f/' | xargs touch 2>/dev/null "
+        "|| echo ENOSPC)\n"
+        "echo MADE $(ls many | wc -l)\n")
+    try:
+        info, output = run_shared(bed, script)
+        assert info["JobState"] == "COMPLETED" and "MADE" in output, (info, output)
+        made = int(output.split("MADE ")[1].split()[0])
+        if mps_space == "shared":
+            assert made == 12000 and "ENOSPC" not in output, output
+        else:  # the user's own inode limit held: 4096 less what the daemon and links took
+            assert 4000 < made < 4096 and "ENOSPC" in output, output
+        assert_in_service_and_clean(bed)
+    finally:
+        bed.write_plugstack(line)
 
 
 def test_a_requeued_job_starts_clean(hostile_bed):

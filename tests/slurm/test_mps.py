@@ -50,16 +50,17 @@ def mps_dirs(bed) -> list[str]:
 
 def mps_entries(bed) -> list[str]:
     """What every node holds of daemons and their users: the entries of its records'
-    directory and of its users' directory, and the join tickets among them."""
+    directory and of its users' directory, and the join tickets among them (and what
+    waits in ``.trash``, which ``mps_space=shared`` makes beforehand and keeps)."""
     entries = []
     for path in mps_dirs(bed):
         node = os.path.basename(os.path.dirname(path))
         where = os.path.basename(path)
         for entry in os.listdir(path):
-            if entry != "tickets":
+            if entry not in ("tickets", ".trash"):
                 entries.append(f"{node}:{where}/{entry}")
                 continue
-            entries += [f"{node}:{where}/tickets/{name}"
+            entries += [f"{node}:{where}/{entry}/{name}"
                         for name in os.listdir(os.path.join(path, entry))]
     return sorted(entries)
 

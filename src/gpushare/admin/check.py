@@ -173,10 +173,12 @@ def check_ptrace_scope(proc_root: str = "/proc") -> list[Finding]:
     return []
 
 
-def check_trash(state_dir: str) -> list[Finding]:
+def check_trash(state_dir: str, keep_trash: bool = False) -> list[Finding]:
     """Go on purging the daemon directories a prolog or epilog moved into
     ``<state_dir>/mps/.trash`` (root only, within the same budget as they do), and say
-    what is still there: a user's tree too large for one purge, or one still written to."""
+    what is still there: a user's tree too large for one purge, or one still written to.
+    ``keep_trash`` (``mps_space=shared``): the emptied trash stays, made while there was
+    room."""
     import os
 
     from gpushare.common import safefs
@@ -189,7 +191,7 @@ def check_trash(state_dir: str) -> list[Finding]:
     except (OSError, safefs.UnsafePathError):
         return []  # absent, or refused: the prologs say why
     try:
-        if safefs.purge_trash_at(fd):
+        if safefs.purge_trash_at(fd, keep_trash=keep_trash):
             return []
         left = safefs.trash_entries_at(fd)
     except OSError as err:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -147,11 +148,13 @@ def _state_findings(node: str, proc_root: str) -> list[Any]:
         config, source = nodeconf.load(argparse.Namespace(plugstack=None, node=node))
     except ConfigError:
         return []
+    from gpushare.admin.check_space import space_findings
+
     node_config = config.for_node(node)
     plugin_here = not source.startswith(nodeconf.DEFAULTS)
-    return (check.check_state_space(node_config.state_dir) + check.check_trash(
-        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup)
-        + (check.check_ptrace_scope(proc_root) if plugin_here else []))
+    return (space_findings(node_config.state_dir, node_config.mps_space, os.environ)
+            + check.check_daemon_cgroup(node_config.mps_cgroup)
+            + (check.check_ptrace_scope(proc_root) if plugin_here else []))
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,

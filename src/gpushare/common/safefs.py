@@ -18,22 +18,11 @@ import stat
 import time
 from typing import Optional
 
-__all__ = [
-    "UnsafePathError",
-    "check_root_owned_file",
-    "discard_tree_at",
-    "file_stamp",
-    "make_owned_dir",
-    "open_dir_at",
-    "open_root_dir",
-    "purge_trash_at",
-    "read_small_file_at",
-    "remove_file_at",
-    "remove_tree_at",
-    "trash_entries_at",
-    "write_file_atomic",
-    "write_file_atomic_at",
-]
+__all__ = ["UnsafePathError", "check_root_owned_file", "discard_tree_at",
+           "ensure_trash_at", "file_stamp", "make_owned_dir", "open_dir_at",
+           "open_root_dir", "purge_trash_at", "read_small_file_at", "remove_file_at",
+           "remove_tree_at", "trash_entries_at", "write_file_atomic",
+           "write_file_atomic_at"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -276,7 +265,8 @@ _OPEN_DIRS_MAX = 16  # directories a purge holds open; deeper ones move up to th
 _DISCARDS = itertools.count()
 
 
-def remove_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET) -> bool:
+def remove_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET,
+                   keep_trash: bool = False) -> bool:
     """Remove ``name`` below ``parent_fd`` and all it holds, walking by descriptor.
 
     A symlink is unlinked, never followed; a directory swapped for a symlink mid-walk is
@@ -286,16 +276,18 @@ def remove_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET) -> boo
     for the next ``purge_trash_at`` to finish. Never raises for what the tree holds.
     False if ``name`` was absent.
     """
-    return discard_tree_at(parent_fd, name, budget)
+    return discard_tree_at(parent_fd, name, budget, keep_trash)
 
 
-def discard_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET) -> bool:
+def discard_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET,
+                    keep_trash: bool = False) -> bool:
     """Take ``name`` below ``parent_fd`` out of every user's reach at once, then purge it.
 
     A directory is renamed into ``<parent>/.trash/`` (root's, 0700, the same filesystem),
     so it is gone from its place in one step whatever it holds or whoever still writes
     into it; ``purge_trash_at`` then removes it by descriptor, at most ``budget`` entries
     per call. Anything else is unlinked. False if ``name`` was absent.
+    With ``keep_trash`` the emptied trash stays, where users can fill the file system.
     """
     try:
         st = os.lstat(name, dir_fd=parent_fd)
@@ -318,14 +310,15 @@ def discard_tree_at(parent_fd: int, name: str, budget: int = PURGE_BUDGET) -> bo
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=parent_fd)
                 return True
-            _purge_then_tidy(parent_fd, trash_fd, budget)
+            _purge_then_tidy(parent_fd, trash_fd, budget, keep_trash)
             return True
         finally:
             os.close(trash_fd)
     raise FileNotFoundError(errno.ENOENT, f"cannot move {name} into {TRASH}")
 
 
-def purge_trash_at(parent_fd: int, budget: int = PURGE_BUDGET) -> bool:
+def purge_trash_at(parent_fd: int, budget: int = PURGE_BUDGET,
+                   keep_trash: bool = False) -> bool:
     """Go on removing what ``discard_tree_at`` moved into ``<parent>/.trash/``, at most
     ``budget`` entries; True when the trash is empty (or absent)."""
     try:
@@ -333,15 +326,22 @@ def purge_trash_at(parent_fd: int, budget: int = PURGE_BUDGET) -> bool:
     except FileNotFoundError:
         return True
     try:
-        return _purge_then_tidy(parent_fd, trash_fd, budget)
+        return _purge_then_tidy(parent_fd, trash_fd, budget, keep_trash)
     finally:
         os.close(trash_fd)
 
 
-def _purge_then_tidy(parent_fd: int, trash_fd: int, budget: int) -> bool:
-    """``_purge``, then the trash itself once it is empty, so a clean node shows none."""
+def ensure_trash_at(parent_fd: int) -> None:
+    """Make ``<parent>/.trash`` while there is room: a later discard needs no inode."""
+    os.close(_open_trash(parent_fd))
+
+
+def _purge_then_tidy(parent_fd: int, trash_fd: int, budget: int, keep: bool) -> bool:
+    """``_purge``, then the trash itself once empty (unless ``keep``): a clean node has none."""
     if not _purge(trash_fd, budget):
         return False
+    if keep:
+        return True
     with contextlib.suppress(OSError):  # not empty: another discard came in meanwhile
         os.rmdir(TRASH, dir_fd=parent_fd)
     return True

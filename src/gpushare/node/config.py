@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional
 from gpushare.common import units
 
 __all__ = ["ARG_SPECS", "PLUGIN_LIBRARY", "ConfigError", "PluginConfig", "beside_slurm_conf",
-           "expand_path", "parse_plugin_args", "plugin_arg_values", "plugstack_args",
-           "plugstack_line"]
+           "expand_path", "mps_space_limits", "parse_plugin_args", "plugin_arg_values",
+           "plugstack_args", "plugstack_line"]
 
 PLUGIN_LIBRARY = "spank_gpushare.so"
 
@@ -110,6 +110,34 @@ def _cgroup(value: str) -> str:
     return _abs_path(value)
 
 
+# The smallest per-daemon space: a daemon's sockets, pid file and first log lines.
+_SPACE_MIN = (1 << 20, 64)
+
+
+def _space(value: str) -> str:
+    """``shared`` or ``SIZE,INODES``: the tmpfs each daemon's directories get."""
+    if value == "shared":
+        return value
+    size, sep, inodes = value.partition(",")
+    try:
+        nbytes = parse_size(size) if sep else 0
+    except ValueError:
+        nbytes = 0
+    if (not inodes.isdigit() or nbytes < _SPACE_MIN[0] or int(inodes) < _SPACE_MIN[1]
+            or nbytes > 1 << 40 or int(inodes) > 1 << 24):
+        raise ValueError("shared, or SIZE,INODES such as 16M,4096 (at least 1M and 64 "
+                         "inodes)")
+    return f"{size.strip().upper()},{int(inodes)}"
+
+
+def mps_space_limits(value: str) -> "Optional[tuple[int, int]]":
+    """The size in bytes and inodes of each daemon's own tmpfs; None for ``shared``."""
+    if value == "shared":
+        return None
+    size, _, inodes = value.partition(",")
+    return parse_size(size), int(inodes)
+
+
 def _reuse(value: str) -> str:
     if not value.isdigit() or int(value) > 300:
         raise ValueError("a whole number of seconds from 0 to 300")
@@ -139,6 +167,11 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "directory whose children they get; auto: systemd where systemd runs the "
             "node, else gpushare-mps at the top of the cgroup v2 hierarchy; none: they "
             "stay in the cgroup the prolog runs in)"),
+    ArgSpec("mps_space", "16M,4096", _space, "SIZE,INODES or shared",
+            "each MPS daemon's pipe and log directories on a tmpfs of their own, this big, "
+            "mounted by root on its directory, so a user who fills theirs fails only their "
+            "own jobs; shared: all daemons' directories share <state_dir>/mps (a site "
+            "whose job_container/tmpfs runs without Shared=yes)"),
     ArgSpec("mem_limit", "proportional", _mem_limit, "proportional, off, or a size like 16G",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for shared jobs"),
     ArgSpec("verify", "strict", _choice("strict", "warn", "off"), "strict, warn or off",
@@ -184,6 +217,7 @@ class PluginConfig(NamedTuple):
     state_dir: str = "/run/gpushare"
     mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
     mps_cgroup: str = "auto"
+    mps_space: str = "16M,4096"
     mem_limit: str = "proportional"
     verify: str = "strict"
     inventory: str = "nvml"
@@ -256,6 +290,7 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         state_dir=values["state_dir"],
         mps_control=values["mps_control"],
         mps_cgroup=values["mps_cgroup"],
+        mps_space=values["mps_space"],
         mem_limit=values["mem_limit"],
         verify=values["verify"],
         inventory=values["inventory"],

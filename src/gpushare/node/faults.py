@@ -15,6 +15,7 @@ that still names its type and message, so no drain reason reads "internal error"
 from __future__ import annotations
 
 import errno
+import os
 from typing import NamedTuple, Optional
 
 from gpushare.common.safefs import UnsafePathError
@@ -70,14 +71,36 @@ def classify(callback: str, err: BaseException, state_dir: str) -> Fault:
 
 def state_dir_full(state_dir: str, err: BaseException) -> str:
     """What to tell the admin and the job when ``err`` (or what caused it) says the state
-    directory's file system is full or over quota; "" for any other error."""
+    directory's file system is full or over quota; "" for any other error, and for a full
+    file system that is not state_dir='s (a daemon's own MPS space, the users' mount)."""
     seen: Optional[BaseException] = err
     while seen is not None and not (isinstance(seen, OSError) and seen.errno in (
             errno.ENOSPC, errno.EDQUOT)):
         seen = seen.__cause__ or seen.__context__
-    if not isinstance(seen, OSError):
+    if not isinstance(seen, OSError) or not _on_state_fs(state_dir, seen.filename):
         return ""
     where = f" ({seen.filename})" if seen.filename else ""
     return (f"no space left in state_dir= {state_dir}{where}: {seen.strerror}; free "
             "it (`gpushare check` says what fills it; the users' MPS directories belong on "
             "a mount of their own, see docs/admin.md)")
+
+
+def _on_state_fs(state_dir: str, filename: object) -> bool:
+    """Whether ``filename`` (where a write found no room) is on state_dir='s file system:
+    compared by device, from the nearest part of the path that exists (not followed).
+    Without an absolute path to go by it is state_dir='s, as root writes nothing else."""
+    if not isinstance(filename, (str, bytes)) or not os.path.isabs(filename):
+        return True
+    path = os.fsdecode(filename)
+    try:
+        state = os.stat(state_dir).st_dev
+    except OSError:
+        return True
+    while True:
+        try:
+            return os.lstat(path).st_dev == state
+        except OSError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return True
+            path = parent

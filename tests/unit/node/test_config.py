@@ -8,6 +8,7 @@ from gpushare.node.config import (
     ConfigError,
     PluginConfig,
     beside_slurm_conf,
+    mps_space_limits,
     parse_plugin_args,
     parse_size,
     plugstack_args,
@@ -26,7 +27,8 @@ def test_every_key_is_accepted_with_a_good_value():
             "mem_limit": "16G", "verify": "warn", "inventory": "sim:/p/%n.json",
             "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
             "imex_channels": "/dev/nvidia-caps-imex-channels", "verify_reuse": "0",
-            "show": "yes", "mps_cgroup": "/sys/fs/cgroup/mps.slice/%n"}
+            "show": "yes", "mps_cgroup": "/sys/fs/cgroup/mps.slice/%n",
+            "mps_space": "32m,1024"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"
@@ -36,6 +38,9 @@ def test_every_key_is_accepted_with_a_good_value():
     assert config.for_node("n1").mps_cgroup == "/sys/fs/cgroup/mps.slice/n1"
     for setting in ("auto", "systemd", "none"):
         assert parse_plugin_args([f"mps_cgroup={setting}"]).mps_cgroup == setting
+    assert config.mps_space == "32M,1024" and mps_space_limits(config.mps_space) == (
+        32 << 20, 1024)
+    assert mps_space_limits(parse_plugin_args(["mps_space=shared"]).mps_space) is None
 
 
 @pytest.mark.parametrize("arg, expected", [
@@ -44,6 +49,9 @@ def test_every_key_is_accepted_with_a_good_value():
     ("verify=maybe", "verify='maybe' is invalid: expected one of strict, warn, off"),
     ("state_dir=relative", "state_dir='relative' is invalid: expected an absolute path"),
     ("mps_cgroup=yes", "mps_cgroup='yes' is invalid: expected an absolute path"),
+    ("mps_space=16M", "mps_space='16M' is invalid: expected shared, or SIZE,INODES"),
+    ("mps_space=64K,4096", "mps_space='64K,4096' is invalid"),
+    ("mps_space=16M,8", "mps_space='16M,8' is invalid"),
     ("mem_limit=lots", "mem_limit='lots' is invalid: expected a positive size"),
     ("mem_limit=0G", "mem_limit='0G' is invalid"),
     ("inventory=fake", "inventory='fake' is invalid: expected nvml, or sim:"),

@@ -64,9 +64,26 @@ class Bed:
         return os.path.join(self.state_dir, "daemons")
 
     def entries(self) -> list[str]:
-        """What is left of root's records and of the users' directories."""
-        return sorted(name for path in (self.daemons_dir, self.mps_dir)
-                      if os.path.isdir(path) for name in os.listdir(path))
+        """What is left of root's records and of the users' directories (with
+        ``mps_space=shared`` the users' ``.trash`` stays, made before users can fill the
+        mount: what it holds is listed instead)."""
+        found = sorted(name for path in (self.daemons_dir, self.mps_dir)
+                       if os.path.isdir(path) for name in os.listdir(path))
+        if ".trash" in found:
+            found.remove(".trash")
+            found += [f".trash/{name}" for name in os.listdir(
+                os.path.join(self.mps_dir, ".trash"))]
+        return found
+
+    def mounts(self) -> list[str]:
+        """The mount points below the bed (each daemon's own tmpfs, while it runs)."""
+        return mounts_below(self.base)
+
+
+def mounts_below(base: str) -> list[str]:
+    with open("/proc/self/mountinfo") as handle:
+        points = [line.split()[4].replace("\\040", " ") for line in handle]
+    return [point for point in points if point.startswith(base + "/")]
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +96,12 @@ def bed():
     bed = Bed()
     yield bed
     leftovers = bed.standin.kill_all()
+    mounted = bed.mounts()
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", point], check=False)
     shutil.rmtree(bed.base)
     assert leftovers == [], f"stand-in processes left running: {leftovers}"
+    assert mounted == [], f"mounts left behind: {mounted}"
 
 
 def alive(pid: int) -> bool:
@@ -454,17 +475,19 @@ def users_mount(bed):
         subprocess.run(["umount", "-l", bed.mps_dir], check=False)
 
 
-def test_a_user_who_fills_the_users_mount_fails_mps_starts_and_never_drains(
+def test_with_shared_space_a_user_who_fills_the_users_mount_fails_starts_never_drains(
         bed, users, users_mount):
-    """One user's daemon directory fills the users' mount: another user's daemon cannot
-    start, and that is a user's doing (MpsUserError: the job fails, the node stays in
-    service), never "state_dir= full". Root's records are on state_dir='s own file system,
-    so the daemon already running goes on serving its user, and once the space is freed
-    the next start works."""
+    """``mps_space=shared`` (a site whose job containers see no later mount): one user's
+    daemon directory fills the users' mount: another user's daemon cannot start, and that is
+    a user's doing (MpsUserError: the job fails, the node stays in service), never
+    "state_dir= full". Root's records are on state_dir='s own file system, so the daemon
+    already running goes on serving its user, and once the space is freed the next start
+    works. (The default, a tmpfs per daemon, keeps the other user's start working:
+    test_mps_space.py.)"""
     from gpushare.node import faults
 
     u1, u2 = users
-    mgr = bed.manager()
+    mgr = bed.manager(mps_space="shared")
     running = mgr.acquire(job_id=51, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                           share_percent=25)
     filler = os.path.join(running.env["CUDA_MPS_LOG_DIRECTORY"], "fill")
@@ -1068,6 +1091,7 @@ def test_daemons_whose_state_was_removed_are_shown_and_stopped_by_reap(
     gone = mgr.acquire(job_id=3, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU1],
                        share_percent=25)
     os.unlink(os.path.join(bed.daemons_dir, lost.key + ".json"))   # the record only
+    subprocess.run(["umount", "-l", os.path.join(bed.mps_dir, gone.key)], check=True)
     shutil.rmtree(os.path.join(bed.mps_dir, gone.key))          # everything: no pipe left
     os.unlink(os.path.join(bed.daemons_dir, gone.key + ".json"))
     os.unlink(os.path.join(bed.daemons_dir, gone.key + ".lock"))

@@ -74,7 +74,7 @@ class MpsManager:
         self.proc_root = proc_root
         self.mps_dir = config.mps_dir  # the users' pipe and log directories
         self.store = RecordStore(config.daemons_dir, config.mps_dir)
-        self.dirs = UserDirs(self.store, config.mps_dir, config.state_dir)
+        self.dirs = UserDirs(self.store, config.mps_dir, config.state_dir, config.mps_space)
         self.daemons = Daemons(config, self.dirs, proc_root)
         self._migrated = False
 
@@ -110,6 +110,7 @@ class MpsManager:
                                "its daemon")
             if rec is not None and rec.daemon_pid and self.daemons.is_ours(rec.daemon_pid, rec):
                 self.dirs.check_control(rec)
+                self.dirs.check_room(rec)
                 rec.jobs[str(job_id)] = share_percent
                 self.store.write(store_fd, rec)
                 if not caps_later:

@@ -3,6 +3,9 @@
 
 The key directory is root's (0755); ``pipe`` and ``log`` below it are the daemon's user's
 (0700): the daemon, which runs as that user, binds its sockets and writes its log there.
+With ``mps_space=SIZE,INODES`` (the default) the key directory is a tmpfs of its own
+(``space``), so a user who fills theirs fails only their own jobs; with ``shared`` all keys
+share ``mps_dir``'s file system, whose ``.trash`` is made before any user can fill it.
 Everything below a key directory is the user's to change, so root reaches it only through
 descriptors opened without following links, and reads of it are bounded.
 
@@ -19,6 +22,8 @@ from typing import Iterator
 
 from gpushare.common import safefs
 from gpushare.common.log import get_logger
+from gpushare.node.config import mps_space_limits
+from gpushare.node.mps import space
 from gpushare.node.mps.errors import MpsError, MpsUserError
 from gpushare.node.mps.record import JOBS_SUFFIX, KEY_PATTERN, TICKETS, DaemonRecord, RecordStore
 
@@ -35,10 +40,14 @@ DIR_MODE = 0o700
 class UserDirs:
     """The pipe and log directories of every daemon of the node, below ``mps_dir``."""
 
-    def __init__(self, store: RecordStore, mps_dir: str, state_dir: str) -> None:
+    def __init__(self, store: RecordStore, mps_dir: str, state_dir: str,
+                 mps_space: str = "shared") -> None:
         self.store = store
         self.mps_dir = mps_dir
         self.state_dir = state_dir
+        self.mps_space = mps_space
+        # Each key's tmpfs (bytes, inodes); None: all share mps_dir's file system.
+        self.limits = mps_space_limits(mps_space)
 
     def path(self, *parts: str) -> str:
         """A path among the users' pipe and log directories."""
@@ -61,17 +70,19 @@ class UserDirs:
         key = rec.key
         try:
             with self.store.users_fd() as users_fd:
-                self._check_space(users_fd, rec)
-                try:
-                    fd = safefs.open_dir_at(users_fd, key, self.path(key), root_owned=True)
-                except FileNotFoundError:
-                    pass
-                else:
-                    os.close(fd)
+                if self.limits is None:
+                    safefs.ensure_trash_at(users_fd)
+                    self._check_space(users_fd, rec)
+                if exists_at(users_fd, key):
+                    # Only root's own leftover goes; anything planted there is refused.
+                    os.close(safefs.open_dir_at(users_fd, key, self.path(key),
+                                                root_owned=True))
                     LOG.info("removing leftover MPS directory %s", self.path(key))
-                    safefs.remove_tree_at(users_fd, key)
+                    self._remove_at(users_fd, key)
                 safefs.make_owned_dir(users_fd, key, self.path(key), 0, 0, 0o755)
                 rec.dirs_made = True
+                if self.limits is not None:
+                    self._mount(users_fd, rec)
                 key_fd = safefs.open_dir_at(users_fd, key, self.path(key), root_owned=True)
                 try:
                     for name in ("pipe", "log"):
@@ -84,23 +95,66 @@ class UserDirs:
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT) and self.own_mount():
                 raise self._full(rec, err.strerror or str(err)) from None
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and not os.path.isabs(
+                    str(err.filename or "")):
+                # Charged by the file system it came from (faults.state_dir_full).
+                raise OSError(err.errno, err.strerror, self.path(key)) from err
             raise
+
+    def _mount(self, users_fd: int, rec: DaemonRecord) -> None:
+        """The key's own tmpfs on its fresh, root-owned directory. A node that cannot
+        mount one is the node's fault, with what to set instead."""
+        assert self.limits is not None
+        path = self.path(rec.key)
+        key_fd = safefs.open_dir_at(users_fd, rec.key, path, root_owned=True)
+        try:
+            space.mount_key(key_fd, path, *self.limits)
+        except OSError as err:
+            raise MpsError(
+                f"cannot start MPS for {rec.describe()}: cannot mount its own tmpfs on "
+                f"{path} ({err.strerror}); root needs mount(2) there (CAP_SYS_ADMIN), or "
+                "set plugstack mps_space=shared and mount one tmpfs on "
+                f"{self.mps_dir} (docs/admin.md, \"Space\")",
+                brief=f"MPS space: cannot mount a tmpfs on {path}") from None
+        finally:
+            os.close(key_fd)
+        if not space.is_key_mount(users_fd, rec.key, path):
+            raise MpsError(f"cannot start MPS for {rec.describe()}: {path} is no tmpfs of "
+                           "its own after mounting one", brief=f"MPS space: no tmpfs on {path}")
 
     def remove(self, key: str) -> None:
         """Take daemon ``key``'s pipe and log directories away (at once, whatever the user
-        left there: ``safefs.remove_tree_at`` discards what it cannot remove in budget)."""
+        left there). What cannot go now is logged and left for the next reap: a leftover
+        never fails a job or drains the node."""
         try:
             with self.store.users_fd(create=False) as users_fd:
-                safefs.remove_tree_at(users_fd, key)
+                self._remove_at(users_fd, key)
         except FileNotFoundError:
             pass
+        except OSError as err:
+            LOG.warning("cannot remove MPS directory %s: %s; the next reap (a prolog, or "
+                        "`gpushare mps --reap`) tries again", self.path(key), err)
+
+    def _remove_at(self, users_fd: int, key: str) -> None:
+        """Unmount the key's tmpfs (one call, whatever it holds) and remove the empty
+        directory; a key without one (``mps_space=shared``, an earlier setting) is
+        discarded as a tree (``safefs.remove_tree_at``)."""
+        path = self.path(key)
+        if space.unmount_key(users_fd, key, path):
+            try:
+                os.rmdir(key, dir_fd=users_fd)
+                return
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        safefs.remove_tree_at(users_fd, key, keep_trash=self.limits is None)
 
     def purge_trash(self) -> None:
         """Go on removing daemon directories discarded before (``safefs.discard_tree_at``)
         within a bounded budget; what is left waits for the next prolog. Never fails one."""
         try:
             with self.store.users_fd(create=False) as users_fd:
-                safefs.purge_trash_at(users_fd)
+                safefs.purge_trash_at(users_fd, keep_trash=self.limits is None)
         except (OSError, MpsError) as err:
             if not isinstance(err, FileNotFoundError):
                 LOG.warning("cannot purge %s: %s", self.path(safefs.TRASH), err)
@@ -124,6 +178,33 @@ class UserDirs:
         if (space.f_files and space.f_favail == 0) or (
                 space.f_blocks and space.f_bavail * space.f_frsize < USERS_ROOM):
             raise self._full(rec, "no space or inodes left")
+
+    def check_room(self, rec: DaemonRecord) -> None:
+        """A job joining a daemon whose own space its user filled would find no room for
+        its server's sockets: it fails now, saying whose space it is and what to do."""
+        if self.limits is None:
+            return
+        try:
+            with self.store.users_fd(create=False) as users_fd:
+                key_fd = safefs.open_dir_at(users_fd, rec.key, self.path(rec.key),
+                                            root_owned=True)
+                try:
+                    if os.fstat(key_fd).st_dev == os.fstat(users_fd).st_dev:
+                        return  # no space of its own (made under mps_space=shared)
+                    room = os.fstatvfs(key_fd)
+                finally:
+                    os.close(key_fd)
+        except (OSError, MpsError):
+            return  # the start or the control check says what is wrong
+        if not ((room.f_files and room.f_favail == 0) or (
+                room.f_blocks and room.f_bavail * room.f_frsize < USERS_ROOM)):
+            return
+        raise MpsUserError(
+            f"{rec.describe()}: its own MPS space {self.path(rec.key)} (uid {rec.uid}'s, "
+            f"plugstack mps_space={self.mps_space}) is full: the jobs of uid {rec.uid} "
+            "filled $CUDA_MPS_LOG_DIRECTORY or $CUDA_MPS_PIPE_DIRECTORY. Remove what they "
+            "wrote there, or end them: the space is renewed when the daemon's last job ends",
+            brief=f"MPS space of daemon {rec.key} full (uid {rec.uid})")
 
     def _full(self, rec: DaemonRecord, why: str) -> MpsUserError:
         """Users filled their mount: the job fails, the node stays in service (a user did
