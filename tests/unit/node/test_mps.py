@@ -752,6 +752,12 @@ def test_a_user_who_kills_their_daemon_during_a_start_fails_only_their_job(
     waited = daemon_mod.Daemons._wait_listening
 
     def user_kills_then_wait(self, rec, budget, failed):
+        # Once the daemon listens (it forks nothing more), the user kills it: its socket
+        # stays, and nothing answers there.
+        control = os.path.join(rec.pipe_dir, "control")
+        waited_until = time.monotonic() + 30
+        while not os.path.exists(control) and time.monotonic() < waited_until:
+            time.sleep(0.01)
         for pid in bed.standin.processes():
             if os.stat(f"/proc/{pid}").st_uid == rec.uid:
                 os.kill(pid, signal.SIGKILL)  # as the user may, on their own processes
