@@ -7,6 +7,10 @@ python3-cffi (the interpreter the core will embed), never a venv or pyenv one:
 
     /usr/bin/python3 spank/build.py --out build/spank_gpushare.so
 
+A package passes ``--pythonpath DIR``, where it installs the gpushare Python: the plugin takes
+it when the plugstack line has no ``pythonpath=`` (GS_DEFAULT_PYTHONPATH in C,
+DEFAULT_PYTHONPATH in the core), and checks it as a given one.
+
 The plugin is one entry file (gpushare_spank.c) and one file per concern (PLUGIN_SOURCES),
 compiled together with the same flags. What C and Python must agree on (the plugstack keys,
 the defaults, lock names, the wait limit's constants) is generated from the Python into a
