@@ -166,9 +166,11 @@ GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
         close(fd); /* the tasks have their file: the job's lock is free for its epilog */
         return 0;
     }
-    /* What the worker will load is checked here, so that Slurm drains the node for it. */
+    /* What the worker will load is checked here, in Slurm's sight: the node is drained
+     * with the setting and the path, and Slurm requeues the batch job for the failure. */
     if (gs_core_trusted(core, sizeof(core)) < 0) {
         gs_count_fast("prolog failed", gs_now() - started); /* no Python ran to count it */
+        gs_core_fault("job_prolog", sp, 0);
         close(fd);
         return -1;
     }

@@ -15,7 +15,9 @@
 
 char gs_state_dir[PATH_MAX] = GS_DEFAULT_STATE_DIR;
 char gs_debug_log[PATH_MAX] = "";
-char gs_pythonpath[PATH_MAX] = "";
+/* Without pythonpath= on the line: the package's own directory of the Python, which its
+ * build names (spank/build.py --pythonpath; "" when none), checked as a given one is. */
+char gs_pythonpath[PATH_MAX] = GS_DEFAULT_PYTHONPATH;
 char gs_imex_dir[PATH_MAX] = "";
 double gs_timeout = GS_DEFAULT_TIMEOUT;
 

@@ -2,12 +2,20 @@
 /*
  * The Python core (spank_gpushare_core.so, next to this plugin): loaded with dlopen() only
  * when a job needs it and never inside slurmd, after the library and everything below
- * pythonpath= are found out of every user's reach. The SPANK calls the core makes are lent
- * to it through struct gs_host (gs_host.h).
+ * pythonpath= (the line's, else the package's own directory, GS_DEFAULT_PYTHONPATH) are
+ * found out of every user's reach. The SPANK calls the core makes are lent to it through
+ * struct gs_host (gs_host.h).
+ *
+ * A core that cannot be loaded or imported (missing, refused, a broken install, a line
+ * whose pythonpath= holds no gpushare) is the node's fault: every GPU job here would meet
+ * it, and no Python is left to report it. gs_core_fault drains the node with a reason that
+ * names the setting and the path, and requeues a prolog's batch job as Slurm does.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <ftw.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +28,25 @@
 
 static gs_core_dispatch_f gs_core_dispatch = NULL;
 static int gs_core_failed = 0;
+
+/* Why the core cannot be loaded or imported, the drain's reason without its prefix: the
+ * setting and the path first, the cause last (cut first when too long). */
+static char gs_core_why[GS_DRAIN_REASON_MAX + 1];
+
+static void gs_core_cannot(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void gs_core_cannot(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(gs_core_why, sizeof(gs_core_why), fmt, ap);
+    va_end(ap);
+}
+
+static const char *gs_pythonpath_shown(void)
+{
+    return gs_pythonpath[0] ? gs_pythonpath : "none";
+}
 
 /* The core lives next to this plugin: <dir of spank_gpushare.so>/GS_CORE_NAME. */
 static int gs_core_path(char *path, size_t size)
@@ -38,6 +65,7 @@ static int gs_core_path(char *path, size_t size)
 
 
 static const char *gs_tree_what;
+static const char *gs_tree_cause; /* why the walk refused, for the drain's reason */
 static int gs_tree_entries;
 
 static int gs_tree_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
@@ -47,17 +75,21 @@ static int gs_tree_entry(const char *path, const struct stat *st, int type, stru
         slurm_error("gpushare: refusing %s: more than %d entries below it; point "
                     "pythonpath= at a directory holding only gpushare and what it imports",
                     gs_tree_what, GS_TREE_MAX_ENTRIES);
+        gs_tree_cause = "refused: too many files below it";
         return -1;
     }
     if (type == FTW_SL || type == FTW_SLN) {
         slurm_error("gpushare: refusing %s: %s is a symbolic link; install real files there",
                     gs_tree_what, path);
+        gs_tree_cause = "refused: a symbolic link below it";
         return -1;
     }
     if (type == FTW_NS || type == FTW_DNR) {
         slurm_error("gpushare: refusing %s: cannot read %s", gs_tree_what, path);
+        gs_tree_cause = "refused: a file below it cannot be read";
         return -1;
     }
+    gs_tree_cause = "refused: a file below it not root's or writable by others";
     if (gs_untrusted(st, 0))
         return gs_refuse(gs_tree_what, path, st, "chown -R root and chmod -R go-w the "
                          "pythonpath= directory");
@@ -68,19 +100,31 @@ static int gs_tree_entry(const char *path, const struct stat *st, int type, stru
 static int gs_check_pythonpath(void)
 {
     char real[PATH_MAX];
+    int error;
 
     if (!gs_pythonpath[0])
         return 0;
     if (!realpath(gs_pythonpath, real)) {
-        slurm_error("gpushare: plugstack argument pythonpath=%s: %m (install gpushare's "
-                    "Python package there, or fix the path)", gs_pythonpath);
+        error = errno;
+        slurm_error("gpushare: plugstack argument pythonpath=%s: %s (install gpushare's "
+                    "Python package there, or fix the path)", gs_pythonpath, strerror(error));
+        gs_core_cannot("cannot import its core from pythonpath=%s (%s)", gs_pythonpath,
+                       strerror(error));
         return -1;
     }
     gs_tree_what = "pythonpath=";
     gs_tree_entries = 0;
-    if (gs_check_parents("pythonpath=", real) < 0)
+    if (gs_check_parents("pythonpath=", real) < 0) {
+        gs_core_cannot("cannot import its core from pythonpath=%s (refused: a directory "
+                       "above it not root's or writable by others)", gs_pythonpath);
         return -1;
-    return nftw(real, gs_tree_entry, 16, FTW_PHYS) == 0 ? 0 : -1;
+    }
+    gs_tree_cause = "refused";
+    if (nftw(real, gs_tree_entry, 16, FTW_PHYS) == 0)
+        return 0;
+    gs_core_cannot("cannot import its core from pythonpath=%s (%s)", gs_pythonpath,
+                   gs_tree_cause);
+    return -1;
 }
 
 /* The core library that is about to be loaded, and the directories above it. */
@@ -88,20 +132,29 @@ static int gs_check_core(const char *path)
 {
     char real[PATH_MAX];
     struct stat st;
+    int error, rc;
 
     if (!realpath(path, real) || stat(real, &st) < 0) {
-        slurm_error("gpushare: cannot load the Python core %s: %m (install it next to "
-                    "spank_gpushare.so)", path);
+        error = errno;
+        slurm_error("gpushare: cannot load the Python core %s: %s (install it next to "
+                    "spank_gpushare.so)", path, strerror(error));
+        gs_core_cannot("cannot load its Python core %s (%s)", path, strerror(error));
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
         slurm_error("gpushare: refusing the Python core: %s is not a regular file (install "
                     "the library there)", real);
+        gs_core_cannot("cannot load its Python core %s (not a regular file)", real);
         return -1;
     }
     if (gs_untrusted(&st, 0))
-        return gs_refuse("the Python core", real, &st, "chown root and chmod go-w it");
-    return gs_check_parents("the Python core", real);
+        rc = gs_refuse("the Python core", real, &st, "chown root and chmod go-w it");
+    else
+        rc = gs_check_parents("the Python core", real);
+    if (rc < 0)
+        gs_core_cannot("cannot load its Python core %s (refused: it or a directory above "
+                       "it not root's or writable by others)", real);
+    return rc;
 }
 
 /* The core library and pythonpath=, checked before anything of them is loaded. */
@@ -109,6 +162,7 @@ int gs_core_trusted(char *path, size_t size)
 {
     if (gs_core_path(path, size) < 0) {
         slurm_error("gpushare: cannot find the directory of spank_gpushare.so");
+        gs_core_cannot("cannot load its Python core (no directory for spank_gpushare.so)");
         return -1;
     }
     if (gs_check_core(path) < 0 || gs_check_pythonpath() < 0)
@@ -139,18 +193,24 @@ static int gs_load_core(spank_t sp)
     /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
     gs_core_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!gs_core_handle) {
+        const char *error = dlerror();
+
         slurm_error("gpushare: cannot load the Python core %s: %s (install it next to "
-                    "spank_gpushare.so)", path, dlerror());
+                    "spank_gpushare.so)", path, error ? error : "dlopen failed");
+        gs_core_cannot("cannot load its Python core %s (%s)", path,
+                       error ? error : "dlopen failed");
         return -1;
     }
     start = (gs_core_start_f)dlsym(gs_core_handle, "gpushare_core_start");
     gs_core_dispatch = (gs_core_dispatch_f)dlsym(gs_core_handle, "gpushare_core_dispatch");
     if (!start || !gs_core_dispatch) {
         slurm_error("gpushare: %s is not gpushare's core (missing symbols)", path);
+        gs_core_cannot("cannot load its Python core %s (not gpushare's core)", path);
         gs_core_dispatch = NULL;
         return -1;
     }
     if (start() != 0) {
+        gs_core_cannot("cannot start its Python core %s (slurmd's log says why)", path);
         gs_core_dispatch = NULL;
         return -1;
     }
@@ -178,25 +238,71 @@ static int gs_job_ids(void *handle, uint32_t *job_id, uint32_t *uid, uint32_t *g
 }
 
 
-/* Run one callback in the core; any failure becomes a logged error and a -1. */
+/*
+ * Run one callback in the core; any failure becomes a logged error and a -1, or
+ * GS_CORE_IMPORT_FAILED when the core cannot be loaded or imported (the node's fault,
+ * gs_core_fault: the caller does what it calls for).
+ */
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
     struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt};
     double started = gs_now();
-    int rc;
+    int rc = GS_CORE_IMPORT_FAILED;
 
-    if (gs_load_core(sp) < 0) {
-        /* No Python runs to count the callback: counted here, as failed. */
-        if (strcmp(callback, "job_prolog") == 0 || strcmp(callback, "job_epilog") == 0) {
-            gs_count_fast(callback[4] == 'p' ? "prolog failed" : "epilog failed",
-                          gs_now() - started);
-            /* A node fault no Python is left to report: every GPU job here would fail. */
-            if (spank_context() != S_CTX_SLURMD)
-                (void)gs_drain_node("cannot load its Python core (slurmd's log says why)");
-        }
-        return -1;
+    if (gs_load_core(sp) == 0) {
+        rc = gs_core_dispatch(callback, &host, ac, av);
+        gs_debug(sp, "cb=%s python rc=%d", callback, rc);
+        if (rc != GS_CORE_IMPORT_FAILED)
+            return rc;
+        gs_core_cannot("cannot import its core from pythonpath=%s", gs_pythonpath_shown());
+        slurm_error("gpushare: %s: cannot import gpushare from pythonpath=%s (the traceback "
+                    "above says why): install gpushare's Python there, or fix the plugstack "
+                    "line's pythonpath=", callback, gs_pythonpath_shown());
     }
-    rc = gs_core_dispatch(callback, &host, ac, av);
-    gs_debug(sp, "cb=%s python rc=%d", callback, rc);
-    return rc;
+    /* No Python ran to count the callback: counted here, as failed. */
+    if (strcmp(callback, "job_prolog") == 0 || strcmp(callback, "job_epilog") == 0)
+        gs_count_fast(callback[4] == 'p' ? "prolog failed" : "epilog failed",
+                      gs_now() - started);
+    return GS_CORE_IMPORT_FAILED;
+}
+
+/*
+ * The core cannot be loaded or imported: a node fault no Python is left to report, which
+ * every GPU job here would meet. The node is drained with why (the setting and the path);
+ * with `requeue` (a prolog's detached worker: Slurm no longer waits for it), the batch job
+ * is requeued as Slurm requeues one after a failing prolog (held unless
+ * nohold_on_prolog_fail, never against --no-requeue), and its tasks are told. A prolog
+ * that fails in Slurm's sight leaves the requeue to Slurm, which keeps this drain's reason.
+ */
+void gs_core_fault(const char *callback, spank_t sp, int requeue)
+{
+    char node_why[GS_DRAIN_REASON_MAX + 64], text[GS_DRAIN_REASON_MAX + 512];
+    const char *node = gs_node_name(), *done = NULL;
+    uint32_t job_id = 0;
+
+    if (spank_context() == S_CTX_SLURMD || (strcmp(callback, "job_prolog") != 0 &&
+                                            strcmp(callback, "job_epilog") != 0))
+        return;
+    if (!gs_core_why[0])
+        gs_core_cannot("cannot load its Python core (slurmd's log says why)");
+    slurm_error("gpushare: %s: %s: the node's fault; draining it", callback, gs_core_why);
+    (void)gs_drain_node(gs_core_why);
+    if (!requeue || strcmp(callback, "job_prolog") != 0)
+        return;
+    (void)spank_get_item(sp, S_JOB_ID, &job_id);
+    if (job_id)
+        done = gs_requeue_job(job_id);
+    snprintf(node_why, sizeof(node_why), "node %s: gpushare %s", node ? node : "?",
+             gs_core_why);
+    if (done && strcmp(done, "held") == 0)
+        snprintf(text, sizeof(text), "could not set up this job on %s. The node was drained; "
+                 "the job was requeued and held, as Slurm holds a job whose prolog failed: "
+                 "`scontrol release %u` runs it on another node", node_why, job_id);
+    else if (done)
+        snprintf(text, sizeof(text), "could not set up this job on %s. The node was drained; "
+                 "the job was requeued to run on another node", node_why);
+    else
+        snprintf(text, sizeof(text), "could not set up this job on %s. The node was drained; "
+                 "submit the job again", node_why);
+    gs_fail_tasks(sp, text);
 }

@@ -22,7 +22,7 @@
 /* ---- gs_args.c: the plugstack arguments, parsed once per process ------------------- */
 extern char gs_state_dir[PATH_MAX]; /* state_dir=, %n and %h expanded */
 extern char gs_debug_log[PATH_MAX]; /* debug_log=: "" when none */
-extern char gs_pythonpath[PATH_MAX];
+extern char gs_pythonpath[PATH_MAX]; /* pythonpath=, else GS_DEFAULT_PYTHONPATH; "" if none */
 extern char gs_imex_dir[PATH_MAX]; /* imex_channels=: "" when not checked */
 extern double gs_timeout;          /* timeout=; its range is checked by Python */
 int gs_parse_args(int ac, char **av);
@@ -57,10 +57,15 @@ int gs_lock_daemon(int store_fd, const char *key);
 
 /* ---- gs_drain.c: draining the node for a fault no Python can report ---------------- */
 int gs_drain_node(const char *why);
+/* Requeue a job whose prolog failed here as Slurm does: "held", "requeued", or NULL when
+ * slurmctld would not (--no-requeue, not a batch job) or could not be asked. */
+const char *gs_requeue_job(uint32_t job_id);
 
 /* ---- gs_core.c: the Python core, loaded lazily, never in slurmd --------------------- */
 int gs_core_trusted(char *path, size_t size);
+/* 0, -1, or GS_CORE_IMPORT_FAILED when the core cannot be loaded or imported. */
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av);
+void gs_core_fault(const char *callback, spank_t sp, int requeue);
 
 /* ---- gs_deadline.c: a worker's one deadline, its supervisor ------------------------- */
 double gs_worker_deadline(void);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * The small pure parsers of the C glue: a --gpu-share value, a share file, a /proc stat
- * line, a file's stamp, a job's GPU list and whether a device list names UUIDs. No SPANK,
- * no I/O (gs_parse.h).
+ * line, a file's stamp, a job's GPU list, whether a device list names UUIDs and whether
+ * Slurm holds a job whose prolog failed. No SPANK, no I/O (gs_parse.h).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -113,4 +113,32 @@ int gs_uuid_list(const char *value)
             return 1;
         at += len + 1;
     }
+}
+
+static int gs_word_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_';
+}
+
+int gs_nohold_on_prolog_fail(const char *config)
+{
+    static const char key[] = "SchedulerParameters", word[] = "nohold_on_prolog_fail";
+    const char *line = config, *end, *at;
+
+    for (; line && *line; line = *end ? end + 1 : end) {
+        end = line + strcspn(line, "\n");
+        if (strncmp(line, key, sizeof(key) - 1) != 0)
+            continue;
+        at = line + sizeof(key) - 1;
+        at += strspn(at, " \t");
+        if (*at != '=')
+            continue;
+        for (at++; (at = strstr(at, word)) && at < end; at += sizeof(word) - 1) {
+            const char *after = at + sizeof(word) - 1;
+            if (!gs_word_char(at[-1]) && (after >= end || !gs_word_char(*after)))
+                return 1;
+        }
+    }
+    return 0;
 }

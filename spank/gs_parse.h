@@ -44,6 +44,10 @@ int gs_parse_gpu_list(const char *value, long *indices, int max);
  * "MIG-..." items, as Slurm 26.05's gres.conf Flags=env_uuid and MIG slices write it): an
  * MPS client may keep such a list, an index list is renumbered by the daemon. 1 or 0. */
 int gs_uuid_list(const char *value);
+/* `scontrol show config`'s text: whether its SchedulerParameters holds
+ * nohold_on_prolog_fail (a job whose prolog failed is requeued without a hold), as
+ * gpushare.node.drain.requeue_job reads it. 1 or 0. */
+int gs_nohold_on_prolog_fail(const char *config);
 
 /* ---- gs_ticket.c: the join ticket (gpushare.node.ticket describes its format) -------- */
 

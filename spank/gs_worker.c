@@ -157,9 +157,16 @@ void gs_finish(const char *callback, spank_t sp, const char *lock)
     (void)unlink(lock);
 }
 
+/* In Slurm's sight: a core that cannot load drains the node here, and the -1 makes Slurm
+ * requeue a prolog's batch job itself (it keeps the drain's reason). */
 int gs_in_place(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end)
 {
     int rc = gs_call_python(callback, sp, ac, av);
+
+    if (rc == GS_CORE_IMPORT_FAILED) {
+        gs_core_fault(callback, sp, 0);
+        rc = -1;
+    }
     gs_finish(callback, sp, lock_at_end);
     return rc;
 }
@@ -170,6 +177,9 @@ int gs_run_worker(const char *callback, spank_t sp, int ac, char **av, const cha
 {
     int rc = gs_call_python(callback, sp, ac, av);
 
+    /* Slurm no longer waits for this worker: the drain and the requeue are its own. */
+    if (rc == GS_CORE_IMPORT_FAILED)
+        gs_core_fault(callback, sp, 1);
     if (rc != 0 && strcmp(callback, "job_prolog") == 0)
         gs_fail_tasks(sp, "could not set up this job on its node (slurmd's log says why); "
                       "tell your administrator");

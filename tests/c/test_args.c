@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /* The plugstack arguments (spank/gs_args.c): known keys, the paths C needs with %n, %h and
- * %% expanded, timeout=. gs_args.c is included here, so that its static helpers can be
- * called; slurm_error, its one Slurm call, is this file's and keeps the last message.
+ * %% expanded, timeout=, the package's default pythonpath=. gs_args.c is included here, so
+ * that its static helpers can be called; slurm_error, its one Slurm call, is this file's and
+ * keeps the last message.
  * links: gs_parse.c */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "gs_check.h"
+/* As a package's build sets it (spank/build.py --pythonpath): the test header's is "". */
+#undef GS_DEFAULT_PYTHONPATH
+#define GS_DEFAULT_PYTHONPATH "/usr/share/gpushare/python"
 #include "../../spank/gs_args.c"
 
 static char last_error[1024];
@@ -93,8 +97,25 @@ static void test_parse_args(void)
     CHECK(gs_timeout == 10.0);
 }
 
+/* A line without pythonpath= takes the package's directory; none, or another, replaces it. */
+static void test_default_pythonpath(void)
+{
+    char *without[] = {"state_dir=/run/x", "timeout=5"};
+    char *none[] = {"pythonpath=none"};
+    char *other[] = {"pythonpath=/opt/gs/python"};
+
+    CHECK_STR(gs_pythonpath, "/usr/share/gpushare/python");
+    CHECK_INT(parse(2, without), 0);
+    CHECK_STR(gs_pythonpath, "/usr/share/gpushare/python");
+    CHECK_INT(parse(1, other), 0);
+    CHECK_STR(gs_pythonpath, "/opt/gs/python");
+    CHECK_INT(parse(1, none), 0);
+    CHECK_STR(gs_pythonpath, "");
+}
+
 int main(void)
 {
+    test_default_pythonpath(); /* first: the value a fresh process starts with */
     test_expand();
     test_parse_args();
     return gs_check_done("test_args");

@@ -138,6 +138,29 @@ static void test_uuid_list(void)
         CHECK_INT(gs_uuid_list(not_uuids[i]), 0);
 }
 
+static void test_nohold_on_prolog_fail(void)
+{
+    const char *nohold[] = {
+        "SchedulerParameters     = nohold_on_prolog_fail\n",
+        "SLURM_VERSION = 22.05.8\nSchedulerParameters = bf_continue,nohold_on_prolog_fail\n"
+        "SchedulerTimeSlice = 30 sec\n",
+        "SchedulerParameters=nohold_on_prolog_fail,bf_interval=30",
+        "A = b\r\nSchedulerParameters\t= x,nohold_on_prolog_fail\r\n"};
+    const char *held[] = {
+        "", "SchedulerParameters     = (null)\n", "SchedulerParameters = bf_continue\n",
+        "SchedulerParameters = xnohold_on_prolog_fail\n",
+        "SchedulerParameters = nohold_on_prolog_fail_x\n",
+        "SchedulerParameters = bf_continue\nComment = nohold_on_prolog_fail\n",
+        "SchedulerParametersX = nohold_on_prolog_fail\n",
+        "# SchedulerParameters = nohold_on_prolog_fail\n",
+        "SchedulerType = sched/backfill nohold_on_prolog_fail\n"};
+
+    for (size_t i = 0; i < sizeof(nohold) / sizeof(nohold[0]); i++)
+        CHECK_INT(gs_nohold_on_prolog_fail(nohold[i]), 1);
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
+        CHECK_INT(gs_nohold_on_prolog_fail(held[i]), 0);
+}
+
 int main(void)
 {
     test_percent();
@@ -147,5 +170,6 @@ int main(void)
     test_stamp();
     test_gpu_list();
     test_uuid_list();
+    test_nohold_on_prolog_fail();
     return gs_check_done("test_parse");
 }

@@ -300,6 +300,85 @@ def test_slurmd_logs_the_packaged_gpushare(deb_bed):
         assert len(found) == 1 and found[0].rstrip().endswith(line), (node.name, found)
 
 
+def bed_args_line(bed, **changed: str) -> str:
+    """The installed plugin's line with the bed's own arguments, without pythonpath= (the
+    package's default) unless ``changed`` gives one."""
+    args = {k: v for k, v in bed.default_plugin_args().items() if k != "pythonpath"}
+    args.update(changed)
+    return (f"required {plugin_dir()}/spank_gpushare.so "
+            f"{' '.join(f'{k}={v}' for k, v in args.items())}\n")
+
+
+def drain_reason(bed, node: str) -> str:
+    """The node's whole drain reason (sinfo's: it holds ``=`` signs whole)."""
+    return bed.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"]).stdout.strip()
+
+
+def held_after_requeue(bed, job_id: int) -> dict[str, str]:
+    def probe() -> dict[str, str]:
+        info = bed.job(job_id)
+        held = info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
+            info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
+        return info if held else {}
+    return slurmbed.wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
+
+
+@pytest.fixture
+def own_line(deb_bed):
+    """The test writes its own plugstack line; the conffile's is put back after it, with
+    every node resumed and the test's jobs gone."""
+    saved = deb_bed.plugstack
+    yield deb_bed
+    deb_bed.write_plugstack(saved)
+    deb_bed.run(["scancel", "--quiet", "-u", USER], check=False)
+    slurmbed.wait_until("the test's jobs gone", lambda: not deb_bed.run(
+        ["squeue", "-h", "-o", "%i"], check=False).stdout.split(), 120)
+    deb_bed.resume(*(node.name for node in deb_bed.nodes))
+
+
+def test_a_line_without_pythonpath_takes_the_packages_own(own_line):
+    """A site that copied the line and dropped pythonpath=: the packaged plugin takes its
+    own install directory, checks it as a given one, and a GPU job runs."""
+    bed = own_line
+    bed.write_plugstack(bed_args_line(bed))
+    node = f"{PREFIX}4"
+    result = bed.run(["srun", "--gres=gpu:1", "-w", node, "-c1", "bash", "-c",
+                      "echo JOB=$SLURM_JOB_ID"], user=USER, check=False)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    job_id = int(re.search(r"JOB=(\d+)", result.stdout).group(1))
+    slurmbed.wait_until(f"job {job_id}: its prolog's Python ran", lambda: any(
+        "cb=job_prolog python rc=0" in line for line in debug_lines_for(bed, job_id)), 120)
+    assert "DRAIN" not in bed.node_state(node)["State"], bed.node_state(node)
+
+
+def test_a_pythonpath_without_the_core_drains_and_requeues(own_line):
+    """pythonpath= names a root's directory without gpushare: the node's fault. The node is
+    drained naming the setting and the path, the batch job requeued held as Slurm holds a
+    job whose prolog failed; one that asked --no-requeue is not requeued, and says why."""
+    bed = own_line
+    empty = os.path.join(ROOT, "no-gpushare-here")
+    os.makedirs(empty, mode=0o755, exist_ok=True)
+    bed.write_plugstack(bed_args_line(bed, pythonpath=empty))
+    node = f"{PREFIX}4"
+    job_id = bed.sbatch("echo RAN", "--gres=gpu:1", "-w", node, "-c1", user=USER)
+    slurmbed.wait_until(f"{node} drained",
+                        lambda: "DRAIN" in bed.node_state(node)["State"], 120)
+    assert drain_reason(bed, node) == f"gpushare: cannot import its core from pythonpath={empty}"
+    held_after_requeue(bed, job_id)
+    assert "RAN" not in bed.output(job_id, "")
+
+    bed.resume(node)
+    job_id = bed.sbatch("echo RAN", "--gres=gpu:1", "-w", node, "-c1", "--no-requeue",
+                        user=USER)
+    info = bed.wait_job(job_id, timeout=120)
+    assert info["JobState"] != "COMPLETED" and info.get("Restarts") == "0", info
+    assert "DRAIN" in bed.node_state(node)["State"], bed.node_state(node)
+    output = bed.output(job_id)
+    assert "RAN" not in output, output
+    assert (f"could not set up this job on node {node}: gpushare cannot import its core from "
+            f"pythonpath={empty}. The node was drained; submit the job again") in output, output
+
+
 def test_remove_keeps_the_edited_conffile_and_purge_leaves_nothing(installed, deb_bed):
     """Last: remove, then purge, while the bed still runs."""
     listed = subprocess.run(["dpkg", "-L", PACKAGE], capture_output=True, text=True,

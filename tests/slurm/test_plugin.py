@@ -238,10 +238,28 @@ def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     assert not os.path.exists(marker)
 
 
+def drain_reason(bed, node: str) -> str:
+    """The node's whole reason (``scontrol show node -o`` as node_state reads it ends a value
+    before a word with ``=``, as in ``pythonpath=``)."""
+    return bed.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"]).stdout.strip()
+
+
+def held_after_requeue(bed, job_id: int) -> dict[str, str]:
+    """The job requeued and held, as Slurm holds a batch job whose prolog failed (the bed has
+    no nohold_on_prolog_fail)."""
+    def probe() -> dict[str, str]:
+        info = bed.job(job_id)
+        held = info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
+            info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
+        return info if held else {}
+    return slurmbed.wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
+
+
 def test_a_core_that_cannot_load_drains_the_node_from_c(clean_bed):
     """The core passes the trust check but does not load (a broken install, a missing
     libpython): no Python is left to report it, so the C glue drains the node with the
-    cause, and the job's tasks fail instead of running unchecked."""
+    cause and requeues the batch job held, as for any node fault, and the job's tasks never
+    run unchecked."""
     core = clean_bed.path("lib", "spank_gpushare_core.so")
     saved = core + ".saved"
     os.rename(core, saved)
@@ -253,14 +271,46 @@ def test_a_core_that_cannot_load_drains_the_node_from_c(clean_bed):
         _wait_for_log(clean_bed, "n4", r"cannot load the Python core .*spank_gpushare_core\.so")
         state = _wait_drained(clean_bed, "n4")
         assert state["Reason"].startswith("gpushare: cannot load its Python core"), state
-        assert clean_bed.wait_job(job_id)["JobState"] != "COMPLETED"
-        assert "RAN" not in clean_bed.output(job_id)
+        assert held_after_requeue(clean_bed, job_id)["JobState"] != "COMPLETED"
+        assert "RAN" not in clean_bed.output(job_id, "")
+        _cancel_and_wait(clean_bed, job_id)
     finally:
         os.replace(saved, core)
     clean_bed.resume("n4")
     job_id = clean_bed.sbatch("echo RAN", "--gres=gpu:1", "-w", "n4", user=USER)
     assert clean_bed.wait_job(job_id)["JobState"] == "COMPLETED"
     assert "DRAIN" not in clean_bed.node_state("n4")["State"]
+
+
+def test_a_pythonpath_without_the_core_drains_the_node_and_requeues_the_job(clean_bed):
+    """pythonpath= names a root's directory that holds no gpushare: the core loads, its
+    import fails in the worker. That is the node's fault, not the job's: the node is drained
+    with the setting and the path, the batch job requeued held; a job that asked
+    --no-requeue is not requeued, and its output says why."""
+    empty = clean_bed.path("lib", "no-gpushare-here")
+    os.makedirs(empty, mode=0o755, exist_ok=True)
+    default = f"pythonpath={clean_bed.path('lib', 'python')}"
+    assert default in clean_bed.plugstack_line()
+    clean_bed.write_plugstack(clean_bed.plugstack_line().replace(default, f"pythonpath={empty}"))
+    job_id = clean_bed.sbatch("echo RAN", "--gres=gpu:1", "-w", "n4", user=USER)
+    _wait_drained(clean_bed, "n4")
+    reason = drain_reason(clean_bed, "n4")
+    assert reason == f"gpushare: cannot import its core from pythonpath={empty}", reason
+    held_after_requeue(clean_bed, job_id)
+    assert "RAN" not in clean_bed.output(job_id, "")
+    assert "ModuleNotFoundError: No module named 'gpushare'" in _slurmd_log(clean_bed, "n4")
+    _cancel_and_wait(clean_bed, job_id)
+
+    clean_bed.resume("n4")
+    job_id = clean_bed.sbatch("echo RAN", "--gres=gpu:1", "-w", "n4", "--no-requeue",
+                              user=USER)
+    _wait_drained(clean_bed, "n4")
+    info = clean_bed.wait_job(job_id)
+    assert info["JobState"] != "COMPLETED" and info.get("Restarts") == "0", info
+    output = clean_bed.output(job_id)
+    assert "RAN" not in output, output
+    assert (f"could not set up this job on node n4: gpushare cannot import its core from "
+            f"pythonpath={empty}. The node was drained; submit the job again") in output, output
 
 
 def test_the_builds_own_python_is_accepted_as_it_is(clean_bed):

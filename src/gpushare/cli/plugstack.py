@@ -9,7 +9,8 @@ from gpushare.node.config import ARG_SPECS, ConfigError, plugin_arg_values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    keys = "\n".join(f"  {s.key}= ({s.accepts}; default {s.default or 'none'}): {s.help}"
+    keys = "\n".join(f"  {s.key}= ({s.accepts}; default "
+                     f"{s.built_default or s.default or 'none'}): {s.help}"
                      for s in ARG_SPECS)
     parser = subparsers.add_parser(
         "plugstack-args",

@@ -152,11 +152,17 @@ class ArgSpec(NamedTuple):
     check: Callable[[str], str]
     accepts: str
     help: str
+    # What the plugin takes without the argument, where its build decides (else default).
+    built_default: str = ""
 
 
 ARG_SPECS: tuple[ArgSpec, ...] = (
-    ArgSpec("pythonpath", "", _optional_abs_path, "an absolute directory",
-            "directory holding the gpushare package and what it imports"),
+    ArgSpec("pythonpath", "", _optional_abs_path, "an absolute directory or none",
+            "directory holding the gpushare package and what it imports; everything below "
+            "it must be root's and writable by no one else. A core that cannot be imported "
+            "from it drains the node and requeues the batch job",
+            "the package's own directory: /usr/lib64/gpushare/python (RPM), "
+            "/usr/share/gpushare/python (.deb); none for a plugin built by `make build`"),
     ArgSpec("state_dir", "/run/gpushare", _abs_path, "an absolute path",
             "root-owned node-local state: per-job records, MPS reference counts"),
     ArgSpec("mps_control", "/usr/bin/nvidia-cuda-mps-control", _abs_path, "an absolute path",
