@@ -73,17 +73,20 @@ def node_rlimits(proc_root: str = "/proc") -> tuple[tuple[int, int, int], ...]:
 
 def cgroup2_mount(proc_root: str = "/proc") -> Optional[str]:
     """Where this node mounts the cgroup v2 hierarchy (``/sys/fs/cgroup`` on a unified
-    host, ``/sys/fs/cgroup/unified`` on a hybrid one); None without one."""
+    host, ``/sys/fs/cgroup/unified`` on a hybrid one); None without one. Of several, the
+    last: a later mount over ``/sys/fs/cgroup`` (a container's, a node booted in
+    namespaces) hides the ones before it."""
+    found = None
     try:
         with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8",
                   errors="replace") as handle:
             for line in handle:
                 fields = line.split(" - ", 1)
                 if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
-                    return fields[0].split()[4].replace("\\040", " ")
+                    found = fields[0].split()[4].replace("\\040", " ")
     except OSError:
         pass
-    return None
+    return found
 
 
 def systemd_booted(run_root: str = "/run") -> bool:
