@@ -201,6 +201,52 @@ def test_the_daemon_runs_as_a_job_would_after_its_starters_are_gone(iso_bed):
     not_drained(bed)
 
 
+def test_a_process_left_in_the_daemons_cgroup_ends_with_the_daemon(iso_bed):
+    """A takeover of the daemon (ptrace, where ptrace_scope allows it) leaves a child of the
+    user in the daemon's cgroup that is no MPS program (here: root moves the user's
+    ``sleep`` there). When the job ends, its daemon's whole cgroup ends: that process is
+    gone, the cgroup removed, nothing left, the node in service."""
+    bed = iso_bed
+    mount = isolation.cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    # A parent of this bed's own: other beds on this host use gpushare-mps.
+    parent = os.path.join(mount, f"gpushare-bed-{os.path.basename(bed.root)}")
+    bed.write_plugstack(bed.plugstack_line().rstrip("\n") +
+                        f" verify_reuse=0 mps_cgroup={parent}\n")
+    uid = slurmbed.uid_of(U1)
+    child = None
+    try:
+        job_id = bed.sbatch("sleep 60", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+        bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
+        record = one_daemon(bed, uid)
+        key_cgroup = os.path.join(parent, record["key"])
+        assert cgroup_v2(record["daemon_pid"]) == "/" + os.path.relpath(key_cgroup, mount)
+        child = subprocess.Popen(["/bin/sleep", "600"], user=uid, group=uid,
+                                 extra_groups=[], start_new_session=True)
+        with open(os.path.join(key_cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(f"{child.pid}\n")
+        assert cgroup_v2(child.pid) == cgroup_v2(record["daemon_pid"])
+        bed.run(["scancel", str(job_id)])
+        bed.wait_job(job_id)
+        nothing_left(bed)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+        assert not alive(record["daemon_pid"])
+        wait_until("the daemon's cgroup removed", lambda: not os.path.exists(key_cgroup), 30)
+        assert not [name for name in os.listdir(os.path.join(bed.state_of(NODE), "daemons"))
+                    if name.startswith(record["key"])]  # its lock file too
+        not_drained(bed)
+        print(f"pid {child.pid} of uid {uid} in {key_cgroup}: killed with the daemon "
+              f"{record['daemon_pid']}; cgroup removed")
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        for dirpath, _dirs, _files in sorted(os.walk(parent), key=lambda e: -len(e[0])):
+            with suppress(OSError):
+                os.rmdir(dirpath)
+
+
 # ---------------------------------------------------------------------------- the daemon
 
 def test_a_process_naming_the_program_in_argv_is_never_taken_for_the_daemon(iso_bed):
