@@ -186,7 +186,10 @@ def test_the_daemon_runs_as_a_job_would_after_its_starters_are_gone(iso_bed):
         assert int(seen["SigBlk"], 16) == 0 and int(seen["SigIgn"], 16) == 0, seen
         assert seen["Umask"] == "0077"
         assert seen["Uid"].split()[0] == str(slurmbed.uid_of(U1))
-        if isolation.cgroup_parent("auto") is not None:
+        if bed.daemon_cgroups is not None:  # the bed's mps_cgroup=, in place of auto's
+            assert cgroup_v2(pid).endswith(
+                f"/{os.path.basename(bed.daemon_cgroups)}/{record['key']}"), cgroup_v2(pid)
+        elif isolation.cgroup_parent("auto") is not None:
             assert cgroup_v2(pid).endswith(f"/gpushare-mps/{record['key']}"), cgroup_v2(pid)
         else:  # a root without a cgroup v2 mount: mps_cgroup=auto leaves the daemon put
             assert "gpushare-mps" not in cgroup_v2(pid), cgroup_v2(pid)
@@ -207,13 +210,10 @@ def test_a_process_left_in_the_daemons_cgroup_ends_with_the_daemon(iso_bed):
     ``sleep`` there). When the job ends, its daemon's whole cgroup ends: that process is
     gone, the cgroup removed, nothing left, the node in service."""
     bed = iso_bed
-    mount = isolation.cgroup2_mount()
-    if mount is None:
+    mount, parent = isolation.cgroup2_mount(), bed.daemon_cgroups
+    if mount is None or parent is None:
         pytest.skip("no cgroup v2 hierarchy on this machine")
-    # A parent of this bed's own: other beds on this host use gpushare-mps.
-    parent = os.path.join(mount, f"gpushare-bed-{os.path.basename(bed.root)}")
-    bed.write_plugstack(bed.plugstack_line().rstrip("\n") +
-                        f" verify_reuse=0 mps_cgroup={parent}\n")
+    assert f" mps_cgroup={parent}" in bed.plugstack_line()
     uid = slurmbed.uid_of(U1)
     child = None
     try:
@@ -242,9 +242,6 @@ def test_a_process_left_in_the_daemons_cgroup_ends_with_the_daemon(iso_bed):
         if child is not None and child.poll() is None:
             child.kill()
             child.wait()
-        for dirpath, _dirs, _files in sorted(os.walk(parent), key=lambda e: -len(e[0])):
-            with suppress(OSError):
-                os.rmdir(dirpath)
 
 
 # ---------------------------------------------------------------------------- the daemon

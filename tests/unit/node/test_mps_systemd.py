@@ -284,6 +284,9 @@ def test_a_scopes_devices_are_its_gpus_and_mig_caps_and_the_drivers_common_files
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",
         "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31")
     assert isolation.daemon_devices([gpu, GPU0]) == ()
+    # systemd refuses DeviceAllow= of a path outside /dev (a simulated node's files).
+    assert isolation.daemon_devices([GPU0._replace(device_files=("/tmp/bed/dev/nvidia0",))]
+                                    ) == ()
     scoped = proc._in_scope(["mps"], proc.Isolation(
         scope="s.scope", scope_slice="gpushare.slice", systemd_run="/usr/bin/systemd-run",
         devices=("/dev/nvidiactl", "/dev/nvidia0")), 1001, 1001)

@@ -184,9 +184,11 @@ COMMON_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 def daemon_devices(devices: Sequence["MpsDevice"]) -> tuple[str, ...]:
     """The device files a daemon's scope may open: its GPUs' (for a MIG slice, the parent
     GPU's and the slice's ``nvidia-caps`` files) and the driver's common ones beside them;
-    () when a device's files are unknown (then no device policy: a closed one would leave
-    the daemon without its GPU)."""
-    if not devices or not all(d.device_files for d in devices):
+    () when a device's files are unknown or outside ``/dev`` (a simulated node's; systemd
+    takes only device nodes), since a closed policy would leave the daemon without its GPU.
+    """
+    if not devices or not all(d.device_files and all(
+            path.startswith("/dev/") for path in d.device_files) for d in devices):
         return ()
     found: dict[str, None] = {}
     for device in devices:
