@@ -34,6 +34,7 @@ __all__ = [
     "Finding",
     "check_cluster",
     "check_daemon_cgroup",
+    "check_daemon_containment",
     "check_gres_all_nodes",
     "check_node",
     "check_release",
@@ -144,6 +145,17 @@ def check_daemon_cgroup(setting: str) -> list[Finding]:
                         "its parent is in the cgroup v2 hierarchy", where,
                         "name a directory under the cgroup v2 mount, or set mps_cgroup=auto")]
     return []
+
+
+def check_daemon_containment(setting: str) -> list[Finding]:
+    """What a user's daemon escapes on this host under ``mps_cgroup=`` (docs/admin.md, "On
+    a cgroup v1 host"): warned, since a site may choose it knowingly."""
+    from gpushare.node.mps import isolation
+
+    return [Finding(WARNING, gap, f"plugstack mps_cgroup={setting}",
+                    "set mps_cgroup=auto on a node with cgroup v2 (under systemd: a scope "
+                    "each, with its GPUs only)")
+            for gap in isolation.containment_gaps(setting)]
 
 
 def check_trash(state_dir: str) -> list[Finding]:

@@ -144,7 +144,8 @@ def _state_findings(node: str) -> list[Any]:
         return []
     node_config = config.for_node(node)
     return (check.check_state_space(node_config.state_dir) + check.check_trash(
-        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup))
+        node_config.state_dir) + check.check_daemon_cgroup(node_config.mps_cgroup) +
+            check.check_daemon_containment(node_config.mps_cgroup))
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,

@@ -375,3 +375,18 @@ def test_a_cgroup_not_roots_is_left_alone(tmp_path):
     assert "is not a cgroup directory of root's" in teardown.end_cgroup(str(tmp_path), 0)
     assert tmp_path.is_dir()
     assert teardown.end_cgroup(str(tmp_path / "gone"), 0) == ""
+
+
+def test_gpushare_check_says_when_a_daemon_gets_no_cgroup(monkeypatch):
+    """No cgroup: a takeover's child outlives the job; a cgroup or a systemd scope: nothing
+    to say."""
+    from gpushare.admin.check import WARNING, check_daemon_containment
+
+    monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": False)
+    (none,) = check_daemon_containment("none")
+    assert none.severity == WARNING and "outlives the job" in none.what
+    monkeypatch.setattr(isolation, "cgroup2_mount", lambda proc_root="/proc": None)
+    assert "this host has no cgroup v2" in check_daemon_containment("auto")[0].what
+    assert check_daemon_containment("/sys/fs/cgroup/mine") == []
+    monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": True)
+    assert check_daemon_containment("systemd") == []

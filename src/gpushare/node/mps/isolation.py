@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from gpushare.node.mps.record import MpsDevice
 
 __all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup2_mount", "cgroup_of",
-           "cgroup_parent", "daemon_cgroup", "daemon_devices", "daemon_scope", "isolation",
-           "node_rlimits", "scope_refused", "systemd_booted", "systemd_run", "uses_systemd"]
+           "cgroup_parent", "containment_gaps", "daemon_cgroup", "daemon_devices",
+           "daemon_scope", "isolation", "node_rlimits", "scope_refused", "systemd_booted",
+           "systemd_run", "uses_systemd"]
 
 AUTO_PARENT = "gpushare-mps"
 SYSTEMD_SLICE = "gpushare.slice"
@@ -229,3 +230,16 @@ def cgroup_of(pid: int, proc_root: str = "/proc") -> str:
         return found[""]
     return next((path for names, path in found.items() if "memory" in names.split(",")),
                 found.get("", ""))
+
+
+def containment_gaps(setting: str) -> list[str]:
+    """What a daemon's cgroup under ``mps_cgroup=setting`` does not hold on this host (for
+    ``gpushare check``): where there is none, a process a user forks from their daemon
+    outlives the job. (A hybrid host's controller-less cgroup v2 hierarchy, which caps
+    nothing, is only documented: it is what the host is, warned about on every run.)"""
+    if uses_systemd(setting) or cgroup_parent(setting) is not None:
+        return []
+    why = "mps_cgroup=none" if setting == "none" else "this host has no cgroup v2"
+    return [f"MPS daemons get no cgroup ({why}): a process a user forks from their own "
+            "daemon (a takeover, where ptrace is allowed) outlives the job and its limits; "
+            "only the MPS processes gpushare recognises end with the daemon"]
