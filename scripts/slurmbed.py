@@ -197,6 +197,19 @@ class SlurmBed:
                 "/sys/fs/cgroup/freezer")
         return self.cgroup
 
+    @property
+    def daemon_cgroups(self) -> Optional[str]:
+        """The cgroup v2 parent of this bed's MPS daemons' cgroups (plugstack mps_cgroup=):
+        one of the bed's own, since a daemon's retirement kills its whole cgroup and other
+        beds on this host have daemons of the same keys; None: the plugin's default (no
+        cgroup v2 here, or a bed whose slurmd runs under systemd: its scopes)."""
+        from gpushare.node.mps.isolation import cgroup2_mount
+
+        mount = cgroup2_mount()
+        if self.systemd is not None or mount is None:
+            return None
+        return os.path.join(mount, f"gpushare-bed-{os.path.basename(self.root.rstrip('/'))}")
+
     def default_plugin_args(self) -> dict[str, str]:
         args = {
             "pythonpath": self.path("lib", "python"),
@@ -206,6 +219,8 @@ class SlurmBed:
             "mps_control": self.path("bin", "nvidia-cuda-mps-control"),
             "timeout": "5",
         }
+        if self.daemon_cgroups:
+            args["mps_cgroup"] = self.daemon_cgroups
         args.update(self.plugin_args)
         return args
 
@@ -508,8 +523,9 @@ class SlurmBed:
                 _terminate(pid, grace=2.0)
 
     def _remove_cgroups(self) -> None:
+        tops = [self.daemon_cgroups] if self.daemon_cgroups else []
         for node in self.nodes:
-            for top in _glob_dirs("/sys/fs/cgroup", f"slurm_{node.name}"):
+            for top in [*_glob_dirs("/sys/fs/cgroup", f"slurm_{node.name}"), *tops]:
                 for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda e: -len(e[0])):
                     with contextlib.suppress(OSError):
                         os.rmdir(dirpath)

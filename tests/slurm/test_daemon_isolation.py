@@ -186,7 +186,10 @@ def test_the_daemon_runs_as_a_job_would_after_its_starters_are_gone(iso_bed):
         assert int(seen["SigBlk"], 16) == 0 and int(seen["SigIgn"], 16) == 0, seen
         assert seen["Umask"] == "0077"
         assert seen["Uid"].split()[0] == str(slurmbed.uid_of(U1))
-        if isolation.cgroup_parent("auto") is not None:
+        if bed.daemon_cgroups is not None:  # the bed's mps_cgroup=, in place of auto's
+            assert cgroup_v2(pid).endswith(
+                f"/{os.path.basename(bed.daemon_cgroups)}/{record['key']}"), cgroup_v2(pid)
+        elif isolation.cgroup_parent("auto") is not None:
             assert cgroup_v2(pid).endswith(f"/gpushare-mps/{record['key']}"), cgroup_v2(pid)
         else:  # a root without a cgroup v2 mount: mps_cgroup=auto leaves the daemon put
             assert "gpushare-mps" not in cgroup_v2(pid), cgroup_v2(pid)
@@ -199,6 +202,46 @@ def test_the_daemon_runs_as_a_job_would_after_its_starters_are_gone(iso_bed):
     nothing_left(bed)
     assert not alive(pid)
     not_drained(bed)
+
+
+def test_a_process_left_in_the_daemons_cgroup_ends_with_the_daemon(iso_bed):
+    """A takeover of the daemon (ptrace, where ptrace_scope allows it) leaves a child of the
+    user in the daemon's cgroup that is no MPS program (here: root moves the user's
+    ``sleep`` there). When the job ends, its daemon's whole cgroup ends: that process is
+    gone, the cgroup removed, nothing left, the node in service."""
+    bed = iso_bed
+    mount, parent = isolation.cgroup2_mount(), bed.daemon_cgroups
+    if mount is None or parent is None:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    assert f" mps_cgroup={parent}" in bed.plugstack_line()
+    uid = slurmbed.uid_of(U1)
+    child = None
+    try:
+        job_id = bed.sbatch("sleep 60", "--gres=mps:25", "-w", NODE, "-c1", user=U1)
+        bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
+        record = one_daemon(bed, uid)
+        key_cgroup = os.path.join(parent, record["key"])
+        assert cgroup_v2(record["daemon_pid"]) == "/" + os.path.relpath(key_cgroup, mount)
+        child = subprocess.Popen(["/bin/sleep", "600"], user=uid, group=uid,
+                                 extra_groups=[], start_new_session=True)
+        with open(os.path.join(key_cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(f"{child.pid}\n")
+        assert cgroup_v2(child.pid) == cgroup_v2(record["daemon_pid"])
+        bed.run(["scancel", str(job_id)])
+        bed.wait_job(job_id)
+        nothing_left(bed)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+        assert not alive(record["daemon_pid"])
+        wait_until("the daemon's cgroup removed", lambda: not os.path.exists(key_cgroup), 30)
+        assert not [name for name in os.listdir(os.path.join(bed.state_of(NODE), "daemons"))
+                    if name.startswith(record["key"])]  # its lock file too
+        not_drained(bed)
+        print(f"pid {child.pid} of uid {uid} in {key_cgroup}: killed with the daemon "
+              f"{record['daemon_pid']}; cgroup removed")
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 # ---------------------------------------------------------------------------- the daemon

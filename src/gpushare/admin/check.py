@@ -34,6 +34,7 @@ __all__ = [
     "Finding",
     "check_cluster",
     "check_daemon_cgroup",
+    "check_daemon_containment",
     "check_gres_all_nodes",
     "check_node",
     "check_ptrace_scope",
@@ -171,6 +172,17 @@ def check_ptrace_scope(proc_root: str = "/proc") -> list[Finding]:
     if value == "0":
         return [Finding(WARNING, f"kernel.yama.ptrace_scope is 0: {why}", where, fix)]
     return []
+
+
+def check_daemon_containment(setting: str) -> list[Finding]:
+    """What a user's daemon escapes on this host under ``mps_cgroup=`` (docs/admin.md, "On
+    a cgroup v1 host"): warned, since a site may choose it knowingly."""
+    from gpushare.node.mps import isolation
+
+    return [Finding(WARNING, gap, f"plugstack mps_cgroup={setting}",
+                    "set mps_cgroup=auto on a node with cgroup v2 (under systemd: a scope "
+                    "each, with its GPUs only)")
+            for gap in isolation.containment_gaps(setting)]
 
 
 def check_trash(state_dir: str, keep_trash: bool = False) -> list[Finding]:

@@ -154,6 +154,7 @@ def _state_findings(node: str, proc_root: str) -> list[Any]:
     plugin_here = not source.startswith(nodeconf.DEFAULTS)
     return (space_findings(node_config.state_dir, node_config.mps_space, os.environ)
             + check.check_daemon_cgroup(node_config.mps_cgroup)
+            + check.check_daemon_containment(node_config.mps_cgroup)
             + (check.check_ptrace_scope(proc_root) if plugin_here else []))
 
 

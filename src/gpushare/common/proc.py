@@ -81,7 +81,9 @@ class Isolation(NamedTuple):
     ``rlimits``: (resource, soft, hard) for each limit to set; ``cgroup``: a cgroup v2
     directory (root's) the child moves itself into, or "" to stay where it is;
     ``scope``: instead, a systemd scope unit to run in, in ``scope_slice``, made by
-    ``systemd_run`` (a root-owned program: the child runs it as root).
+    ``systemd_run`` (a root-owned program: the child runs it as root); ``devices``: the
+    only device files the scope may open (``DevicePolicy=closed``; none given: no device
+    policy).
     """
 
     rlimits: tuple[tuple[int, int, int], ...] = ()
@@ -91,6 +93,7 @@ class Isolation(NamedTuple):
     scope: str = ""
     scope_slice: str = ""
     systemd_run: str = ""
+    devices: tuple[str, ...] = ()
 
     def where(self) -> str:
         """The cgroup or scope, for messages."""
@@ -101,9 +104,14 @@ def _in_scope(argv: Sequence[str], isolation: Isolation, uid: int, gid: int) -> 
     """``argv`` run by systemd-run in a transient scope of its own, as ``uid``/``gid``:
     systemd moves systemd-run's own process there before it drops to the user and execs
     the program, so the program and all it forks start inside (``--collect``: a scope
-    whose processes failed is not kept)."""
+    whose processes failed is not kept). With ``devices``, the scope may open those device
+    files and the pseudo-devices ``DevicePolicy=closed`` keeps (null, zero, urandom, ...),
+    no other GPU."""
+    policy = [f"--property={prop}" for prop in (
+        "DevicePolicy=closed", *(f"DeviceAllow={path} rw" for path in isolation.devices))
+              ] if isolation.devices else []
     return [isolation.systemd_run, "--scope", "--quiet", "--collect",
-            f"--unit={isolation.scope}", f"--slice={isolation.scope_slice}",
+            f"--unit={isolation.scope}", f"--slice={isolation.scope_slice}", *policy,
             f"--uid={uid}", f"--gid={gid}", "--", *argv]
 
 

@@ -488,7 +488,8 @@ def mps_devices(record: JobRecord, devices: "Sequence[ResolvedDevice]") -> list[
                         "but NVML resolved none of them; check gres.conf against "
                         "`gpushare inventory`", drain=True)
     return [MpsDevice(uuid=d.uuid, gpu_index=d.gpu_index, memory_total=d.memory_total,
-                      label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index}")
+                      label=f"{'MIG slice' if d.is_mig else 'GPU'} {d.slurm_index}",
+                      device_files=tuple(d.device_files))
             for d in devices]
 
 

@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -26,6 +27,8 @@ from gpushare.node.mps import (
     MpsUserError,
     RecordStore,
     daemon_key,
+    isolation,
+    teardown,
 )
 from gpushare.node.state import JobRecord, JobStore
 from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
@@ -38,17 +41,34 @@ GPU1 = MpsDevice("GPU-66666666-7777-8888-9999-000000000000", 1, 80 << 30, "GPU 1
 MIG = MpsDevice("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", 2, 10 << 30, "GPU 2 MIG 1g.10gb")
 
 
+def own_cgroup_parent() -> str:
+    """A cgroup v2 directory of this bed's own for its daemons' cgroups (never the shared
+    ``gpushare-mps``: a daemon's retirement kills its whole cgroup, and another run of these
+    tests on this host has daemons of the same keys); "none" where root cannot make one."""
+    mount = isolation.cgroup2_mount()
+    if mount is None:
+        return "none"
+    path = os.path.join(mount, f"gpushare-test-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(path, 0o755)
+    except OSError:
+        return "none"
+    return path
+
+
 class Bed:
-    """A traversable temp dir holding a root-owned stand-in and a state dir."""
+    """A traversable temp dir holding a root-owned stand-in and a state dir; daemons get
+    cgroups under a parent of the bed's own."""
 
     def __init__(self) -> None:
         self.base = traversable_tmpdir()
         self.standin = StandinInstall(self.base)
         self.state_dir = os.path.join(self.base, "state")
+        self.cgroup = own_cgroup_parent()
 
     def config(self, **overrides) -> PluginConfig:
         values = {"state_dir": self.state_dir, "mps_control": self.standin.program,
-                  "timeout": 2.0}
+                  "timeout": 2.0, "mps_cgroup": self.cgroup}
         values.update(overrides)
         return PluginConfig(**values)
 
@@ -100,6 +120,8 @@ def bed():
     for point in reversed(mounted):
         subprocess.run(["umount", "-l", point], check=False)
     shutil.rmtree(bed.base)
+    if bed.cgroup != "none":  # the cgroups of daemons a test leaves running, then its own
+        assert teardown.end_cgroup(bed.cgroup, 10) == ""
     assert leftovers == [], f"stand-in processes left running: {leftovers}"
     assert mounted == [], f"mounts left behind: {mounted}"
 
@@ -850,7 +872,9 @@ def test_a_daemon_that_cannot_be_stopped_fails_release_naming_gpu_and_daemon(
     lease = mgr.acquire(job_id=1, uid=u1.pw_uid, gid=u1.pw_gid, devices=[GPU0],
                         share_percent=25)
     bed.standin.set_faults("ignore_quit")
-    monkeypatch.setattr(mgr.daemons, "signal_if_ours", lambda pid, rec, sig: None)  # no effect
+    # A process stuck in the kernel: neither gpushare's signals nor its cgroup's kill end it.
+    monkeypatch.setattr(mgr.daemons, "signal_if_ours", lambda pid, rec, sig: None)
+    monkeypatch.setattr(teardown, "_kill_all", lambda path, relative, pids: None)
     with pytest.raises(MpsError) as err:
         mgr.release(1)
     message = str(err.value)

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from gpushare.common import proc
-from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, isolation
+from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, isolation, teardown
 from gpushare.node.mps.record import DaemonRecord
 from mps_standin.harness import StandinBed as Bed
 from mps_standin.harness import ensure_users, unusable_reason
@@ -281,3 +281,112 @@ def test_auto_without_a_cgroup_root_may_make_leaves_the_daemon_where_it_is(tmp_p
     assert isolation.daemon_cgroup("auto", "k") is None
     with pytest.raises(OSError, match="not in a cgroup v2 hierarchy"):
         isolation.daemon_cgroup(str(tmp_path / "not-a-cgroup"), "k")
+
+
+# ------------------------------------------------------------- the daemon's cgroup ends
+
+def taken_over(key_cgroup: str, user) -> subprocess.Popen:
+    """What a user who took over their daemon leaves in its cgroup: a child that is no MPS
+    program (here ``sleep``, moved in by root as the daemon's fork would have been)."""
+    child = subprocess.Popen(["/bin/sleep", "600"], user=user.pw_uid, group=user.pw_gid,
+                             extra_groups=[], start_new_session=True)
+    with open(os.path.join(key_cgroup, "cgroup.procs"), "w") as handle:
+        handle.write(f"{child.pid}\n")
+    assert isolation.cgroup_of(child.pid).endswith("/" + os.path.basename(key_cgroup))
+    return child
+
+
+@pytest.mark.parametrize("kill_file", ["cgroup.kill", "no-such-file"])
+def test_a_takeover_child_in_the_daemons_cgroup_ends_with_the_daemon(
+        users, cgroup_parent, monkeypatch, kill_file):
+    """A user's process in their daemon's cgroup, which procscan never calls the daemon's:
+    when the daemon retires, it ends too and the cgroup goes; through ``cgroup.kill``, and
+    on a kernel without it (before 5.14) through SIGKILL of each pid checked to be in the
+    cgroup. Another process of the same user, outside it, is left alone."""
+    u1 = users[0]
+    monkeypatch.setattr(teardown, "KILL_FILE", kill_file)
+    made = Bed(cgroup=cgroup_parent)
+    bystander = subprocess.Popen(["/bin/sleep", "600"], user=u1.pw_uid, group=u1.pw_gid)
+    try:
+        mgr = made.manager()
+        lease = mgr.acquire(1, u1.pw_uid, u1.pw_gid, [GPU0], share_percent=25)
+        child = taken_over(os.path.join(cgroup_parent, lease.key), u1)
+        assert not mgr.daemons.is_ours(child.pid, DaemonRecord(
+            lease.key, "shared", u1.pw_uid, u1.pw_gid, (GPU0,), lease.pipe_dir,
+            lease.log_dir))
+        assert mgr.release(1) == [lease.key]
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert not alive(lease.daemon_pid)
+        assert not os.path.exists(os.path.join(cgroup_parent, lease.key))
+        assert bystander.poll() is None
+        assert os.listdir(made.config.daemons_dir) == []
+    finally:
+        bystander.kill()
+        bystander.wait()
+        made.close()
+
+
+def test_root_kills_by_pid_only_what_is_in_the_cgroup(users, cgroup_parent):
+    """Without ``cgroup.kill``, a pid listed in ``cgroup.procs`` is signalled only once its
+    own ``/proc/<pid>/cgroup`` shows it in that cgroup (a pid that left or was reused)."""
+    u1 = users[0]
+    os.mkdir(cgroup_parent, 0o755)
+    outside = subprocess.Popen(["/bin/sleep", "600"], user=u1.pw_uid, group=u1.pw_gid)
+    try:
+        relative = teardown._relative(cgroup_parent)
+        assert relative is not None and isolation.cgroup_of(outside.pid) != relative
+        teardown._kill_member(outside.pid, relative)
+        assert outside.poll() is None
+    finally:
+        outside.kill()
+        outside.wait()
+
+
+def test_a_cgroup_that_cannot_be_emptied_is_logged_and_ended_by_the_next_reap(
+        users, cgroup_parent, monkeypatch, caplog):
+    """A process the kill cannot end yet (stuck in the kernel): the daemon's stop still
+    finishes, the cgroup stays with a message naming it, and the key's lock file stays,
+    so the next reap (a prolog's, or ``gpushare mps --reap``) ends and removes it."""
+    u1 = users[0]
+    made = Bed(cgroup=cgroup_parent)
+    try:
+        mgr = made.manager()
+        lease = mgr.acquire(1, u1.pw_uid, u1.pw_gid, [GPU0], share_percent=25)
+        key_cgroup = os.path.join(cgroup_parent, lease.key)
+        child = taken_over(key_cgroup, u1)
+        monkeypatch.setattr(teardown, "_kill_all", lambda path, relative, pids: None)
+        assert mgr.release(1) == [lease.key]
+        assert not alive(lease.daemon_pid) and child.poll() is None
+        assert os.path.isdir(key_cgroup)
+        assert f"the cgroup or scope of MPS control daemon {lease.key}" in caplog.text
+        assert f"cgroup {key_cgroup} still holds processes after SIGKILL" in caplog.text
+        assert os.listdir(made.config.daemons_dir) == [lease.key + ".lock"]
+        monkeypatch.undo()
+        assert made.manager().reap_stale(lambda job_id: False) == []
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert not os.path.exists(key_cgroup)
+        assert os.listdir(made.config.daemons_dir) == []
+    finally:
+        made.close()
+
+
+def test_a_cgroup_not_roots_is_left_alone(tmp_path):
+    os.chown(tmp_path, 65534, 65534)
+    assert "is not a cgroup directory of root's" in teardown.end_cgroup(str(tmp_path), 0)
+    assert tmp_path.is_dir()
+    assert teardown.end_cgroup(str(tmp_path / "gone"), 0) == ""
+
+
+def test_gpushare_check_says_when_a_daemon_gets_no_cgroup(monkeypatch):
+    """No cgroup: a takeover's child outlives the job; a cgroup or a systemd scope: nothing
+    to say."""
+    from gpushare.admin.check import WARNING, check_daemon_containment
+
+    monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": False)
+    (none,) = check_daemon_containment("none")
+    assert none.severity == WARNING and "outlives the job" in none.what
+    monkeypatch.setattr(isolation, "cgroup2_mount", lambda proc_root="/proc": None)
+    assert "this host has no cgroup v2" in check_daemon_containment("auto")[0].what
+    assert check_daemon_containment("/sys/fs/cgroup/mine") == []
+    monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": True)
+    assert check_daemon_containment("systemd") == []

@@ -89,6 +89,18 @@ def test_fields_an_earlier_record_may_lack_take_their_defaults():
     assert DaemonRecord.from_json(failed, KEY).stop_failed == "cannot stop it"
 
 
+def test_a_devices_files_are_kept_for_its_daemons_next_scope():
+    """What the daemon's scope may open (DeviceAllow=) survives a slurmd restart, so a
+    daemon started again from its record gets the same devices; paths only."""
+    mig = MpsDevice("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", 2, 10 << 30, "MIG slice 0",
+                    ("/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap21",
+                     "/dev/nvidia-caps/nvidia-cap22"))
+    assert MpsDevice.from_record(mig.to_record()) == mig
+    for bad in ("/dev/nvidia2", ["nvidia2"], [2]):
+        with pytest.raises(ValueError, match="device_files is not a list of paths"):
+            MpsDevice.from_record({**mig.to_record(), "device_files": bad})
+
+
 def test_a_private_record():
     data = {"version": 1, "key": "job77", "mode": "private", "uid": 1001, "gid": 1001,
             "devices": [GPU0.to_record()], "pipe_dir": "/p", "log_dir": "/l",

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 import systemd_node
+from gpushare.common import proc
 from gpushare.node.mps import MpsDevice, MpsError, isolation
 from mps_standin.harness import StandinBed as Bed
 from mps_standin.harness import ensure_users
@@ -204,6 +205,42 @@ except Exception as err:
         node.run(["systemctl", "daemon-reload"])
 
 
+def test_a_scope_allows_only_its_gpus_and_ends_whole_with_its_daemon(node, users):
+    """The scope may open only the daemon's GPU and the driver's common files
+    (``DevicePolicy=closed``); a process of the user in the scope that is no MPS program
+    (what a takeover of the daemon would fork) ends with the daemon, and so does the
+    scope."""
+    u1 = users[0]
+    bed = Bed()
+    try:
+        seen = in_node(node, bed, f"""
+import subprocess
+gpu = gpu._replace(device_files=("/dev/nvidia3",))
+lease = manager.acquire(7, {u1.pw_uid}, {u1.pw_gid}, [gpu], share_percent=25)
+out["key"], out["cgroup"] = lease.key, isolation.cgroup_of(lease.daemon_pid)
+child = subprocess.Popen(["/bin/sleep", "600"], user={u1.pw_uid}, group={u1.pw_gid},
+                         start_new_session=True)
+with open("/sys/fs/cgroup" + out["cgroup"] + "/cgroup.procs", "w") as handle:
+    handle.write(str(child.pid))
+out["child_cgroup"] = isolation.cgroup_of(child.pid)
+unit = out["cgroup"].rsplit("/", 1)[1]
+out["shown"] = subprocess.run(["systemctl", "show", "-p", "DevicePolicy,DeviceAllow", unit],
+                              capture_output=True, text=True).stdout.splitlines()
+out["released"] = manager.release(7)
+out["child"] = child.wait(timeout=30)
+""")
+        assert seen["child_cgroup"] == seen["cgroup"]
+        assert seen["shown"][0] == "DevicePolicy=closed"
+        allowed = [line for line in seen["shown"] if line.startswith("DeviceAllow=")]
+        assert sorted(allowed) == sorted(f"DeviceAllow={path} rw" for path in (
+            "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia3"))
+        assert seen["released"] == [seen["key"]]
+        assert seen["child"] == -9
+        assert node.units("gpushare-mps-*") == []
+    finally:
+        bed.close()
+
+
 def test_mps_cgroup_systemd_without_systemd_fails_the_start_saying_so(monkeypatch, users):
     monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": False)
     bed = Bed(cgroup="systemd")
@@ -233,3 +270,28 @@ def test_a_systemd_run_root_does_not_own_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(isolation, "SYSTEMD_RUN", str(fake))
     with pytest.raises(OSError, match=r"systemd-run refused: .* must be owned by root"):
         isolation.isolation("systemd", "k")
+
+
+def test_a_scopes_devices_are_its_gpus_and_mig_caps_and_the_drivers_common_files():
+    """A MIG slice brings its parent GPU and its nvidia-caps files; a device whose files
+    are unknown (a record of an earlier release) means no device policy at all, since a
+    closed one would take the daemon's GPU away."""
+    gpu = GPU0._replace(device_files=("/dev/nvidia0",))
+    mig = MpsDevice("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", 1, 10 << 30, "MIG slice 1",
+                    ("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap30",
+                     "/dev/nvidia-caps/nvidia-cap31"))
+    assert isolation.daemon_devices([gpu, mig]) == (
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",
+        "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31")
+    assert isolation.daemon_devices([gpu, GPU0]) == ()
+    # systemd refuses DeviceAllow= of a path outside /dev (a simulated node's files).
+    assert isolation.daemon_devices([GPU0._replace(device_files=("/tmp/bed/dev/nvidia0",))]
+                                    ) == ()
+    scoped = proc._in_scope(["mps"], proc.Isolation(
+        scope="s.scope", scope_slice="gpushare.slice", systemd_run="/usr/bin/systemd-run",
+        devices=("/dev/nvidiactl", "/dev/nvidia0")), 1001, 1001)
+    assert scoped[scoped.index("--slice=gpushare.slice") + 1:scoped.index("--uid=1001")] == [
+        "--property=DevicePolicy=closed", "--property=DeviceAllow=/dev/nvidiactl rw",
+        "--property=DeviceAllow=/dev/nvidia0 rw"]
+    assert not any("Device" in arg for arg in proc._in_scope(["mps"], proc.Isolation(
+        scope="s.scope", scope_slice="gpushare.slice", systemd_run="/x"), 1001, 1001))

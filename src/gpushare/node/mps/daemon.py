@@ -104,7 +104,8 @@ class Daemons:
                                 f"{detail}{self.dirs.log_tail(key)}")
 
         try:
-            isolate = isolation.isolation(self.config.mps_cgroup, key, self.proc_root)
+            isolate = isolation.isolation(self.config.mps_cgroup, key, self.proc_root,
+                                          rec.devices)
         except OSError as err:
             raise MpsError(f"cannot start MPS on {what}: no cgroup for its daemon under "
                            f"mps_cgroup={self.config.mps_cgroup}: {err}; fix plugstack "
@@ -290,12 +291,31 @@ class Daemons:
             if proc.wait_for_exit(alive[0], min(left, 0.1)) is None:
                 time.sleep(min(left, 0.02))
 
-    def stop(self, rec: DaemonRecord) -> None:
-        """quit through the pipe, then SIGTERM/SIGKILL what is left, verified pid by pid;
-        then every process left in the daemon's cgroup or scope ends with it."""
-        import signal
+    def end_isolation(self, key: str, what: str, seconds: Optional[float] = None) -> bool:
+        """Every process left in daemon ``key``'s cgroup or scope ends, whatever it runs (a
+        user's child forked from a daemon they took over is no MPS program), and the cgroup
+        goes, retried for ``seconds`` (default: as long as a SIGKILL gets). False (logged,
+        naming ``what``) when some of it stays: the caller keeps the key's lock file, so
+        the next reap tries again."""
+        from gpushare.node.mps import teardown
 
-        from gpushare.node.mps import isolation
+        if seconds is None:
+            seconds = max(time_left(min(self.timeout, 5.0)), 0.5)
+        try:
+            stays = teardown.end(self.config.mps_cgroup, key, seconds)
+        except Exception as err:  # never fail a stop on it: logged, and retried
+            stays = f"{type(err).__name__}: {err}"
+        if stays:
+            LOG.error("the cgroup or scope of %s stays: %s; the next reap of this node "
+                      "(a shared job's prolog, or gpushare mps --reap) tries again", what,
+                      stays)
+        return not stays
+
+    def stop(self, rec: DaemonRecord) -> bool:
+        """quit through the pipe, then SIGTERM/SIGKILL what is left, verified pid by pid;
+        then every process left in the daemon's cgroup or scope ends with it. True when
+        the cgroup or scope is gone too (else ``end_isolation`` logged why)."""
+        import signal
 
         pid = rec.daemon_pid
         if pid and self.is_ours(pid, rec) and self._control_usable(rec):
@@ -318,11 +338,11 @@ class Daemons:
             # comes later than that.
             self.wait_gone(left, max(time_left(min(self.timeout, 5.0)), 0.5))
             left = [p for p in left if self.is_ours(p, rec)]
-        if not left:
-            isolation.remove_cgroup(self.config.mps_cgroup, rec.key)
+        gone = self.end_isolation(rec.key, rec.describe())
         if left:
             raise MpsError(f"cannot stop {rec.describe()}: pids "
                            f"{' '.join(map(str, left))} survive SIGKILL; drain this node and "
                            "check the GPU",
                            brief=f"MPS stop failed: pids {' '.join(map(str, left))} survive "
                            f"SIGKILL (daemon {rec.key})")
+        return gone

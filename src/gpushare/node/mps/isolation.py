@@ -16,13 +16,17 @@ import contextlib
 import errno
 import os
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.common import proc
 
+if TYPE_CHECKING:
+    from gpushare.node.mps.record import MpsDevice
+
 __all__ = ["AUTO_PARENT", "SYSTEMD_RUN", "SYSTEMD_SLICE", "cgroup2_mount", "cgroup_of",
-           "cgroup_parent", "daemon_cgroup", "daemon_scope", "isolation", "node_rlimits",
-           "remove_cgroup", "scope_refused", "systemd_booted", "systemd_run", "uses_systemd"]
+           "cgroup_parent", "containment_gaps", "daemon_cgroup", "daemon_devices",
+           "daemon_scope", "isolation", "node_rlimits", "scope_refused", "systemd_booted",
+           "systemd_run", "uses_systemd"]
 
 AUTO_PARENT = "gpushare-mps"
 SYSTEMD_SLICE = "gpushare.slice"
@@ -70,17 +74,20 @@ def node_rlimits(proc_root: str = "/proc") -> tuple[tuple[int, int, int], ...]:
 
 def cgroup2_mount(proc_root: str = "/proc") -> Optional[str]:
     """Where this node mounts the cgroup v2 hierarchy (``/sys/fs/cgroup`` on a unified
-    host, ``/sys/fs/cgroup/unified`` on a hybrid one); None without one."""
+    host, ``/sys/fs/cgroup/unified`` on a hybrid one); None without one. Of several, the
+    last: a later mount over ``/sys/fs/cgroup`` (a container's, a node booted in
+    namespaces) hides the ones before it."""
+    found = None
     try:
         with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8",
                   errors="replace") as handle:
             for line in handle:
                 fields = line.split(" - ", 1)
                 if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
-                    return fields[0].split()[4].replace("\\040", " ")
+                    found = fields[0].split()[4].replace("\\040", " ")
     except OSError:
         pass
-    return None
+    return found
 
 
 def systemd_booted(run_root: str = "/run") -> bool:
@@ -136,16 +143,6 @@ def _make_cgroup(parent: str, key: str) -> str:
     return os.path.join(parent, key)
 
 
-def remove_cgroup(setting: str, key: str) -> None:
-    """Remove daemon ``key``'s cgroup once its processes are gone (a busy or missing one
-    stays as it is: it is made again, or emptied, by the next start)."""
-    parent = cgroup_parent(setting)
-    if parent is None:
-        return
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.join(parent, key))
-
-
 def daemon_scope(key: str) -> str:
     """A new scope unit's name for daemon ``key``: unique per start, so that what a
     killed daemon of the same key left in its scope never blocks the next start (the
@@ -181,12 +178,37 @@ def systemd_run() -> str:
     return SYSTEMD_RUN
 
 
-def isolation(setting: str, key: str, proc_root: str = "/proc") -> proc.Isolation:
-    """How daemon ``key`` starts (``proc.run(isolate=...)``); OSError when its cgroup
-    cannot be made or systemd-run is unsafe or missing."""
+# What every CUDA process opens besides its GPUs (in the directory of /dev/nvidia<minor>).
+COMMON_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+
+def daemon_devices(devices: Sequence["MpsDevice"]) -> tuple[str, ...]:
+    """The device files a daemon's scope may open: its GPUs' (for a MIG slice, the parent
+    GPU's and the slice's ``nvidia-caps`` files) and the driver's common ones beside them;
+    () when a device's files are unknown or outside ``/dev`` (a simulated node's; systemd
+    takes only device nodes), since a closed policy would leave the daemon without its GPU.
+    """
+    if not devices or not all(d.device_files and all(
+            path.startswith("/dev/") for path in d.device_files) for d in devices):
+        return ()
+    found: dict[str, None] = {}
+    for device in devices:
+        base = os.path.dirname(device.device_files[0])
+        for path in (*(os.path.join(base, name) for name in COMMON_DEVICES),
+                     *device.device_files):
+            found[path] = None
+    return tuple(found)
+
+
+def isolation(setting: str, key: str, proc_root: str = "/proc",
+              devices: Sequence["MpsDevice"] = ()) -> proc.Isolation:
+    """How daemon ``key`` starts (``proc.run(isolate=...)``): in a systemd scope, only
+    ``devices``' files may be opened. OSError when its cgroup cannot be made or
+    systemd-run is unsafe or missing."""
     if uses_systemd(setting):
         return proc.Isolation(rlimits=node_rlimits(proc_root), scope=daemon_scope(key),
-                              scope_slice=SYSTEMD_SLICE, systemd_run=systemd_run())
+                              scope_slice=SYSTEMD_SLICE, systemd_run=systemd_run(),
+                              devices=daemon_devices(devices))
     return proc.Isolation(rlimits=node_rlimits(proc_root),
                           cgroup=daemon_cgroup(setting, key) or "")
 
@@ -208,3 +230,16 @@ def cgroup_of(pid: int, proc_root: str = "/proc") -> str:
         return found[""]
     return next((path for names, path in found.items() if "memory" in names.split(",")),
                 found.get("", ""))
+
+
+def containment_gaps(setting: str) -> list[str]:
+    """What a daemon's cgroup under ``mps_cgroup=setting`` does not hold on this host (for
+    ``gpushare check``): where there is none, a process a user forks from their daemon
+    outlives the job. (A hybrid host's controller-less cgroup v2 hierarchy, which caps
+    nothing, is only documented: it is what the host is, warned about on every run.)"""
+    if uses_systemd(setting) or cgroup_parent(setting) is not None:
+        return []
+    why = "mps_cgroup=none" if setting == "none" else "this host has no cgroup v2"
+    return [f"MPS daemons get no cgroup ({why}): a process a user forks from their own "
+            "daemon (a takeover, where ptrace is allowed) outlives the job and its limits; "
+            "only the MPS processes gpushare recognises end with the daemon"]

@@ -119,6 +119,7 @@ class MpsManager:
             if rec is not None:
                 LOG.warning("%s is not running any more; starting it again", rec.describe())
                 self.daemons.stop(rec)
+                rec.devices = devices  # the same GPUs (the key says so), as NVML has them now
             else:
                 rec = self.store.new(key, mode, uid, gid, devices)
             rec.jobs[str(job_id)] = share_percent
@@ -231,7 +232,11 @@ class MpsManager:
                             continue
                         self.dirs.remove(key)
                         self.store.remove(store_fd, key)
-                        lock.remove = True
+                        # A cgroup or scope an earlier stop could not end: one more try,
+                        # with a short wait (a process still stuck would hold up each
+                        # prolog).
+                        lock.remove = self.daemons.end_isolation(
+                            key, f"MPS daemon {key} (record gone)", seconds=time_left(0.5))
                         continue
                     dead = [jid for jid in rec.jobs if not job_alive(int(jid))]
                     for jid in dead:
@@ -354,7 +359,7 @@ class MpsManager:
     def _retire(self, store_fd: int, rec: DaemonRecord, lock: Lock) -> None:
         """Stop the daemon of a record without references, then remove its files."""
         try:
-            self.daemons.stop(rec)
+            gone = self.daemons.stop(rec)
         except MpsError as err:
             counters.note("mps_stop_failures")
             rec.stop_failed = str(err)
@@ -362,14 +367,14 @@ class MpsManager:
             raise
         self.dirs.remove(rec.key)
         self.store.remove(store_fd, rec.key)
-        lock.remove = True
+        lock.remove = gone  # a lock file kept: the next reap ends its cgroup or scope
         LOG.info("stopped %s", rec.describe())
 
     def _undo_start(self, store_fd: int, rec: DaemonRecord, lock: Lock, job_id: int) -> None:
         """After a failed start: end what started, drop this job's reference, clean up."""
         rec.jobs.pop(str(job_id), None)
         try:
-            self.daemons.stop(rec)
+            gone = self.daemons.stop(rec)
         except MpsError as err:
             counters.note("mps_stop_failures")
             LOG.error("%s", err)
@@ -383,4 +388,4 @@ class MpsManager:
         if rec.dirs_made:
             self.dirs.remove(rec.key)
         self.store.remove(store_fd, rec.key)
-        lock.remove = True
+        lock.remove = gone

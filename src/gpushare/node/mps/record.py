@@ -40,25 +40,36 @@ KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 
 
 class MpsDevice(NamedTuple):
-    """One GPU or MIG slice given to a job; ``gpu_index`` and ``label`` are for messages."""
+    """One GPU or MIG slice given to a job; ``gpu_index`` and ``label`` are for messages.
+    ``device_files``: what its daemon's scope may open (``/dev/nvidia<minor>``, and for a
+    MIG slice its ``nvidia-caps`` files), as NVML resolved them; () where unknown (a record
+    an earlier release wrote: its daemon's scope then gets no device policy)."""
 
     uuid: str
     gpu_index: int = 0  # NVML index of the (parent) GPU
     memory_total: int = 0
     label: str = ""
+    device_files: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return f"{self.label or 'GPU ' + str(self.gpu_index)} ({self.uuid})"
 
     def to_record(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.gpu_index, "memory_total": self.memory_total,
-                "label": self.label}
+        data: dict[str, Any] = {"uuid": self.uuid, "index": self.gpu_index,
+                                "memory_total": self.memory_total, "label": self.label}
+        if self.device_files:  # absent where unknown, as an earlier release wrote it
+            data["device_files"] = list(self.device_files)
+        return data
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> "MpsDevice":
+        files = data.get("device_files", [])
+        if not isinstance(files, list) or not all(
+                isinstance(f, str) and f.startswith("/") for f in files):
+            raise ValueError("device_files is not a list of paths")
         return cls(uuid=str(data["uuid"]), gpu_index=int(data.get("index", 0)),
                    memory_total=int(data.get("memory_total", 0)),
-                   label=str(data.get("label", "")))
+                   label=str(data.get("label", "")), device_files=tuple(files))
 
 
 class MpsLease(NamedTuple):
@@ -171,7 +182,9 @@ class DaemonRecord:
         wrong.
 
         ``dirs_made`` appeared within version 1 and ``stop_failed`` is written only once a
-        stop failed, so both may be absent.
+        stop failed, so both may be absent; so may a device's ``device_files``, which
+        appeared within version 2 (a release before it ignores them, so a downgrade
+        still reads the record).
         """
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
