@@ -480,7 +480,7 @@ class MpsManager:
     def _control(self, rec: DaemonRecord, commands: list[str]) -> "proc.Result":
         from gpushare.node.mps import control
 
-        return control.send(self._program(), rec, commands, self.timeout)
+        return control.send(self._program(), rec, commands, time_left(self.timeout))
 
     def _start_daemon(self, store_fd: int, rec: DaemonRecord, phases: Phases) -> None:
         from gpushare.common import proc
@@ -521,16 +521,17 @@ class MpsManager:
                            "mps_cgroup= (or set it to none)",
                            brief=f"MPS start failed: no cgroup for the daemon ({short})"
                            ) from None
+        limit = time_left(self.timeout)  # the worker's deadline holds
         try:
             result = proc.run([program, "-d"], env=control.daemon_env(rec), uid=rec.uid,
-                              gid=rec.gid, timeout=self.timeout, isolate=isolate)
+                              gid=rec.gid, timeout=limit, isolate=isolate)
         except proc.CommandNotFound as err:
             raise MpsError(f"cannot start MPS on {what}: {err}; install the NVIDIA MPS "
                            "tools or fix plugstack mps_control=",
                            brief=f"MPS start failed: {program} missing ({short})") from None
         except proc.CommandTimeout as err:
             counters.command_error(err)
-            raise failed(f"no answer within {self.timeout:g} s, killed",
+            raise failed(f"no answer within {limit:g} s, killed",
                          f"{err}; check the GPU (nvidia-smi) and the daemon's log") from None
         except proc.ProcError as err:
             counters.command_error(err)
@@ -547,14 +548,15 @@ class MpsManager:
         rec.started_at = time.time()
         phases.done("daemon-start")
         with self._user_dir_fd(key, "pipe") as pipe_fd:
-            deadline = time.monotonic() + self.timeout
+            limit = time_left(self.timeout)
+            deadline = time.monotonic() + limit
             pause = 0.0005  # a daemon is usually listening within a millisecond or two
             while not _exists_at(pipe_fd, "control"):
                 if time.monotonic() > deadline:
                     counters.timed_out("daemon_start")
-                    raise failed(f"no control socket within {self.timeout:g} s",
+                    raise failed(f"no control socket within {limit:g} s",
                                  f"the daemon created no control socket in "
-                                 f"{rec.pipe_dir} within {self.timeout:g} s")
+                                 f"{rec.pipe_dir} within {limit:g} s")
                 time.sleep(pause)
                 pause = min(pause * 2, 0.02)
             self._check_control_at(pipe_fd, rec)
@@ -817,17 +819,18 @@ class MpsManager:
             except MpsError as err:
                 LOG.warning("%s; ending it with signals", err)
             else:
-                if not self._wait_gone([pid], self.timeout):
+                limit = time_left(self.timeout)
+                if not self._wait_gone([pid], limit):
                     counters.timed_out("daemon_quit")
                     LOG.warning("%s ignored quit for %g s; ending it with signals",
-                                rec.describe(), self.timeout)
+                                rec.describe(), limit)
         left = self._leftovers(rec)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if not left:
                 break
             for victim in left:
                 self._signal_if_ours(victim, rec, sig)
-            self._wait_gone(left, min(self.timeout, 5.0))
+            self._wait_gone(left, time_left(min(self.timeout, 5.0)))
             left = [p for p in left if self._is_ours(p, rec)]
         if not left:
             from gpushare.node.mps import isolation
