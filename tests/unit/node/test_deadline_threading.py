@@ -122,3 +122,26 @@ def test_the_kill_wait_fits_in_the_fault_paths_time():
     smallest = 0.1
     fault = job.FAULT_TIMEOUTS * smallest + job.WORKER_DEADLINE_MARGIN
     assert fault - job.DEADLINE_SLACK > job.KILL_WAIT
+
+
+def test_the_admin_guide_gives_the_worst_cases_the_constants_make():
+    """docs/admin.md's table of worst cases, at the default timeout=, is what the
+    constants give (a change of a constant changes the table, or this fails)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "admin.md").read_text()
+    config = PluginConfig()
+    t = config.timeout
+    worker = job.worker_deadline(config)
+    fault = job.FAULT_TIMEOUTS * t + job.WORKER_DEADLINE_MARGIN
+    rows = {
+        "4T + 5 s": worker,
+        "3T + 5 s": fault,
+        "7T + 10 s": job.wait_limit(config),
+        "9T + 10 s": job.wait_limit(config) + 2 * t,
+        "10T + 10 s": job.wait_limit(config) + 3 * t,
+        "13T + 15 s": job.wait_limit(config) + 2 * t + worker,
+    }
+    for formula, seconds in rows.items():
+        assert f"| {formula} | {seconds:g} s |" in text, (formula, seconds)
+    assert f"| {job.KILL_WAIT:g} s | {job.KILL_WAIT:g} s |" in text
