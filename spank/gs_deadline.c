@@ -306,6 +306,11 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
     }
     slurm_error("gpushare: %s: %s; the node is drained", callback, why);
     gs_write_board(sp, why);
+    /* A supervisor held up past its own deadline (stopped, a stalled machine) is waited for
+     * by no one any more (the tasks and the epilog gave up): its report still gets the
+     * fault path's own bound. */
+    if (until <= gs_now())
+        until = gs_now() + gs_fault_limit();
     if (gs_fault_path(callback, sp, ac, av, &mask, until) < 0) {
         slurm_error("gpushare: %s: the fault path did not finish within the %g s the worker "
                     "and it have; draining the node from C", callback, gs_wait_limit());
