@@ -105,6 +105,7 @@ def constants(pythonpath: str = "") -> dict[str, str]:
         "GS_WORKER_DEADLINE_TIMEOUTS": repr(float(job.WORKER_DEADLINE_TIMEOUTS)),
         "GS_WORKER_DEADLINE_MARGIN": repr(float(job.WORKER_DEADLINE_MARGIN)),
         "GS_FAULT_TIMEOUTS": repr(float(job.FAULT_TIMEOUTS)),
+        "GS_KILL_WAIT": repr(float(job.KILL_WAIT)),
         "GS_BOARD_SIZE": str(phases.BOARD_SIZE),
         "GS_EPILOGS_LOCK": embedbuild.c_string(job.EPILOGS_LOCK),
         "GS_GPU_EPILOGS_LOCK_FMT": embedbuild.c_string(_printf_format(job.GPU_EPILOGS_LOCK)),

@@ -238,6 +238,8 @@ static int gs_job_ids(void *handle, uint32_t *job_id, uint32_t *uid, uint32_t *g
 }
 
 
+double gs_python_deadline = 0.0;
+
 /*
  * Run one callback in the core; any failure becomes a logged error and a -1, or
  * GS_CORE_IMPORT_FAILED when the core cannot be loaded or imported (the node's fault,
@@ -245,7 +247,7 @@ static int gs_job_ids(void *handle, uint32_t *job_id, uint32_t *uid, uint32_t *g
  */
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
-    struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt};
+    struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt, gs_python_deadline};
     double started = gs_now();
     int rc = GS_CORE_IMPORT_FAILED;
 

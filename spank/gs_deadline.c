@@ -13,12 +13,21 @@
  * If that fails too, it drains the node and fails the tasks from C. A worker killed by a
  * signal (the OOM killer) is handled the same way.
  *
+ * A killed worker stuck in the kernel (NVML in the driver: uninterruptible sleep) does not
+ * die: it is waited for GS_KILL_WAIT seconds at most, and then named in the cause as
+ * stuck. It still holds the job's lock (an open file description it shares with the
+ * supervisor), so once the failure is handled the supervisor releases that lock for it:
+ * the epilog undoes the job at once instead of waiting out its bound on a process that
+ * will only die, without running anything more, once the kernel lets it go.
+ *
  * The cause names what the worker was doing: the worker writes it at the start of the
  * job's lock file (gpushare.node.phases.doing), and the supervisor writes the whole cause
  * there before the fault path reads it. The supervisor holds the job's lock as the worker
  * did, until the failure is handled: a task or an epilog waiting for the worker meets the
  * failure's word, never a worker that simply vanished. It waits for the worker's deadline
- * and the fault path's bound, gs_wait_limit, and no longer.
+ * and the fault path's bound, gs_wait_limit, and no longer: one deadline, of which every
+ * wait after the worker's (the kill, the fault path) takes only the time left, and which
+ * the Python of the worker and of the fault path get too (gs_python_deadline).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -29,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -78,13 +88,23 @@ static int gs_wait_child(pid_t pid, double deadline, int *status)
     }
 }
 
+/* The bound of the wait for a killed worker: GS_KILL_WAIT, or less when until is nearer. */
+static double gs_kill_until(double until)
+{
+    double soon = gs_now() + GS_KILL_WAIT;
+
+    return until < soon ? until : soon;
+}
+
 /*
  * End the worker and what it runs: stopped first, so that it starts nothing more and
  * reaps none of its children (their pids stay theirs), then each direct child killed (the
  * commands it runs each lead a session of their own; a process they started stays, as a
- * daemon started is the user's), then the worker's own process group.
+ * daemon started is the user's), then the worker's own process group. 0 when it ended;
+ * -1 when it still has not at gs_kill_until(until): stuck in the kernel, where a kill
+ * takes effect only once the kernel lets it go, and then it runs nothing more.
  */
-static void gs_kill_worker(pid_t worker)
+static int gs_kill_worker(pid_t worker, double until)
 {
     char text[1024];
     struct dirent *entry;
@@ -108,8 +128,38 @@ static void gs_kill_worker(pid_t worker)
     }
     (void)kill(-worker, SIGKILL);
     (void)kill(worker, SIGKILL);
-    while (waitpid(worker, &status, 0) < 0 && errno == EINTR)
-        ;
+    if (gs_wait_child(worker, gs_kill_until(until), &status) == 0)
+        return 0;
+    slurm_error("gpushare: worker %d does not die when killed: stuck in the kernel (a "
+                "driver call?); going on without it", (int)worker);
+    return -1;
+}
+
+/* Release the job's lock that a stuck worker holds: the lock belongs to the open file
+ * description the supervisor shares with it (inherited), so the supervisor's descriptor
+ * unlocks it for both. Only what is the job's lock file, by device and inode. */
+static void gs_release_job_lock(spank_t sp)
+{
+    char path[PATH_MAX + 32];
+    struct stat want, st;
+    struct dirent *entry;
+    DIR *fds;
+    int fd;
+
+    if (gs_job_file(sp, GS_LOCK_SUFFIX, path, sizeof(path)) < 0 || stat(path, &want) < 0)
+        return; /* an epilog's lock, already removed: no one waits on it */
+    if (!(fds = opendir("/proc/self/fd"))) {
+        slurm_error("gpushare: cannot release %s for a stuck worker: /proc/self/fd: %m", path);
+        return;
+    }
+    while ((entry = readdir(fds))) {
+        fd = atoi(entry->d_name);
+        if (fd <= STDERR_FILENO || fd == dirfd(fds) || fstat(fd, &st) < 0)
+            continue;
+        if (st.st_dev == want.st_dev && st.st_ino == want.st_ino && flock(fd, LOCK_UN) < 0)
+            slurm_error("gpushare: cannot release %s for a stuck worker: %m", path);
+    }
+    closedir(fds);
 }
 
 /* The job's lock file, where the worker says what it does: opened O_NOFOLLOW|O_NONBLOCK,
@@ -165,10 +215,10 @@ static void gs_write_board(spank_t sp, const char *text)
     close(fd);
 }
 
-/* Hand the failure to the Python's fault path in a process of its own, bounded; 0 when it
- * says it handled it. */
+/* Hand the failure to the Python's fault path in a process of its own, bounded by until
+ * (the supervisor's one deadline); 0 when it says it handled it. */
 static int gs_fault_path(const char *callback, spank_t sp, int ac, char **av,
-                         const sigset_t *mask)
+                         const sigset_t *mask, double until)
 {
     char name[64];
     pid_t pid;
@@ -181,21 +231,44 @@ static int gs_fault_path(const char *callback, spank_t sp, int ac, char **av,
     if (pid == 0) {
         (void)setpgid(0, 0);
         sigprocmask(SIG_SETMASK, mask, NULL);
+        gs_python_deadline = until;
         _exit(gs_call_python(name, sp, ac, av) == 0 ? 0 : 1);
     }
-    rc = gs_wait_child(pid, gs_now() + gs_fault_limit(), &status);
+    rc = gs_wait_child(pid, until, &status);
     if (rc == 1)
-        gs_kill_worker(pid);
+        (void)gs_kill_worker(pid, until);
     return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* No worker could be forked: no Python runs without its deadline (it would run in Slurm's
+ * prolog or epilog process, unbounded). A node fault, failed from C: the node is drained
+ * with the cause, a prolog's tasks are told; 1, the worker's failure. */
+int gs_no_worker(const char *callback, spank_t sp, const char *lock_at_end, const char *cause)
+{
+    char why[128], task_text[256];
+    const char *what = strcmp(callback, "job_prolog") == 0 ? "prolog" : "epilog";
+
+    snprintf(why, sizeof(why), "cannot fork the %s worker: %s", what, cause);
+    slurm_error("gpushare: %s: %s; no Python runs without its deadline: the node is drained",
+                callback, why);
+    (void)gs_drain_node(why);
+    if (strcmp(callback, "job_prolog") == 0) {
+        snprintf(task_text, sizeof(task_text), "could not set up this job on its node: %s. "
+                 "The node was drained; submit the job again", why);
+        gs_fail_tasks(sp, task_text);
+    }
+    gs_finish(callback, sp, lock_at_end);
+    return 1;
 }
 
 int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end)
 {
     char doing[GS_BOARD_SIZE + 1], why[GS_BOARD_SIZE + 1], task_text[GS_BOARD_SIZE + 96];
     const char *what = strcmp(callback, "job_prolog") == 0 ? "prolog" : "epilog";
-    double limit = gs_worker_deadline(), deadline = gs_now() + limit;
+    double started = gs_now(), limit = gs_worker_deadline(), deadline = started + limit;
+    double until = started + gs_wait_limit(); /* the supervisor's own, one deadline */
     sigset_t chld, mask;
-    int status = 0, rc;
+    int status = 0, rc, stuck = 0;
     pid_t worker;
 
     /* Children are waited for here: never reaped behind our back (SIGCHLD ignored). */
@@ -205,14 +278,13 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
     sigprocmask(SIG_BLOCK, &chld, &mask);
     worker = fork();
     if (worker < 0) {
-        slurm_error("gpushare: cannot fork the %s worker: %m; running it without a deadline",
-                    callback);
         sigprocmask(SIG_SETMASK, &mask, NULL);
-        return gs_run_worker(callback, sp, ac, av, lock_at_end);
+        return gs_no_worker(callback, sp, lock_at_end, strerror(errno));
     }
     if (worker == 0) {
         (void)setpgid(0, 0);
         sigprocmask(SIG_SETMASK, &mask, NULL);
+        gs_python_deadline = deadline;
         _exit(gs_run_worker(callback, sp, ac, av, lock_at_end));
     }
     rc = gs_wait_child(worker, deadline, &status);
@@ -220,8 +292,12 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
         return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 
     gs_read_board(sp, doing, sizeof(doing));
-    if (rc != 0) {
-        gs_kill_worker(worker);
+    if (rc != 0 && gs_kill_worker(worker, until) < 0) {
+        /* The cause and the pid first: a drain reason keeps only its first 90 bytes. */
+        stuck = 1;
+        snprintf(why, sizeof(why), "%s worker stuck unkillable (pid %d) after %g s%s%.80s",
+                 what, (int)worker, limit, *doing ? " while " : "", doing);
+    } else if (rc != 0) {
         snprintf(why, sizeof(why), "%s worker timed out after %g s%s%.96s", what, limit,
                  *doing ? " while " : "", doing);
     } else {
@@ -230,9 +306,14 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
     }
     slurm_error("gpushare: %s: %s; the node is drained", callback, why);
     gs_write_board(sp, why);
-    if (gs_fault_path(callback, sp, ac, av, &mask) < 0) {
-        slurm_error("gpushare: %s: the fault path did not finish within %g s; draining the "
-                    "node from C", callback, gs_fault_limit());
+    /* A supervisor held up past its own deadline (stopped, a stalled machine) is waited for
+     * by no one any more (the tasks and the epilog gave up): its report still gets the
+     * fault path's own bound. */
+    if (until <= gs_now())
+        until = gs_now() + gs_fault_limit();
+    if (gs_fault_path(callback, sp, ac, av, &mask, until) < 0) {
+        slurm_error("gpushare: %s: the fault path did not finish within the %g s the worker "
+                    "and it have; draining the node from C", callback, gs_wait_limit());
         (void)gs_drain_node(why);
         if (strcmp(callback, "job_prolog") == 0) {
             snprintf(task_text, sizeof(task_text), "could not set up this job on its node: "
@@ -241,5 +322,7 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
         }
     }
     gs_finish(callback, sp, lock_at_end);
+    if (stuck)
+        gs_release_job_lock(sp);
     return 1;
 }

@@ -13,12 +13,15 @@
 enum { GS_LOG_ERROR = 0, GS_LOG_INFO = 1, GS_LOG_VERBOSE = 2, GS_LOG_DEBUG = 3, GS_LOG_USER = 4 };
 
 /* The core's cffi cdef is this declaration, read from here by spank/build.py: keep it
- * plain C declarations, with no comments or macros inside the braces. */
+ * plain C declarations, with no comments or macros inside the braces. deadline: when the
+ * C glue kills the process that runs the callback (CLOCK_MONOTONIC seconds, Python's
+ * time.monotonic), 0 for none; every wait of the Python takes only the time left. */
 struct gs_host {
     void *sp;
     void (*log)(int level, const char *msg);
     int (*job_ids)(void *sp, uint32_t *job_id, uint32_t *uid, uint32_t *gid);
     const char *(*getopt)(void *sp, const char *name);
+    double deadline;
 };
 
 /* Exported by the core. */

@@ -63,6 +63,9 @@ const char *gs_requeue_job(uint32_t job_id);
 
 /* ---- gs_core.c: the Python core, loaded lazily, never in slurmd --------------------- */
 int gs_core_trusted(char *path, size_t size);
+/* The deadline (gs_now's clock) gs_call_python hands the Python in this process: its waits
+ * take the time left until then (gpushare.node.phases). 0: its own, from timeout=. */
+extern double gs_python_deadline;
 /* 0, -1, or GS_CORE_IMPORT_FAILED when the core cannot be loaded or imported. */
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av);
 void gs_core_fault(const char *callback, spank_t sp, int requeue);
@@ -71,6 +74,7 @@ void gs_core_fault(const char *callback, spank_t sp, int requeue);
 double gs_worker_deadline(void);
 double gs_wait_limit(void);
 int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end);
+int gs_no_worker(const char *callback, spank_t sp, const char *lock_at_end, const char *cause);
 
 /* ---- gs_worker.c: the detached worker, the job's lock, the epilog barrier ---------- */
 #define GS_EPILOG_LOCKS_MAX 64 /* the most GPUs an epilog holds the barrier of */

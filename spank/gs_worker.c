@@ -30,6 +30,12 @@
 
 #include "gs_internal.h"
 
+/* A task's wait for its prolog's worker: 0.5 ms first, twice as long each time, 10 ms at
+ * most: a worker done within its usual tens of ms is seen within a few ms of it, and a
+ * task that waits long costs 100 wake-ups a second. */
+#define GS_POLL_FIRST_US 500
+#define GS_POLL_MAX_US 10000
+
 /* <state_dir>/jobs/<job id><suffix>: the job's record (.json), tasks' word (.env), lock. */
 int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size)
 {
@@ -158,11 +164,16 @@ void gs_finish(const char *callback, spank_t sp, const char *lock)
 }
 
 /* In Slurm's sight: a core that cannot load drains the node here, and the -1 makes Slurm
- * requeue a prolog's batch job itself (it keeps the drain's reason). */
+ * requeue a prolog's batch job itself (it keeps the drain's reason). An epilog that cannot
+ * hold its barrier runs here too: its Python's waits still take the time left of a
+ * worker's deadline. */
 int gs_in_place(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end)
 {
-    int rc = gs_call_python(callback, sp, ac, av);
+    int rc;
 
+    gs_python_deadline = gs_now() + gs_worker_deadline();
+    rc = gs_call_python(callback, sp, ac, av);
+    gs_python_deadline = 0.0;
     if (rc == GS_CORE_IMPORT_FAILED) {
         gs_core_fault(callback, sp, 0);
         rc = -1;
@@ -188,7 +199,9 @@ int gs_run_worker(const char *callback, spank_t sp, int ac, char **av, const cha
 }
 
 /* Run the callback's Python in a detached worker; it inherits the locks the caller holds
- * (opened O_CLOEXEC: the MPS daemons it starts do not). */
+ * (opened O_CLOEXEC: the MPS daemons it starts do not). When no worker can be forked, no
+ * Python runs: the node fault is failed from C (gs_no_worker), and Slurm, told the prolog
+ * or epilog failed, drains the node too and requeues a prolog's batch job. */
 int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
                      const char *lock_at_end)
 {
@@ -196,10 +209,8 @@ int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
     int status = 0, null_fd;
 
     child = fork();
-    if (child < 0) {
-        slurm_error("gpushare: cannot fork the %s worker: %m; running it in place", callback);
-        return gs_in_place(callback, sp, ac, av, lock_at_end);
-    }
+    if (child < 0) /* no Python in Slurm's process without a deadline */
+        return gs_no_worker(callback, sp, lock_at_end, strerror(errno)) ? -1 : 0;
     if (child == 0) {
         if (setsid() < 0)
             _exit(1);
@@ -220,10 +231,9 @@ int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
     }
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
         ;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        slurm_error("gpushare: cannot start the %s worker; running it in place", callback);
-        return gs_in_place(callback, sp, ac, av, lock_at_end);
-    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return gs_no_worker(callback, sp, lock_at_end, "its session or second fork failed") ?
+                   -1 : 0;
     gs_debug(sp, "cb=%s detached", callback);
     return 0;
 }
@@ -237,6 +247,7 @@ int gs_wait_for_prolog(spank_t sp)
 {
     char lock[PATH_MAX + 32], env[PATH_MAX + 32];
     double deadline = gs_now() + gs_wait_limit();
+    useconds_t pause = GS_POLL_FIRST_US;
     int fd, waited = 0;
 
     if (gs_check_state_dir(0) < 0 || gs_job_file(sp, GS_LOCK_SUFFIX, lock, sizeof(lock)) < 0 ||
@@ -251,7 +262,8 @@ int gs_wait_for_prolog(spank_t sp)
             return -1;
         }
         waited++;
-        usleep(500);
+        usleep(pause); /* a prolog done at once is seen at once, a slow one costs no CPU */
+        pause = pause * 2 > GS_POLL_MAX_US ? GS_POLL_MAX_US : pause * 2;
     }
     close(fd);
     gs_debug(sp, "cb=task_init_privileged prolog=done waited=%d", waited);

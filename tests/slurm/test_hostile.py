@@ -7,6 +7,7 @@ cause and requeues the job as Slurm does after a failing prolog."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from tests.slurm.test_mps import (
     U1,
     U2,
     assert_nothing_left,
+    job_records,
     mps_records,
     set_fault,
     slurmd_log,
@@ -192,13 +194,17 @@ def test_a_node_fault_never_requeues_a_job_that_asked_not_to_be(hostile_bed):
 
 # ---------------------------------------------------------------------------- one deadline
 
-def set_nvml_hang(bed, node: str, calls: list[str]) -> None:
-    """Make the node's simulated NVML never return from ``calls`` (none: answer again)."""
+def set_nvml_hang(bed, node: str, calls: list[str], freeze: str = "") -> None:
+    """Make the node's simulated NVML never return from ``calls`` (none: answer again);
+    ``freeze``: a cgroup v1 freezer the hung process freezes itself in (unkillable)."""
     path = bed.path("nodes", f"{node}.json")
     with open(path) as handle:
         profile = json.load(handle)
+    profile.pop("freeze", None)
     if calls:
         profile["hang"] = calls
+        if freeze:
+            profile["freeze"] = freeze
     else:
         profile.pop("hang", None)
     with open(path + ".tmp", "w") as handle:
@@ -260,6 +266,75 @@ def test_a_hung_nvml_meets_the_workers_one_deadline(hostile_bed):
         log = slurmd_log(bed, FAULT_NODE)
         assert "job_prolog: prolog worker timed out after 13 s" in log, log[-3000:]
         assert "RAN" not in bed.output(job_id, "")
+    finally:
+        set_nvml_hang(bed, FAULT_NODE, [])
+        bed.write_plugstack(line)
+    release_and_run(bed, job_id)
+
+
+FREEZER = "/sys/fs/cgroup/freezer"
+
+
+def _cgroup_pids(path: str) -> list[int]:
+    with open(os.path.join(path, "cgroup.procs")) as handle:
+        return [int(pid) for pid in handle.read().split()]
+
+
+@pytest.fixture
+def freezer(hostile_bed):
+    """A cgroup v1 freezer of the bed's own: a process frozen there does not die of SIGKILL
+    until it is thawed, as one in uninterruptible sleep in the driver. Thawed and removed
+    afterwards, whatever the test did: a killed process in it dies then."""
+    if not os.path.isfile(os.path.join(FREEZER, "cgroup.procs")):
+        pytest.skip(f"no cgroup v1 freezer at {FREEZER}: an unkillable process cannot be made")
+    path = os.path.join(FREEZER, f"gpushare-{os.path.basename(hostile_bed.root)}-{os.getpid()}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        with open(os.path.join(path, "freezer.state"), "w") as state:
+            state.write("THAWED")
+        for pid in _cgroup_pids(path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until("the freezer empty", lambda: not _cgroup_pids(path), 60)
+        os.rmdir(path)
+
+
+def test_an_unkillable_prolog_worker_is_waited_for_with_a_bound(hostile_bed, freezer):
+    """NVML stuck in the driver for real: the worker freezes itself in a cgroup v1 freezer,
+    where SIGKILL does not end it (the state of uninterruptible sleep). At its deadline (13 s
+    here) the supervisor kills it and waits for it a bounded time, then runs the fault path
+    all the same: the node drained with a reason naming the stuck worker, the batch job
+    requeued held. The epilog undoes the job at once, while the stuck worker lives on: it
+    never waits out its bound on the job's lock that worker still holds. Thawed, the worker
+    dies, and the job, released, runs."""
+    bed = hostile_bed
+    line = with_timeout(bed, 2)
+    set_nvml_hang(bed, FAULT_NODE, ["nvmlInit", "nvmlInitWithFlags"], freeze=freezer)
+    try:
+        job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w",
+                            FAULT_NODE, "-c1", user=U1)
+        pid = worker_pid(bed, job_id)
+        wait_until("the worker frozen", lambda: _cgroup_pids(freezer), 60)
+        set_nvml_hang(bed, FAULT_NODE, [])  # the epilog's worker and the next jobs' answer
+        reason = wait_drained(bed, FAULT_NODE, timeout=120)
+        assert reason.startswith(f"gpushare: prolog worker stuck unkillable (pid {pid}) after "
+                                 "13 s while checking the GPUs"), reason
+        held_after_requeue(bed, job_id)
+        wait_until("the job undone by its epilog", lambda: not job_records(bed), 60)
+        # Undone while the killed worker still lives, frozen: really unkillable.
+        assert alive(pid) and _cgroup_pids(freezer), f"the worker {pid} died of its kill"
+        log = slurmd_log(bed, FAULT_NODE)
+        assert f"worker {pid} does not die when killed" in log, log[-3000:]
+        assert "job_prolog: prolog worker stuck unkillable" in log, log[-3000:]
+        assert f"job {job_id}: epilog: the job's prolog worker still runs" not in log, \
+            log[-3000:]
+        assert bed.node_state(FAULT_NODE).get("Reason", "") == reason
+        assert "RAN" not in bed.output(job_id, "")
+        with open(os.path.join(freezer, "freezer.state"), "w") as state:
+            state.write("THAWED")
+        wait_until("the thawed worker dead of its kill", lambda: not alive(pid), 60)
     finally:
         set_nvml_hang(bed, FAULT_NODE, [])
         bed.write_plugstack(line)

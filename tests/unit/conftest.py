@@ -19,9 +19,17 @@ def no_host_slurm(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_worker_deadline(monkeypatch):
-    """A worker's deadline (``phases.start``, set by the SPANK adapter a test drives) is
-    process-wide: each test begins without one, so none ends another's waits."""
+    """A worker's deadline (gpushare.node.phases) is its process's: one test's callback
+    never bounds the waits of the tests after it, which run in the same process."""
+    import contextlib
+    import os
+
     from gpushare.node import phases
 
     monkeypatch.setattr(phases, "_deadline", None)
     monkeypatch.setattr(phases, "_board", None)
+    yield
+    if phases._board is not None:
+        with contextlib.suppress(OSError):  # closed by the test's own fixture
+            os.close(phases._board)
+        phases._board = None

@@ -21,6 +21,11 @@ Profile format (``"format": 1``; sizes in MiB; every key below is required unles
                                                           function in one process fails)
       "hang": ["nvmlInit"],                              (optional; these calls never return,
                                                           as a driver call stuck in the kernel)
+      "freeze": "/sys/fs/cgroup/freezer/<name>",         (optional; with "hang": the hung call
+                                                          first moves its process into this
+                                                          cgroup v1 freezer and freezes it, so
+                                                          that not even SIGKILL ends it until
+                                                          thawed: uninterruptible sleep)
       "gpus": [                                          (NVML index = position in this list)
         {
           "minor": 0,                                    (the N of /dev/nvidiaN)
@@ -71,9 +76,10 @@ import json
 import os
 import re
 import string
+import sys
 import time
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 from gpushare.gpu.nvml import InventoryError
 
@@ -342,6 +348,10 @@ def load_profile(path: str, device_root: Optional[str] = None) -> dict[str, Any]
     if not all(isinstance(fn, str) and fn.startswith("nvml") for fn in hang):
         raise r.fail("hang", "a list of NVML function names such as nvmlInit")
     profile["hang"] = frozenset(hang)
+    freeze = r.get(raw, "freeze", str, "", "")
+    if freeze and not os.path.isabs(freeze):
+        raise r.fail("freeze", "an absolute path to a cgroup v1 freezer directory")
+    profile["freeze"] = freeze
     profile["error_on_call"] = {}
     for fn, spec in r.get(raw, "error_on_call", dict, "", {}).items():
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int)
@@ -422,6 +432,23 @@ def _hang(*_args: Any, **_kwargs: Any) -> Any:
         time.sleep(3600)
 
 
+def _frozen(freezer: str) -> Callable[..., Any]:
+    """A call that never returns and that not even a kill ends: the process moves itself
+    into ``freezer`` (a cgroup v1 freezer directory) and freezes it, as a process in
+    uninterruptible sleep in the driver; it dies of a kill only once the cgroup is thawed."""
+    def hang(*_args: Any, **_kwargs: Any) -> Any:
+        try:
+            with open(os.path.join(freezer, "cgroup.procs"), "w") as procs:
+                procs.write("0")  # this process
+            with open(os.path.join(freezer, "freezer.state"), "w") as state:
+                state.write("FROZEN")
+        except OSError as err:  # still hangs; a kill ends it
+            sys.stderr.write(f"nvml_sim: cannot freeze in {freezer}: {err}\n")
+        return _hang()
+
+    return hang
+
+
 class SimNvml:
     """Answers the pynvml calls gpushare makes from a loaded profile, with pynvml's errors."""
 
@@ -488,8 +515,9 @@ class SimNvml:
     def __getattribute__(self, name: str) -> Any:
         attr = object.__getattribute__(self, name)
         if name.startswith("nvml") and callable(attr):
-            if name in object.__getattribute__(self, "profile").get("hang", ()):
-                return _hang
+            profile = object.__getattribute__(self, "profile")
+            if name in profile.get("hang", ()):
+                return _frozen(profile["freeze"]) if profile.get("freeze") else _hang
             errors = object.__getattribute__(self, "_errors")
             if name in errors:
                 code = errors[name]

@@ -11,6 +11,7 @@ import re
 from typing import Optional
 
 from gpushare.common import proc, safefs
+from gpushare.node.phases import time_left
 
 __all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason", "requeue_job"]
 
@@ -71,7 +72,10 @@ def requeue_job(job_id: int, scontrol: str = SCONTROL,
 
 
 def _scontrol(args: list[str], scontrol: str, timeout: float) -> "proc.Result | str":
-    """Run ``scontrol args``: its result, or why it failed (never raises)."""
+    """Run ``scontrol args``: its result, or why it failed (never raises). Within
+    ``timeout`` or the time left of this process's deadline, whichever ends first: the
+    fault path that drains and requeues is itself bounded by the C glue."""
+    timeout = time_left(timeout)
     if not scontrol.startswith("/"):
         return f"{scontrol}: scontrol must be given as an absolute path"
     try:  # run as root: only a program no user can replace

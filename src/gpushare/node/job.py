@@ -432,10 +432,13 @@ GPU_EPILOGS_LOCK = "epilogs.gpu{}.lock"
 # C glue kills a worker still running then (spank/gs_deadline.c) and hands the failure to
 # `worker_lost`, which may take FAULT_TIMEOUTS times timeout= more (drain, the scheduler's
 # parameters, requeue). A task or an epilog waits for a worker that long and no longer.
+# A killed worker is waited for KILL_WAIT seconds at most, out of the fault path's time: one
+# stuck in the kernel (NVML in the driver) never dies, and is named in the drain instead.
 # spank/build.py hands these names to the C glue.
 WORKER_DEADLINE_TIMEOUTS = 4
 WORKER_DEADLINE_MARGIN = 5.0
 FAULT_TIMEOUTS = 3
+KILL_WAIT = 2.0
 # A worker's own waits end this much before the deadline, so it says what it waited for.
 DEADLINE_SLACK = 1.0
 
@@ -581,7 +584,7 @@ def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterab
 
     # Bounded well below timeout=: a prolog must not wait long on a slow slurmctld for an
     # answer that only tidies up; the next interval asks again.
-    running = slurm_jobs.jobs_on_node(node, min(config.timeout, SLURM_CHECK_TIMEOUT),
+    running = slurm_jobs.jobs_on_node(node, time_left(min(config.timeout, SLURM_CHECK_TIMEOUT)),
                                       squeue or slurm_jobs.SQUEUE)
     if running is None:
         log.warning("cannot ask slurmctld which jobs run on %s (squeue failed): jobs whose "

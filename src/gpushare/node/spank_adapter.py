@@ -82,16 +82,24 @@ def _phases() -> Phases:
     return phases
 
 
-def _start(config: PluginConfig, job_id: int) -> None:
+def host_seconds_left(host: Any, bound: float) -> float:
+    """Seconds until the deadline at which the C glue kills this process (struct gs_host's
+    ``deadline``, on time.monotonic's clock), or ``bound`` when it set none: the one
+    deadline every wait of this callback takes its time from."""
+    at = float(getattr(host, "deadline", 0.0) or 0.0)
+    return bound if at <= 0 else max(0.0, at - time.monotonic())
+
+
+def _start(config: PluginConfig, job_id: int, host: Any) -> None:
     """This worker's deadline, and the job's lock file to say what it does."""
-    deadline.start(job.worker_deadline(config) - job.DEADLINE_SLACK,
+    deadline.start(host_seconds_left(host, job.worker_deadline(config)) - job.DEADLINE_SLACK,
                    JobStore(config.state_dir).path(job_id, LOCK_SUFFIX))
 
 
 def job_prolog(spank: Spank, config: PluginConfig) -> int:
     phases = _phases()
     job_id, uid, gid = spank.ids()
-    _start(config, job_id)
+    _start(config, job_id, spank.host)
     request = job.JobRequest(job_id=job_id, uid=uid, gid=gid, node=job.node_name(os.environ),
                              gpu_share=spank.option("gpu-share"),
                              private_mps=spank.option("gpu-mps") is not None,
@@ -104,7 +112,7 @@ def job_prolog(spank: Spank, config: PluginConfig) -> int:
 def job_epilog(spank: Spank, config: PluginConfig) -> int:
     phases = _phases()
     job_id, _uid, _gid = spank.ids()
-    _start(config, job_id)
+    _start(config, job_id, spank.host)
     job.epilog(config, job_id, phases)
     logger.debug("%s", phases.line())
     return 0
@@ -116,7 +124,10 @@ def worker_lost(callback: str, spank: Spank, config: PluginConfig) -> int:
     is drained with that cause; a prolog's batch job is requeued and its tasks told, as
     for any node fault, unless they already had their word (the worker hung after it) or
     the job's epilog has undone the job already (it removed the job's lock file, which the
-    prolog made first): a record written then would outlive the job."""
+    prolog made first): a record written then would outlive the job. Its commands (drain,
+    the scheduler's parameters, requeue) take the time left of the supervisor's deadline."""
+    fault_limit = job.FAULT_TIMEOUTS * config.timeout + job.WORKER_DEADLINE_MARGIN
+    deadline.start(host_seconds_left(spank.host, fault_limit) - job.DEADLINE_SLACK)
     job_id = _job_id(spank)
     store = JobStore(config.state_dir)
     undone = False
