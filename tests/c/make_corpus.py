@@ -6,7 +6,7 @@ for the C glue to parse, plus the nastiest inputs each parser must refuse withou
     python3 tests/c/make_corpus.py --check    exit 1 when it differs from what is committed
 
 The rendered files go through the same functions a prolog uses (``gpushare.node.ticket``,
-``JobRecord.to_env_file``, ``gpushare.node.job.task_environment`` and ``describe``), with
+``JobRecord.to_env_file``, ``gpushare.node.request.task_environment`` and ``describe``), with
 fixed inputs so that the corpus changes only when a format does; tests/unit/test_c_fuzz.py
 runs ``--check``.
 """
@@ -23,7 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 
 from gpushare.node import ticket  # noqa: E402
-from gpushare.node.job import describe, task_environment  # noqa: E402
+from gpushare.node.job import describe  # noqa: E402
+from gpushare.node.request import task_environment  # noqa: E402
 from gpushare.node.state import JobRecord  # noqa: E402
 
 CORPUS = os.path.join(HERE, "corpus")

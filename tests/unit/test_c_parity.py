@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from gpushare.node import ticket
 from gpushare.node.config import ConfigError, expand_path, plugin_arg_values
 from gpushare.node.devices import uuid_list
-from gpushare.node.job import parse_share
 from gpushare.node.mps.procscan import ProcScan
+from gpushare.node.request import parse_share
 from gpushare.node.state import ENV_NAME, JobRecord
 
 C_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "c")
@@ -217,7 +217,7 @@ def test_a_share_c_reads_python_reads_the_same(c_side, text):
         assert python_share(text) == answer
 
 
-# ---- --gpu-share: gs_parse_percent (srun, the option) and job.parse_share (the node) -----
+# ---- --gpu-share: gs_parse_percent (srun, the option) and request.parse_share (the node) -----
 
 def python_percent(text: str) -> int:
     try:

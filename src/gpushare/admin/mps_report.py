@@ -4,7 +4,7 @@
 Each daemon record is checked against the node: is the recorded daemon alive and ours, do
 the jobs it counts still have a gpushare record (their epilog has not run), did a stop
 fail. Every problem says what to do. Nothing here takes a lock or changes state; reaping
-is ``gpushare.node.job.reap_mps``, the same step a shared job's prolog takes.
+is ``gpushare.node.reaper.reap_mps``, the same step a shared job's prolog takes.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def inspect_daemons(config: PluginConfig, check_processes: bool = True,
                     lost: set[int] | None = None) -> list[DaemonView]:
     """Every MPS daemon key under the state directory. ``check_processes`` needs root: only
     root can read another user's /proc environ, which tells a daemon from a stranger.
-    ``lost``: jobs slurmctld no longer runs on this node (``gpushare.node.job.lost_jobs``)."""
+    ``lost``: jobs slurmctld no longer runs on this node (``gpushare.node.reaper.lost_jobs``)."""
     entries = MpsManager(config).snapshot(check_processes=check_processes)
     # Job records are listed after the daemon records are read: a prolog writes its job's
     # record before the daemon's record names the job, so a job just starting is never

@@ -106,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.reap:
         if not is_root:
             return fail("mps", "--reap stops other users' daemons: run it as root")
-        from gpushare.node.job import reap_mps
+        from gpushare.node.reaper import reap_mps
 
         try:
             reaped, forgotten = reap_mps(config, node)
@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         lost: set[int] = set()
         if is_root:  # only root reads the job records; slurmctld is asked once
-            from gpushare.node.job import lost_jobs
+            from gpushare.node.reaper import lost_jobs
             from gpushare.node.state import JobStore
 
             lost = lost_jobs(config, JobStore(config.state_dir), node, force=True)

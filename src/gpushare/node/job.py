@@ -9,22 +9,28 @@ are split by who must act:
     not be drained for a user's typo); every task of the job then fails with the message.
 """
 
-import contextlib
 import fcntl
 import os
 import time
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from gpushare.common.log import get_logger
 from gpushare.node import counters, ticket
 from gpushare.node.config import PluginConfig, beside_slurm_conf
-from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, limits_for
+from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError
 from gpushare.node.phases import Phases, doing, time_left
-from gpushare.node.state import LOCK_SUFFIX, JobRecord, JobStore
+from gpushare.node.reaper import SLURM_CHECK_INTERVAL, SLURM_CHECKED, alive, forget, lost_jobs
+from gpushare.node.request import (
+    SHARE_ENV,
+    JobRequest,
+    UserError,
+    plan_job,
+    task_environment,
+    uses_sharing,
+)
+from gpushare.node.state import JobRecord, JobStore
 
 if TYPE_CHECKING:
-    from typing import Collection, Iterable
 
     from gpushare.gpu.inventory import Inventory
     from gpushare.node import inventory_cache
@@ -37,9 +43,6 @@ else:
 
 log = get_logger("gpushare.job")
 
-SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-
-
 class NodeError(RuntimeError):
     """The node cannot run the job correctly; Slurm should drain it.
 
@@ -51,122 +54,6 @@ class NodeError(RuntimeError):
         super().__init__(message)
         self.drain = drain
         self.brief = brief or message  # the drain reason: the cause first, short
-
-
-class UserError(ValueError):
-    """The job's request cannot be honoured; the message says what to type instead."""
-
-
-class JobRequest(NamedTuple):
-    """The facts job_prolog has about one job, all from Slurm (env and SPANK items)."""
-
-    job_id: int
-    uid: int
-    gid: int
-    node: str
-    gpu_share: Optional[str] = None  # --gpu-share value as the job carries it (user text)
-    private_mps: bool = False  # --gpu-mps
-    env: Mapping[str, str] = MappingProxyType({})
-
-    @property
-    def slurm_gpus(self) -> list[str]:
-        return _split(self.env.get("SLURM_JOB_GPUS", ""))
-
-    @property
-    def visible_devices(self) -> list[str]:
-        return _split(self.env.get("CUDA_VISIBLE_DEVICES", ""))
-
-    @property
-    def slurm_share(self) -> Optional[int]:
-        """The share Slurm's gres/mps computed for this job, if it is an mps job."""
-        value = self.env.get(SHARE_ENV, "")
-        return int(value) if value.isdigit() and 1 <= int(value) <= 100 else None
-
-
-def _split(value: str) -> list[str]:
-    return [token for token in value.split(",") if token]
-
-
-def parse_share(text: str) -> int:
-    """Validate ``--gpu-share`` again on the node: the value is user-controlled."""
-    # ASCII digits only, as the C glue takes them: str.isdigit also takes other scripts'.
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 100:
-        raise UserError(f"--gpu-share={text} is invalid: give a whole percent of one GPU from "
-                        "1 to 100, e.g. --gpu-share=25")
-    return int(text)
-
-
-def share_matches(asked: int, granted: int) -> bool:
-    """Whether Slurm's percentage for an mps job is ``--gpu-share=asked`` as the submit
-    hooks turn it into mps units (``asked * units // 100``), which Slurm turns back into
-    ``count * 100 // units``. The node does not know the units per GPU; with 100 or more
-    (the plan's default is 100) the round trip gives ``asked`` or ``asked - 1``."""
-    return granted in (asked, asked - 1)
-
-
-def uses_sharing(request: JobRequest) -> bool:
-    return request.gpu_share is not None or request.private_mps or request.slurm_share is not None
-
-
-def plan_job(request: JobRequest, devices: "Sequence[ResolvedDevice]" = ()) -> JobRecord:
-    """Decide mode, share and task environment; raise UserError for an impossible request."""
-    asked = parse_share(request.gpu_share) if request.gpu_share is not None else None
-    granted = request.slurm_share
-    gpus = request.slurm_gpus
-    if request.private_mps:
-        if granted is not None or asked is not None:
-            raise UserError("--gpu-mps runs a private MPS daemon over whole GPUs; it cannot be "
-                            "combined with a share (--gpu-share or --gres=mps). Ask for "
-                            "--gres=gpu:N --gpu-mps, or only a share")
-        if not gpus:
-            raise UserError("--gpu-mps needs whole GPUs on every node: add --gres=gpu:N")
-        mode, share = "private", 100
-    else:
-        if not gpus:
-            raise UserError(f"--gpu-share={request.gpu_share} got no GPU on this node: the "
-                            "share was not turned into an MPS request at submit time. Ask "
-                            f"--gres=mps:{asked or 100} (or enable gpushare's submit hook)")
-        if len(gpus) != 1:
-            raise UserError(f"a share runs on one GPU, but Slurm gave {len(gpus)} "
-                            f"({','.join(gpus)}); ask whole GPUs with --gres=gpu:N instead")
-        if granted is None:
-            # The submit hooks refuse a share beside whole GPUs; so does the node.
-            raise UserError(f"--gpu-share={request.gpu_share} is a share of one GPU and "
-                            "cannot be combined with whole GPUs (--gres=gpu:N); ask for the "
-                            "share alone (--gpu-share or --gres=mps), or for whole GPUs alone")
-        if asked is not None and not share_matches(asked, granted):
-            raise UserError(f"--gpu-share={asked} and the job's --gres=mps ({granted}% of a "
-                            f"GPU) ask for different shares; give only one of them, e.g. "
-                            f"--gpu-share={asked}")
-        share = granted
-        mode = "shared"
-    record = JobRecord(job_id=request.job_id, uid=request.uid, gid=request.gid,
-                       node=request.node, mode=mode, share_percent=share,
-                       slurm_gpus=gpus, visible_devices=request.visible_devices,
-                       devices=[device.to_dict() for device in devices])
-    record.env = task_environment(record)
-    return record
-
-
-def task_environment(record: JobRecord) -> dict[str, str]:
-    """The variables every task of the job gets; the MPS lease's take precedence.
-
-    The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuids>`` and numbers its devices
-    from 0, so the task sees 0..n-1; ``GPUSHARE_GPUS`` (Slurm's indices on the node) and
-    ``GPUSHARE_GPU_UUIDS`` say which devices those are. A task Slurm gave the devices'
-    UUIDs (gres.conf ``Flags=env_uuid``, 26.05) keeps them instead: they name the daemon's
-    devices too (the C glue's rule, ``gpushare.node.devices.uuid_list``).
-    """
-    devices = ",".join(str(i) for i in range(len(record.slurm_gpus)))
-    # Which of the node's GPUs these are: Slurm tells an mps job's tasks nothing of it.
-    env = {"CUDA_VISIBLE_DEVICES": devices, "GPUSHARE_GPUS": ",".join(record.slurm_gpus)}
-    uuids = [str(d.get("uuid")) for d in record.devices if d.get("uuid")]
-    if uuids:
-        env["GPUSHARE_GPU_UUIDS"] = ",".join(uuids)
-    env.update(limits_for(record.mode, [record.share_percent]).env(record.mode))
-    if record.mps:
-        env.update(record.mps.get("env", {}))
-    return env
 
 
 def gres_conf_path(env: Mapping[str, str]) -> str:
@@ -347,8 +234,8 @@ def prolog(config: PluginConfig, request: JobRequest,
         # slurmctld no longer runs them here (asked at most every SLURM_CHECK_INTERVAL s).
         doing("giving back shares of ended jobs")
         lost = lost_jobs(config, store, request.node, exclude={record.job_id})
-        manager.reap_stale(_alive(store, lost))
-        _forget(store, lost)
+        manager.reap_stale(alive(store, lost))
+        forget(store, lost)
         phases.done("reap")
         daemon_devices = mps_devices(record, devices)
         doing("starting or joining the MPS daemon")
@@ -391,7 +278,7 @@ def _write_tickets(config: PluginConfig, request: JobRequest, record: JobRecord,
     name = ticket.name(request.uid, request.env) if record.mode == "shared" else None
     if name is None or config.verify_reuse <= 0:
         return
-    checked = os.path.join(config.state_dir, _SLURM_CHECKED)
+    checked = os.path.join(config.state_dir, SLURM_CHECKED)
     try:
         # Not past the node's next look for lost jobs, which only a worker does.
         until = min((time.time() if asked is None else asked) + config.verify_reuse,
@@ -550,99 +437,6 @@ def _remove_after_failure(store: JobStore, job_id: int) -> None:
         store.remove(job_id)
     except OSError as err:
         log.error("cannot remove job %d's record after its epilog failed: %s", job_id, err)
-
-
-# How often a prolog asks slurmctld which jobs still run on its node (one squeue). A lost
-# epilog is rare; its job's share is given back within this time, or at once by
-# `gpushare mps --reap`.
-SLURM_CHECK_INTERVAL = 300.0
-SLURM_CHECK_TIMEOUT = 2.0  # seconds squeue may take before the prolog goes on without it
-_SLURM_CHECKED = "slurm-checked"  # its mtime: when this node last asked
-
-
-def lost_jobs(config: PluginConfig, store: JobStore, node: str, exclude: "Iterable[int]" = (),
-              force: bool = False, squeue: Optional[str] = None) -> set[int]:
-    """Jobs with a gpushare record on this node that slurmctld no longer runs here: their
-    epilog will never come (slurmd was killed between the job's end and its epilog), or
-    could not undo them (a plugstack line or state directory it refused). A job with only
-    its tasks' file or lock (``JobStore.leftover_ids``: its prolog failed before its
-    record, or it shares nothing) counts too: nothing else would ever remove them.
-
-    The records are listed before slurmctld is asked, so a job starting meanwhile is never
-    taken for a lost one. Nothing is lost when slurmctld cannot answer. Without ``force``
-    slurmctld is asked at most once per SLURM_CHECK_INTERVAL per node.
-    """
-    recorded = (set(store.job_ids()) | set(store.leftover_ids())) - set(exclude)
-    if not recorded:
-        # No other job here, so none is lost: as good as slurmctld's answer, and the date
-        # the tickets this prolog leaves need (gpushare.node.ticket).
-        _check_due(config.state_dir)
-        return set()
-    if not (force or _check_due(config.state_dir)):
-        return set()
-    from gpushare.node import slurm_jobs  # only when asking: most prologs do not
-
-    # Bounded well below timeout=: a prolog must not wait long on a slow slurmctld for an
-    # answer that only tidies up; the next interval asks again.
-    running = slurm_jobs.jobs_on_node(node, time_left(min(config.timeout, SLURM_CHECK_TIMEOUT)),
-                                      squeue or slurm_jobs.SQUEUE)
-    if running is None:
-        log.warning("cannot ask slurmctld which jobs run on %s (squeue failed): jobs whose "
-                    "epilog was lost stay counted until it answers", node)
-        return set()
-    lost = recorded - running
-    for job_id in sorted(lost):
-        log.info("job %d has a gpushare record on %s but slurmctld no longer runs it here "
-                 "(its epilog was lost): reaping it", job_id, node)
-    return lost
-
-
-def _check_due(state_dir: str) -> bool:
-    """True (and the time noted) when this node last asked slurmctld long enough ago."""
-    path = os.path.join(state_dir, _SLURM_CHECKED)
-    try:
-        if time.time() - os.lstat(path).st_mtime < SLURM_CHECK_INTERVAL:
-            return False
-    except FileNotFoundError:
-        pass
-    # The state directory is root's (JobStore checked it); O_NOFOLLOW refuses a link.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        os.utime(fd)
-    finally:
-        os.close(fd)
-    return True
-
-
-def _alive(store: JobStore, lost: "Collection[int]" = ()) -> Callable[[int], bool]:
-    """Whether a job still runs here: its record outlives its epilog, unless slurmctld says
-    the job is gone (``lost``). Only the record's presence is asked: each prolog asks it
-    for every job on the node."""
-    return lambda job_id: job_id not in lost and store.exists(job_id)
-
-
-def _forget(store: JobStore, lost: "Iterable[int]") -> None:
-    """Remove what a lost job's epilog would have: its record and its prolog's lock file."""
-    for job_id in lost:
-        store.remove(job_id)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(store.path(job_id, LOCK_SUFFIX))
-
-
-def reap_mps(config: PluginConfig, node: str) -> tuple[list[str], set[int]]:
-    """Do now what the node's next shared job's prolog does first: drop MPS references of
-    jobs without a record or that slurmctld no longer runs on ``node``, and stop the
-    daemons left without jobs (``gpushare mps --reap``); also stop MPS processes whose
-    daemon directory has lost its record.
-
-    Returns the keys of the daemons stopped and the lost jobs forgotten; MpsError names
-    any daemon that cannot be stopped.
-    """
-    store = JobStore(config.state_dir)
-    lost = lost_jobs(config, store, node, force=True)
-    stopped = MpsManager(config).reap_stale(_alive(store, lost), strays=True)
-    _forget(store, lost)
-    return stopped, lost
 
 
 def node_name(env: Mapping[str, str]) -> str:

@@ -23,6 +23,7 @@ from gpushare.node import counters, job  # noqa: E402
 from gpushare.node import phases as deadline  # noqa: E402
 from gpushare.node.config import ConfigError, PluginConfig, parse_plugin_args  # noqa: E402
 from gpushare.node.phases import Phases  # noqa: E402
+from gpushare.node.request import JobRequest  # noqa: E402
 from gpushare.node.state import ENV_SUFFIX, LOCK_SUFFIX, JobStore  # noqa: E402
 
 _IMPORT_SECONDS: Optional[float] = time.monotonic() - _IMPORTS_BEGAN  # given to one callback
@@ -100,10 +101,10 @@ def job_prolog(spank: Spank, config: PluginConfig) -> int:
     phases = _phases()
     job_id, uid, gid = spank.ids()
     _start(config, job_id, spank.host)
-    request = job.JobRequest(job_id=job_id, uid=uid, gid=gid, node=job.node_name(os.environ),
-                             gpu_share=spank.option("gpu-share"),
-                             private_mps=spank.option("gpu-mps") is not None,
-                             env=dict(os.environ))
+    request = JobRequest(job_id=job_id, uid=uid, gid=gid, node=job.node_name(os.environ),
+                         gpu_share=spank.option("gpu-share"),
+                         private_mps=spank.option("gpu-mps") is not None,
+                         env=dict(os.environ))
     job.prolog(config, request, phases)
     logger.debug("%s", phases.line())
     return 0

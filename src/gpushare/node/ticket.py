@@ -33,7 +33,7 @@ from gpushare.node.state import JobRecord
 FORMAT = "gpushare-ticket 1"
 # A ticket's file name in <state_dir>/daemons/tickets/; spank/build.py gives the C glue the same.
 NAME_FORMAT = "u{uid}.g{gpus}.s{share}"
-# What a prolog reads of its environment (gpushare.node.job.JobRequest, gres_conf_path,
+# What a prolog reads of its environment (gpushare.node.request.JobRequest, gres_conf_path,
 # node_name): a ticket holds for a job that reads the same.
 TICKET_ENV = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "SLURM_CONF", "SLURMD_NODENAME")

@@ -5,18 +5,19 @@ import os
 
 import pytest
 
-from gpushare.node import job
+from gpushare.node import job, reaper
+from gpushare.node import request as job_request
 from gpushare.node.state import JobRecord
 
 
 def request(**extra):
     values = dict(job_id=7, uid=1001, gid=1001, node="n1", env={})
     values.update(extra)
-    return job.JobRequest(**values)
+    return job_request.JobRequest(**values)
 
 
 def test_mps_job_gets_slurms_share_on_device_zero():
-    rec = job.plan_job(request(env={"SLURM_JOB_GPUS": "3",
+    rec = job_request.plan_job(request(env={"SLURM_JOB_GPUS": "3",
                                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}))
     assert rec.mode == "shared" and rec.share_percent == 50 and rec.slurm_gpus == ["3"]
     assert rec.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
@@ -25,10 +26,10 @@ def test_mps_job_gets_slurms_share_on_device_zero():
 
 def test_gpu_share_must_agree_with_slurms_share_as_the_hooks_require():
     env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
-    assert job.plan_job(request(gpu_share="50", env=env)).share_percent == 50
+    assert job_request.plan_job(request(gpu_share="50", env=env)).share_percent == 50
     for other in ("20", "80"):
-        with pytest.raises(job.UserError, match="ask for different shares"):
-            job.plan_job(request(gpu_share=other, env=env))
+        with pytest.raises(job_request.UserError, match="ask for different shares"):
+            job_request.plan_job(request(gpu_share=other, env=env))
 
 
 @pytest.mark.parametrize("asked,units", [(33, 150), (25, 100), (1, 400), (99, 700), (67, 1000),
@@ -37,12 +38,12 @@ def test_gpu_share_agrees_with_the_hooks_rounding_into_mps_units(asked, units):
     count = asked * units // 100  # what the submit hooks ask for
     granted = count * 100 // units  # what Slurm's gres/mps hands the job
     env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(granted)}
-    assert job.plan_job(request(gpu_share=str(asked), env=env)).share_percent == granted
+    assert job_request.plan_job(request(gpu_share=str(asked), env=env)).share_percent == granted
 
 
 def test_gpu_share_beside_whole_gpus_is_refused_as_the_hooks_do():
-    with pytest.raises(job.UserError, match="cannot be combined with whole GPUs"):
-        job.plan_job(request(gpu_share="25", env={"SLURM_JOB_GPUS": "0"}))
+    with pytest.raises(job_request.UserError, match="cannot be combined with whole GPUs"):
+        job_request.plan_job(request(gpu_share="25", env={"SLURM_JOB_GPUS": "0"}))
 
 
 @pytest.mark.parametrize("extra", [dict(gpu_share="25"), dict()])
@@ -50,42 +51,42 @@ def test_roots_shared_job_is_planned_as_anyones(extra):
     """Slurm's own MPS tests run as root: root's share gets its own daemon (of root's,
     reachable by root alone) like any user's."""
     env = {"SLURM_JOB_GPUS": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
-    rec = job.plan_job(request(uid=0, gid=0, env=env, **extra))
+    rec = job_request.plan_job(request(uid=0, gid=0, env=env, **extra))
     assert (rec.uid, rec.mode, rec.share_percent, rec.error) == (0, "shared", 25, "")
 
 
 @pytest.mark.parametrize("value", ["0", "101", "abc", "", "-5", "2.5"])
 def test_bad_share_on_the_node_is_a_user_error(value):
-    with pytest.raises(job.UserError, match="from 1 to 100"):
-        job.plan_job(request(gpu_share=value, env={"SLURM_JOB_GPUS": "0"}))
+    with pytest.raises(job_request.UserError, match="from 1 to 100"):
+        job_request.plan_job(request(gpu_share=value, env={"SLURM_JOB_GPUS": "0"}))
 
 
 def test_share_without_a_gpu_says_what_to_type():
-    with pytest.raises(job.UserError, match=r"Ask --gres=mps:25"):
-        job.plan_job(request(gpu_share="25"))
+    with pytest.raises(job_request.UserError, match=r"Ask --gres=mps:25"):
+        job_request.plan_job(request(gpu_share="25"))
 
 
 def test_share_over_two_gpus_is_refused():
-    with pytest.raises(job.UserError, match="a share runs on one GPU"):
-        job.plan_job(request(env={"SLURM_JOB_GPUS": "0,1",
+    with pytest.raises(job_request.UserError, match="a share runs on one GPU"):
+        job_request.plan_job(request(env={"SLURM_JOB_GPUS": "0,1",
                                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}))
 
 
 def test_private_mps_needs_whole_gpus_and_no_share():
-    rec = job.plan_job(request(private_mps=True, env={"SLURM_JOB_GPUS": "2,3"}))
+    rec = job_request.plan_job(request(private_mps=True, env={"SLURM_JOB_GPUS": "2,3"}))
     assert rec.mode == "private"
     assert rec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "GPUSHARE_GPUS": "2,3"}
-    with pytest.raises(job.UserError, match="cannot be combined with a share"):
-        job.plan_job(request(private_mps=True, gpu_share="50", env={"SLURM_JOB_GPUS": "0"}))
-    with pytest.raises(job.UserError, match="add --gres=gpu:N"):
-        job.plan_job(request(private_mps=True))
+    with pytest.raises(job_request.UserError, match="cannot be combined with a share"):
+        job_request.plan_job(request(private_mps=True, gpu_share="50", env={"SLURM_JOB_GPUS": "0"}))
+    with pytest.raises(job_request.UserError, match="add --gres=gpu:N"):
+        job_request.plan_job(request(private_mps=True))
 
 
 def test_task_learns_which_gpus_it_shares():
-    rec = job.plan_job(request(env={"SLURM_JOB_GPUS": "5",
+    rec = job_request.plan_job(request(env={"SLURM_JOB_GPUS": "5",
                                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}))
     rec.devices = [{"uuid": "GPU-abc"}]
-    env = job.task_environment(rec)
+    env = job_request.task_environment(rec)
     assert env["GPUSHARE_GPUS"] == "5" and env["GPUSHARE_GPU_UUIDS"] == "GPU-abc"
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
 
@@ -94,7 +95,7 @@ def test_lease_environment_wins():
     rec = JobRecord(job_id=1, uid=1, gid=1, node="n", mode="shared", share_percent=25,
                     slurm_gpus=["0"], mps={"env": {"CUDA_MPS_PIPE_DIRECTORY": "/p",
                                                    "CUDA_VISIBLE_DEVICES": "0"}})
-    env = job.task_environment(rec)
+    env = job_request.task_environment(rec)
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/p"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
@@ -184,7 +185,8 @@ def test_jobs_slurmctld_no_longer_runs_here_are_lost(tmp_path):
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11, 12, 13, 14)
     squeue, calls = _fake_squeue(tmp_path, "12\\n14\\n99\\n")
-    assert job.lost_jobs(config, store, "n1", exclude={14}, force=True, squeue=squeue) == {11, 13}
+    assert reaper.lost_jobs(config, store, "n1", exclude={14}, force=True,
+                            squeue=squeue) == {11, 13}
     args = calls.read_text().split()
     assert "--nodelist=n1" in args and "--format=%A" in args
     assert any(a.startswith("--states=") and "COMPLETING" in a for a in args)
@@ -207,9 +209,9 @@ def test_a_jobs_files_without_its_record_are_reaped_once_slurmctld_no_longer_run
         pass  # a write in progress is no job's file
     assert store.leftover_ids() == [12, 13, 14]
     squeue, _calls = _fake_squeue(tmp_path, "11\\n12\\n")
-    lost = job.lost_jobs(config, store, "n1", force=True, squeue=squeue)
+    lost = reaper.lost_jobs(config, store, "n1", force=True, squeue=squeue)
     assert lost == {13, 14}
-    job._forget(store, lost)
+    reaper.forget(store, lost)
     assert sorted(os.listdir(store.jobs_dir)) == ["11.env", "11.json", "11.lock", "12.env",
                                                   "12.lock", "15.env.99.tmp"]
 
@@ -221,9 +223,9 @@ def test_nothing_is_lost_when_slurmctld_cannot_answer(tmp_path, output, status):
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11, 12)
     squeue, _calls = _fake_squeue(tmp_path, output, status)
-    assert job.lost_jobs(config, store, "n1", force=True, squeue=squeue) == set()
+    assert reaper.lost_jobs(config, store, "n1", force=True, squeue=squeue) == set()
     missing = str(tmp_path / "no-squeue")
-    assert job.lost_jobs(config, store, "n1", force=True, squeue=missing) == set()
+    assert reaper.lost_jobs(config, store, "n1", force=True, squeue=missing) == set()
 
 
 def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch):
@@ -232,26 +234,26 @@ def test_a_prolog_asks_slurmctld_at_most_once_per_interval(tmp_path, monkeypatch
     config = parse_plugin_args([f"state_dir={tmp_path}/s", "verify=off"])
     store = _records(config, 11, 12)
     squeue, calls = _fake_squeue(tmp_path, "12\\n")
-    assert job.lost_jobs(config, store, "n1", squeue=squeue) == {11}
-    assert job.lost_jobs(config, store, "n1", squeue=squeue) == set()  # asked just now
+    assert reaper.lost_jobs(config, store, "n1", squeue=squeue) == {11}
+    assert reaper.lost_jobs(config, store, "n1", squeue=squeue) == set()  # asked just now
     assert len(calls.read_text().splitlines()) == 1
     checked = tmp_path / "s" / "slurm-checked"
-    old = checked.stat().st_mtime - job.SLURM_CHECK_INTERVAL - 1
+    old = checked.stat().st_mtime - reaper.SLURM_CHECK_INTERVAL - 1
     os.utime(checked, (old, old))
-    assert job.lost_jobs(config, store, "n1", squeue=squeue) == {11}
+    assert reaper.lost_jobs(config, store, "n1", squeue=squeue) == {11}
     assert len(calls.read_text().splitlines()) == 2
     # No record but the job's own: slurmctld is not asked at all, none can be lost, and
     # that is noted as if it had answered (the tickets the prolog leaves are dated by it).
     store.remove(11)
     store.remove(12)
     os.utime(checked, (old, old))
-    assert job.lost_jobs(config, _records(config, 20), "n1", exclude={20},
+    assert reaper.lost_jobs(config, _records(config, 20), "n1", exclude={20},
                          squeue=squeue) == set()
     assert len(calls.read_text().splitlines()) == 2
     noted = checked.stat().st_mtime
-    assert noted > old + job.SLURM_CHECK_INTERVAL
+    assert noted > old + reaper.SLURM_CHECK_INTERVAL
     # Within the interval it is left as it is: a ticket's stamp of it stays good.
-    assert job.lost_jobs(config, store, "n1", exclude={20}, squeue=squeue) == set()
+    assert reaper.lost_jobs(config, store, "n1", exclude={20}, squeue=squeue) == set()
     assert checked.stat().st_mtime == noted
 
 
@@ -263,8 +265,8 @@ def test_a_slow_slurmctld_delays_a_prolog_at_most_the_check_timeout(tmp_path, mo
     script = tmp_path / "squeue"
     script.write_text("#!/bin/sh\nsleep 3\necho 99\n")  # would make job 11 lost
     script.chmod(0o755)
-    monkeypatch.setattr(job, "SLURM_CHECK_TIMEOUT", 0.2)
-    assert job.lost_jobs(config, store, "n1", force=True, squeue=str(script)) == set()
+    monkeypatch.setattr(reaper, "SLURM_CHECK_TIMEOUT", 0.2)
+    assert reaper.lost_jobs(config, store, "n1", force=True, squeue=str(script)) == set()
 
 
 def test_roots_shared_job_has_its_devices_checked_as_anyones(tmp_path):
@@ -316,5 +318,5 @@ def test_a_squeue_others_can_replace_is_never_run(tmp_path):
     store = _records(config, 11)
     squeue, calls = _fake_squeue(tmp_path, "")
     os.chmod(squeue, 0o777)
-    assert job.lost_jobs(config, store, "n1", force=True, squeue=squeue) == set()
+    assert reaper.lost_jobs(config, store, "n1", force=True, squeue=squeue) == set()
     assert not calls.exists()
