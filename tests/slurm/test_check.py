@@ -69,9 +69,22 @@ def own_mps_mount(request, bed):
 
 
 def test_mps_dirs_beside_roots_state_are_a_warning_until_mounted_apart(clean_bed):
-    """What users write in their MPS directories must not fill root's records: check warns
-    while they share a file system, and, as root, reports a nearly full one."""
+    """What users write in their MPS directories must not fill root's records. Each daemon
+    on a tmpfs of its own (the default ``mps_space=``), no user writes beside root's state:
+    nothing to warn of. With ``mps_space=shared``, check warns while the users' directories
+    share a file system with root's, and, as root, reports a nearly full one."""
     os.makedirs(mps_dir(clean_bed), mode=0o755, exist_ok=True)
+    report = json.loads(check(clean_bed, "--json").stdout)
+    assert [f for f in report["findings"] if f["where"] == mps_dir(clean_bed)] == [], report
+    line = clean_bed.plugstack_line()
+    clean_bed.write_plugstack(line.rstrip("\n") + " mps_space=shared\n")
+    try:
+        _shared_mps_dir_findings(clean_bed)
+    finally:
+        clean_bed.write_plugstack(line)
+
+
+def _shared_mps_dir_findings(clean_bed) -> None:
     report = json.loads(check(clean_bed, "--json").stdout)
     shared = [f for f in report["findings"] if f["where"] == mps_dir(clean_bed)]
     assert len(shared) == 1 and shared[0]["severity"] == "warning", report
