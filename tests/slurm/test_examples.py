@@ -171,7 +171,13 @@ def example_bed(plan_path: str) -> slurmbed.SlurmBed:
         # JobSubmitPlugins=gpushare: the Python hook, compiled against the bed's core.
         slurmbed.build_python_hook(bed)
         # HealthCheckProgram: the RPM's gpushare-check (gpushare check --drain), with the
-        # bed's plan, gres.conf and simulated NVML; each run leaves its exit status.
+        # bed's plan, gres.conf and simulated NVML, and a kernel.yama.ptrace_scope of 1 as
+        # docs/admin.md sets it (this host's kernel may have no Yama); each run leaves its
+        # exit status.
+        yama = bed.path("proc", "sys", "kernel", "yama")
+        os.makedirs(yama, exist_ok=True)
+        with open(os.path.join(yama, "ptrace_scope"), "w") as handle:
+            handle.write("1\n")
         check = bed.path("bin", "gpushare-check")
         command = (f'import sys; sys.path.insert(0, "{bed.path("lib", "python")}"); '
                    "from gpushare.cli import main; sys.exit(main())")
@@ -182,6 +188,7 @@ def example_bed(plan_path: str) -> slurmbed.SlurmBed:
                 f"/usr/bin/python3 -I -c '{command}' check --drain "
                 f"--plan {bed.path('etc', 'plan.yaml')} --gres-conf {bed.path('etc', 'gres.conf')}"
                 f" --device-root {dev} --source sim:{bed.path('nodes')}/$SLURMD_NODENAME.json"
+                f" --proc-root {bed.path('proc')}"
                 f" >> {bed.path('log', 'health')}-$SLURMD_NODENAME.log 2>&1\n"
                 "rc=$?\n"
                 f"echo \"rc=$rc\" >> {bed.path('log', 'health')}-$SLURMD_NODENAME.log\n"
