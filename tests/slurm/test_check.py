@@ -19,14 +19,22 @@ NODE = "n5"
 SCONTROL = shutil.which("scontrol") or "/usr/bin/scontrol"
 SINFO = shutil.which("sinfo") or "/usr/bin/sinfo"
 
+# A node's cgroup v2 hierarchy, as /proc/self/mountinfo lists it (the fake proc roots' own).
+CGROUP2_MOUNTINFO = ("35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - "
+                     "cgroup2 cgroup2 rw,nsdelegate\n")
+
 
 def proc_root(bed, ptrace_scope: str = "1") -> str:
-    """A proc root whose kernel.yama.ptrace_scope is ``ptrace_scope``: 1, as a node running
-    gpushare should have it, whatever this host's kernel says (it may have no Yama)."""
+    """A proc root whose kernel.yama.ptrace_scope is ``ptrace_scope`` and which mounts
+    cgroup v2: 1 and a cgroup for each daemon, as a node running gpushare should have them,
+    whatever this host's kernel says (it may have no Yama, a release root no cgroup v2)."""
     root = bed.path(f"proc-ptrace-{ptrace_scope}")
     os.makedirs(os.path.join(root, "sys", "kernel", "yama"), exist_ok=True)
+    os.makedirs(os.path.join(root, "self"), exist_ok=True)
     with open(os.path.join(root, "sys", "kernel", "yama", "ptrace_scope"), "w") as handle:
         handle.write(ptrace_scope + "\n")
+    with open(os.path.join(root, "self", "mountinfo"), "w") as handle:
+        handle.write(CGROUP2_MOUNTINFO)
     return root
 
 

@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import pytest
+from tests.slurm.test_check import CGROUP2_MOUNTINFO
 
 import slurmbed
 
@@ -171,13 +172,16 @@ def example_bed(plan_path: str) -> slurmbed.SlurmBed:
         # JobSubmitPlugins=gpushare: the Python hook, compiled against the bed's core.
         slurmbed.build_python_hook(bed)
         # HealthCheckProgram: the RPM's gpushare-check (gpushare check --drain), with the
-        # bed's plan, gres.conf and simulated NVML, and a kernel.yama.ptrace_scope of 1 as
-        # docs/admin.md sets it (this host's kernel may have no Yama); each run leaves its
-        # exit status.
+        # bed's plan, gres.conf and simulated NVML, a kernel.yama.ptrace_scope of 1 and cgroup
+        # v2 as docs/admin.md sets them (this host's kernel may have no Yama, a release root
+        # no cgroup v2); each run leaves its exit status.
         yama = bed.path("proc", "sys", "kernel", "yama")
         os.makedirs(yama, exist_ok=True)
         with open(os.path.join(yama, "ptrace_scope"), "w") as handle:
             handle.write("1\n")
+        os.makedirs(bed.path("proc", "self"), exist_ok=True)
+        with open(bed.path("proc", "self", "mountinfo"), "w") as handle:
+            handle.write(CGROUP2_MOUNTINFO)  # a cgroup for each daemon (docs/admin.md)
         check = bed.path("bin", "gpushare-check")
         command = (f'import sys; sys.path.insert(0, "{bed.path("lib", "python")}"); '
                    "from gpushare.cli import main; sys.exit(main())")

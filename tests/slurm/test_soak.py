@@ -57,7 +57,8 @@ DEFAULT_JOBS = 36
 # What a crashed or aborted slurmd or slurmstepd leaves in its log (never its own
 # "debug levels are ... syslog='fatal'").
 SLURMD_CRASH = re.compile(r"\bfatal: |Segmentation|internal error")
-USER_FAULT_WORDS = ("the job's user put it there", "changed by its user")
+USER_FAULT_WORDS = ("the job's user put it there", "changed by its user",
+                    "filled $CUDA_MPS_LOG_DIRECTORY or $CUDA_MPS_PIPE_DIRECTORY")
 
 # Honest users' fates, the hostile user's, and how often each is drawn after the required
 # ones (every run has each at least once).
@@ -102,7 +103,9 @@ PLANT_CONTROL = {
                "socket.SOCK_SEQPACKET); s.bind(\"control\"); s.listen(1); time.sleep(10)' & }"
                " && sleep 0.5"),
 }
-FILL = ('head -c {fill} /dev/zero > "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" && '
+# Up to {fill} bytes, or until the daemon's own space (mps_space=, 16 MiB) is full.
+FILL = ('{ head -c {fill} /dev/zero > "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" || '
+        '[ -s "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" ]; } && '
         'mkdir "$CUDA_MPS_PIPE_DIRECTORY/spam.$SLURM_JOB_ID" && '
         '(cd "$CUDA_MPS_PIPE_DIRECTORY/spam.$SLURM_JOB_ID" && seq 1 2000 | xargs touch) && '
         'echo SOAK-PLANTED\n')
@@ -922,8 +925,9 @@ def control_taken_before(soak: Soak, tracked: Tracked, output: str) -> bool:
 
 
 def user_fault_allowed(soak: Soak, tracked: Tracked) -> bool:
-    """Whether a job of the hostile user on the same node faked a daemon's control before
-    ``tracked`` ended: only then may it fail, and with its user's fault as the message."""
-    return any(t.spec.fate == "plant_control" and t.spec.node == tracked.spec.node
+    """Whether a job of the hostile user on the same node faked a daemon's control or
+    filled its space before ``tracked`` ended: only then may it fail, and with its user's
+    fault as the message."""
+    return any(t.spec.fate in ("plant_control", "fill") and t.spec.node == tracked.spec.node
                and t is not tracked and t.submitted < (tracked.ended or time.monotonic())
                for t in soak.tracked)

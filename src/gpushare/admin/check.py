@@ -174,15 +174,16 @@ def check_ptrace_scope(proc_root: str = "/proc") -> list[Finding]:
     return []
 
 
-def check_daemon_containment(setting: str) -> list[Finding]:
+def check_daemon_containment(setting: str, proc_root: str = "/proc") -> list[Finding]:
     """What a user's daemon escapes on this host under ``mps_cgroup=`` (docs/admin.md, "On
-    a cgroup v1 host"): warned, since a site may choose it knowingly."""
+    a cgroup v1 host"): warned, since a site may choose it knowingly. The mounts are read
+    below ``proc_root`` (``gpushare check --proc-root``)."""
     from gpushare.node.mps import isolation
 
     return [Finding(WARNING, gap, f"plugstack mps_cgroup={setting}",
                     "set mps_cgroup=auto on a node with cgroup v2 (under systemd: a scope "
                     "each, with its GPUs only)")
-            for gap in isolation.containment_gaps(setting)]
+            for gap in isolation.containment_gaps(setting, proc_root)]
 
 
 def check_trash(state_dir: str, keep_trash: bool = False) -> list[Finding]:

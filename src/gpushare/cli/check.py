@@ -63,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "relayout-state.json beside the plan, when it exists; 'none': the "
                         "plan's alone)")
     parser.add_argument("--proc-root", default="/proc", metavar="DIR",
-                        help="where the kernel's settings are read (default /proc; "
-                        "sys/kernel/yama/ptrace_scope below it)")
+                        help="where the kernel's settings and mounts are read (default "
+                        "/proc; sys/kernel/yama/ptrace_scope and self/mountinfo below it)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--drain", action="store_true",
                         help="on errors, drain this node with a reason naming the worst one")
@@ -154,8 +154,8 @@ def _state_findings(node: str, proc_root: str) -> list[Any]:
     plugin_here = not source.startswith(nodeconf.DEFAULTS)
     return (space_findings(node_config.state_dir, node_config.mps_space, os.environ)
             + check.check_daemon_cgroup(node_config.mps_cgroup)
-            + check.check_daemon_containment(node_config.mps_cgroup)
-            + (check.check_ptrace_scope(proc_root) if plugin_here else []))
+            + (check.check_daemon_containment(node_config.mps_cgroup, proc_root)
+               + check.check_ptrace_scope(proc_root) if plugin_here else []))
 
 
 def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,

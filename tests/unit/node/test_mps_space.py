@@ -46,7 +46,8 @@ def bed():
 def fill(directory: str) -> str:
     """Write into ``directory`` until its file system says ENOSPC; the file written."""
     path = os.path.join(directory, "fill")
-    with open(path, "wb") as handle, pytest.raises(OSError) as caught:
+    # Unbuffered: nothing is left to flush (and fail again) at close.
+    with open(path, "wb", buffering=0) as handle, pytest.raises(OSError) as caught:
         for _ in range(1 << 12):
             handle.write(b"\0" * (1 << 16))
             handle.flush()

@@ -232,12 +232,12 @@ def cgroup_of(pid: int, proc_root: str = "/proc") -> str:
                 found.get("", ""))
 
 
-def containment_gaps(setting: str) -> list[str]:
+def containment_gaps(setting: str, proc_root: str = "/proc") -> list[str]:
     """What a daemon's cgroup under ``mps_cgroup=setting`` does not hold on this host (for
     ``gpushare check``): where there is none, a process a user forks from their daemon
     outlives the job. (A hybrid host's controller-less cgroup v2 hierarchy, which caps
     nothing, is only documented: it is what the host is, warned about on every run.)"""
-    if uses_systemd(setting) or cgroup_parent(setting) is not None:
+    if uses_systemd(setting) or cgroup_parent(setting, proc_root) is not None:
         return []
     why = "mps_cgroup=none" if setting == "none" else "this host has no cgroup v2"
     return [f"MPS daemons get no cgroup ({why}): a process a user forks from their own "
