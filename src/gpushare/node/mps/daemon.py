@@ -91,7 +91,7 @@ class Daemons:
         key = rec.key
         what = ", ".join(d.describe() for d in rec.devices)
         short = ", ".join(d.label or d.uuid for d in rec.devices)
-        self._check_socket_room(rec, what, short)
+        _check_socket_room(self.config.state_dir, rec, what, short)
         self.dirs.make(rec)
         phases.done("mps")
         # Half of what is left stays for root's probe, should this start fail.
@@ -152,22 +152,6 @@ class Daemons:
         phases.done("caps")
         counters.note("mps_daemon_starts")
         LOG.info("started %s for jobs %s", rec.describe(), ",".join(rec.jobs))
-
-    def _check_socket_room(self, rec: DaemonRecord, what: str, short: str) -> None:
-        """The daemon could not even listen on too long a path: say so now, not after the
-        whole timeout."""
-        control_socket = os.fsencode(os.path.join(rec.pipe_dir, "control"))
-        if len(control_socket) + SOCKET_NAME_ROOM <= SOCKET_PATH_MAX:
-            return
-        room = SOCKET_PATH_MAX - SOCKET_NAME_ROOM - (
-            len(control_socket) - len(os.fsencode(self.config.state_dir)))
-        raise MpsError(f"cannot start MPS on {what}: its control socket "
-                       f"{os.fsdecode(control_socket)} would be {len(control_socket)} "
-                       f"bytes, too close to the {SOCKET_PATH_MAX} a Unix socket path may "
-                       f"have; give plugstack.conf a state_dir= of at most {room} "
-                       "characters (e.g. /run/gpushare or /run/gpushare/%n)",
-                       brief=f"MPS start failed: state_dir= too long for MPS's control "
-                       f"socket ({short})")
 
     def _wait_listening(self, rec: DaemonRecord, budget: float,
                         failed: Callable[[str, str], MpsError]) -> None:
@@ -346,3 +330,20 @@ class Daemons:
                            brief=f"MPS stop failed: pids {' '.join(map(str, left))} survive "
                            f"SIGKILL (daemon {rec.key})")
         return gone
+
+
+def _check_socket_room(state_dir: str, rec: DaemonRecord, what: str, short: str) -> None:
+    """The daemon could not even listen on too long a path: say so now, not after the
+    whole timeout."""
+    control_socket = os.fsencode(os.path.join(rec.pipe_dir, "control"))
+    if len(control_socket) + SOCKET_NAME_ROOM <= SOCKET_PATH_MAX:
+        return
+    room = SOCKET_PATH_MAX - SOCKET_NAME_ROOM - (
+        len(control_socket) - len(os.fsencode(state_dir)))
+    raise MpsError(f"cannot start MPS on {what}: its control socket "
+                   f"{os.fsdecode(control_socket)} would be {len(control_socket)} "
+                   f"bytes, too close to the {SOCKET_PATH_MAX} a Unix socket path may "
+                   f"have; give plugstack.conf a state_dir= of at most {room} "
+                   "characters (e.g. /run/gpushare or /run/gpushare/%n)",
+                   brief=f"MPS start failed: state_dir= too long for MPS's control "
+                   f"socket ({short})")

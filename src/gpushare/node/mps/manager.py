@@ -96,7 +96,7 @@ class MpsManager:
         until then the daemon holds the job to the old, stricter caps. A daemon this call
         starts gets its caps before the call returns either way (it begins uncapped)."""
         devices = tuple(devices)
-        self._check_request(job_id, uid, devices, mode, share_percent)
+        _check_request(job_id, devices, mode, share_percent)
         key = daemon_key(mode, uid, job_id, devices)
         with self._store_fd() as store_fd, self._locked(store_fd, key) as lock:
             rec = self.store.read(store_fd, key)
@@ -280,58 +280,11 @@ class MpsManager:
                 if entry["record"] is not None]
 
     def snapshot(self, check_processes: bool = True) -> list[dict[str, Any]]:
-        """Every daemon key of the node, read without locks (records are replaced whole).
-
-        Each entry: ``key``; ``record`` (a ``DaemonRecord``; None for a directory or lock
-        without one, or for MPS processes found in a daemon directory that is gone);
-        ``error`` (why the record is unreadable); ``running`` (the recorded daemon is alive
-        and ours; None when processes were not checked); ``strays`` (pids of MPS processes
-        in the directory of a key without a record); ``busy`` (the key has no record or no
-        running daemon, and its lock is held: a prolog or epilog is starting or stopping
-        it right now). For ``gpushare mps``.
-        """
-        entries: list[dict[str, Any]] = []
-        strays = self.scan.strays() if check_processes else {}
-        try:
-            with self._store_fd(create=False) as store_fd:
-                for key in sorted(set(self.store.keys(store_fd)) | set(strays)):
-                    entry: dict[str, Any] = {"key": key, "record": None, "error": "",
-                                             "running": None, "strays": [], "busy": False}
-                    rec: Optional[DaemonRecord]
-                    try:
-                        rec = self.store.read(store_fd, key)
-                    except MpsError as err:
-                        entry["error"] = str(err)
-                        rec = None
-                    entry["record"] = rec
-                    if rec is None and not entry["error"]:
-                        entry["strays"] = sorted(strays.get(key, []))
-                        entry["busy"] = not entry["strays"] and lock_held(store_fd, key)
-                    if rec is not None and check_processes:
-                        pid = rec.daemon_pid or 0
-                        entry["running"] = bool(pid) and self.daemons.is_ours(pid, rec,
-                                                                       daemon_only=True)
-                        entry["busy"] = not entry["running"] and lock_held(store_fd, key)
-                    entries.append(entry)
-        except FileNotFoundError:
-            return [{"key": key, "record": None, "error": "", "running": None,
-                     "strays": sorted(pids), "busy": False}
-                    for key, pids in sorted(strays.items())]
-        return entries
+        """Every daemon key of the node, read without locks (``_snapshot``), for
+        ``gpushare mps``."""
+        return _snapshot(self, check_processes)
 
     # ----------------------------------------------------------------- state
-
-    def _check_request(self, job_id: int, uid: int, devices: tuple[MpsDevice, ...],
-                       mode: str, share_percent: int) -> None:
-        if mode not in MODES:
-            raise MpsError(f"MPS mode {mode!r} is unknown; use shared or private")
-        if not devices:
-            raise MpsError(f"job {job_id} asks for MPS without any GPU")
-        for dev in devices:
-            if not re.match(_UUID_PATTERN, dev.uuid):
-                raise MpsError(f"device uuid {dev.uuid!r} is not a GPU-… or MIG-… uuid")
-        if not 1 <= share_percent <= 100:
-            raise MpsError(f"MPS share {share_percent}% is outside 1..100")
 
     @contextmanager
     def _store_fd(self, create: bool = True) -> Iterator[int]:
@@ -389,3 +342,58 @@ class MpsManager:
             self.dirs.remove(rec.key)
         self.store.remove(store_fd, rec.key)
         lock.remove = gone
+
+
+def _check_request(job_id: int, devices: tuple[MpsDevice, ...], mode: str,
+                   share_percent: int) -> None:
+    """What no daemon is started for, whoever asks: the node's own inputs are wrong."""
+    if mode not in MODES:
+        raise MpsError(f"MPS mode {mode!r} is unknown; use shared or private")
+    if not devices:
+        raise MpsError(f"job {job_id} asks for MPS without any GPU")
+    for dev in devices:
+        if not re.match(_UUID_PATTERN, dev.uuid):
+            raise MpsError(f"device uuid {dev.uuid!r} is not a GPU-… or MIG-… uuid")
+    if not 1 <= share_percent <= 100:
+        raise MpsError(f"MPS share {share_percent}% is outside 1..100")
+
+
+def _snapshot(mgr: MpsManager, check_processes: bool) -> list[dict[str, Any]]:
+    """Every daemon key of the node, read without locks (records are replaced whole).
+
+    Each entry: ``key``; ``record`` (a ``DaemonRecord``; None for a directory or lock
+    without one, or for MPS processes found in a daemon directory that is gone);
+    ``error`` (why the record is unreadable); ``running`` (the recorded daemon is alive
+    and ours; None when processes were not checked); ``strays`` (pids of MPS processes
+    in the directory of a key without a record); ``busy`` (the key has no record or no
+    running daemon, and its lock is held: a prolog or epilog is starting or stopping
+    it right now). For ``gpushare mps``.
+    """
+    entries: list[dict[str, Any]] = []
+    strays = mgr.scan.strays() if check_processes else {}
+    try:
+        with mgr._store_fd(create=False) as store_fd:
+            for key in sorted(set(mgr.store.keys(store_fd)) | set(strays)):
+                entry: dict[str, Any] = {"key": key, "record": None, "error": "",
+                                         "running": None, "strays": [], "busy": False}
+                rec: Optional[DaemonRecord]
+                try:
+                    rec = mgr.store.read(store_fd, key)
+                except MpsError as err:
+                    entry["error"] = str(err)
+                    rec = None
+                entry["record"] = rec
+                if rec is None and not entry["error"]:
+                    entry["strays"] = sorted(strays.get(key, []))
+                    entry["busy"] = not entry["strays"] and lock_held(store_fd, key)
+                if rec is not None and check_processes:
+                    pid = rec.daemon_pid or 0
+                    entry["running"] = bool(pid) and mgr.daemons.is_ours(pid, rec,
+                                                                  daemon_only=True)
+                    entry["busy"] = not entry["running"] and lock_held(store_fd, key)
+                entries.append(entry)
+    except FileNotFoundError:
+        return [{"key": key, "record": None, "error": "", "running": None,
+                 "strays": sorted(pids), "busy": False}
+                for key, pids in sorted(strays.items())]
+    return entries
