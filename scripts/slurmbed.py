@@ -199,10 +199,12 @@ class SlurmBed:
 
     @property
     def daemon_cgroups(self) -> Optional[str]:
-        """The cgroup v2 parent of this bed's MPS daemons' cgroups (plugstack mps_cgroup=):
-        one of the bed's own, since a daemon's retirement kills its whole cgroup and other
-        beds on this host have daemons of the same keys; None: the plugin's default (no
-        cgroup v2 here, or a bed whose slurmd runs under systemd: its scopes)."""
+        """The cgroup v2 directory of this bed's MPS daemons' cgroups, one below it per node
+        (plugstack mps_cgroup=<it>/%n): the bed's own, and each node's own, since a daemon's
+        retirement kills its whole cgroup and other beds, and the bed's other nodes (whose
+        simulated GPUs share UUIDs), have daemons of the same keys on this host; None: the
+        plugin's default (no cgroup v2 here, or a bed whose slurmd runs under systemd: its
+        scopes)."""
         from gpushare.node.mps.isolation import cgroup2_mount
 
         mount = cgroup2_mount()
@@ -220,7 +222,7 @@ class SlurmBed:
             "timeout": "5",
         }
         if self.daemon_cgroups:
-            args["mps_cgroup"] = self.daemon_cgroups
+            args["mps_cgroup"] = os.path.join(self.daemon_cgroups, "%n")
         args.update(self.plugin_args)
         return args
 
@@ -406,6 +408,8 @@ class SlurmBed:
 
     def start(self) -> SlurmBed:
         self.prepare()
+        if self.daemon_cgroups:  # the nodes' mps_cgroup= directories below it
+            os.makedirs(self.daemon_cgroups, mode=0o755, exist_ok=True)
         try:
             self._start_munge()
             self._spawn("slurmctld", ["slurmctld", "-i", "-c"], self.path("run", "slurmctld.pid"))

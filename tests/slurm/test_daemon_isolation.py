@@ -188,7 +188,8 @@ def test_the_daemon_runs_as_a_job_would_after_its_starters_are_gone(iso_bed):
         assert seen["Uid"].split()[0] == str(slurmbed.uid_of(U1))
         if bed.daemon_cgroups is not None:  # the bed's mps_cgroup=, in place of auto's
             assert cgroup_v2(pid).endswith(
-                f"/{os.path.basename(bed.daemon_cgroups)}/{record['key']}"), cgroup_v2(pid)
+                f"/{os.path.basename(bed.daemon_cgroups)}/{NODE}/{record['key']}"), (
+                cgroup_v2(pid))
         elif isolation.cgroup_parent("auto") is not None:
             assert cgroup_v2(pid).endswith(f"/gpushare-mps/{record['key']}"), cgroup_v2(pid)
         else:  # a root without a cgroup v2 mount: mps_cgroup=auto leaves the daemon put
@@ -210,10 +211,11 @@ def test_a_process_left_in_the_daemons_cgroup_ends_with_the_daemon(iso_bed):
     ``sleep`` there). When the job ends, its daemon's whole cgroup ends: that process is
     gone, the cgroup removed, nothing left, the node in service."""
     bed = iso_bed
-    mount, parent = isolation.cgroup2_mount(), bed.daemon_cgroups
-    if mount is None or parent is None:
+    mount, top = isolation.cgroup2_mount(), bed.daemon_cgroups
+    if mount is None or top is None:
         pytest.skip("no cgroup v2 hierarchy on this machine")
-    assert f" mps_cgroup={parent}" in bed.plugstack_line()
+    assert f" mps_cgroup={top}/%n" in bed.plugstack_line()
+    parent = os.path.join(top, NODE)
     uid = slurmbed.uid_of(U1)
     child = None
     try:
