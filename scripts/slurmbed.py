@@ -588,6 +588,26 @@ class SlurmBed:
             time.sleep(0.2)
         raise BedError(f"job {job_id} not in {sorted(wanted)} after {timeout:.0f}s: {info}")
 
+    def wait_requeued_held(self, job_id: int, timeout: float = 120.0) -> dict[str, str]:
+        """The job once requeued and now held, as slurmctld leaves a batch job whose prolog
+        failed (the bed sets no nohold_on_prolog_fail); BedError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if requeued_held(info):
+                return info
+            time.sleep(0.2)
+        raise BedError(f"job {job_id} not requeued and held after {timeout:.0f}s: {info}")
+
+    def end_held(self, job_id: int) -> dict[str, str]:
+        """A job whose prolog failed: waits until slurmctld has requeued and held it (a
+        cancel sent before that can be overtaken by the requeue), then cancels it and
+        waits for its end."""
+        self.wait_requeued_held(job_id)
+        self.run(["scancel", str(job_id)], check=False)
+        return self.wait_job(job_id)
+
     def output(self, job_id: int, default: Optional[str] = None) -> str:
         """The job's output file; ``default`` where slurmstepd has not made it (yet)."""
         try:
@@ -842,6 +862,12 @@ def with_python_hook(bed: SlurmBed) -> SlurmBed:
 
     bed.prepare = prepare_with_plugin  # type: ignore[method-assign]
     return bed
+
+
+def requeued_held(info: dict[str, str]) -> bool:
+    """Whether ``scontrol show job`` fields say requeued once and held."""
+    return info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
+        info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
 
 
 def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:

@@ -314,15 +314,6 @@ def drain_reason(bed, node: str) -> str:
     return bed.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"]).stdout.strip()
 
 
-def held_after_requeue(bed, job_id: int) -> dict[str, str]:
-    def probe() -> dict[str, str]:
-        info = bed.job(job_id)
-        held = info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
-            info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
-        return info if held else {}
-    return slurmbed.wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
-
-
 @pytest.fixture
 def own_line(deb_bed):
     """The test writes its own plugstack line; the conffile's is put back after it, with
@@ -364,7 +355,7 @@ def test_a_pythonpath_without_the_core_drains_and_requeues(own_line):
     slurmbed.wait_until(f"{node} drained",
                         lambda: "DRAIN" in bed.node_state(node)["State"], 120)
     assert drain_reason(bed, node) == f"gpushare: cannot import its core from pythonpath={empty}"
-    held_after_requeue(bed, job_id)
+    bed.wait_requeued_held(job_id)
     assert "RAN" not in bed.output(job_id, "")
 
     bed.resume(node)

@@ -146,15 +146,6 @@ def clear_faults(bed) -> None:
     os.unlink(bed.path("bin", "faults"))
 
 
-def held_after_requeue(bed, job_id: int) -> dict[str, str]:
-    def probe() -> dict[str, str]:
-        info = bed.job(job_id)
-        held = info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
-            info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
-        return info if held else {}
-    return wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
-
-
 @pytest.mark.smoke
 def test_a_node_fault_drains_the_node_and_requeues_the_job_held(hostile_bed):
     """The MPS program fails at start: the node's fault. The node is drained with the
@@ -167,7 +158,7 @@ def test_a_node_fault_drains_the_node_and_requeues_the_job_held(hostile_bed):
     reason = wait_drained(bed, FAULT_NODE)
     assert reason.startswith("gpushare: MPS start failed: nvidia-cuda-mps-control -d exit 1"), \
         reason
-    held_after_requeue(bed, job_id)
+    bed.wait_requeued_held(job_id)
     lines = [line for line in slurmd_log(bed, FAULT_NODE).splitlines()
              if f"gpushare: job {job_id}:" in line and "cannot start MPS" in line]
     assert lines, slurmd_log(bed, FAULT_NODE)[-3000:]
@@ -261,7 +252,7 @@ def test_a_hung_nvml_meets_the_workers_one_deadline(hostile_bed):
         reason = wait_drained(bed, FAULT_NODE, timeout=120)
         assert reason.startswith("gpushare: prolog worker timed out after 13 s while "
                                  "checking the GPUs (NVML)"), reason
-        held_after_requeue(bed, job_id)
+        bed.wait_requeued_held(job_id)
         assert not alive(pid), f"the worker {pid} still runs"
         log = slurmd_log(bed, FAULT_NODE)
         assert "job_prolog: prolog worker timed out after 13 s" in log, log[-3000:]
@@ -321,7 +312,7 @@ def test_an_unkillable_prolog_worker_is_waited_for_with_a_bound(hostile_bed, fre
         reason = wait_drained(bed, FAULT_NODE, timeout=120)
         assert reason.startswith(f"gpushare: prolog worker stuck unkillable (pid {pid}) after "
                                  "13 s while checking the GPUs"), reason
-        held_after_requeue(bed, job_id)
+        bed.wait_requeued_held(job_id)
         wait_until("the job undone by its epilog", lambda: not job_records(bed), 60)
         # Undone while the killed worker still lives, frozen: really unkillable.
         assert alive(pid) and _cgroup_pids(freezer), f"the worker {pid} died of its kill"
@@ -356,7 +347,7 @@ def test_a_killed_prolog_worker_is_a_node_fault_its_supervisor_reports(hostile_b
     reason = wait_drained(bed, FAULT_NODE)
     assert reason.startswith("gpushare: prolog worker killed by signal 9 (OOM?) while "
                              "starting or joining the MPS daemon"), reason
-    held_after_requeue(bed, job_id)
+    bed.wait_requeued_held(job_id)
     assert "RAN" not in bed.output(job_id, "")
     clear_faults(bed)
     release_and_run(bed, job_id)

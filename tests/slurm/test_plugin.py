@@ -201,11 +201,6 @@ def _wait_for_log(bed, node: str, pattern: str, timeout: float = 60.0) -> None:
     raise AssertionError(f"no line matching {pattern!r} in slurmd-{node}.log")
 
 
-def _cancel_and_wait(bed, job_id: int) -> None:
-    bed.run(["scancel", str(job_id)], check=False)
-    bed.wait_job(job_id)
-
-
 def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     """root's prolog must not import code from a directory a user can change."""
     marker = clean_bed.path("out", "imported-by-root")
@@ -223,7 +218,7 @@ def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     _wait_for_log(clean_bed, "n4", rf"refusing pythonpath=: {re.escape(copy)}\S* is not "
                   "owned by root")
     _wait_drained(clean_bed, "n4")
-    _cancel_and_wait(clean_bed, job_id)  # its epilog fails the same way: let it end first
+    clean_bed.end_held(job_id)  # its epilog fails the same way: let it end first
     assert not os.path.exists(marker)
 
     # Root-owned but writable by others is refused as well, file by file.
@@ -234,7 +229,7 @@ def test_pythonpath_a_user_controls_is_never_imported(clean_bed):
     _wait_for_log(clean_bed, "n4",
                   re.escape(f"refusing pythonpath=: {init} is writable by group or others"))
     _wait_drained(clean_bed, "n4")
-    _cancel_and_wait(clean_bed, job_id)
+    clean_bed.end_held(job_id)
     assert not os.path.exists(marker)
 
 
@@ -242,17 +237,6 @@ def drain_reason(bed, node: str) -> str:
     """The node's whole reason (``scontrol show node -o`` as node_state reads it ends a value
     before a word with ``=``, as in ``pythonpath=``)."""
     return bed.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"]).stdout.strip()
-
-
-def held_after_requeue(bed, job_id: int) -> dict[str, str]:
-    """The job requeued and held, as Slurm holds a batch job whose prolog failed (the bed has
-    no nohold_on_prolog_fail)."""
-    def probe() -> dict[str, str]:
-        info = bed.job(job_id)
-        held = info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
-            info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
-        return info if held else {}
-    return slurmbed.wait_until(f"job {job_id} requeued and held", probe, 120)  # type: ignore
 
 
 def test_a_core_that_cannot_load_drains_the_node_from_c(clean_bed):
@@ -271,9 +255,9 @@ def test_a_core_that_cannot_load_drains_the_node_from_c(clean_bed):
         _wait_for_log(clean_bed, "n4", r"cannot load the Python core .*spank_gpushare_core\.so")
         state = _wait_drained(clean_bed, "n4")
         assert state["Reason"].startswith("gpushare: cannot load its Python core"), state
-        assert held_after_requeue(clean_bed, job_id)["JobState"] != "COMPLETED"
+        assert clean_bed.wait_requeued_held(job_id)["JobState"] != "COMPLETED"
         assert "RAN" not in clean_bed.output(job_id, "")
-        _cancel_and_wait(clean_bed, job_id)
+        clean_bed.end_held(job_id)
     finally:
         os.replace(saved, core)
     clean_bed.resume("n4")
@@ -296,10 +280,10 @@ def test_a_pythonpath_without_the_core_drains_the_node_and_requeues_the_job(clea
     _wait_drained(clean_bed, "n4")
     reason = drain_reason(clean_bed, "n4")
     assert reason == f"gpushare: cannot import its core from pythonpath={empty}", reason
-    held_after_requeue(clean_bed, job_id)
+    clean_bed.wait_requeued_held(job_id)
     assert "RAN" not in clean_bed.output(job_id, "")
     assert "ModuleNotFoundError: No module named 'gpushare'" in _slurmd_log(clean_bed, "n4")
-    _cancel_and_wait(clean_bed, job_id)
+    clean_bed.end_held(job_id)
 
     clean_bed.resume("n4")
     job_id = clean_bed.sbatch("echo RAN", "--gres=gpu:1", "-w", "n4", "--no-requeue",
@@ -340,7 +324,7 @@ def test_core_library_others_can_write_is_never_loaded(clean_bed):
         _wait_for_log(clean_bed, "n4", re.escape(
             f"refusing the Python core: {core} is writable by group or others"))
         _wait_drained(clean_bed, "n4")
-        _cancel_and_wait(clean_bed, job_id)
+        clean_bed.end_held(job_id)
     finally:
         os.chmod(core, 0o755)
 

@@ -64,6 +64,8 @@ USER_FAULT_WORDS = ("the job's user put it there", "changed by its user",
 # ones (every run has each at least once).
 HONEST_FATES = ("normal", "srun", "array", "cancel_starting", "cancel_running",
                 "kill_daemon", "timelimit")
+# The hostile fates that leave files in their daemon's space for as long as it lives.
+SPACE_FILLERS = ("plant_deep", "plant_many", "fill")
 HOSTILE_FATES = ("plant_deep", "plant_many", "plant_control", "fill", "requeue_self",
                  "cancel_self", "hostile_normal")
 WEIGHTS = {"normal": 26, "srun": 8, "array": 6, "cancel_starting": 3, "cancel_running": 4,
@@ -79,22 +81,33 @@ REQUIRED = (("timelimit", ""), ("requeue_self", ""), ("cancel_starting", SLOW_NO
 
 START_LINE = ('echo "SOAK-START job=$SLURM_JOB_ID restart=${SLURM_RESTART_COUNT:-0} '
               'pipe=$CUDA_MPS_PIPE_DIRECTORY share=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"\n')
-PLANT_DEEP = (
+
+
+def planting(body: str) -> str:
+    """A hostile job's plant: SOAK-PLANTED when ``body`` (one ``&&`` chain) succeeds;
+    SOAK-SPACE-FULL when it stopped because its daemon's space is out of inodes or blocks
+    (the space is the user's own, ``mps_space=``, and their earlier plants on the same
+    daemon may have used it: their own job meets it); else the job fails."""
+    return (f"if {body}; then echo SOAK-PLANTED\n"
+            "elif python3 -c 'import os, sys; s = [os.statvfs(os.environ[v]) for v in "
+            "(\"CUDA_MPS_LOG_DIRECTORY\", \"CUDA_MPS_PIPE_DIRECTORY\")]; "
+            "sys.exit(0 if any(v.f_favail == 0 or v.f_bavail == 0 for v in s) else 1)'; "
+            "then echo SOAK-SPACE-FULL\nelse exit 1\nfi\n")
+
+
+PLANT_DEEP = planting(
     'cd "$CUDA_MPS_LOG_DIRECTORY" && mkdir -p "d$SLURM_JOB_ID/$(printf \'d/%.0s\' $(seq 70))"'
     ' && cd "$CUDA_MPS_PIPE_DIRECTORY" && mkdir -p "p$SLURM_JOB_ID/$(printf \'p/%.0s\' '
-    '$(seq 300))" && echo SOAK-PLANTED\n')
-PLANT_MANY = """set -e
-J=$SLURM_JOB_ID; P="$CUDA_MPS_PIPE_DIRECTORY"
-cd "$CUDA_MPS_LOG_DIRECTORY"
-mkdir "many.$J" && (cd "many.$J" && seq 1 3000 | sed 's/^/f/' | xargs touch)
-mkfifo "fifo.$J" "$P/fifo.$J"
-python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "sock.$J"
-ln -s / "root.$J"; ln -s /etc/shadow "$P/shadow.$J"; ln -s /etc/passwd "passwd.$J"
-ln -s "$CUDA_MPS_LOG_DIRECTORY" "loop.$J"; ln -s /nonexistent "$P/dangling.$J"
-mkdir -p "deep.$J/a/b" && ln -s / "deep.$J/a/b/up"
-set +e
-echo SOAK-PLANTED
-"""
+    '$(seq 300))"')
+PLANT_MANY = planting(
+    'J=$SLURM_JOB_ID && P="$CUDA_MPS_PIPE_DIRECTORY" && cd "$CUDA_MPS_LOG_DIRECTORY"'
+    ' && mkdir "many.$J" && (cd "many.$J" && seq 1 3000 | sed \'s/^/f/\' | xargs touch)'
+    ' && mkfifo "fifo.$J" "$P/fifo.$J"'
+    " && python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])'"
+    ' "sock.$J" && ln -s / "root.$J" && ln -s /etc/shadow "$P/shadow.$J"'
+    ' && ln -s /etc/passwd "passwd.$J" && ln -s "$CUDA_MPS_LOG_DIRECTORY" "loop.$J"'
+    ' && ln -s /nonexistent "$P/dangling.$J" && mkdir -p "deep.$J/a/b"'
+    ' && ln -s / "deep.$J/a/b/up"')
 PLANT_CONTROL = {
     "fifo": 'mkfifo control',
     "file": 'echo x > control',
@@ -104,11 +117,11 @@ PLANT_CONTROL = {
                " && sleep 0.5"),
 }
 # Up to {fill} bytes, or until the daemon's own space (mps_space=, 16 MiB) is full.
-FILL = ('{ head -c {fill} /dev/zero > "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" || '
-        '[ -s "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" ]; } && '
-        'mkdir "$CUDA_MPS_PIPE_DIRECTORY/spam.$SLURM_JOB_ID" && '
-        '(cd "$CUDA_MPS_PIPE_DIRECTORY/spam.$SLURM_JOB_ID" && seq 1 2000 | xargs touch) && '
-        'echo SOAK-PLANTED\n')
+FILL = planting(
+    '{ head -c {fill} /dev/zero > "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" || '
+    '[ -s "$CUDA_MPS_LOG_DIRECTORY/fill.$SLURM_JOB_ID" ]; } && '
+    'mkdir "$CUDA_MPS_PIPE_DIRECTORY/spam.$SLURM_JOB_ID" && '
+    '(cd "$CUDA_MPS_PIPE_DIRECTORY/spam.$SLURM_JOB_ID" && seq 1 2000 | xargs touch)')
 
 # The hostile user's process outside Slurm: for each of their daemon directories it sees on
 # any node, a process whose argv[0] is that node's MPS program and whose environment names
@@ -594,11 +607,9 @@ class Soak:
         yield from self.until(f"{node} drained by its MPS program",
                               lambda: "DRAIN" in self.nodes.get(node, {}).get("State", ""), 120)
 
-        def held() -> bool:
-            info = self.jobs.get(str(victim.job_id), {})
-            return info.get("JobState") == "PENDING" and info.get("Restarts") == "1" and (
-                info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
-        yield from self.until(f"{victim.name()} requeued held", held, 120)
+        yield from self.until(
+            f"{victim.name()} requeued held",
+            lambda: slurmbed.requeued_held(self.jobs.get(str(victim.job_id), {})), 120)
         victim.actions.append("hit by the node fault: requeued held")
         set_node_faults(self.bed, node)
         self.bed.resume(node)
@@ -907,8 +918,9 @@ def outcome(soak: Soak, tracked: Tracked) -> list[str]:
         elif tracked.min_restarts and starts[-1][0] != str(tracked.min_restarts):
             problems.append(f"{where} did not run again after its requeue: {starts}")
         elif spec.fate in ("plant_deep", "plant_many", "plant_control", "fill") \
-                and "SOAK-PLANTED" not in output and not control_taken_before(soak, tracked,
-                                                                              output):
+                and "SOAK-PLANTED" not in output \
+                and not control_taken_before(soak, tracked, output) \
+                and not own_space_full_before(soak, tracked, output):
             problems.append(f"{where} did not plant: {output[-800:]}")
     return problems
 
@@ -924,10 +936,20 @@ def control_taken_before(soak: Soak, tracked: Tracked, output: str) -> bool:
                     and t.submitted < tracked.submitted for t in soak.tracked))
 
 
+def own_space_full_before(soak: Soak, tracked: Tracked, output: str) -> bool:
+    """A plant that met its daemon's space full: the same user's earlier plants on the node
+    used it (each daemon's space is its user's own, ``mps_space``)."""
+    return (tracked.spec.fate in SPACE_FILLERS and "SOAK-SPACE-FULL" in output
+            and any(t.spec.fate in SPACE_FILLERS and t.spec.node == tracked.spec.node
+                    and t.spec.user == tracked.spec.user and t is not tracked
+                    and t.submitted < tracked.submitted for t in soak.tracked))
+
+
 def user_fault_allowed(soak: Soak, tracked: Tracked) -> bool:
     """Whether a job of the hostile user on the same node faked a daemon's control or
     filled its space before ``tracked`` ended: only then may it fail, and with its user's
     fault as the message."""
-    return any(t.spec.fate in ("plant_control", "fill") and t.spec.node == tracked.spec.node
+    return any(t.spec.fate in ("plant_control", *SPACE_FILLERS)
+               and t.spec.node == tracked.spec.node
                and t is not tracked and t.submitted < (tracked.ended or time.monotonic())
                for t in soak.tracked)
