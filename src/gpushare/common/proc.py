@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from typing import Callable
 
 __all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "Isolation", "ProcError",
-           "Result", "run", "wait_for_exit"]
+           "Result", "run", "signal_checked", "wait_for_exit"]
 
 _OUTPUT_LIMIT = 64 * 1024
 
@@ -214,6 +214,31 @@ def _read_back(fd: int, limit: Optional[int]) -> str:
         if left is not None:
             left -= len(chunk)
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def signal_checked(pid: int, sig: int, check: "Callable[[int], bool]") -> bool:
+    """Send ``sig`` to ``pid`` only when ``check(pid)`` holds, through a pidfd taken before
+    the check: the process checked is the process signalled, even if it exits and its pid
+    is reused in between. Without pidfds (kernels before 5.3) the check is made again right
+    before ``kill``. Whether the check held (the signal may still find the process gone)."""
+    try:
+        pidfd: Optional[int] = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        if not check(pid):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            elif check(pid):
+                os.kill(pid, sig)
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def wait_for_exit(pid: int, timeout: float) -> Optional[bool]:

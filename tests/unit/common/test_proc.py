@@ -155,3 +155,21 @@ def test_the_program_starts_with_sigpipe_as_a_shell_would_start_it():
     ignored = int(next(line.split()[1] for line in status.splitlines()
                        if line.startswith("SigIgn:")), 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+def test_signal_checked_signals_only_what_the_check_accepts():
+    """The check is made on the process the pidfd holds; a refused pid is left alone."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        seen = []
+        assert not proc.signal_checked(child.pid, signal.SIGTERM,
+                                       lambda pid: seen.append(pid) or False)
+        assert seen == [child.pid] and child.poll() is None
+        assert proc.signal_checked(child.pid, signal.SIGTERM, lambda pid: True)
+        assert child.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -145,7 +145,8 @@ class JobUsage:
         quality = data.get("quality") or {}
         return cls(int(data["job_id"]), int(data["uid"]), str(data["user"]),
                    list(data["devices"]), float(data["first"]), float(data["updated"]),
-                   float(data["interval"]), Figures.from_dict(data.get("now") or {}, f"{where}.now"),
+                   float(data["interval"]),
+                   Figures.from_dict(data.get("now") or {}, f"{where}.now"),
                    int(data.get("peak_mem_bytes") or 0), int(data.get("samples") or 0),
                    float(data.get("sm_sum") or 0.0), float(data.get("bw_sum") or 0.0),
                    {key: _quality(quality.get(key, "unavailable"), f"{where}.quality.{key}")
