@@ -43,6 +43,7 @@ __all__ = [
     "check_daemon_cgroup",
     "check_daemon_containment",
     "check_gres_all_nodes",
+    "check_lending",
     "check_node",
     "check_ptrace_scope",
     "check_release",
@@ -78,6 +79,17 @@ def check_release(plan: Plan, running: Optional[str], controller: bool) -> list[
         level = ERROR if severity == "error" and controller else WARNING
         found.append(Finding(level, message, f"{plan.path}: slurm.version", fix))
     return found
+
+
+def check_lending(plan: Plan) -> list[Finding]:
+    """The plan's lending rules in every state they can reach: no GPU or GPU instance is
+    ever both schedulers' (``gpushare.admin.plan.lent.states_owned_once``)."""
+    from gpushare.admin.plan.lent import states_owned_once
+
+    return [Finding(ERROR, f"lending would give a device to both schedulers: {problem}",
+                    f"{plan.path}: lending", "report this as a gpushare bug: the plan was "
+                    "accepted but its rendering disagrees; remove the lending rule meanwhile")
+            for problem in states_owned_once(plan)]
 
 
 # --------------------------------------------------------------------------------------------
