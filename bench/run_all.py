@@ -22,6 +22,7 @@ BENCHMARKS = (
     ("submit hooks per request (Lua, Python)", "bench_submit_hooks.py", []),
     ("sbatch throughput with vs without the hook", "bench_sbatch.py", []),
     ("ownership plan at 10 000 nodes", "bench_plan.py", []),
+    ("tidal GPUs: lending by window and by demand vs the static split", "bench_tidal.py", []),
 )
 
 
