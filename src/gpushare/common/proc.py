@@ -35,6 +35,9 @@ __all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "Isolation", "P
            "Result", "run", "signal_checked", "wait_for_exit"]
 
 _OUTPUT_LIMIT = 64 * 1024
+# How long a command killed at its timeout is waited for: a process stuck in the kernel (a
+# hung driver call, a frozen cgroup) outlives SIGKILL, and the caller's deadline must hold.
+KILLED_WAIT = 2.0
 
 
 class ProcError(RuntimeError):
@@ -346,9 +349,14 @@ def run(
             returncode = _wait(proc, max(0.0, timeout))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            proc.wait()
+            stuck = ""
+            try:
+                _wait(proc, KILLED_WAIT)
+            except subprocess.TimeoutExpired:  # left for subprocess to reap once it dies
+                stuck = (f"; it had not exited {KILLED_WAIT:g} s after SIGKILL (stuck in "
+                         "the kernel?)")
             raise CommandTimeout(
-                f"{' '.join(argv)}: no answer within {timeout:g} s, killed"
+                f"{' '.join(argv)}: no answer within {timeout:g} s, killed{stuck}"
             ) from None
         # A daemonising child may leave its group behind; nothing of it is ours to wait for.
         result = Result(tuple(argv), returncode, _read_back(stdout, output_limit),

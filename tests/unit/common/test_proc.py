@@ -173,3 +173,20 @@ def test_signal_checked_signals_only_what_the_check_accepts():
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_command_that_outlives_its_kill_is_left_not_waited_for(monkeypatch, tmp_path):
+    """A process stuck in the kernel survives SIGKILL: run() gives up on it after
+    KILLED_WAIT instead of blocking its caller's deadline (the kill is made a no-op here,
+    so the child lives on as a stuck one would)."""
+    monkeypatch.setattr(proc, "_kill_group", lambda child: None)
+    monkeypatch.setattr(proc, "KILLED_WAIT", 0.2)
+    marker = tmp_path / "pid"
+    try:
+        with pytest.raises(proc.CommandTimeout, match=r"no answer within 0.3 s, killed; it had "
+                           r"not exited 0.2 s after SIGKILL \(stuck in the kernel\?\)"):
+            proc.run(["/bin/sh", "-c", f"echo $$ > {marker}; exec sleep 30"], timeout=0.3,
+                     env={"PATH": "/usr/bin:/bin"})
+    finally:
+        if marker.exists():
+            os.kill(int(marker.read_text()), signal.SIGKILL)
