@@ -261,7 +261,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.plan.model import with_slurm_version
     from gpushare.admin.relayout.decide import decide
-    from gpushare.admin.relayout.demand import pending, running_ends, supply
+    from gpushare.admin.relayout.demand import partitions, pending, running_ends, supply
     from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.relayout.state import (
         AppliedState,
@@ -295,15 +295,19 @@ def _run(args: argparse.Namespace) -> int:
         gpus = supply(plan, client.nodes(), layouts=layouts,
                       last_change_s=last_changes(state, time.time()),
                       ends=running_ends(args.squeue, args.timeout))
-        requests = pending(args.squeue, args.timeout)
+        queue = pending(args.squeue, args.timeout,
+                        nodes_of=partitions(args.sinfo, args.timeout))
     except SlurmClientError as err:
         return fail("relayout", str(err))
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
     plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
-    decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis,
+    decision = decide(queue.requests, gpus, menus, args.max_changes, args.hysteresis,
                       max_drain_s=args.max_drain,
                       one_profile_per_node=one_profile_per_node(version))
+    if queue.skipped:
+        decision.why.append("not counted (they could not start on any layout): " + ", ".join(
+            f"{n} {why}" for why, n in sorted(queue.skipped.items())))
     if args.apply:
         if not state_path:
             return fail("relayout", "--apply records what it changes: give --state FILE")
