@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--demand", action="store_true",
                         help="also ask squeue what the jobs pending for resources wait "
-                        "for, and show it beside what is free per type (MIG profile, whole GPUs, MPS units)")
+                        "for, and show it beside what is free per type (MIG profile, whole GPUs, "
+                        "MPS units)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="with --demand: absolute path of squeue (default /usr/bin/squeue)")
     add_slurm_arguments(parser)
