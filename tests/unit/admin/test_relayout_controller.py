@@ -339,10 +339,23 @@ def test_gres_is_set_on_the_nodes_own_line():
 
 
 def test_the_sites_command_gets_each_value_as_one_word():
-    argv = command_argv("ssh -o BatchMode=yes {node} gpushare relayout node --gpu {gpu} "
+    argv = command_argv("pdsh -N -w {node} gpushare relayout node --gpu {gpu} "
                         "--layout={layout} --apply", node="n1", gpu="2", layout="a b;rm")
-    assert argv == ["ssh", "-o", "BatchMode=yes", "n1", "gpushare", "relayout", "node",
+    assert argv == ["pdsh", "-N", "-w", "n1", "gpushare", "relayout", "node",
                     "--gpu", "2", "--layout=a b;rm", "--apply"]
+    # ssh joins the words after the destination for the remote shell: they go as one word,
+    # each quoted, so the remote shell splits them back into the same words.
+    remote = ["gpushare", "relayout", "node", "--gpu", "2", "--layout=a b;rm", "--apply"]
+    for template, local in (
+            ("ssh -o BatchMode=yes {node} gpushare relayout node --gpu {gpu} "
+             "--layout={layout} --apply", ["ssh", "-o", "BatchMode=yes", "n1"]),
+            ("/usr/bin/ssh -p 22 -tt -oBatchMode=yes -i /root/.ssh/k {node} 'gpushare relayout "
+             "node --gpu {gpu} --layout={layout} --apply'",
+             ["/usr/bin/ssh", "-p", "22", "-tt", "-oBatchMode=yes", "-i", "/root/.ssh/k", "n1"]),
+            ("ssh -- {node} gpushare relayout node --gpu {gpu} --layout={layout} --apply",
+             ["ssh", "--", "n1"])):
+        argv = command_argv(template, node="n1", gpu="2", layout="a b;rm")
+        assert argv[:-1] == local and shlex.split(argv[-1]) == remote, template
     with pytest.raises(ValueError, match=r"unknown placeholder \{host\}"):
         command_argv("ssh {host} true")
     with pytest.raises(ValueError, match="empty"):
@@ -369,6 +382,8 @@ elif args[0] == "update":
         node["state"], node["reason"] = "IDLE+DRAIN", fields["Reason"]
     else:
         node["state"], node["reason"] = "IDLE", ""
+elif args[:2] == ["show", "config"]:
+    print("SlurmctldParameters     = (null)")
 elif args[0] == "reconfigure":
     for line in open(conf):
         words = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -392,11 +407,14 @@ def test_the_command_applies_a_decision_and_a_second_run_changes_nothing(site, t
                                              conf=settings.slurm_conf))
     squeue = tmp_path / "squeue"
     squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
-                      "*PD*) echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00' ;;\nesac\n")
-    for stub in (scontrol, squeue):
+                      "*PD*) echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00|debug|a|b|Resources'"
+                      " ;;\nesac\n")
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'debug|h[1-2]'\n")
+    for stub in (scontrol, squeue, sinfo):
         stub.chmod(0o755)
     argv = ["relayout", "--plan", plan.path, "--backend", "scontrol", "--scontrol",
-            str(scontrol), "--squeue", str(squeue), "--max-changes", "1",
+            str(scontrol), "--squeue", str(squeue), "--sinfo", str(sinfo), "--max-changes", "1",
             "--node-command", settings.node_command, "--slurm-conf", settings.slurm_conf,
             "--settle-timeout", "5", "--apply", "--json"]
     assert main(argv) == 0, capsys.readouterr()
