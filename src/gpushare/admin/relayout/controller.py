@@ -128,8 +128,7 @@ def _finish_all(rounds: list[NodeRound], settings: Settings, repair: bool = Fals
             node.outcome.failed = f"slurmctld: {err}"
         except Exception as err:  # isolate the node, report it
             node.outcome.failed = f"{type(err).__name__}: {err}"
-        finally:
-            node.mark(phase="done")
+        node.mark(phase="done")  # not when killed: the next run settles it
 
     if not rounds:
         return

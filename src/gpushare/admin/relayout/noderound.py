@@ -28,7 +28,7 @@ from gpushare.admin.relayout.settings import (
     ours,
 )
 from gpushare.admin.relayout.slurmsync import SlurmSync
-from gpushare.admin.relayout.state import Applied, locked
+from gpushare.admin.relayout.state import Applied, load_state, locked
 from gpushare.admin.slurm_client import SlurmClientError
 from gpushare.common import proc
 
@@ -144,8 +144,15 @@ class NodeRound(SlurmSync):
                                 f"not known: {last}")
         return done.returncode, last
 
+    def _remember(self, change: Change) -> None:
+        """The state file's entry before the step (which records its own) changes it."""
+        if change.index not in self._prior:
+            self._prior[change.index] = load_state(self.settings.state_path).gpus.get(
+                (self.name, change.index))
+
     def _steps(self) -> None:
         for change in self.changes:
+            self._remember(change)
             self.mark(phase="changing", gpu=change.index, status="started")
             try:
                 code, last = self._run_step(change, change.new)
@@ -173,6 +180,7 @@ class NodeRound(SlurmSync):
                 continue
             if status[change.index] not in ("started", "unknown"):
                 continue  # never started: it keeps its layout
+            self._remember(change)
             code, last = self._run_step(change, change.new)
             if code == 0:
                 self._record(change, change.new)
@@ -212,14 +220,14 @@ class NodeRound(SlurmSync):
 
     def _record(self, change: Change, layout: str) -> None:
         with locked(self.settings.state_path) as state:
-            self._prior.setdefault(change.index, state.gpus.get((self.name, change.index)))
             state.gpus[(self.name, change.index)] = Applied(layout, self.wall(),
                                                             self.decision_id)
         self.mark(gpu=change.index, status="applied")
         self.outcome.applied.append(change)
 
     def _unrecord(self, change: Change) -> None:
-        """The state file's entry as it was before this round changed the GPU."""
+        """The state file's entry as it was before this round changed the GPU (the node's
+        step recorded the old layout as applied)."""
         with locked(self.settings.state_path) as state:
             prior = self._prior.get(change.index)
             if prior is None:
