@@ -146,7 +146,7 @@ def fresh(bed) -> Iterator[slurmbed.SlurmBed]:
         for name, text in saved.items():
             with open(bed.path(name), "w") as handle:
                 handle.write(text)
-        for name in ("etc/relayout-state.json",):
+        for name in ("etc/relayout-state.json", "etc/relayout-state.json.journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(bed.path(name))
         bed.run(["scontrol", "reconfigure"])

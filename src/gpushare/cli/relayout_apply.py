@@ -8,6 +8,7 @@ import argparse
 import datetime
 import json
 import os
+import sys
 from typing import Any, Callable
 
 from gpushare.cli import fail
@@ -132,9 +133,9 @@ def _recover(args: argparse.Namespace, plan: Any, journal: Any, state_path: str)
               + ", ".join(e.node for e in journal.open_nodes) + " unsettled; settling first")
     outcomes = recover(with_slurm_version(plan, version), journal, slurm, settings)
     status = _report(args, outcomes)
-    if args.json:
+    if args.json:  # stdout stays the round's one JSON document
         print(json.dumps({"recovered": journal.decision, "nodes": _nodes_json(outcomes)},
-                         indent=2))
+                         indent=2), file=sys.stderr)
     if journal.open_nodes:
         return fail("relayout", "an interrupted run's nodes "
                     + ", ".join(e.node for e in journal.open_nodes) + " are still unsettled "
