@@ -276,6 +276,8 @@ def test_the_layout_follows_the_queue(fresh):
     assert done.returncode == 0, (json.loads(done.stdout or "{}").get("nodes"), done.stderr,
                                   bed.logs()[-3000:])
     out = json.loads(done.stdout)
+    assert len(out["nodes"]) == 1, (out["why"], bed.run(["squeue", "-h", "-t", "PD", "-o",
+                                                         "%i|%b|%V|%P|%u|%a|%r"]).stdout)
     [node] = out["nodes"]
     assert node["node"] == NODE and node["failed"] is None, node
     assert sorted(node["applied"]) == [[2, "2x3g.40gb"], [3, "2x3g.40gb"]], node

@@ -25,7 +25,8 @@ H100 = find_model("h100-80gb")
 NOW = datetime(2026, 1, 2, 12, 0, 0)
 
 # squeue -h -t PD -o "%i|%b|%V|%P|%u|%a|%r" as Slurm 22.05 prints it (gres:gpu:..., no
-# accounting: account "(null)"), and 24.11 (gres/gpu:...).
+# accounting: account "(null)"; job 107's reason as 22.05.8 gave a job whose type only
+# drained nodes had), and 24.11 (gres/gpu:...).
 SQUEUE_22_05 = """\
 101|gres:gpu:3g.40gb:1|2026-01-01T12:00:00|debug|alice|(null)|JobHeldUser
 102|gres:gpu:3g.40gb:1|2026-01-01T12:00:00|debug|alice|(null)|JobHeldAdmin
@@ -34,6 +35,7 @@ SQUEUE_22_05 = """\
 105|gres:gpu:1g.10gb:1|2026-01-02T11:50:00|debug|bob|(null)|Resources
 106|gres:gpu:1g.10gb:2|2026-01-02T11:58:00|debug,gpu|carol|(null)|Priority
 107|gres:gpu:1g.10gb:1|2026-01-02T11:58:00|debug|dave|(null)|ReqNodeNotAvail, UnavailableNodes:n3
+109|gres:gpu:1g.10gb:1|2026-01-02T11:58:00|debug|erin|(null)|PartitionTimeLimit
 108|gres:gpu:1g.10gb:1|2026-01-02T11:58:00|nosuch|dave|(null)|Resources
 """
 SQUEUE_24_11 = """\
@@ -69,9 +71,10 @@ def test_only_jobs_waiting_for_resources_count_on_the_nodes_of_their_partitions(
     queue = read_queue(SQUEUE_22_05, NOW, parse_partitions(SINFO))
     debug, both = frozenset({"n1", "n2", "n3"}), frozenset({"n1", "n2", "n3"})
     assert queue.requests == [Request("105", "1g.10gb", 1, 600.0, debug, "bob", ""),
-                              Request("106", "1g.10gb", 2, 120.0, both, "carol", "")]
+                              Request("106", "1g.10gb", 2, 120.0, both, "carol", ""),
+                              Request("107", "1g.10gb", 1, 120.0, debug, "dave", "")]
     assert queue.skipped == {"held": 2, "dependency": 1, "--begin in the future": 1,
-                             "reason ReqNodeNotAvail": 1,
+                             "reason PartitionTimeLimit": 1,
                              "partition nosuch unknown or without nodes": 1}
     later = read_queue(SQUEUE_24_11, NOW, parse_partitions(SINFO))
     assert later.requests == [Request("202", "1g.10gb", 1, 600.0, frozenset({"n3"}), "bob",

@@ -4,7 +4,8 @@
 Demand is ``squeue -h -t PD -o "%i|%b|%V|%P|%u|%a|%r"`` (job, its GRES per node, its submit
 time, partitions, user, account, and why it waits): Slurm 22.05 writes
 ``gres:gpu:1g.10gb:2``, 23.11 and later ``gres/gpu:1g.10gb:2``; both read the same here. Only
-a job that waits for resources (Reason ``Resources`` or ``Priority``) counts, and only on the
+a job that waits for resources (Reason ``Resources``, ``Priority`` or ``ReqNodeNotAvail``)
+counts, and only on the
 nodes of its partitions (``sinfo -h -a -o "%R|%N"``): a held job (``JobHeldUser``,
 ``JobHeldAdmin``), one that waits for another (``Dependency``) or for its ``--begin``
 (``BeginTime``), or for a limit, could not start on a new layout either.
@@ -35,7 +36,10 @@ DEFAULT_SQUEUE = "/usr/bin/squeue"
 DEFAULT_SINFO = "/usr/bin/sinfo"
 SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%r"
 SINFO_FORMAT = "%R|%N"
-WAITING_REASONS = frozenset({"Resources", "Priority"})
+# Waiting for resources: Resources, Priority, and ReqNodeNotAvail, which Slurm 22.05 gives a
+# job whose type only drained or down nodes offer (measured on 22.05.8: "ReqNodeNotAvail,
+# UnavailableNodes:rl[2-3]"), the very demand a new layout serves.
+WAITING_REASONS = frozenset({"Resources", "Priority", "ReqNodeNotAvail"})
 _REASON_NAMES = {"JobHeldUser": "held", "JobHeldAdmin": "held", "Dependency": "dependency",
                  "BeginTime": "--begin in the future"}
 _MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
@@ -85,9 +89,9 @@ def read_queue(text: str, now: datetime.datetime,
         if len(parts) != 7:
             continue
         job, gres, submitted, parts_text, user, account, reason = parts
-        reason = reason.strip()
+        reason = reason.split(",", 1)[0].strip()
         if reason not in WAITING_REASONS:
-            queue.skip(_REASON_NAMES.get(reason, f"reason {reason.split(',')[0] or 'none'}"))
+            queue.skip(_REASON_NAMES.get(reason, f"reason {reason or 'none'}"))
             continue
         nodes: Optional[frozenset[str]] = None
         if nodes_of is not None:
