@@ -413,3 +413,43 @@ def test_slurmctld_restarts_and_a_job_lands_while_the_node_changes(fresh):
     assert bed.wait_job(small)["JobState"] == "COMPLETED"
     for job in waiting:
         assert bed.wait_job(job)["JobState"] == "COMPLETED"
+
+
+def _reasons(bed) -> dict[int, str]:
+    listed = bed.run(["squeue", "-h", "-t", "PD", "-o", "%i|%r"]).stdout
+    return {int(job): reason for job, _sep, reason in
+            (line.partition("|") for line in listed.splitlines() if line)}
+
+
+def test_held_dependent_and_begin_jobs_do_not_move_the_layout(fresh):
+    """Jobs for 3g.40gb that cannot start whatever the layout (held, waiting for another job,
+    or for a --begin an hour away) leave rl1 as it is; released, the held one moves it."""
+    bed = fresh
+    args = ("--gres=gpu:3g.40gb:1", "--time=2")
+    held = [bed.sbatch("true", "--hold", *args) for _ in range(3)]
+    after = bed.sbatch("true", f"--dependency=afterok:{held[0]}", *args)
+    later = bed.sbatch("true", "--begin=now+3600", *args)
+    slurmbed.wait_until("Slurm gives each its reason", lambda: _reasons(bed).get(after) ==
+                        "Dependency" and _reasons(bed).get(later) == "BeginTime")
+    plan = bed.path("etc", "plan.yaml")
+    dry = gpushare("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
+                   "--json")
+    assert dry.returncode == 0, dry.stderr
+    out = json.loads(dry.stdout)
+    assert out["changes"] == [] and out["demand"] == {}, out
+    assert any("3 held" in why and "1 dependency" in why and "1 --begin in the future" in why
+               for why in out["why"]), out["why"]
+    done = relayout(bed)
+    assert done.returncode == 0 and json.loads(done.stdout)["nodes"] == [], done.stdout
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    # Released, they wait for resources: now they count.
+    bed.run(["scontrol", "release", ",".join(map(str, held))])
+    slurmbed.wait_until("the released jobs wait for resources", lambda: all(
+        _reasons(bed).get(job, "").split(",")[0] in ("Resources", "Priority", "ReqNodeNotAvail")
+        for job in held))
+    moved = gpushare("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
+                     "--json")
+    assert moved.returncode == 0, moved.stderr
+    out = json.loads(moved.stdout)
+    assert out["demand"] == {"3g.40gb": 3} and out["changes"], out

@@ -134,8 +134,9 @@ def save_state(state: AppliedState) -> None:
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[AppliedState]:
-    """Read, change and write the state under an exclusive lock (``<path>.lock``), so the
-    controller and a node's step sharing the file never lose each other's entry."""
+    """Read, change and write the state under an exclusive lock (``<path>.lock``, never a
+    symlink, in a directory of root's), so the controller and a node's step sharing the file
+    never lose each other's entry."""
     from gpushare.admin.relayout.journal import open_beside
 
     fd = open_beside(path + ".lock", os.O_RDWR)  # never a symlink, in a directory of root's
