@@ -355,14 +355,31 @@ def test_a_gres_conf_every_node_shares_is_rendered_again(site, tmp_path):
     assert sorted(d.type for d in gres.devices("h2")) == ["1g.10gb"] * 15
 
 
-def test_a_round_half_done_on_a_one_profile_slurm_leaves_the_node_drained(site):
+def test_a_round_half_done_on_a_one_profile_slurm_is_laid_back(site):
     plan, settings, profile, slurm = site
     settings.one_profile_per_node = True  # Slurm 22.05 with AutoDetect=off
     [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
-    assert outcome.failed and "leaves Slurm MIG profiles 1g.10gb, 3g.40gb" in outcome.failed
+    assert outcome.failed is None and outcome.resumed, outcome.log
+    assert [c.index for c, why in outcome.restored if why.startswith("laid back")] == [2]
+    assert "DRAIN" not in slurm.state["h1"] and "reconfigure" not in slurm.calls
+    assert layout_of(profile, 2) == ["1g.10gb"] * 7
+    assert ("h1", 2) not in load_state(settings.state_path).gpus
+
+
+def test_a_round_half_done_that_cannot_be_laid_back_leaves_the_node_drained(site, tmp_path):
+    plan, settings, profile, slurm = site
+    settings.one_profile_per_node = True
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("import os, sys\nif sys.argv[1] == '7x1g.10gb':\n"
+                       "    print('NVML broke'); sys.exit(3)\n"
+                       "os.execv(sys.argv[2], sys.argv[2:])\n")
+    settings.node_command = shlex.join([sys.executable, str(wrapper), "{layout}"]) + " " + \
+        settings.node_command
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "failed and its layout is not known: NVML broke" in \
+        outcome.failed
     assert "DRAIN" in slurm.state["h1"] and "reconfigure" not in slurm.calls
     assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]  # said, not hidden
-    assert load_state(settings.state_path).gpus[("h1", 2)].layout == "2x3g.40gb"
 
 
 def test_slurm_22_05s_count_of_mig_files_is_the_new_gres_too(site):

@@ -196,10 +196,10 @@ class NodeRound(SlurmSync):
 
     def _keep_one_profile(self) -> None:
         """Slurm before 23.11 indexes one MIG profile per node: where a GPU of the round kept
-        its old layout, lay the ones that changed back too, so the node resumes as it was
-        rather than staying drained with two profiles."""
-        if not self.settings.one_profile_per_node or not self.outcome.restored \
-                or not self.outcome.applied:
+        its old layout (its step refused or laid it back, or an interrupted run never
+        started it) and two profiles would remain, lay the ones that changed back too, so
+        the node resumes as it was rather than staying drained."""
+        if not self.settings.one_profile_per_node or not self.outcome.applied:
             return
         if len(self._slurm_profiles()) <= 1:
             return
