@@ -206,7 +206,7 @@ def sim_layout(bed, index: int) -> Any:
         gpu = json.load(handle)["gpus"][index]
     if not gpu.get("mig", {}).get("current"):
         return "whole"
-    return sorted(d["profile"] for d in gpu["mig_devices"])
+    return sorted(d["profile"] for d in gpu.get("mig_devices", []))
 
 
 def step_command(bed, before: str = "") -> str:
@@ -453,3 +453,69 @@ def test_held_dependent_and_begin_jobs_do_not_move_the_layout(fresh):
     assert moved.returncode == 0, moved.stderr
     out = json.loads(moved.stdout)
     assert out["demand"] == {"3g.40gb": 3} and out["changes"], out
+
+
+DESTROY = """\
+import sys
+from gpushare.gpu.inventory import load_nvml
+nvml = load_nvml("sim:" + sys.argv[1])
+nvml.nvmlInit()
+handle = nvml.nvmlDeviceGetHandleByIndex(int(sys.argv[2]))
+for gi_id in range(15):
+    try:
+        gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+    except nvml.NVMLError:
+        continue
+    for ci_id in range(8):
+        try:
+            nvml.nvmlComputeInstanceDestroy(nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id))
+        except nvml.NVMLError:
+            continue
+    nvml.nvmlGpuInstanceDestroy(gi)
+"""
+
+
+def test_a_run_killed_after_the_destroy_is_finished_by_the_next(fresh):
+    """The controller dies (SIGKILL) once GPU 2's instances are destroyed and before any is
+    created: rl1 is left drained, GPU 2 empty. The next run settles it first (the journalled
+    layout, Gres=, the resume), then goes on; the waiting jobs run."""
+    bed = fresh
+    script = os.path.join(bed.out_dir, "destroy.py")
+    with open(script, "w") as handle:
+        handle.write(DESTROY)
+    profile = bed.path("nodes", f"{NODE}.json")
+    hook = (f"if [ {{gpu}} = 2 ]; then PYTHONPATH={shlex.quote(os.path.join(slurmbed.REPO, 'src'))}"
+            f" {shlex.quote(sys.executable)} {shlex.quote(script)} {shlex.quote(profile)} 2"
+            " && kill -9 $PPID; exit 9; fi; true")
+    waiting = queue_large(bed)
+    killed = relayout(bed, command=step_command(bed, before=hook), popen=True)
+    _out, err = killed.communicate(timeout=300)
+    assert killed.returncode == -9, err
+    bed.adopt_slurmctld()
+    assert sim_layout(bed, 2) == [], sim_layout(bed, 2)
+    assert "DRAIN" in bed.node_state(NODE)["State"]
+    assert os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+    done = relayout(bed)
+    assert done.returncode == 0, (done.stdout, done.stderr, bed.logs()[-3000:])
+    assert "an interrupted run" in done.stderr or '"recovered"' in done.stderr, done.stderr
+    assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["3g.40gb", "3g.40gb"]
+    state = bed.node_state(NODE)
+    assert "DRAIN" not in state["State"] and "INVAL" not in state["State"], state
+    assert shows(bed, {"gpu:h100": 1, "gpu:3g.40gb": 4}), gres_of(bed)
+    for job in waiting:
+        info = bed.wait_job(job)
+        assert info["JobState"] == "COMPLETED" and info["NodeList"] == NODE, info
+
+
+def test_a_second_run_at_once_changes_nothing(fresh):
+    bed = fresh
+    from gpushare.admin.relayout.journal import run_lock
+
+    with run_lock(bed.path("etc", "relayout-state.json")):
+        queue_large(bed)
+        second = relayout(bed)
+    assert second.returncode == 2 and "another gpushare relayout --apply runs" in \
+        second.stderr, second.stderr
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    assert sim_layout(bed, 2) == ["1g.10gb"] * 7

@@ -117,14 +117,26 @@ class NodeRound(SlurmSync):
                                     f"{self.settings.drain_timeout_s:.0f} s")
             self.sleep(self.settings.poll_s)
 
-    def _run_step(self, change: Change, layout: str) -> tuple[int, str]:
+    def _held(self, change: Change) -> str:
+        """The layout a GPU of the round holds as far as the journal knows (its new one once
+        applied, or while its step's result is unknown; else its old one)."""
+        entry = self.journal.node(self.name)
+        status = next(g.status for g in entry.gpus if g.gpu == change.index)
+        return change.new if status in ("applied", "started", "unknown") else change.old
+
+    def _run_step(self, change: Change, layout: str,
+                  others: Optional[dict[int, str]] = None) -> tuple[int, str]:
         """The node's step for one GPU: its exit status (0, or 1/2: refused or laid back) and
-        last line; RelayoutError when its result is not known."""
+        last line; RelayoutError when its result is not known. ``others``: the round's
+        other GPUs' layouts the step counts (default: their new ones)."""
         timeout = self.settings.step_timeout_s
-        others = ",".join(f"{c.index}={c.new}" for c in self.changes if c is not change)
+        layouts = others if others is not None else {c.index: c.new for c in self.changes}
+        round_text = ",".join(f"{i}={text}" for i, text in sorted(layouts.items())
+                              if i != change.index)
         argv = command_argv(self.settings.node_command, node=self.name,
                             gpu=str(change.index), layout=layout,
-                            decision=self.decision_id, timeout=f"{timeout:g}", round=others)
+                            decision=self.decision_id, timeout=f"{timeout:g}",
+                            round=round_text)
         # The step checks its own limit before each NVML change and restores on its own;
         # the margin lets it finish that restore before it is killed.
         limit = 2 * timeout + self.settings.step_grace_s
@@ -181,12 +193,13 @@ class NodeRound(SlurmSync):
             if status[change.index] not in ("started", "unknown"):
                 continue  # never started: it keeps its layout
             self._remember(change)
-            code, last = self._run_step(change, change.new)
+            held = {c.index: self._held(c) for c in self.changes}
+            code, last = self._run_step(change, change.new, held)
             if code == 0:
                 self._record(change, change.new)
                 self.say(f"GPU {change.index}: finished {change.old} -> {change.new}")
                 continue
-            code, again = self._run_step(change, change.old)
+            code, again = self._run_step(change, change.old, held)
             if code != 0:
                 raise RelayoutError(f"GPU {change.index} of an interrupted run took neither "
                                     f"{change.new} ({last}) nor {change.old} ({again})")
@@ -204,7 +217,9 @@ class NodeRound(SlurmSync):
         if len(self._slurm_profiles()) <= 1:
             return
         for change in list(self.outcome.applied):
-            code, last = self._run_step(change, change.old)
+            # The end it heads to: every GPU of the round in its old layout.
+            code, last = self._run_step(change, change.old,
+                                        {c.index: c.old for c in self.changes})
             if code != 0:
                 raise RelayoutError(
                     f"GPU {change.index} changed but not the others of the round, which leaves "
