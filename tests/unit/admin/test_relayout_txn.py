@@ -138,7 +138,7 @@ def _destroy_all(profile, index):
 def test_a_run_killed_after_the_destroy_is_finished_by_the_next(site, monkeypatch):
     plan, settings, profile, slurm = site
 
-    def killed_mid_step(self, change, layout):
+    def killed_mid_step(self, change, layout, others=None):
         _destroy_all(profile, change.index)
         raise Killed()
 
@@ -158,10 +158,31 @@ def test_a_run_killed_after_the_destroy_is_finished_by_the_next(site, monkeypatc
     assert "DRAIN" not in slurm.state["h1"] and load_journal(settings.state_path) is None
 
 
+def test_a_round_killed_midway_on_a_one_profile_slurm_is_finished_whole(site, monkeypatch):
+    plan, settings, profile, slurm = site
+    settings.one_profile_per_node = True
+
+    def killed_mid_step(self, change, layout, others=None):
+        _destroy_all(profile, change.index)
+        raise Killed()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(NodeRound, "_run_step", killed_mid_step)
+        with pytest.raises(Killed):
+            run(plan, settings, slurm, decision(("h1", 2, "whole"), ("h1", 3, "whole")))
+    assert [g.status for g in load_journal(settings.state_path).nodes[0].gpus] == \
+        ["started", "planned"]
+    # The round the killed run began is finished whole: GPU 3, never started, too.
+    [outcome] = repair(plan, settings, slurm)
+    assert outcome.failed is None and sorted(c.index for c in outcome.applied) == [2, 3]
+    assert layout_of(profile, 2) == layout_of(profile, 3) == "whole"
+    assert "DRAIN" not in slurm.state["h1"] and load_journal(settings.state_path) is None
+
+
 def test_a_gpu_that_takes_neither_layout_keeps_its_node_drained(site, monkeypatch):
     plan, settings, profile, slurm = site
 
-    def killed_mid_step(self, change, layout):
+    def killed_mid_step(self, change, layout, others=None):
         _destroy_all(profile, change.index)
         raise Killed()
 

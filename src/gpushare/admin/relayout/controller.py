@@ -191,10 +191,10 @@ def recover(plan: Plan, journal: Journal, slurm: Slurm, settings: Settings,
             sleep: Callable[[float], None] = time.sleep,
             wall: Callable[[], float] = time.time) -> list[Outcome]:
     """Finish or roll back what a killed run left (``journal``): a node none of whose GPUs
-    was touched is resumed if its drain is still ours; one with a GPU whose step never
-    reported is drained again if need be and, once idle, that GPU takes the journalled
-    layout or its old one back; then Gres= and the drain are made to match. The journal is
-    removed once every node is settled."""
+    was touched is resumed if its drain is still ours (rolled back); on one the run began to
+    change, drained again if need be and once idle, each GPU not yet applied takes the
+    journalled layout or its old one back (finished); then Gres= and the drain are made to
+    match. The journal is removed once every node is settled."""
     conf_lock = threading.Lock()
     rounds: list[NodeRound] = []
     outcomes: list[Outcome] = []

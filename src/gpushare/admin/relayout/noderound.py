@@ -2,9 +2,10 @@
 """One node's round of ``gpushare relayout --apply``: drain, wait until idle, run the node's
 step for each GPU, make Slurm see it, resume; every move written to the journal first.
 
-The same round repairs what a killed run left (``repair``): a GPU whose step started and
-never reported gets the journalled layout, else its old one back; GPUs never started keep
-theirs; then Gres= and the drain are made to match what the GPUs hold.
+The same round repairs what a killed run left (``repair``): on a node the killed run began
+to change, each GPU not yet applied (one whose step started and never reported may hold no
+instances) gets the journalled layout, else its old one back; then Gres= and the drain are
+made to match what the GPUs hold.
 """
 
 from __future__ import annotations
@@ -117,13 +118,6 @@ class NodeRound(SlurmSync):
                                     f"{self.settings.drain_timeout_s:.0f} s")
             self.sleep(self.settings.poll_s)
 
-    def _held(self, change: Change) -> str:
-        """The layout a GPU of the round holds as far as the journal knows (its new one once
-        applied, or while its step's result is unknown; else its old one)."""
-        entry = self.journal.node(self.name)
-        status = next(g.status for g in entry.gpus if g.gpu == change.index)
-        return change.new if status in ("applied", "started", "unknown") else change.old
-
     def _run_step(self, change: Change, layout: str,
                   others: Optional[dict[int, str]] = None) -> tuple[int, str]:
         """The node's step for one GPU: its exit status (0, or 1/2: refused or laid back) and
@@ -184,22 +178,25 @@ class NodeRound(SlurmSync):
         return any(g.status in ("started", "unknown") for g in entry.gpus)
 
     def _repair_steps(self) -> None:
-        """Finish, else roll back, each GPU an interrupted run left unknown."""
+        """Finish the round an interrupted run began on this node: each GPU not yet applied
+        or kept takes its journalled layout, else its old one back (the lay-back that
+        follows keeps one MIG profile where Slurm indexes one)."""
         status = {g.gpu: g.status for g in self.journal.node(self.name).gpus}
         for change in self.changes:
             if status[change.index] == "applied":
                 self.outcome.applied.append(change)
                 continue
-            if status[change.index] not in ("started", "unknown"):
-                continue  # never started: it keeps its layout
+            if status[change.index] == "kept":
+                continue
             self._remember(change)
-            held = {c.index: self._held(c) for c in self.changes}
-            code, last = self._run_step(change, change.new, held)
+            self.mark(phase="changing", gpu=change.index, status="started")
+            code, last = self._run_step(change, change.new)
             if code == 0:
                 self._record(change, change.new)
                 self.say(f"GPU {change.index}: finished {change.old} -> {change.new}")
                 continue
-            code, again = self._run_step(change, change.old, held)
+            code, again = self._run_step(change, change.old,
+                                         {c.index: c.old for c in self.changes})
             if code != 0:
                 raise RelayoutError(f"GPU {change.index} of an interrupted run took neither "
                                     f"{change.new} ({last}) nor {change.old} ({again})")
