@@ -526,3 +526,44 @@ def test_a_second_run_at_once_changes_nothing(fresh):
         second.stderr, second.stderr
     assert "DRAIN" not in bed.node_state(NODE)["State"]
     assert sim_layout(bed, 2) == ["1g.10gb"] * 7
+
+
+def test_an_included_nodename_line_is_refused_before_anything_is_drained(fresh):
+    bed = fresh
+    nodes = bed.path("etc", "nodes-rl1.conf")
+    with open(bed.conf) as handle:
+        lines = handle.readlines()
+    own = [line for line in lines if re.match(rf"NodeName={NODE}\b", line)]
+    assert own, lines
+    with open(nodes, "w") as handle:
+        handle.writelines(own)
+    with open(bed.conf, "w") as handle:
+        handle.writelines([line for line in lines if line not in own] + [f"Include {nodes}\n"])
+    queue_large(bed)
+    done = relayout(bed)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"nothing drained: no NodeName line names {NODE}" in done.stderr, done.stderr
+    assert f"it Includes {nodes}" in done.stderr, done.stderr
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+
+
+def test_a_symlinked_slurm_conf_is_written_through_and_stays_a_link(fresh):
+    bed = fresh
+    real_dir = bed.path("etc", "real")
+    os.makedirs(real_dir, mode=0o755, exist_ok=True)
+    real = os.path.join(real_dir, "slurm.conf")
+    os.replace(bed.conf, real)
+    os.symlink(real, bed.conf)
+    try:
+        waiting = queue_large(bed)
+        done = relayout(bed)
+        assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+        assert os.path.islink(bed.conf)
+        with open(real) as handle:
+            assert "3g.40gb" in handle.read()
+        for job in waiting:
+            assert bed.wait_job(job)["JobState"] == "COMPLETED"
+    finally:
+        os.unlink(bed.conf)
+        os.replace(real, bed.conf)  # the reset writes the saved text into a plain file
