@@ -330,3 +330,25 @@ def test_one_nodes_failure_is_its_own(site, tmp_path):
     # Both were drained before either changed, so that both emptied at once.
     assert slurm.calls[:2] == ["drain h1", "drain h2"]
 
+
+
+def test_a_killed_runs_node_someone_resumed_is_drained_again_and_never_resumed_unsettled(
+        site, monkeypatch):
+    plan, settings, profile, slurm = site
+
+    def killed_mid_step(self, change, layout, others=None):
+        _destroy_all(profile, change.index)
+        raise Killed()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(NodeRound, "_run_step", killed_mid_step)
+        with pytest.raises(Killed):
+            run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    slurm.resume("h1")  # an administrator put it back; jobs run on its other GPUs
+    slurm.busy["h1"] = 10_000
+    [outcome] = repair(plan, settings, slurm)
+    assert slurm.calls[-3:-1] == ["resume h1", "drain h1"]  # drained again first
+    assert outcome.failed and outcome.failed.startswith(
+        "an interrupted run had begun changing its GPUs, and its jobs still ran after "
+        "--drain-timeout"), outcome.failed
+    assert "DRAIN" in slurm.state["h1"] and layout_of(profile, 2) == []

@@ -75,9 +75,9 @@ class NodeRound(SlurmSync):
         try:
             self._wait_idle()
         except RelayoutError as err:
-            if repair and self._unsettled():
+            if repair:  # Slurm may not know what its GPUs hold: not back to service
                 return self._leave_drained(RelayoutError(
-                    f"a GPU's layout is unknown after an interrupted run and {err}"))
+                    f"an interrupted run had begun changing its GPUs, and {err}"))
             self._resume_if_ours()
             self.outcome.skipped = str(err)
             self.say(f"{err}; resumed unchanged")
@@ -172,10 +172,6 @@ class NodeRound(SlurmSync):
             self.mark(gpu=change.index, status="kept")
             self.outcome.restored.append((change, last))
             self.say(f"GPU {change.index} kept {change.old}: {last}")
-
-    def _unsettled(self) -> bool:
-        entry = self.journal.node(self.name)
-        return any(g.status in ("started", "unknown") for g in entry.gpus)
 
     def _repair_steps(self) -> None:
         """Finish the round an interrupted run began on this node: each GPU not yet applied
