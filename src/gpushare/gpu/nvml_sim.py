@@ -48,11 +48,16 @@ Profile format (``"format": 1``; sizes in MiB; every key below is required unles
           "fabric": {"state": "completed", "cluster_uuid": "<uuid>", "clique_id": 1,
                      "status": "success"},               (null: NOT_SUPPORTED)
           "processes": [{"pid": 4242, "used_memory_mib": 1024, "kind": "compute"}]
-                                                         (kind compute|mps; null: NOT_SUPPORTED)
+                                                         (kind compute|mps; null: NOT_SUPPORTED;
+                                                          also on a MIG device)
+          "gpm": {"dram_bw_util": 73.5}                  (optional; GPM, also on a MIG device)
         }
-      ]
+      ],
+      "live_dir": "/abs/dir"                             (optional; live fake CUDA clients)
     }
 
+Per-process utilisation (``sm_util``, ``mem_util`` of a process), MPS client lists, GPM and
+``live_dir`` are described in ``gpushare.gpu.nvml_sim_usage``, which answers those calls.
 MIG changes work as NVML's (``nvmlDeviceSetMigMode``,
 ``nvmlDeviceCreateGpuInstance[WithPlacement]``, ``nvmlGpuInstanceCreateComputeInstance``,
 ``nvmlComputeInstanceDestroy``, ``nvmlGpuInstanceDestroy`` and the profile queries): one
@@ -79,15 +84,12 @@ import string
 import sys
 import time
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from gpushare.gpu.nvml import InventoryError
+from gpushare.gpu.nvml_sim_usage import UsageCalls, usage_keys
 
-if TYPE_CHECKING:
-    from gpushare.admin.plan import Plan
-
-__all__ = ["PROFILE_FORMAT", "SIM_MODELS", "ProfileError", "SimNvml", "load_profile",
-           "profile_from_plan", "standard_mig_minors"]
+__all__ = ["PROFILE_FORMAT", "ProfileError", "SimNvml", "load_profile", "standard_mig_minors"]
 
 PROFILE_FORMAT = 1
 MIB = 1 << 20
@@ -243,6 +245,7 @@ def _gpu(r: _Reader, raw: Any, where: str) -> dict[str, Any]:
         "compute_mode": r.get(raw, "compute_mode", str, where, "default", nullable=True),
         "processes": _processes(r, raw.get("processes", []), f"{where}.processes"),
     }
+    gpu.update(usage_keys(r, raw, where, gpu["processes"], raw.get("processes")))
     if not gpu["uuid"].startswith("GPU-"):
         raise r.fail(f"{where}.uuid", "a UUID starting with GPU-")
     if gpu["compute_mode"] is not None and gpu["compute_mode"] not in _COMPUTE_MODES:
@@ -275,6 +278,7 @@ def _gpu(r: _Reader, raw: Any, where: str) -> dict[str, Any]:
             "name": r.get(m, "name", str, w, f"{gpu['name']} MIG {profile}"),
             "processes": _processes(r, m.get("processes", []), f"{w}.processes"),
         }
+        dev.update(usage_keys(r, m, w, dev["processes"], m.get("processes")))
         if not dev["uuid"].startswith("MIG-"):
             raise r.fail(f"{w}.uuid", "a UUID starting with MIG-")
         gpu["mig_devices"].append(dev)
@@ -352,6 +356,10 @@ def load_profile(path: str, device_root: Optional[str] = None) -> dict[str, Any]
     if freeze and not os.path.isabs(freeze):
         raise r.fail("freeze", "an absolute path to a cgroup v1 freezer directory")
     profile["freeze"] = freeze
+    live_dir = r.get(raw, "live_dir", str, "", "")
+    if live_dir and not os.path.isabs(live_dir):
+        raise r.fail("live_dir", "an absolute path to a root-owned sticky directory")
+    profile["live_dir"] = live_dir
     profile["error_on_call"] = {}
     for fn, spec in r.get(raw, "error_on_call", dict, "", {}).items():
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int)
@@ -421,11 +429,6 @@ _GI_ID_4 = {(4, 4, False): 0, (2, 2, False): 5, (2, 2, True): 6, (1, 1, False): 
 _CI_INDEX = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
 
 
-def _proc(p: dict[str, Any], gi: int = _NOT_IN_MIG, ci: int = _NOT_IN_MIG) -> SimpleNamespace:
-    return SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory_mib"] * MIB or None,
-                           gpuInstanceId=gi, computeInstanceId=ci)
-
-
 def _hang(*_args: Any, **_kwargs: Any) -> Any:
     """A call that never returns, as NVML stuck in the driver: only a kill ends it."""
     while True:
@@ -449,7 +452,7 @@ def _frozen(freezer: str) -> Callable[..., Any]:
     return hang
 
 
-class SimNvml:
+class SimNvml(UsageCalls):
     """Answers the pynvml calls gpushare makes from a loaded profile, with pynvml's errors."""
 
     NVMLError = NVMLError
@@ -943,76 +946,10 @@ class SimNvml:
     def nvmlDeviceGetGpuFabricInfo(self, handle: Any, ref: Any) -> int:
         return self._fill_fabric(handle, ref)
 
-    # --- processes -----------------------------------------------------------------------
-    def _processes(self, handle: Any, kind: str) -> list[SimpleNamespace]:
-        if isinstance(handle, _MigHandle):
-            procs = handle.data["processes"]
-            if procs is None:
-                raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
-            return [_proc(p, handle.data["gi_id"], handle.data["ci_id"])
-                    for p in procs if p["kind"] == kind]
-        gpu = self._gpu(handle)
-        procs = gpu.data["processes"]
-        if procs is None:
-            raise NVMLError(NVML_ERRORS["NOT_SUPPORTED"])
-        found = [_proc(p) for p in procs if p["kind"] == kind]
-        for mig in gpu.migs:  # the parent handle aggregates its slices' processes
-            found.extend(_proc(p, mig.data["gi_id"], mig.data["ci_id"])
-                         for p in mig.data["processes"] or [] if p["kind"] == kind)
-        return found
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
-        return self._processes(handle, "compute")
-
-    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
-        return self._processes(handle, "mps")
-
-
-# --------------------------------------------------------------------------------------------
-# Profiles generated from an ownership plan
-
-
-class _SimModel:
-    """What NVML reports for one GPU model of ``gpushare.admin.mig_profiles.GPU_MODELS``.
-
-    A plain class: this module is imported by prologs under ``inventory=sim:``, and a
-    NamedTuple would compile its annotations there (see ``gpushare/__init__.py``).
-    """
-
-    __slots__ = ("driver", "fabric", "links", "memory_mib", "nvml_name", "wiring")
-
-    def __init__(self, nvml_name: str, memory_mib: int, links: int, wiring: str, fabric: bool,
-                 driver: tuple[str, int] = ("550.90.07", 12040)) -> None:
-        self.nvml_name = nvml_name
-        self.memory_mib = memory_mib
-        self.links = links  # NVLinks per GPU (0: none, NVML answers NOT_SUPPORTED)
-        # "nvswitch", "direct" (all-to-all among the node's GPUs), "pairs" (NVLink bridges),
-        # "fabric" (multi-node NVLink: switch trays outside the host), "" (none)
-        self.wiring = wiring
-        self.fabric = fabric  # the GPU reports a fabric state (Hopper and later)
-        self.driver = driver  # driver version, CUDA driver version (NVML's encoding)
-
-
-# Keyed by the plan's model names; a test keeps this table complete.
-SIM_MODELS: dict[str, _SimModel] = {
-    "a100-40gb": _SimModel("NVIDIA A100-SXM4-40GB", 40960, 12, "direct", False,
-                           ("535.183.01", 12020)),
-    "a100-80gb": _SimModel("NVIDIA A100-SXM4-80GB", 81920, 12, "direct", False,
-                           ("535.183.01", 12020)),
-    "a30-24gb": _SimModel("NVIDIA A30", 24576, 4, "pairs", False, ("535.183.01", 12020)),
-    "h100-80gb": _SimModel("NVIDIA H100 80GB HBM3", 81559, 18, "nvswitch", True),
-    "h100-94gb": _SimModel("NVIDIA H100 NVL", 95830, 12, "pairs", False),
-    "h200-141gb": _SimModel("NVIDIA H200", 143771, 18, "nvswitch", True),
-    "b200-180gb": _SimModel("NVIDIA B200", 183359, 18, "nvswitch", True, ("570.133.20", 12080)),
-    "gb200-186gb": _SimModel("NVIDIA GB200", 189471, 18, "fabric", True, ("570.133.20", 12080)),
-    "l40s": _SimModel("NVIDIA L40S", 46068, 0, "", False),
-    "l40": _SimModel("NVIDIA L40", 46068, 0, "", False),
-    "l4": _SimModel("NVIDIA L4", 23034, 0, "", False),
-}
 # Generated UUIDs are uuid5 names in this namespace (uuid is imported only to generate:
 # prologs under inventory=sim: import this module).
 _SIM_NAMESPACE = "6f1c1d55-6a7e-4b7e-9a51-3c0d9f1e5b21"
-_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
 def _sim_uuid(prefix: str, *parts: object) -> str:
@@ -1022,112 +959,8 @@ def _sim_uuid(prefix: str, *parts: object) -> str:
     return prefix + str(uuid.uuid5(uuid.UUID(_SIM_NAMESPACE), "/".join(map(str, parts))))
 
 
-def _bus_id(index: int) -> str:
-    """A distinct PCI bus id per GPU, none of them an NVSwitch's (buses 05-08)."""
-    return f"{index // 8:08X}:{0x18 + 0x20 * (index % 8):02X}:00.0"
-
-
-def _nvlinks(sim: _SimModel, index: int, count: int) -> Optional[list[dict[str, Any]]]:
-    if not sim.links:
-        return None
-    if sim.wiring == "nvswitch":  # the baseboard's four NVSwitches, links spread over them
-        remotes = [f"00000000:{5 + link * 4 // sim.links:02X}:00.0" for link in range(sim.links)]
-    elif sim.wiring == "fabric":  # switch trays of the rack: not PCI devices of this host
-        remotes = [""] * sim.links
-    elif sim.wiring == "pairs":  # an NVLink bridge to the neighbouring GPU, if there is one
-        peer = index ^ 1
-        if peer >= count:
-            return [{"active": False, "remote_pci_bus_id": ""} for _ in range(sim.links)]
-        remotes = [_bus_id(peer)] * sim.links
-    else:  # direct: the links split evenly among the node's other GPUs
-        peers = [i for i in range(count) if i != index]
-        if not peers:
-            return [{"active": False, "remote_pci_bus_id": ""} for _ in range(sim.links)]
-        per_peer = sim.links // len(peers)
-        remotes = [_bus_id(peer) for peer in peers for _ in range(per_peer)]
-        remotes += [""] * (sim.links - len(remotes))
-    return [{"active": bool(remote) or sim.wiring == "fabric", "remote_pci_bus_id": remote}
-            for remote in remotes]
-
-
-def _fabric(sim: _SimModel, plan: Plan, node: str, group_name: str) -> Optional[dict[str, Any]]:
-    if not sim.fabric:
-        return None
-    if sim.wiring != "fabric":  # NVSwitch inside the node: registered, no multi-node domain
-        return {"state": "completed", "status": "success", "cluster_uuid": _ZERO_UUID,
-                "clique_id": 0}
-    # Multi-node NVLink: the plan's domain of the node is its clique; without one, its group.
-    clique, key = 1, f"group/{group_name}"
-    for position, domain in enumerate(plan.domains, start=1):
-        if node in domain.nodes:
-            clique, key = position, f"domain/{domain.name}"
-    return {"state": "completed", "status": "success",
-            "cluster_uuid": _sim_uuid("", key), "clique_id": clique}
-
-
 def _slice_memory_mib(profile: str, gpu_memory_mib: int) -> int:
     """About what NVML reports for a slice: its nominal GB less the driver's reserve."""
     match = re.search(r"\.(\d+)gb", profile)
     nominal = int(match.group(1)) * 1024 if match else gpu_memory_mib // 8
     return min(nominal, gpu_memory_mib) * 95 // 100 // 128 * 128
-
-
-def profile_from_plan(plan: Plan, node: str) -> dict[str, Any]:
-    """A simulated node profile for ``node`` exactly as the plan lays it out.
-
-    Every GPU of the node's group, with the model's NVML name, memory, NVLinks and fabric
-    state; each MIG GPU holds every slice the plan describes (whoever owns it) at the
-    placement the plan gives or solves, so that the GPU-instance ids, and with them the
-    capability files, are those ``gpushare render gres`` writes. A site can run its own plan
-    through gpushare (``inventory=sim:``, ``--source sim:``) before touching hardware.
-    """
-    from gpushare.admin.mig_profiles import gi_id_for_placement
-
-    group = plan.group_of(node)
-    if group is None:
-        raise ProfileError(f"{plan.path}: node {node} is in no node group of the plan")
-    sim = SIM_MODELS.get(group.model.name)
-    if sim is None:
-        raise ProfileError(f"gpushare cannot simulate GPU model {group.model.name} yet")
-    gpus = []
-    for gpu in group.gpus:
-        mig: Optional[dict[str, bool]] = None
-        if group.model.mig_capable:
-            mig = {"current": gpu.mig, "pending": gpu.mig}
-        entry: dict[str, Any] = {
-            "minor": gpu.index,
-            "uuid": _sim_uuid("GPU-", node, gpu.index),
-            "name": sim.nvml_name,
-            "memory_mib": sim.memory_mib,
-            "pci_bus_id": _bus_id(gpu.index),
-            "compute_mode": "default",
-            "mig": mig,
-        }
-        if gpu.mig:
-            devices = []
-            for mig_slice in sorted(gpu.slices, key=lambda s: s.placement):
-                spec = group.model.profile(mig_slice.profile)
-                assert spec is not None  # the plan parser checked it
-                gi = gi_id_for_placement(group.model, mig_slice.placement, spec.memory_slices)
-                devices.append({"gi_id": gi, "ci_id": 0,
-                                "uuid": _sim_uuid("MIG-", node, gpu.index, gi),
-                                "profile": mig_slice.profile,
-                                "memory_mib": _slice_memory_mib(mig_slice.profile,
-                                                                sim.memory_mib),
-                                "processes": []})
-            entry["mig_devices"] = sorted(devices, key=lambda d: d["gi_id"])
-        entry["nvlinks"] = _nvlinks(sim, gpu.index, len(group.gpus))
-        entry["fabric"] = _fabric(sim, plan, node, group.name)
-        entry["processes"] = []
-        gpus.append(entry)
-    owners = ", ".join(sorted({gpu.owner for gpu in group.gpus}))
-    return {
-        "format": PROFILE_FORMAT,
-        "description": f"node {node} of group {group.name} in {plan.path}: {len(gpus)}x "
-                       f"{sim.nvml_name} ({owners}), generated from the ownership plan",
-        "hostname": node,
-        "driver_version": sim.driver[0],
-        "cuda_driver_version": sim.driver[1],
-        "device_dir": "/dev",
-        "gpus": gpus,
-    }
