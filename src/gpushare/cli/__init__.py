@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.metrics",
     "gpushare.cli.status",
     "gpushare.cli.relayout",
+    "gpushare.cli.usage",
 )
 
 

@@ -13,9 +13,10 @@ Profile keys read here (see ``nvml_sim``'s format for the rest)::
                                                          the sample period, as NVML's
                                                          smUtil/memUtil; default 0)
       "gpm": {"dram_bw_util": 73.5}                    (optional; GPM's DRAM bandwidth
-                                                         use in % of peak; absent or null:
-                                                         nvmlGpmQueryDeviceSupport says the
-                                                         device has no GPM)
+                                                         use in % of peak; a GPU has GPM
+                                                         when it or one of its MIG devices
+                                                         has this key; a device without it
+                                                         answers NOT_SUPPORTED to samples)
     top level:
       "live_dir": "/abs/dir"                            (optional; see below)
 
@@ -87,7 +88,7 @@ def usage_keys(r: Any, raw: dict[str, Any], where: str, procs: Optional[list[dic
     """Parse a device's ``gpm`` and its processes' ``sm_util``/``mem_util`` (``r``: the
     profile reader, which names the field in an error)."""
     if procs is not None:
-        for i, (proc, rawp) in enumerate(zip(procs, raw_procs)):
+        for i, (proc, rawp) in enumerate(zip(procs, raw_procs or ())):
             for key in ("sm_util", "mem_util"):
                 value = r.get(rawp, key, int, f"{where}.processes[{i}]", 0)
                 if not 0 <= value <= 100:
@@ -252,8 +253,11 @@ class UsageCalls:
         return gpm
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> c_nvmlGpmSupport_t:
+        """A GPU has GPM when the profile gives it, or any of its MIG devices, a figure."""
         data = self._data(handle)
-        return c_nvmlGpmSupport_t(version=1, isSupportedDevice=int(data.get("gpm") is not None))
+        devices = [data] + [m.data for m in getattr(handle, "migs", [])]
+        supported = any(d.get("gpm") is not None for d in devices)
+        return c_nvmlGpmSupport_t(version=1, isSupportedDevice=int(supported))
 
     def nvmlGpmSampleAlloc(self) -> SimpleNamespace:
         return SimpleNamespace(value=None)
