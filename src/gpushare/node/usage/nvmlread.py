@@ -72,7 +72,10 @@ class NvmlReader:
         devices: list[tuple[DeviceSample, Any, Any]] = []
         for index in range(self.nvml.nvmlDeviceGetCount()):
             handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
-            mig = self._try("nvmlDeviceGetMigMode", handle)
+            try:
+                mig = self.nvml.nvmlDeviceGetMigMode(handle)
+            except self.nvml.NVMLError:  # a GPU without MIG: no figure is missing
+                mig = None
             if mig and mig[0]:
                 devices.extend(self._migs(index, handle))
             else:

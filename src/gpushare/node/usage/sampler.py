@@ -25,7 +25,7 @@ from gpushare.node.usage.dcgm import mapping_files, write_mapping
 from gpushare.node.usage.nvmlread import DeviceSample, NvmlReader
 from gpushare.node.usage.store import DeviceUsage, Figures, JobUsage, NodeUsage, UsageStore
 
-__all__ = ["Sampler", "UsageSettings", "known_jobs"]
+__all__ = ["Sampler", "UsageSettings", "bandwidth_shares", "known_jobs"]
 
 _log = log.get_logger("gpushare.usage")
 
@@ -61,6 +61,21 @@ def known_jobs(store: JobStore) -> dict[int, JobInfo]:
         pipe = str((record.mps or {}).get("pipe_dir", ""))
         jobs[job_id] = JobInfo(job_id, record.uid, _user(record.uid), devices, pipe)
     return jobs
+
+
+def bandwidth_shares(sample: DeviceSample, mem_util: dict[int, float],
+                     alone: bool = False) -> Optional[dict[int, float]]:
+    """Key (job, or pid) -> its share of the device's DRAM bandwidth in % of peak: the
+    GPM figure split by memory-controller time, all of it to a key ``alone`` on the
+    device; None when there is nothing to split, or nothing to split it by."""
+    if sample.bw_util is None or not mem_util:
+        return None
+    if alone:
+        return {key: sample.bw_util for key in mem_util}
+    total = sum(p.mem_util or 0.0 for p in sample.procs.values())
+    if total <= 0 or not sample.util_measured:
+        return None
+    return {key: sample.bw_util * util / total for key, util in mem_util.items()}
 
 
 class _Tally:
@@ -141,21 +156,16 @@ class Sampler:
     @staticmethod
     def _shares(samples: list[DeviceSample],
                 tallies: dict[str, dict[int, _Tally]]) -> dict[str, dict[int, float]]:
-        """Device UUID -> job -> its share of the device's DRAM bandwidth, in % of peak:
-        the GPM figure split by memory-controller time (all to a job alone there)."""
+        """Device UUID -> job -> its share of the device's DRAM bandwidth, in % of peak."""
         shares: dict[str, dict[int, float]] = {}
         for sample in samples:
             per_job = tallies.get(sample.uuid, {})
-            if sample.bw_util is None or not per_job:
-                continue
-            if len(per_job) == 1 and len(sample.procs) == sum(t.procs for t in per_job.values()):
-                shares[sample.uuid] = {job: sample.bw_util for job in per_job}
-                continue
-            total = sum(p.mem_util or 0.0 for p in sample.procs.values())
-            if total <= 0 or not sample.util_measured:
-                continue  # nothing to split it by
-            shares[sample.uuid] = {job: sample.bw_util * tally.mem_util / total
-                                   for job, tally in per_job.items()}
+            alone = len(per_job) == 1 and \
+                len(sample.procs) == sum(t.procs for t in per_job.values())
+            split = bandwidth_shares(sample, {job: t.mem_util for job, t in per_job.items()},
+                                     alone)
+            if split is not None:
+                shares[sample.uuid] = split
         return shares
 
     def _job_usage(self, job: JobInfo, before: Optional[JobUsage], samples: list[DeviceSample],
