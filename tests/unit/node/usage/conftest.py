@@ -38,9 +38,12 @@ class FakeNode:
                                   "processes": [], "gpm": {"dram_bw_util": 0}}]},
             ]}
 
-    def nvml(self) -> SimNvml:
+    def write_profile(self) -> None:
         with open(self.profile_path, "w") as f:
             json.dump(self.profile, f)
+
+    def nvml(self) -> SimNvml:
+        self.write_profile()
         nvml = SimNvml(load_profile(self.profile_path))
         nvml.nvmlInit()
         return nvml
