@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpushare.gpu.nvml_sim import PROFILE_FORMAT, ProfileError, _sim_uuid, _slice_memory_mib
+from gpushare.gpu.nvml_sim_mig import _sim_uuid, _slice_memory_mib
+from gpushare.gpu.nvml_sim_profile import PROFILE_FORMAT, ProfileError
 
 if TYPE_CHECKING:
     from gpushare.admin.plan import Plan

@@ -14,6 +14,7 @@ import re
 from typing import Any, Optional
 
 from gpushare.gpu.nvml import InventoryError
+from gpushare.gpu.nvml_sim_errors import NVML_ERRORS
 from gpushare.gpu.nvml_sim_usage import usage_keys
 
 __all__ = ["NVML_ERRORS", "PROFILE_FORMAT", "ProfileError", "load_profile",
@@ -21,15 +22,6 @@ __all__ = ["NVML_ERRORS", "PROFILE_FORMAT", "ProfileError", "load_profile",
 
 PROFILE_FORMAT = 1
 
-# The NVML constants the simulator answers with, valued as in pynvml (nvidia-ml-py).
-NVML_SUCCESS = 0
-NVML_ERRORS = {
-    "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3, "NO_PERMISSION": 4,
-    "ALREADY_INITIALIZED": 5, "NOT_FOUND": 6, "INSUFFICIENT_SIZE": 7, "DRIVER_NOT_LOADED": 9,
-    "TIMEOUT": 10, "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13, "GPU_IS_LOST": 15,
-    "RESET_REQUIRED": 16, "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "NO_DATA": 21,
-    "INSUFFICIENT_RESOURCES": 23, "UNKNOWN": 999,
-}
 _COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
 _FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:\+\w+)?$")
