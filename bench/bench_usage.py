@@ -44,6 +44,7 @@ def uuid(i: int) -> str:
 
 def write_proc(proc: str, pid: int, uid: int, cgroup: str, exe: str = "/usr/bin/python3",
                cmdline: bytes = b"python3\0") -> None:
+    os.makedirs(os.path.join(proc, "..", "cgroup", cgroup.lstrip("/")), exist_ok=True)
     where = os.path.join(proc, str(pid))
     os.makedirs(where)
     with open(os.path.join(where, "status"), "w") as f:
@@ -110,7 +111,8 @@ def main() -> int:
         nvml = SimNvml(load_profile(profile))
         nvml.nvmlInit()
         sampler = Sampler(os.path.join(root, "state"), nvml, UsageSettings(args.interval),
-                          proc_root=os.path.join(root, "proc"), settle=0.0)
+                          proc_root=os.path.join(root, "proc"), settle=0.0,
+                          cgroup_root=os.path.join(root, "cgroup"))
         sampler.round()  # the first round takes GPM's first samples
         cpu = []
         for _ in range(args.rounds):

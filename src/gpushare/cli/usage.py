@@ -45,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also send hog lines to syslog (facility daemon, as slurmd)")
     parser.add_argument("--proc-root", default="/proc", metavar="DIR",
                         help="where the node's processes are seen (default /proc)")
+    parser.add_argument("--cgroup-root", default="/sys/fs/cgroup", metavar="DIR",
+                        help="where the cgroup file system is mounted (default /sys/fs/cgroup)")
     parser.set_defaults(func=_run)
 
 
@@ -90,7 +92,8 @@ def _run(args: argparse.Namespace) -> int:
         return fail("usage", str(err))
     except Exception as err:  # NVMLError of either implementation
         return fail("usage", describe_nvml_error(nvml, err, "initialise NVML"))
-    sampler = Sampler(config.state_dir, nvml, settings, proc_root=args.proc_root)
+    sampler = Sampler(config.state_dir, nvml, settings, proc_root=args.proc_root,
+                      cgroup_root=args.cgroup_root)
     try:
         while True:
             started = time.monotonic()

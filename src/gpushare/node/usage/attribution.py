@@ -5,8 +5,9 @@ First through its cgroup, which the kernel keeps and no user can choose: Slurm p
 job's tasks below ``.../job_<id>/`` (cgroup v1 ``/slurm/uid_<uid>/job_<id>``, v2
 ``.../slurmstepd.scope/job_<id>``), and from 26.05 names that directory by the job's SLUID
 instead, which the job's own slurmstepd (root's, in the same directory) maps back: its
-process title is ``slurmstepd: [<job id>.<step>]``. A directory of that name anywhere
-else (a user's systemd-delegated cgroup) counts for nothing.
+process title is ``slurmstepd: [<job id>.<step>]``. The job's directory must be root's in
+the cgroup file system: one of that name that a user made (below their systemd-delegated
+cgroup, which is theirs) counts for nothing.
 
 Then, where tasks are not in job cgroups (``proctrack/linuxproc``), through the MPS daemon
 the process is a client of (``CUDA_MPS_PIPE_DIRECTORY``), and last ``SLURM_JOB_ID``: both
@@ -49,8 +50,9 @@ class Attributor:
     """Answers ``job_of(pid, device uuid)`` for one sampling round (``/proc`` is read once
     per process; the SLUID map once a round, and only when a SLUID cgroup is met)."""
 
-    def __init__(self, jobs: dict[int, JobInfo], proc_root: str = "/proc") -> None:
-        self.jobs, self.proc_root = jobs, proc_root
+    def __init__(self, jobs: dict[int, JobInfo], proc_root: str = "/proc",
+                 cgroup_root: str = "/sys/fs/cgroup") -> None:
+        self.jobs, self.proc_root, self.cgroup_root = jobs, proc_root, cgroup_root
         self._sluids: Optional[dict[str, int]] = None
         self.how: dict[int, str] = {}  # pid -> cgroup | mps | environ (for tests and logs)
 
@@ -78,7 +80,7 @@ class Attributor:
     def cgroup_job(self, pid: int) -> Optional[int]:
         """The job whose Slurm cgroup holds ``pid``; None outside one."""
         for line in self._read(pid, "cgroup").decode(errors="replace").splitlines():
-            match = _SLURM_CGROUP.search(line.split(":", 2)[-1])
+            match = self._slurm_cgroup(line)
             if not match:
                 continue
             uid, name = match.group(1), match.group(2)
@@ -88,6 +90,21 @@ class Attributor:
                 return int(name)
             return self.sluid_map().get(name)
         return None
+
+    def _slurm_cgroup(self, line: str) -> Optional[re.Match[str]]:
+        """The Slurm job cgroup in one ``/proc/<pid>/cgroup`` line, if its directory is
+        root's (v2 ``0::<path>``; v1 ``<n>:<controllers>:<path>``, below the mount of its
+        first controller)."""
+        _hier, controllers, path = [*line.split(":", 2), "", ""][:3]
+        match = _SLURM_CGROUP.search(path)
+        if not match:
+            return None
+        mount = controllers.split(",")[0].replace("name=", "")
+        job_dir = os.path.join(self.cgroup_root, mount, path[:match.end(2)].lstrip("/"))
+        try:
+            return match if os.lstat(job_dir).st_uid == 0 else None
+        except OSError:  # gone, or not seen from here
+            return None
 
     def sluid_map(self) -> dict[str, int]:
         """SLUID -> job id, from the root-owned slurmstepd processes in SLUID cgroups."""
@@ -101,8 +118,7 @@ class Attributor:
     def _learn_sluid(self, pid: int) -> None:
         assert self._sluids is not None
         cgroups = self._read(pid, "cgroup").decode(errors="replace")
-        match = next(filter(None, (_SLURM_CGROUP.search(line)
-                                   for line in cgroups.splitlines())), None)
+        match = next(filter(None, map(self._slurm_cgroup, cgroups.splitlines())), None)
         if not match or match.group(2).isdigit():
             return
         try:

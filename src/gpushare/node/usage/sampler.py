@@ -95,17 +95,18 @@ class Sampler:
 
     def __init__(self, state_dir: str, nvml: Any, settings: UsageSettings,
                  proc_root: str = "/proc", clock: Callable[[], float] = time.time,
-                 settle: float = 0.1) -> None:
+                 settle: float = 0.1, cgroup_root: str = "/sys/fs/cgroup") -> None:
         self.jobs_store, self.store = JobStore(state_dir), UsageStore(state_dir)
         self.reader = NvmlReader(nvml, settle)
         self.settings, self.proc_root, self.clock = settings, proc_root, clock
+        self.cgroup_root = cgroup_root
 
     def round(self) -> NodeUsage:
         jobs = known_jobs(self.jobs_store)
         running = set(jobs) | set(self.jobs_store.leftover_ids())
         samples = self.reader.read()
         now = self.clock()
-        attributor = Attributor(jobs, self.proc_root)
+        attributor = Attributor(jobs, self.proc_root, self.cgroup_root)
         tallies = self._attribute(samples, attributor, jobs)
         running |= {job for per_job in tallies.values() for job in per_job}
         previous = self.store.read_all()

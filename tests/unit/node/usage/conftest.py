@@ -21,6 +21,7 @@ class FakeNode:
     def __init__(self, root: str) -> None:
         self.root = root
         self.proc = os.path.join(root, "proc")
+        self.cgroup = os.path.join(root, "cgroup")
         self.state = os.path.join(root, "state")
         os.makedirs(self.proc)
         self.profile_path = os.path.join(root, "node.json")
@@ -50,7 +51,20 @@ class FakeNode:
 
     def process(self, pid: int, uid: int, cgroup: str = "/user.slice",
                 env: Optional[dict[str, str]] = None, exe: str = "/usr/bin/python3",
-                cmdline: bytes = b"python3\0", state: str = "S") -> None:
+                cmdline: bytes = b"python3\0", state: str = "S",
+                cgroup_owner: int = 0) -> None:
+        """A process; its cgroup directory made, root's unless ``cgroup_owner`` says (a
+        user's own, as below a systemd-delegated cgroup)."""
+        made = os.path.join(self.cgroup, cgroup.lstrip("/"))
+        os.makedirs(made, exist_ok=True)
+        if cgroup_owner:  # the user's from their delegated cgroup (user@<uid>.service) down
+            at = self.cgroup
+            delegated = False
+            for part in cgroup.strip("/").split("/"):
+                at = os.path.join(at, part)
+                delegated = delegated or part.startswith("user@")
+                if delegated:
+                    os.chown(at, cgroup_owner, cgroup_owner)
         where = os.path.join(self.proc, str(pid))
         os.makedirs(where, exist_ok=True)
         with open(os.path.join(where, "status"), "w") as f:

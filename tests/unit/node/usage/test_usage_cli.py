@@ -24,7 +24,8 @@ def test_one_round_from_the_plugstack_line(node, capsys):
     node.on_gpu(100, GPU0, 512, sm=20, mem_util=5)
     mapping = os.path.join(node.root, "dcgm")
     path = plugstack(node, f"usage_interval=5 dcgm_mapping_dir={mapping}")
-    assert main(["usage", "--plugstack", path, "--node", "n1", "--proc-root", node.proc]) == 0
+    assert main(["usage", "--plugstack", path, "--node", "n1", "--proc-root", node.proc,
+                 "--cgroup-root", node.cgroup]) == 0
     with open(os.path.join(node.state, "usage", "7.json")) as f:
         usage = json.load(f)
     assert usage["interval"] == 5 and usage["now"]["mem_bytes"] == 512 << 20

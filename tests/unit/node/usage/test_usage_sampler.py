@@ -36,7 +36,7 @@ def two_users(node):
 
 def sampler(node, clock, nvml=None, **settings):
     return Sampler(node.state, nvml or node.nvml(), UsageSettings(**settings),
-                   proc_root=node.proc, clock=clock, settle=0.0)
+                   proc_root=node.proc, clock=clock, settle=0.0, cgroup_root=node.cgroup)
 
 
 def test_two_users_jobs_on_one_mps_gpu_get_their_own_figures(node):
@@ -189,3 +189,12 @@ def test_dcgm_mapping_files_list_each_devices_jobs(node, names, expected):
     node.end(9)
     sampler(node, Clock(1010), dcgm_mapping_dir=mapping, dcgm_mapping_names=names).round()
     assert os.listdir(mapping) == ["README"]  # a file without jobs would drop the GPU's series
+
+
+def test_a_user_cannot_plant_figures_for_a_job_without_a_record(node):
+    os.makedirs(os.path.join(node.state, "jobs"), mode=0o700, exist_ok=True)
+    path = "/user.slice/user-1002.slice/user@1002.service/slurmstepd.scope/job_12/x"
+    node.process(400, 1002, path, cgroup_owner=1002)
+    node.on_gpu(400, GPU0, 100, sm=90, mem_util=5, kind="compute")
+    sampler(node, Clock()).round()
+    assert UsageStore(node.state).read_job(12) is None
