@@ -22,10 +22,11 @@ class ProcSample:
     """One process on a device: memory in bytes, SM and memory-controller time in %
     (None where NVML gives none)."""
 
-    __slots__ = ("mem_bytes", "mem_util", "pid", "sm")
+    __slots__ = ("kind", "mem_bytes", "mem_util", "pid", "sm")
 
-    def __init__(self, pid: int, mem_bytes: Optional[int] = None) -> None:
+    def __init__(self, pid: int, mem_bytes: Optional[int] = None, kind: str = "") -> None:
         self.pid, self.mem_bytes = pid, mem_bytes
+        self.kind = kind  # "compute", "mps" (an MPS client), "" (seen only in utilisation)
         self.sm: Optional[float] = None
         self.mem_util: Optional[float] = None
 
@@ -41,6 +42,13 @@ class DeviceSample:
         self.procs: dict[int, ProcSample] = {}
         self.bw_util: Optional[float] = None
         self.util_measured = False  # per-process SM/memory-controller time was read
+
+    def counted(self) -> list[ProcSample]:
+        """The processes whose figures are their own: where MPS clients are listed, the
+        compute list holds their MPS server, whose figures are theirs (counted once)."""
+        if any(proc.kind == "mps" for proc in self.procs.values()):
+            return [proc for proc in self.procs.values() if proc.kind != "compute"]
+        return list(self.procs.values())
 
 
 class NvmlReader:
@@ -104,15 +112,15 @@ class NvmlReader:
 
     def _processes(self, sample: DeviceSample, handle: Any) -> None:
         # Under MPS the compute list holds the MPS server, the MPS list its clients.
-        for name in ("nvmlDeviceGetComputeRunningProcesses",
-                     "nvmlDeviceGetMPSComputeRunningProcesses_v3"):
+        for name, kind in (("nvmlDeviceGetComputeRunningProcesses", "compute"),
+                           ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "mps")):
             for proc in self._try(name, handle) or ():
                 if sample.gi_id is None and getattr(proc, "gpuInstanceId", 0xFFFFFFFF) \
                         not in (0xFFFFFFFF, None):
                     continue  # a MIG slice's process, counted on the slice
                 used = getattr(proc, "usedGpuMemory", None)
-                sample.procs[int(proc.pid)] = ProcSample(int(proc.pid),
-                                                         None if used is None else int(used))
+                sample.procs[int(proc.pid)] = ProcSample(
+                    int(proc.pid), None if used is None else int(used), kind)
 
     def _utilisation(self, sample: DeviceSample, handle: Any) -> None:
         if "nvmlDeviceGetProcessesUtilizationInfo" in self.unsupported:
@@ -150,6 +158,9 @@ class NvmlReader:
         return got
 
     def _bandwidth(self, devices: list[tuple[DeviceSample, Any, Any]]) -> None:
+        present = {sample.uuid for sample, _h, _p in devices}
+        for gone in set(self._gpm) - present:  # a MIG layout changed under the loop
+            self._try("nvmlGpmSampleFree", self._gpm.pop(gone))
         capable = []
         for sample, handle, parent in devices:
             support = self._try("nvmlGpmQueryDeviceSupport", parent or handle)

@@ -7,8 +7,8 @@ A job's figures sum its processes on each device (processes are charged by
 per-process utilisation (measured; not given on MIG devices), device memory from the
 process lists (measured), and its bandwidth share, the device's GPM DRAM bandwidth split by
 the processes' memory-controller time: measured where the job is alone on the device,
-estimated where it shares it. Under MPS the compute list holds only the MPS server, whose
-figures are its clients'; where a device lists MPS clients they stand alone.
+estimated where it shares it. Under MPS the compute list holds the MPS server, whose
+figures are its clients'; where a device lists MPS clients, only they count.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def bandwidth_shares(sample: DeviceSample, mem_util: dict[int, float],
         return None
     if alone:
         return {key: sample.bw_util for key in mem_util}
-    total = sum(p.mem_util or 0.0 for p in sample.procs.values())
+    total = sum(p.mem_util or 0.0 for p in sample.counted())
     if total <= 0 or not sample.util_measured:
         return None
     return {key: sample.bw_util * util / total for key, util in mem_util.items()}
@@ -132,7 +132,7 @@ class Sampler:
         tallies: dict[str, dict[int, _Tally]] = {}
         for sample in samples:
             per_job = tallies.setdefault(sample.uuid, {})
-            for proc in sample.procs.values():
+            for proc in sample.counted():
                 job_id = attributor.job_of(proc.pid, sample.uuid)
                 if job_id is None:
                     continue
@@ -162,7 +162,7 @@ class Sampler:
         for sample in samples:
             per_job = tallies.get(sample.uuid, {})
             alone = len(per_job) == 1 and \
-                len(sample.procs) == sum(t.procs for t in per_job.values())
+                len(sample.counted()) == sum(t.procs for t in per_job.values())
             split = bandwidth_shares(sample, {job: t.mem_util for job, t in per_job.items()},
                                      alone)
             if split is not None:

@@ -198,3 +198,16 @@ def test_a_user_cannot_plant_figures_for_a_job_without_a_record(node):
     node.on_gpu(400, GPU0, 100, sm=90, mem_util=5, kind="compute")
     sampler(node, Clock()).round()
     assert UsageStore(node.state).read_job(12) is None
+
+
+def test_the_mps_servers_own_listing_is_not_counted_beside_its_clients(node):
+    two_users(node)
+    # Each user's MPS server: in the compute list, with its clients' memory and time.
+    node.process(150, 1001, env={"CUDA_MPS_PIPE_DIRECTORY": PIPE1})
+    node.process(250, 1002, env={"CUDA_MPS_PIPE_DIRECTORY": PIPE2})
+    node.on_gpu(150, GPU0, 2048, sm=30, mem_util=60, kind="compute")
+    node.on_gpu(250, GPU0, 1024, sm=50, mem_util=20, kind="compute")
+    sampler(node, Clock()).round()
+    seven = UsageStore(node.state).read_job(7)
+    assert seven.processes == 1 and seven.now.mem_bytes == 2048 * MIB
+    assert seven.now.sm_pct == 30 and seven.now.bw_pct == pytest.approx(60.0)
