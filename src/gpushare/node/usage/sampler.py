@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 from gpushare.common import log
-from gpushare.node.state import JobStore
+from gpushare.node.state import JobStore, StateError
 from gpushare.node.usage import hog
 from gpushare.node.usage.attribution import Attributor, JobInfo
 from gpushare.node.usage.dcgm import mapping_files, write_mapping
@@ -51,7 +51,11 @@ def known_jobs(store: JobStore) -> dict[int, JobInfo]:
     """The jobs with a gpushare record on this node (shared or MPS over whole GPUs)."""
     jobs = {}
     for job_id in store.job_ids():
-        record = store.read(job_id)
+        try:
+            record = store.read(job_id)
+        except (StateError, KeyError, TypeError, ValueError) as err:  # one bad record
+            _log.warning("gpushare: usage: job %s: its record cannot be read: %s", job_id, err)
+            continue
         if record is None or record.mode == "error":
             continue
         share = record.share_percent if record.mode == "shared" else None

@@ -211,3 +211,12 @@ def test_the_mps_servers_own_listing_is_not_counted_beside_its_clients(node):
     seven = UsageStore(node.state).read_job(7)
     assert seven.processes == 1 and seven.now.mem_bytes == 2048 * MIB
     assert seven.now.sm_pct == 30 and seven.now.bw_pct == pytest.approx(60.0)
+
+
+def test_one_unreadable_record_does_not_stop_the_round(node, caplog):
+    two_users(node)
+    with open(os.path.join(node.state, "jobs", "9.json"), "w") as f:
+        f.write("{not json")
+    sampler(node, Clock()).round()
+    assert UsageStore(node.state).job_ids() == [7, 8]
+    assert any("job 9: its record cannot be read" in r.message for r in caplog.records)
