@@ -59,9 +59,8 @@ def _log_to(use_syslog: bool) -> None:
         from logging.handlers import SysLogHandler
 
         if os.path.exists("/dev/log"):
-            to_syslog = SysLogHandler("/dev/log", SysLogHandler.LOG_DAEMON)
-            to_syslog.ident = "gpushare: "
-            handlers.append(to_syslog)
+            # The lines start "gpushare: ", as the plugin's do in slurmd's log.
+            handlers.append(SysLogHandler("/dev/log", SysLogHandler.LOG_DAEMON))
     logger = logging.getLogger("gpushare.usage")
     logger.setLevel(logging.INFO)
     for handler in handlers:
