@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sample what each running job uses of this node's GPUs (SM, memory, bandwidth "
         "share), name bandwidth hogs, keep dcgm-exporter's job mapping files",
         description="Read NVML once (or every usage_interval= seconds with --loop): each "
-        "running job's SM %%, device memory and share of its GPU's or MIG slice's DRAM "
+        "running job's SM %, device memory and share of its GPU's or MIG slice's DRAM "
         "bandwidth, labelled measured, estimated or unavailable, written to "
         "<state_dir>/usage for gpushare job, gpushare mps and gpushare metrics. A shared "
         "device whose bandwidth stays above hog_bw_pct= for hog_seconds= names the job with "
