@@ -793,7 +793,7 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     from gpushare.admin.slurm_client import installed_release
     from gpushare.gpu.gresconf import parse_gres_conf
     from gpushare.gpu.inventory import collect, load_nvml
-    from gpushare.gpu.nvml_sim import profile_from_plan
+    from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
     if node_prefix:
         plan_path = renamed_plan(plan_path, node_prefix, root.rstrip("/") + ".plan.yaml")

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.status",
     "gpushare.cli.relayout",
     "gpushare.cli.tidal",
+    "gpushare.cli.usage",
 )
 
 

@@ -17,7 +17,8 @@ from gpushare.admin.relayout.controller import Settings, apply_decision
 from gpushare.admin.relayout.decide import Change, Decision
 from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
 from gpushare.gpu.inventory import collect
-from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
+from gpushare.gpu.nvml_sim import SimNvml, load_profile
+from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
 PLAN = mig_plan(["7x1g.10gb", "2x3g.40gb", "whole"], min_interval_s=600)
 
