@@ -131,6 +131,20 @@ def test_two_users_jobs_on_one_mps_gpu_get_their_own_figures_and_a_named_hog(usa
         os.path.join(bed.state_of("n1"), "jobs")) or all(
         not name.startswith((f"{one}.", f"{two}.")) for name in
         os.listdir(os.path.join(bed.state_of("n1"), "jobs"))), 60)
+    # Each job's epilog logged its GPU use at the end and took its figures away; the bed
+    # has no slurmdbd, so AdminComment (sacctmgr) is refused, and the log says why.
+    def logged() -> str:
+        with open(bed.path("log", "slurmd-n1.log")) as f:
+            text = f.read()
+        return text if all(f"job {job}: gpushare: GPU peak memory" in text
+                           for job in (one, two)) else ""
+    slurmd_log = str(wait_until("both jobs' GPU use logged by their epilogs", logged, 60))
+    assert f"job {one}: gpushare: GPU peak memory 2.0 GiB, mean SM 30 % (measured)" \
+        in slurmd_log
+    assert f"job {two}: gpushare: GPU peak memory 1.0 GiB, mean SM 50 % (measured)" \
+        in slurmd_log
+    assert f"job {one}: its GPU use is not in AdminComment (it needs slurmdbd)" in slurmd_log
+    assert read(bed, f"{one}.json") is None and read(bed, f"{two}.json") is None
     usage_round(bed)
     assert read(bed, f"{one}.json") is None and read(bed, f"{two}.json") is None
     assert not os.path.exists(os.path.join(bed.usage["mapping"], gpu))

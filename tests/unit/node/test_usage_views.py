@@ -99,22 +99,23 @@ def test_metrics_carry_running_jobs_only_and_drop_stale_ones():
     assert "gpushare_job_sm_percent" in empty and 'job="' not in empty
 
 
-def fake_scontrol(tmp_path, admin_comment: str, update_rc: int = 0) -> tuple[str, str]:
-    """A root-owned scontrol that logs its arguments (one per line) and shows a job with
-    ``admin_comment``."""
+def fake_slurm(tmp_path, admin_comment: str, update_rc: int = 0) -> tuple[str, str, str]:
+    """Root-owned scontrol and sacctmgr that log their arguments (one call a line) and
+    show a job with ``admin_comment``; sacctmgr exits ``update_rc``."""
     os.chmod(tmp_path, 0o755)
     log = tmp_path / "calls"
-    program = tmp_path / "scontrol"
     shown = f"JobId=41 JobName=x UserId=alice(1001) {admin_comment}Priority=1 Nice=0"
-    program.write_text(
-        "#!/bin/sh\n"
-        f'for a in "$@"; do printf "%s|" "$a" >> {log}; done; echo >> {log}\n'
-        'case "$1" in\n'
-        f"  show) echo {shlex.quote(shown)} ;;\n"
-        f"  update) exit {update_rc} ;;\n"
-        "esac\n")
-    os.chmod(program, 0o755)
-    return str(program), str(log)
+    programs = []
+    for name, body in (("scontrol", f"echo {shlex.quote(shown)}"),
+                       ("sacctmgr", f"echo 'sacctmgr: error: no slurmdbd'; exit {update_rc}")):
+        program = tmp_path / name
+        program.write_text(
+            "#!/bin/sh\n"
+            f'printf "{name}|" >> {log}; for a in "$@"; do printf "%s|" "$a" >> {log}; done\n'
+            f"echo >> {log}\n{body}\n")
+        os.chmod(program, 0o755)
+        programs.append(str(program))
+    return programs[0], programs[1], str(log)
 
 
 @needs_root
@@ -124,29 +125,33 @@ def fake_scontrol(tmp_path, admin_comment: str, update_rc: int = 0) -> tuple[str
 ])
 def test_the_epilog_appends_the_summary_to_admin_comment_and_removes_the_figures(
         tmp_path, before, after):
+    """slurmctld refuses updates of an ended job, so the line goes through sacctmgr (the
+    accounting database), after what the site wrote there."""
     state = tmp_path / "state"
     UsageStore(str(state)).write_job(usage())
-    program, log = fake_scontrol(tmp_path, before)
-    line = summary.record_end(str(state), 41, scontrol=program)
+    scontrol, sacctmgr, log = fake_slurm(tmp_path, before)
+    line = summary.record_end(str(state), 41, scontrol=scontrol, sacctmgr=sacctmgr)
     assert line == view.summary_line(usage())
     with open(log) as handle:
         calls = handle.read().splitlines()
-    assert calls == ["show|job|-o|41|",
-                     f"update|JobId=41|AdminComment={after.format(line=line)}|"]
+    assert calls == ["scontrol|show|job|-o|41|",
+                     "sacctmgr|-i|modify|job|where|jobid=41|set|"
+                     f"AdminComment={after.format(line=line)}|"]
     assert UsageStore(str(state)).read_job(41) is None
-    # Nothing sampled: nothing asked of slurmctld.
-    assert summary.record_end(str(state), 41, scontrol=program) is None
+    # Nothing sampled: nothing asked of Slurm.
+    assert summary.record_end(str(state), 41, scontrol=scontrol, sacctmgr=sacctmgr) is None
     with open(log) as handle:
         assert len(handle.read().splitlines()) == 2
 
 
 @needs_root
-def test_a_refused_update_is_logged_and_never_raises(tmp_path, caplog):
+def test_without_slurmdbd_the_line_is_logged_and_nothing_raises(tmp_path, caplog):
     state = tmp_path / "state"
     UsageStore(str(state)).write_job(usage())
-    program, _log = fake_scontrol(tmp_path, "", update_rc=1)
-    assert summary.record_end(str(state), 41, scontrol=program) is not None
-    assert "its GPU use is not in AdminComment: scontrol failed (exit 1)" in caplog.text
+    scontrol, sacctmgr, _log = fake_slurm(tmp_path, "", update_rc=1)
+    assert summary.record_end(str(state), 41, scontrol=scontrol, sacctmgr=sacctmgr)
+    assert ("its GPU use is not in AdminComment (it needs slurmdbd): sacctmgr failed (exit "
+            "1): sacctmgr: error: no slurmdbd") in caplog.text
     UsageStore(str(state)).write_job(usage())
     assert summary.record_end(str(state), 41, scontrol="/nonexistent/scontrol") is not None
 
