@@ -70,7 +70,7 @@ def usage_lines(views: list[DaemonView], usages: dict[int, Any], node_usage: Any
                 now: float) -> list[str]:
     """The clients' (jobs') GPU use per daemon as the node's sampler last saw it, and each
     device's bandwidth hog with what to do."""
-    from gpushare.node.usage.view import hog_lines, short
+    from gpushare.node.usage.view import compact, hog_lines, short
 
     rows = [["DAEMON", "JOB", "USER", "SHARE", "USE NOW", "PEAK MEMORY", "MEAN SM",
              "MEAN BW"]]
@@ -80,9 +80,9 @@ def usage_lines(views: list[DaemonView], usages: dict[int, Any], node_usage: Any
             if usage is None:
                 continue
             rows.append([view.key, str(job), view.user or "-", f"{share}%",
-                         short(usage, now), f"{usage.peak_mem_bytes / (1 << 30):.1f}GiB",
-                         "-" if usage.mean_sm_pct is None else f"{usage.mean_sm_pct:.0f}%",
-                         "-" if usage.mean_bw_pct is None else f"{usage.mean_bw_pct:.0f}%"])
+                         short(usage, now), compact(usage.peak_mem_bytes),
+                         *("-" if mean is None else compact(mean, True)
+                           for mean in (usage.mean_sm_pct, usage.mean_bw_pct))])
     lines = ["", "GPU use of the daemons' jobs:", *text_table(rows)] if len(rows) > 1 else []
     hogs = hog_lines(node_usage, now)
     if hogs:

@@ -12,7 +12,8 @@ from typing import Optional
 
 from gpushare.node.usage.store import DeviceUsage, JobUsage, NodeUsage
 
-__all__ = ["NOT_SAMPLED", "fresh", "hog_lines", "job_rows", "short", "summary_line"]
+__all__ = ["NOT_SAMPLED", "compact", "fresh", "hog_lines", "job_rows", "short",
+           "summary_line"]
 
 NOT_SAMPLED = ("not sampled: the node runs no usage sampler (systemctl enable --now "
                "gpushare-usage.service, docs/admin.md)")
@@ -67,13 +68,17 @@ def job_rows(usage: Optional[JobUsage], now: float) -> list[tuple[str, str]]:
     return rows
 
 
+def compact(value: Optional[float], percent: bool = False) -> str:
+    """A size (or, with ``percent``, a percentage) for a table cell, without spaces."""
+    return (_pct(value) if percent else _size(value)).replace(" ", "")
+
+
 def short(usage: Optional[JobUsage], now: float) -> str:
     """A table cell: ``SM 40% 2.1GiB bw 12%``, or ``-`` without a current sample."""
     if usage is None or not fresh(usage.updated, usage.interval, now):
         return "-"
-    return (f"SM {_pct(usage.now.sm_pct).replace(' ', '')} "
-            f"{_size(usage.now.mem_bytes).replace(' ', '')} "
-            f"bw {_pct(usage.now.bw_pct).replace(' ', '')}")
+    return (f"SM {compact(usage.now.sm_pct, True)} {compact(usage.now.mem_bytes)} "
+            f"bw {compact(usage.now.bw_pct, True)}")
 
 
 def summary_line(usage: JobUsage) -> str:
