@@ -146,8 +146,15 @@ def test_a_live_client_appears_on_its_device_while_it_lives(tmp_path, live):
 
 def test_a_live_entry_for_someone_elses_process_or_a_link_is_ignored(live):
     register(live, os.getpid(), owner=1001)  # uid 1001 naming root's process
-    os.symlink("/etc/hostname", live / "1.json")
-    assert live_processes(str(live)) == {}
+    # A link named for another live process of root's (not pid 1: in a pid namespace the
+    # test itself may be pid 1).
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        os.symlink("/etc/hostname", live / f"{other.pid}.json")
+        assert live_processes(str(live)) == {}
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_live_directory_others_could_rewrite_is_not_read(live):
