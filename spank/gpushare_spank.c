@@ -206,7 +206,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     char lock[PATH_MAX + 32], jobs[PATH_MAX];
     double started = gs_now();
-    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok, undrained = 0;
+    int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok, sampled, undrained = 0;
 
     if (gs_parse_args(ac, av) < 0)
         return -1;
@@ -218,8 +218,10 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         fd = gs_open_lock(lock, 0);
     if (fd >= 0 && gs_flock_until(fd, LOCK_EX, gs_now() + gs_wait_limit()) < 0)
         undrained = gs_prolog_stuck(sp) < 0; /* undone below all the same */
-    if (!gs_job_record_exists(sp) && !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") &&
-        !gs_job_options_used(sp)) {
+    /* A job the usage sampler saw goes to the worker, which logs its GPU use. */
+    sampled = gs_job_usage_exists(sp);
+    if (!sampled && !gs_job_record_exists(sp) &&
+        !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") && !gs_job_options_used(sp)) {
         if (fd >= 0) {
             /* Its prolog took the lock and was counted (a GPU job that shares nothing). */
             gs_finish("job_epilog", sp, lock);
@@ -230,7 +232,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         return undrained ? -1 : 0;
     }
     jobs_ok = gs_jobs_dir(jobs, sizeof(jobs)) == 0;
-    if (jobs_ok && gs_fast_leave(sp)) {
+    if (jobs_ok && !sampled && gs_fast_leave(sp)) {
         if (fd >= 0) {
             gs_finish("job_epilog", sp, lock);
             close(fd);

@@ -82,6 +82,7 @@ void gs_fail_tasks(spank_t sp, const char *text);
 int gs_run_worker(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end);
 int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size);
 int gs_job_record_exists(spank_t sp);
+int gs_job_usage_exists(spank_t sp);
 int gs_hold_epilog_barrier(int *fds, int max);
 void gs_finish(const char *callback, spank_t sp, const char *lock);
 int gs_in_place(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end);

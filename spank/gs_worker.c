@@ -56,6 +56,22 @@ int gs_job_record_exists(spank_t sp)
     return gs_job_file(sp, GS_RECORD_SUFFIX, path, sizeof(path)) == 0 && lstat(path, &st) == 0;
 }
 
+/* Whether the node's usage sampler left the job a usage file, <state_dir>/usage/<id>.json
+ * (gpushare.node.usage.store): the epilog's Python then logs the job's GPU use and removes
+ * it (gpushare.node.job_summary). */
+int gs_job_usage_exists(spank_t sp)
+{
+    char path[PATH_MAX + 32];
+    uint32_t job_id = 0;
+    struct stat st;
+
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+        snprintf(path, sizeof(path), "%s/" GS_USAGE_DIR "/%u.json", gs_state_dir, job_id) >=
+            (int)sizeof(path))
+        return 0;
+    return lstat(path, &st) == 0;
+}
+
 /*
  * The epilog barrier a prolog worker waits at (gpushare.node.job.wait_for_epilogs names the
  * same files): an epilog worker holds <state_dir>/epilogs.gpu<index>.lock shared for each

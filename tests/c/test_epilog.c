@@ -18,9 +18,10 @@
 static int lock_held;         /* the prolog's worker holds the job's lock past the wait */
 static int drain_fails;       /* scontrol cannot drain the node */
 static int record_exists;     /* the prolog wrote the job's record */
+static int usage_exists;      /* the usage sampler left the job a usage file */
 
 /* What the epilog did. */
-static int drains, detached, finished, in_place;
+static int drains, detached, finished, in_place, fast_leaves;
 static char drained_why[256], detached_lock[256], finished_lock[256];
 
 char gs_state_dir[PATH_MAX] = "/run/gpushare";
@@ -139,9 +140,16 @@ void gs_count_fast(const char *callback, double seconds)
     (void)seconds;
 }
 
+int gs_job_usage_exists(spank_t sp)
+{
+    (void)sp;
+    return usage_exists;
+}
+
 int gs_fast_leave(spank_t sp)
 {
     (void)sp;
+    fast_leaves++;
     return 0; /* the worker must run */
 }
 
@@ -210,7 +218,7 @@ static int epilog(int held, int drain_failing, int recorded, int shared)
     lock_held = held;
     drain_fails = drain_failing;
     record_exists = recorded;
-    drains = detached = finished = in_place = 0;
+    drains = detached = finished = in_place = fast_leaves = 0;
     drained_why[0] = detached_lock[0] = finished_lock[0] = '\0';
     if (shared)
         setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25", 1);
@@ -255,8 +263,28 @@ static void test_a_drain_that_cannot_be_made_is_left_to_slurm(void)
     CHECK_INT(finished, 1);
 }
 
+/* The usage sampler's file of the job sends its epilog to the worker, which logs the job's
+ * GPU use: also a job that shares nothing, and never by the fast leave. */
+static void test_a_sampled_job_goes_to_the_worker(void)
+{
+    usage_exists = 0;
+    CHECK_INT(epilog(0, 0, 0, 0), 0);
+    CHECK_INT(detached, 0); /* a GPU job that shares nothing: no interpreter */
+    CHECK_INT(epilog(0, 0, 1, 1), 0);
+    CHECK_INT(fast_leaves, 1);
+    usage_exists = 1;
+    CHECK_INT(epilog(0, 0, 0, 0), 0);
+    CHECK_INT(detached, 1);
+    CHECK_STR(detached_lock, "/run/gpushare/jobs/42.lock");
+    CHECK_INT(epilog(0, 0, 1, 1), 0);
+    CHECK_INT(fast_leaves, 0);
+    CHECK_INT(detached, 1);
+    usage_exists = 0;
+}
+
 int main(void)
 {
+    test_a_sampled_job_goes_to_the_worker();
     test_a_finished_prolog();
     test_a_stuck_prolog_worker_is_drained_for_and_its_job_undone();
     test_a_drain_that_cannot_be_made_is_left_to_slurm();

@@ -148,3 +148,47 @@ def test_two_users_jobs_on_one_mps_gpu_get_their_own_figures_and_a_named_hog(usa
     usage_round(bed)
     assert read(bed, f"{one}.json") is None and read(bed, f"{two}.json") is None
     assert not os.path.exists(os.path.join(bed.usage["mapping"], gpu))
+
+
+# A client of a whole GPU that shares nothing: Slurm names the GPU (SLURM_JOB_GPUS, its
+# index on the node); the test passes the node's UUIDs by index.
+WHOLE_CLIENT = """python3 -c '
+import json, os, sys
+uuid = sys.argv[2].split(",")[int(os.environ["SLURM_JOB_GPUS"].split(",")[0])]
+with open(os.path.join(sys.argv[1], "%d.json" % os.getpid()), "w") as f:
+    json.dump({{"uuid": uuid, "kind": "compute", "used_memory_mib": 3072, "sm_util": 80,
+               "mem_util": 40}}, f)
+os.execvp("sleep", ["sleep", "300"])
+' {live} {uuids}"""
+
+
+def test_a_whole_gpu_job_that_shares_nothing_gets_its_use_logged_at_its_end(usage_bed):
+    """Such a job has no gpushare record (its prolog and epilog skip Python), but once the
+    sampler kept figures for it (found through its Slurm cgroup), its epilog goes to the
+    worker, which logs its GPU use and removes the figures."""
+    bed = usage_bed
+    if not bed.use_cgroup():
+        pytest.skip("a job without a gpushare record is found through its cgroup")
+    with open(bed.usage["profile"]) as f:
+        gpus = sorted(json.load(f)["gpus"], key=lambda gpu: gpu["minor"])
+    uuids = ",".join(gpu["uuid"] for gpu in gpus)
+    job = bed.sbatch(WHOLE_CLIENT.format(live=bed.usage["live"], uuids=uuids),
+                     "--gres=gpu:1", "-w", "n1", "-c1", user=U1)
+    wait_until("the client registered", lambda: len(os.listdir(bed.usage["live"])) == 1, 120)
+    assert not os.path.exists(os.path.join(bed.state_of("n1"), "jobs", f"{job}.json"))
+    usage_round(bed)
+    figures = read(bed, f"{job}.json")
+    assert figures is not None and figures["user"] == U1 and figures["processes"] == 1
+    assert figures["now"]["mem_bytes"] == 3072 * MIB and figures["now"]["sm_pct"] == 80
+
+    bed.run(["scancel", str(job)])
+    bed.wait_job(job)
+
+    def logged() -> str:
+        with open(bed.path("log", "slurmd-n1.log")) as f:
+            text = f.read()
+        return text if f"job {job}: gpushare: GPU peak memory" in text else ""
+    slurmd_log = str(wait_until("the job's GPU use logged by its epilog", logged, 60))
+    assert f"job {job}: gpushare: GPU peak memory 3.0 GiB, mean SM 80 % (measured)" \
+        in slurmd_log
+    wait_until("its figures removed", lambda: read(bed, f"{job}.json") is None, 60)

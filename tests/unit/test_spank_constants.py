@@ -15,6 +15,7 @@ import pytest
 
 from gpushare.node import counters, faults, job, phases, state, ticket
 from gpushare.node.config import ARG_SPECS, PluginConfig
+from gpushare.node.usage.store import UsageStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -64,6 +65,8 @@ def test_the_names_c_builds_are_the_pythons(header):
         assert store.path(12, c_value(header[suffix])) == os.path.join(
             "/state", c_value(header["GS_JOBS_DIR"]), "12" + c_value(header[suffix]))
     assert store.path(12) == f"/state/jobs/12{c_value(header['GS_RECORD_SUFFIX'])}"
+    assert UsageStore("/state").directory == os.path.join("/state",
+                                                           c_value(header["GS_USAGE_DIR"]))
     assert os.path.join("/state", c_value(header["GS_DAEMONS_DIR"])) == PluginConfig(
         state_dir="/state").daemons_dir
     assert c_value(header["GS_TICKET_FORMAT"]) == ticket.FORMAT
