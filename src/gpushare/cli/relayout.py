@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
-from gpushare.cli import add_slurm_arguments, fail, plan_problems, text_table
+from gpushare.cli import add_slurm_arguments, fail, plan_problems, relayout_suggest, text_table
 
 EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
 DEFAULT_SLURMCTLD_RESTART = "systemctl restart slurmctld"
@@ -126,6 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    relayout_suggest.add_arguments(parser)
     add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
 
@@ -256,6 +257,8 @@ def _record(path: str, node: str, index: int, layout: str, decision: str) -> Non
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
         return _run_node(args)
+    if args.suggest:
+        return relayout_suggest.run(args)
     import time
 
     from gpushare.admin.plan import PlanError, load_plan
