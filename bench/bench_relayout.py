@@ -4,15 +4,12 @@ trace against layouts that follow the queue, chosen by the same code as `gpushar
 
 Run from the repository root:
     python3 bench/bench_relayout.py --trace bench/traces/shift.csv
+    python3 bench/bench_relayout.py --trace mine.csv --plan plan.yaml   # the plan's cluster
+    python3 bench/bench_relayout.py --corpus --sizes 4,8,16             # the corpus table
     python3 bench/bench_relayout.py --sacct sacct.txt --write-trace mine.csv   # convert
 
 The trace is CSV with a header: submit_s, run_s, gpu_flags, user (docs/performance.md).
-The model of Slurm: jobs start in submit order wherever their request fits (first fit on
-one node; a later job may pass one that does not fit); a node chosen for a change is
-drained, so no new job lands on it, and waits until its last job ends (a job that was
-scheduled in the `--drain-latency` before the drain took hold counts as landed during the
-change); then it is out of service for the change's steps and comes back with the new
-layout. No running job is ever stopped.
+The simulator and its model of Slurm are gpushare.admin.relayout.sim's.
 """
 
 from __future__ import annotations
@@ -223,6 +220,8 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster) -> str:
 
 
 CORPUS_HEADER = (
+    "Each cell: mean wait of MIG and MPS jobs / mean completion time, minutes, over the jobs "
+    "of the trace's second half that ran in all four.\n\n"
     "| trace | nodes | jobs | no relayout | relayout | best static (hindsight) | --suggest "
     "(first half) | relayout / no relayout | changes per GPU-hour | jobs disturbed |\n"
     "|---|---|---|---|---|---|---|---|---|---|")

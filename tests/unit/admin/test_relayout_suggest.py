@@ -150,3 +150,9 @@ def test_suggest_without_gpu_jobs_says_so(tmp_path, capsys):
     assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--history",
                  str(history)]) == 2
     assert "no GPU job ran" in capsys.readouterr().err
+
+
+def test_alloctres_serves_where_reqtres_was_not_asked_for():
+    history = parse_sacct("Submit|Start|End|AllocTRES\n2026-11-20T08:00:00|"
+                          "2026-11-20T08:00:00|2026-11-20T08:10:00|gres/gpu:3g.40gb=2,node=1\n")
+    assert [(j.kind, j.count, j.run) for j in history.jobs] == [("3g.40gb", 2, 600.0)]

@@ -91,7 +91,7 @@ def parse_sacct(text: str) -> History:
     End and ReqTRES (or AllocTRES); ValueError when the header lacks them."""
     lines = text.splitlines()
     header = lines[0].strip().split("|") if lines else []
-    tres_field = "ReqTRES" if "ReqTRES" in header else "AllocTRES"
+    tres_field = "AllocTRES" if "AllocTRES" in header and "ReqTRES" not in header else "ReqTRES"
     missing = [f for f in ("Submit", "Start", "End", tres_field) if f not in header]
     if missing:
         raise ValueError("the sacct output has no " + ", ".join(missing) + " column; run "
