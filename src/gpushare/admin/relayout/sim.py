@@ -193,7 +193,10 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
     nodes = [_Node([_Gpu(lay, dict(lay.offers())) for lay in node]) for node in layouts]
     the_menu = cluster.menu
-    share = cluster.share
+    kinds = {kind for item in the_menu.items for kind in item.layout.offers()}
+    kinds |= {kind for node in layouts for lay in node for kind in lay.offers()}
+    share_of = {kind: cluster.share(kind) for kind in kinds | {j.kind for j in jobs}}
+    share = share_of.__getitem__
     events: list[tuple[float, int, str, int]] = []  # (time, seq, what, id)
     seq = itertools.count()
     for job in jobs:
@@ -218,7 +221,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                 idle += len(node.gpus)
                 continue
             for gpu in node.gpus:
-                idle += sum(share(k) * n for k, n in gpu.free.items())
+                idle += sum(share_of[k] * n for k, n in gpu.free.items())
         return idle
 
     def try_start(job: Job) -> bool:
