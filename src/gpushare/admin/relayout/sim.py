@@ -20,11 +20,14 @@ import heapq
 import itertools
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
 from gpushare.admin.relayout.decide import GpuState, Request, decide
 from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, parse_layout
+
+if TYPE_CHECKING:
+    from gpushare.admin.plan import Plan
 
 __all__ = ["Cluster", "Job", "Result", "best_static", "cluster_from_plan", "default_cluster",
            "even_split", "score", "simulate", "spread"]
@@ -87,14 +90,11 @@ def default_cluster(nodes: int = 4, gpus_per_node: int = 8,
     return Cluster(model, _menu(model, menu), nodes, gpus_per_node)
 
 
-def cluster_from_plan(plan: object, group: Optional[str] = None,
+def cluster_from_plan(plan: Plan, group: Optional[str] = None,
                       nodes: Optional[int] = None) -> Cluster:
     """The plan's node group with a relayout menu (``group``: which one, when several):
     its GPU model, its menu, its node count (or ``nodes``) and its Slurm-only GPUs per
     node. ValueError says what is missing."""
-    from gpushare.admin.plan import Plan
-
-    assert isinstance(plan, Plan)
     with_menu = [g for g in plan.groups if g.relayout is not None]
     if group is not None:
         with_menu = [g for g in with_menu if g.name == group]
