@@ -15,11 +15,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpushare.admin.check import check_cluster, check_gres_all_nodes, check_node
 from gpushare.admin.plan import parse_plan
 from gpushare.admin.render import (
-    render_facts_json,
     render_gres_conf,
     render_topology,
     slurm_node_gres,
 )
+from gpushare.admin.render_facts import render_facts_json
 from gpushare.admin.slurm_client import SlurmNode
 from gpushare.gpu.gresconf import parse_gres_conf
 

@@ -18,10 +18,12 @@ BENCHMARKS = (
     ("MPS daemon lifecycle", "bench_mps.py", []),
     ("a systemd scope per MPS daemon (under a booted systemd)", "bench_scope.py", []),
     ("gpushare metrics on a node with 8 GPUs and 64 jobs", "bench_metrics.py", []),
+    ("gpushare usage: one sampling round, 8 GPUs and 50 jobs", "bench_usage.py", []),
     ("packing: 25 % shares vs whole GPUs", "bench_packing.py", []),
     ("submit hooks per request (Lua, Python)", "bench_submit_hooks.py", []),
     ("sbatch throughput with vs without the hook", "bench_sbatch.py", []),
     ("ownership plan at 10 000 nodes", "bench_plan.py", []),
+    ("tidal GPUs: lending by window and by demand vs the static split", "bench_tidal.py", []),
 )
 
 

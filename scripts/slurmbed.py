@@ -784,16 +784,16 @@ def plan_bed(root: str = "/tmp/gpushare-bed", port_base: int = 17100,
     from gpushare.admin.render import (
         WHOLE_GPU_FEATURE,
         for_installed_slurm,
-        render_facts,
         render_gres_conf,
         render_topology,
         slurm_node_gres,
         whole_gpu_nodes,
     )
+    from gpushare.admin.render_facts import render_facts
     from gpushare.admin.slurm_client import installed_release
     from gpushare.gpu.gresconf import parse_gres_conf
     from gpushare.gpu.inventory import collect, load_nvml
-    from gpushare.gpu.nvml_sim import profile_from_plan
+    from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
     if node_prefix:
         plan_path = renamed_plan(plan_path, node_prefix, root.rstrip("/") + ".plan.yaml")

@@ -82,7 +82,7 @@ def layouts_for(model: GpuModel) -> tuple[str, str]:
 
 
 def simulated_profile(directory: str) -> str:
-    from gpushare.gpu.nvml_sim import profile_from_plan
+    from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
     model = next(m for m in GPU_MODELS if m.name == "h200-141gb")
     plan = parse_plan(plan_text(model, 2, ["whole"]), os.path.join(directory, "plan.yaml"))

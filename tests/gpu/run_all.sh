@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 # Every real-GPU check in one run (as root, from the repository root, on a GPU machine).
 # Results go to $OUT when set (a lent device machine), else to tests/gpu/results/.
-# Neither check changes the GPU's settings (compute mode, MIG mode, clocks).
+# No check here changes the GPU's settings (compute mode, MIG mode, clocks).
 set -u
 out=${OUT:-tests/gpu/results}
 mkdir -p "$out"
@@ -19,4 +19,5 @@ nvidia-smi -q > "$out/nvidia-smi-$host.txt" 2>&1 || true
 rc=0
 PYTHONPATH=$pythonpath python3 tests/gpu/check_inventory.py "$out/inventory-$host.json" || rc=1
 PYTHONPATH=$pythonpath python3 tests/gpu/check_mps.py "$out/mps-$host.json" || rc=1
+PYTHONPATH=$pythonpath python3 tests/gpu/check_usage.py "$out/usage-$host.json" || rc=1
 exit $rc

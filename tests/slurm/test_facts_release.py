@@ -32,7 +32,7 @@ def other_release() -> str:
 def mismatched(request):
     """A bed whose hook reads facts rendered for the other release."""
     from gpushare.admin.plan import load_plan, with_slurm_version
-    from gpushare.admin.render import render_facts
+    from gpushare.admin.render_facts import render_facts
 
     if os.geteuid() != 0:
         pytest.skip("the local Slurm needs root")

@@ -146,7 +146,7 @@ def fresh(bed) -> Iterator[slurmbed.SlurmBed]:
         for name, text in saved.items():
             with open(bed.path(name), "w") as handle:
                 handle.write(text)
-        for name in ("etc/relayout-state.json",):
+        for name in ("etc/relayout-state.json", "etc/relayout-state.json.journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(bed.path(name))
         bed.run(["scontrol", "reconfigure"])
@@ -206,7 +206,7 @@ def sim_layout(bed, index: int) -> Any:
         gpu = json.load(handle)["gpus"][index]
     if not gpu.get("mig", {}).get("current"):
         return "whole"
-    return sorted(d["profile"] for d in gpu["mig_devices"])
+    return sorted(d["profile"] for d in gpu.get("mig_devices", []))
 
 
 def step_command(bed, before: str = "") -> str:
@@ -276,6 +276,8 @@ def test_the_layout_follows_the_queue(fresh):
     assert done.returncode == 0, (json.loads(done.stdout or "{}").get("nodes"), done.stderr,
                                   bed.logs()[-3000:])
     out = json.loads(done.stdout)
+    assert len(out["nodes"]) == 1, (out["why"], bed.run(["squeue", "-h", "-t", "PD", "-o",
+                                                         "%i|%b|%V|%P|%u|%a|%r"]).stdout)
     [node] = out["nodes"]
     assert node["node"] == NODE and node["failed"] is None, node
     assert sorted(node["applied"]) == [[2, "2x3g.40gb"], [3, "2x3g.40gb"]], node
@@ -411,3 +413,157 @@ def test_slurmctld_restarts_and_a_job_lands_while_the_node_changes(fresh):
     assert bed.wait_job(small)["JobState"] == "COMPLETED"
     for job in waiting:
         assert bed.wait_job(job)["JobState"] == "COMPLETED"
+
+
+def _reasons(bed) -> dict[int, str]:
+    listed = bed.run(["squeue", "-h", "-t", "PD", "-o", "%i|%r"]).stdout
+    return {int(job): reason for job, _sep, reason in
+            (line.partition("|") for line in listed.splitlines() if line)}
+
+
+def test_held_dependent_and_begin_jobs_do_not_move_the_layout(fresh):
+    """Jobs for 3g.40gb that cannot start whatever the layout (held, waiting for another job,
+    or for a --begin an hour away) leave rl1 as it is; released, the held one moves it."""
+    bed = fresh
+    args = ("--gres=gpu:3g.40gb:1", "--time=2")
+    held = [bed.sbatch("true", "--hold", *args) for _ in range(3)]
+    after = bed.sbatch("true", f"--dependency=afterok:{held[0]}", *args)
+    later = bed.sbatch("true", "--begin=now+3600", *args)
+    slurmbed.wait_until("Slurm gives each its reason", lambda: _reasons(bed).get(after) ==
+                        "Dependency" and _reasons(bed).get(later) == "BeginTime")
+    plan = bed.path("etc", "plan.yaml")
+    dry = gpushare("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
+                   "--json")
+    assert dry.returncode == 0, dry.stderr
+    out = json.loads(dry.stdout)
+    assert out["changes"] == [] and out["demand"] == {}, out
+    assert any("3 held" in why and "1 dependency" in why and "1 --begin in the future" in why
+               for why in out["why"]), out["why"]
+    done = relayout(bed)
+    assert done.returncode == 0 and json.loads(done.stdout)["nodes"] == [], done.stdout
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    # Released, they wait for resources: now they count.
+    bed.run(["scontrol", "release", ",".join(map(str, held))])
+    slurmbed.wait_until("the released jobs wait for resources", lambda: all(
+        _reasons(bed).get(job, "").split(",")[0] in ("Resources", "Priority", "ReqNodeNotAvail")
+        for job in held))
+    moved = gpushare("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
+                     "--json")
+    assert moved.returncode == 0, moved.stderr
+    out = json.loads(moved.stdout)
+    assert out["demand"] == {"3g.40gb": 3} and out["changes"], out
+
+
+DESTROY = """\
+import sys
+from gpushare.gpu.inventory import load_nvml
+nvml = load_nvml("sim:" + sys.argv[1])
+nvml.nvmlInit()
+handle = nvml.nvmlDeviceGetHandleByIndex(int(sys.argv[2]))
+for gi_id in range(15):
+    try:
+        gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+    except nvml.NVMLError:
+        continue
+    for ci_id in range(8):
+        try:
+            nvml.nvmlComputeInstanceDestroy(nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id))
+        except nvml.NVMLError:
+            continue
+    nvml.nvmlGpuInstanceDestroy(gi)
+"""
+
+
+def test_a_run_killed_after_the_destroy_is_finished_by_the_next(fresh):
+    """The controller dies (SIGKILL) once GPU 2's instances are destroyed and before any is
+    created: rl1 is left drained, GPU 2 empty. The next run settles it first (the journalled
+    layout, Gres=, the resume), then goes on; the waiting jobs run."""
+    bed = fresh
+    script = os.path.join(bed.out_dir, "destroy.py")
+    with open(script, "w") as handle:
+        handle.write(DESTROY)
+    profile = bed.path("nodes", f"{NODE}.json")
+    hook = (f"if [ {{gpu}} = 2 ]; then PYTHONPATH={shlex.quote(os.path.join(slurmbed.REPO, 'src'))}"
+            f" {shlex.quote(sys.executable)} {shlex.quote(script)} {shlex.quote(profile)} 2"
+            " && kill -9 $PPID; exit 9; fi; true")
+    waiting = queue_large(bed)
+    killed = relayout(bed, command=step_command(bed, before=hook), popen=True)
+    _out, err = killed.communicate(timeout=300)
+    assert killed.returncode == -9, err
+    bed.adopt_slurmctld()
+    assert sim_layout(bed, 2) == [], sim_layout(bed, 2)
+    assert "DRAIN" in bed.node_state(NODE)["State"]
+    assert os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+    done = relayout(bed)
+    assert done.returncode == 0, (done.stdout, done.stderr[:4000])
+    assert "an interrupted run" in done.stderr or '"recovered"' in done.stderr, done.stderr
+    assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+    # GPU 2 has its journalled layout; so has every GPU the state file records (which
+    # others the rounds chose depends on the release: 22.05 keeps one MIG profile per node).
+    with open(bed.path("etc", "relayout-state.json")) as handle:
+        record = json.load(handle)["gpus"][NODE]
+    applied = sorted([int(gpu), entry["layout"]] for gpu, entry in record.items())
+    assert [2, "2x3g.40gb"] in applied, applied
+    for gpu, _layout in applied:
+        assert sim_layout(bed, gpu) == ["3g.40gb", "3g.40gb"], (gpu, applied)
+    state = bed.node_state(NODE)
+    assert "DRAIN" not in state["State"] and "INVAL" not in state["State"], state
+    assert shows(bed, expected_gres(applied)), (gres_of(bed), applied)
+    for job in waiting:
+        info = bed.wait_job(job)
+        assert info["JobState"] == "COMPLETED" and info["NodeList"] == NODE, info
+
+
+def test_a_second_run_at_once_changes_nothing(fresh):
+    bed = fresh
+    from gpushare.admin.relayout.journal import run_lock
+
+    with run_lock(bed.path("etc", "relayout-state.json")):
+        queue_large(bed)
+        second = relayout(bed)
+    assert second.returncode == 2 and "another gpushare relayout --apply runs" in \
+        second.stderr, second.stderr
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    assert sim_layout(bed, 2) == ["1g.10gb"] * 7
+
+
+def test_an_included_nodename_line_is_refused_before_anything_is_drained(fresh):
+    bed = fresh
+    nodes = bed.path("etc", "nodes-rl1.conf")
+    with open(bed.conf) as handle:
+        lines = handle.readlines()
+    own = [line for line in lines if re.match(rf"NodeName={NODE}\b", line)]
+    assert own, lines
+    with open(nodes, "w") as handle:
+        handle.writelines(own)
+    with open(bed.conf, "w") as handle:
+        handle.writelines([line for line in lines if line not in own] + [f"Include {nodes}\n"])
+    queue_large(bed)
+    done = relayout(bed)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"nothing drained: no NodeName line names {NODE}" in done.stderr, done.stderr
+    assert f"it Includes {nodes}" in done.stderr, done.stderr
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+
+
+def test_a_symlinked_slurm_conf_is_written_through_and_stays_a_link(fresh):
+    bed = fresh
+    real_dir = bed.path("etc", "real")
+    os.makedirs(real_dir, mode=0o755, exist_ok=True)
+    real = os.path.join(real_dir, "slurm.conf")
+    os.replace(bed.conf, real)
+    os.symlink(real, bed.conf)
+    try:
+        waiting = queue_large(bed)
+        done = relayout(bed)
+        assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+        assert os.path.islink(bed.conf)
+        with open(real) as handle:
+            assert "3g.40gb" in handle.read()
+        for job in waiting:
+            assert bed.wait_job(job)["JobState"] == "COMPLETED"
+    finally:
+        os.unlink(bed.conf)
+        os.replace(real, bed.conf)  # the reset writes the saved text into a plain file

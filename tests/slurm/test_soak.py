@@ -931,18 +931,23 @@ def control_taken_before(soak: Soak, tracked: Tracked, output: str) -> bool:
     would make is in place already (its job still ran its script on its own daemon)."""
     return (tracked.spec.fate == "plant_control"
             and "mv: cannot stat 'control'" in output
-            and any(t.spec.fate == "plant_control" and t.spec.node == tracked.spec.node
-                    and t.spec.user == tracked.spec.user and t is not tracked
-                    and t.submitted < tracked.submitted for t in soak.tracked))
+            and same_users_plant_before(soak, tracked, ("plant_control",)))
 
 
 def own_space_full_before(soak: Soak, tracked: Tracked, output: str) -> bool:
-    """A plant that met its daemon's space full: the same user's earlier plants on the node
+    """A plant that met its daemon's space full: the same user's other plants on the node
     used it (each daemon's space is its user's own, ``mps_space``)."""
     return (tracked.spec.fate in SPACE_FILLERS and "SOAK-SPACE-FULL" in output
-            and any(t.spec.fate in SPACE_FILLERS and t.spec.node == tracked.spec.node
-                    and t.spec.user == tracked.spec.user and t is not tracked
-                    and t.submitted < tracked.submitted for t in soak.tracked))
+            and same_users_plant_before(soak, tracked, SPACE_FILLERS))
+
+
+def same_users_plant_before(soak: Soak, tracked: Tracked, fates: tuple[str, ...]) -> bool:
+    """Whether another job of ``tracked``'s user on its node, of one of ``fates``, was
+    submitted before ``tracked`` ended: jobs of one user on a node share its daemon and run
+    side by side, so one submitted later may still plant first."""
+    return any(t.spec.fate in fates and t.spec.node == tracked.spec.node
+               and t.spec.user == tracked.spec.user and t is not tracked
+               and t.submitted < (tracked.ended or time.monotonic()) for t in soak.tracked)
 
 
 def user_fault_allowed(soak: Soak, tracked: Tracked) -> bool:

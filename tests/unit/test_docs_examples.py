@@ -19,7 +19,8 @@ import pytest
 from gpushare.admin.mig_profiles import GPU_MODELS
 from gpushare.admin.plan import load_plan, parse_plan
 from gpushare.cli import main
-from gpushare.gpu.nvml_sim import SIM_MODELS, ProfileError, load_profile, profile_from_plan
+from gpushare.gpu.nvml_sim import ProfileError, load_profile
+from gpushare.gpu.nvml_sim_plan import SIM_MODELS, profile_from_plan
 from gpushare.node.config import parse_plugin_args
 
 REPO = Path(__file__).resolve().parents[2]

@@ -55,3 +55,22 @@ def test_check_relayout_dry_run_lays_two_layouts_and_back(tmp_path):
     assert "2x3g.71gb -> whole" in details["back"]["detail"]
     assert all(details[c]["seconds"] is not None for c in ("first layout", "second layout",
                                                            "back"))
+
+
+def test_check_usage_dry_run_compares_shared_estimates_with_solo_runs(tmp_path):
+    results = tmp_path / "usage.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
+    run = subprocess.run([sys.executable, os.path.join(REPO, "tests", "gpu", "check_usage.py"),
+                          str(results), "--dry-run", "--seconds", "2"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(results.read_text())
+    assert report["dry_run"] is True
+    verdicts = {r["check"]: r["ok"] for r in report["results"]}
+    assert set(verdicts) == {"calls", "clients seen", "solo bw bw", "solo bw sm",
+                             "solo memUtil bw", "solo memUtil sm", "shared split bw",
+                             "shared split sm"}, verdicts
+    assert all(verdicts.values()), verdicts
+    # The simulated H200's 72 % split 70:4 by memory-controller time against 68 % and 4 %.
+    assert report["shared_bw_estimate"] == pytest.approx(72 * 70 / 74)
+    assert report["solo_bw_bw"] == 68.0 and report["solo_sm_bw"] == 4.0

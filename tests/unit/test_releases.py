@@ -18,10 +18,10 @@ from gpushare.admin.plan import PlanError, load_plan, release_tuple, with_slurm_
 from gpushare.admin.render import (
     RenderError,
     for_installed_slurm,
-    render_facts,
     render_slurm_conf,
     render_topology,
 )
+from gpushare.admin.render_facts import render_facts
 from gpushare.admin.slurm_client import installed_release as host_release
 from gpushare.submit import hook as submit_hook
 from gpushare.submit.facts import FactsError, facts_from_dict, load_facts

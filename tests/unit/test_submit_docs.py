@@ -17,7 +17,7 @@ import shlex
 import pytest
 
 from gpushare.admin.plan import load_plan
-from gpushare.admin.render import render_facts
+from gpushare.admin.render_facts import render_facts
 from gpushare.cli import main
 from gpushare.submit.facts import facts_from_dict
 

@@ -13,7 +13,8 @@ Two sources, both read without taking a lock a prolog waits on:
 Every per-device series carries ``node``, ``gpu`` (NVML index of the GPU), ``uuid``,
 ``mig_profile`` ("" for a whole GPU) and ``owner`` (from the ownership plan; "unknown"
 without one). Label values are bounded: devices, users with daemons on the node, and the
-fixed reason sets of ``gpushare.node.counters``; never job ids.
+fixed reason sets of ``gpushare.node.counters``; never job ids here. The per-job GPU use
+(``gpushare.admin.metrics_usage``) is labelled by job, bounded by the jobs running now.
 """
 
 from __future__ import annotations

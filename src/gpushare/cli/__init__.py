@@ -27,6 +27,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpushare.cli.metrics",
     "gpushare.cli.status",
     "gpushare.cli.relayout",
+    "gpushare.cli.tidal",
+    "gpushare.cli.usage",
 )
 
 

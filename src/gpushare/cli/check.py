@@ -100,6 +100,8 @@ def _run(args: argparse.Namespace) -> int:
             check.ERROR, what, where, "fix or remove the relayout state file")], "state")
     release = check.check_release(plan, installed_release(args.sinfo, args.timeout),
                                   controller=args.cluster or args.all_nodes)
+    if args.cluster or args.all_nodes:
+        release += check.check_lending(plan)
     if args.cluster:
         try:
             client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)

@@ -2,8 +2,10 @@
 """``gpushare job``: inside a job, what gpushare set up for it and whether its MPS daemon answers.
 
 Runs as the job's user, so it reads only what the user can read: the task environment the
-plugin applied (the root-owned job record is not readable) and the job's own MPS pipe
-directory, through which it asks the daemon ``get_server_list`` with a time limit.
+plugin applied (the root-owned job record is not readable), the job's own MPS pipe
+directory, through which it asks the daemon ``get_server_list`` with a time limit, and the
+figures the node's usage sampler keeps for the job (readable by all). ``gpushare job ID``
+on the node shows only those figures, for any job there.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from gpushare.cli import nodeconf
 from gpushare.common import proc
@@ -140,7 +143,8 @@ def _probe_line(probe: DaemonProbe) -> str:
     return f"does not answer ({probe.status}): {probe.detail}"
 
 
-def format_view(view: JobView, probe: DaemonProbe) -> str:
+def format_view(view: JobView, probe: DaemonProbe,
+                usage_rows: Optional[list[tuple[str, str]]] = None) -> str:
     """A few lines a user reads to see what the job got."""
     if view.mps == "none" and view.share_percent is None:
         sharing = "none (whole GPUs, no MPS)" if view.node_gpus else "no GPU"
@@ -160,6 +164,7 @@ def format_view(view: JobView, probe: DaemonProbe) -> str:
         ("MPS pipe directory", view.pipe_dir or "none"),
         ("MPS log directory", view.log_dir or "none"),
         ("MPS daemon", _probe_line(probe)),
+        *(usage_rows or []),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
@@ -174,10 +179,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run inside a job (as its user): print what gpushare set up for it from "
         "the task environment (the node's GPUs, CUDA_VISIBLE_DEVICES, the share of the GPU's "
         "SMs, the pinned device memory limit, the MPS pipe and log directories) and whether "
-        "the job's MPS control daemon answers. Exit status: 0 fine, 1 not in a job or the "
-        "daemon does not answer.",
-        epilog="example: srun --gres=mps:25 gpushare job",
+        "the job's MPS control daemon answers, and the job's GPU use now, its peak and means as "
+        "the node's usage sampler saw them. With JOB_ID, only that job's GPU use. Exit "
+        "status: 0 fine, 1 not in a job, the daemon does not answer, or (with JOB_ID) "
+        "nothing sampled for the job.",
+        epilog="examples:\n  srun --gres=mps:25 gpushare job\n"
+        "  gpushare job 4242        # on the job's node: its GPU use now, peak and means",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("job_id", nargs="?", type=int, metavar="JOB_ID",
+                        help="on a node, show only this job's GPU use as the node's sampler "
+                        "saw it (any job of the node; no need to run inside it)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--mps-control", metavar="PATH",
                         help="the nvidia-cuda-mps-control program (default: the plugin's "
@@ -188,11 +200,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
+def _usage(args: argparse.Namespace, job_id: int) -> tuple[Any, list[tuple[str, str]]]:
+    """The job's figures from the node's sampler, and their rows; a problem is a row too."""
+    from gpushare.node.usage.store import UsageStore
+    from gpushare.node.usage.view import job_rows
+
+    try:
+        usage = UsageStore(nodeconf.load(args)[0].state_dir).read_job(job_id)
+    except (ConfigError, OSError, ValueError) as err:
+        return None, [("GPU use", f"unknown: {err}")]
+    return usage, job_rows(usage, time.time())
+
+
 def _run(args: argparse.Namespace) -> int:
     if not 0.1 <= args.timeout <= 600:
         print("gpushare: --timeout must be between 0.1 and 600 seconds", file=sys.stderr)
         return 2
     view = job_view(os.environ)
+    if args.job_id is not None and args.job_id != view.job_id:
+        usage, rows = _usage(args, args.job_id)
+        if args.json:
+            print(json.dumps({"job_id": args.job_id,
+                              "usage": usage.to_dict() if usage else None}, indent=2))
+        else:
+            rows = [("job", f"{args.job_id} on {nodeconf.this_node()}"), *rows]
+            width = max(len(name) for name, _ in rows)
+            print("\n".join(f"{name.ljust(width)}  {value}" for name, value in rows))
+        return 0 if usage is not None else 1
     if view.job_id is None:
         print(f"gpushare: {NOT_IN_JOB}", file=sys.stderr)
         return 1
@@ -205,8 +239,10 @@ def _run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     probe = probe_daemon(view, program, args.timeout)
+    usage, rows = _usage(args, view.job_id)
     if args.json:
-        print(json.dumps({"job": asdict(view), "daemon": asdict(probe)}, indent=2))
+        print(json.dumps({"job": asdict(view), "daemon": asdict(probe),
+                          "usage": usage.to_dict() if usage else None}, indent=2))
     else:
-        print(format_view(view, probe))
+        print(format_view(view, probe, rows))
     return 1 if probe.status not in ("answers", "not-asked") else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from gpushare.cli import fail, nodeconf
 from gpushare.node.config import ConfigError
@@ -49,6 +50,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
+def _usage(state_dir: str, node: str) -> list[Any]:
+    """The running jobs' GPU use from the node's usage sampler (none when it does not run;
+    an unreadable file is said on stderr, and the rest is still written)."""
+    import time
+
+    from gpushare.admin.metrics_usage import usage_families
+    from gpushare.node.usage.store import UsageStore
+
+    store = UsageStore(state_dir)
+    try:
+        return usage_families(store.read_all(), store.read_node(), node, time.time())
+    except (OSError, ValueError) as err:
+        print(f"gpushare metrics: the jobs' GPU use cannot be read: {err}", file=sys.stderr)
+        return []
+
+
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin import metrics
 
@@ -69,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     if config is not None:
         node = args.node or nodeconf.this_node()
         found, problem = metrics.collect(config, node, check_processes=os.geteuid() == 0)
-        families = found + families
+        families = found + _usage(config.state_dir, node) + families
         if problem:
             print(f"gpushare metrics: {problem}", file=sys.stderr)
     text = metrics.render(families)

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpushare.cli import fail, nodeconf, text_table
 from gpushare.node.config import ConfigError
@@ -66,9 +66,35 @@ def _age(started_at: Optional[float], now: float) -> str:
     return f"{minutes}m{seconds:02d}s"
 
 
+def usage_lines(views: list[DaemonView], usages: dict[int, Any], node_usage: Any,
+                now: float) -> list[str]:
+    """The clients' (jobs') GPU use per daemon as the node's sampler last saw it, and each
+    device's bandwidth hog with what to do."""
+    from gpushare.node.usage.view import compact, hog_lines, short
+
+    rows = [["DAEMON", "JOB", "USER", "SHARE", "USE NOW", "PEAK MEMORY", "MEAN SM",
+             "MEAN BW"]]
+    for view in views:
+        for job, share in view.jobs:
+            usage = usages.get(int(job)) if str(job).isdigit() else None
+            if usage is None:
+                continue
+            rows.append([view.key, str(job), view.user or "-", f"{share}%",
+                         short(usage, now), compact(usage.peak_mem_bytes),
+                         *("-" if mean is None else compact(mean, True)
+                           for mean in (usage.mean_sm_pct, usage.mean_bw_pct))])
+    lines = ["", "GPU use of the daemons' jobs:", *text_table(rows)] if len(rows) > 1 else []
+    hogs = hog_lines(node_usage, now)
+    if hogs:
+        lines += ["", "bandwidth hogs:", *hogs]
+    return lines
+
+
 def format_views(views: list[DaemonView], state_dir: str, source: str,
-                 now: Optional[float] = None) -> str:
-    """The daemons as a table, then each problem under the daemon it concerns."""
+                 now: Optional[float] = None, usages: Optional[dict[int, Any]] = None,
+                 node_usage: Any = None) -> str:
+    """The daemons as a table, then each problem under the daemon it concerns, then the
+    jobs' GPU use and the bandwidth hogs (when the node's sampler runs)."""
     now = time.time() if now is None else now
     head = f"MPS daemons in {os.path.join(state_dir, 'daemons')} (settings: {source}): {len(views)}"
     if not views:
@@ -88,7 +114,21 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
     lines = [head, "", *text_table(rows)]
     for view in views:
         lines += [f"{view.key}: {problem}" for problem in view.problems]
+    lines += usage_lines(views, usages or {}, node_usage, now)
     return "\n".join(lines)
+
+
+def _usage(state_dir: str) -> tuple[dict[int, Any], Any]:
+    """The jobs' and the node's figures from the usage sampler; none when it does not run
+    (or its files cannot be read: the table says nothing rather than fail)."""
+    from gpushare.node.usage.store import UsageStore
+
+    store = UsageStore(state_dir)
+    try:
+        return store.read_all(), store.read_node()
+    except (OSError, ValueError) as err:
+        print(f"gpushare mps: the jobs' GPU use cannot be read: {err}", file=sys.stderr)
+        return {}, None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -126,18 +166,23 @@ def _run(args: argparse.Namespace) -> int:
         return fail("mps", f"cannot read the plugin's state in {config.state_dir} ({err.filename}: "
                      "permission denied): it is root's; run gpushare mps as root")
     status = exit_status(views)
+    usages, node_usage = _usage(config.state_dir)
     if args.json:
         print(json.dumps({"state_dir": config.state_dir, "settings": source, "node": node,
                           "status": status, "reaped": reaped,
                           "lost_jobs_forgotten": sorted(forgotten),
-                          "daemons": [view.to_dict() for view in views]}, indent=2))
+                          "daemons": [view.to_dict() for view in views],
+                          "usage": {str(job): usage.to_dict() for job, usage in usages.items()},
+                          "hogs": [d.to_dict() for d in (node_usage.devices if node_usage
+                                                         else []) if d.hog]}, indent=2))
         return status
     if forgotten:
         print(f"forgot {len(forgotten)} job(s) slurmctld no longer runs on {node} (their "
               f"epilog was lost): {', '.join(map(str, sorted(forgotten)))}")
     if reaped:
         print(f"stopped {len(reaped)} daemon(s) left without jobs: {', '.join(reaped)}")
-    print(format_views(views, config.state_dir, source))
+    print(format_views(views, config.state_dir, source, usages=usages,
+                       node_usage=node_usage))
     if not is_root and views:
         print("note: not root, so whether each daemon runs is unknown (only root may read "
               "other users' /proc/<pid>/environ)", file=sys.stderr)

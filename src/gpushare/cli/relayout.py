@@ -15,7 +15,6 @@ from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
 from gpushare.cli import add_slurm_arguments, fail, plan_problems, relayout_suggest, text_table
 
 EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
-DEFAULT_SLURMCTLD_RESTART = "systemctl restart slurmctld"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "slurmctld shows the new GRES. A step that fails and lays the old layout back "
         "resumes the node unchanged; a step whose result is unknown, or a Slurm step that "
         "fails, leaves the node drained with the cause as its reason. render, check and "
-        "status read the same state file.\n\n"
+        "status read the same state file. One run at a time (a lock beside the state file); "
+        "slurm.conf is checked writable for every node (no Include'd NodeName line, no "
+        "configless copy, a symlink only to root's file) before anything is drained; a "
+        "journal beside the state file records each step first, and the next run finishes "
+        "or rolls back a run that was killed; nodes change --parallel at once.\n\n"
         "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
         "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
         "its group's menu and that no process uses the GPU, then (with --apply) destroys its "
@@ -112,6 +115,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ctl.add_argument("--drain-timeout", type=float, metavar="SECONDS",
                      help="how long to wait for a drained node's jobs to end; past it the "
                      "node is resumed unchanged (default: --max-drain)")
+    ctl.add_argument("--parallel", type=int, default=4, metavar="N",
+                     help="change at most N drained nodes at once (default 4); each node's "
+                     "failure is its own")
     ctl.add_argument("--settle-timeout", type=float, default=120.0, metavar="SECONDS",
                      help="how long slurmctld may take to show the new GRES (default 120)")
     parser.add_argument("--max-changes", type=int, default=4, metavar="N",
@@ -259,21 +265,7 @@ def _run(args: argparse.Namespace) -> int:
         return _run_node(args)
     if args.suggest:
         return relayout_suggest.run(args)
-    import time
-
     from gpushare.admin.plan import PlanError, load_plan
-    from gpushare.admin.plan.model import with_slurm_version
-    from gpushare.admin.relayout.decide import decide
-    from gpushare.admin.relayout.demand import pending, running_ends, supply
-    from gpushare.admin.relayout.menu import one_profile_per_node
-    from gpushare.admin.relayout.state import (
-        AppliedState,
-        StateError,
-        last_changes,
-        layouts_of,
-        load_state,
-    )
-    from gpushare.admin.slurm_client import SlurmClientError, installed_release, open_client
 
     if not 0 <= args.max_changes <= 1000:
         return fail("relayout", "--max-changes must be between 0 and 1000")
@@ -288,6 +280,31 @@ def _run(args: argparse.Namespace) -> int:
         return fail("relayout", f"no node group of {args.plan} has a relayout menu; see "
                     "docs/admin.md, MIG layouts that follow the queue")
     state_path = _state_path(args)
+    if args.apply:
+        if not state_path:
+            return fail("relayout", "--apply records what it changes: give --state FILE")
+        from gpushare.cli.relayout_apply import locked_round
+
+        return locked_round(args, plan, menus, state_path, _round)
+    return _round(args, plan, menus, state_path)
+
+
+def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> int:
+    import time
+
+    from gpushare.admin.plan.model import with_slurm_version
+    from gpushare.admin.relayout.decide import decide
+    from gpushare.admin.relayout.demand import partitions, pending, running_ends, supply
+    from gpushare.admin.relayout.menu import one_profile_per_node
+    from gpushare.admin.relayout.state import (
+        AppliedState,
+        StateError,
+        last_changes,
+        layouts_of,
+        load_state,
+    )
+    from gpushare.admin.slurm_client import SlurmClientError, installed_release, open_client
+
     try:
         state = load_state(state_path) if state_path else AppliedState("")
         layouts = layouts_of(plan, state)
@@ -298,19 +315,24 @@ def _run(args: argparse.Namespace) -> int:
         gpus = supply(plan, client.nodes(), layouts=layouts,
                       last_change_s=last_changes(state, time.time()),
                       ends=running_ends(args.squeue, args.timeout))
-        requests = pending(args.squeue, args.timeout)
+        queue = pending(args.squeue, args.timeout,
+                        nodes_of=partitions(args.sinfo, args.timeout))
     except SlurmClientError as err:
         return fail("relayout", str(err))
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
     plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
-    decision = decide(requests, gpus, menus, args.max_changes, args.hysteresis,
+    decision = decide(queue.requests, gpus, menus, args.max_changes, args.hysteresis,
                       max_drain_s=args.max_drain,
                       one_profile_per_node=one_profile_per_node(version))
+    if queue.skipped:
+        decision.why.append("not counted (they could not start on any layout): " + ", ".join(
+            f"{n} {why}" for why, n in sorted(queue.skipped.items())))
     if args.apply:
-        if not state_path:
-            return fail("relayout", "--apply records what it changes: give --state FILE")
-        return _apply(args, plan, decision, state_path, version)
+        from gpushare.cli.relayout_apply import apply
+
+        return apply(args, plan, decision, state_path, version, format_decision(decision),
+                     _decision_json(decision))
     if args.json:
         print(json.dumps(_decision_json(decision), indent=2))
         return 0
@@ -324,80 +346,3 @@ def _decision_json(decision: Any) -> dict[str, Any]:
                          "gain": round(c.gain, 3), "node_busy": c.node_busy}
                         for c in decision.changes],
             "drain": decision.drain, "why": decision.why}
-
-
-def _apply(args: argparse.Namespace, plan: Any, decision: Any, state_path: str,
-           version: str) -> int:
-    """Carry the decision out; 0 when every node is back in service (changed or laid back
-    unchanged), 1 when a node was left as it was, 2 when one is left drained."""
-    import datetime
-    import os
-
-    from gpushare.admin.plan.model import release_tuple
-    from gpushare.admin.relayout.controller import (
-        Scontrol,
-        Settings,
-        apply_decision,
-        command_argv,
-    )
-    from gpushare.admin.relayout.menu import one_profile_per_node
-    from gpushare.admin.slurm_client import SlurmClientError
-
-    slurmctld_restart = args.slurmctld_restart
-    if slurmctld_restart is None:
-        slurmctld_restart = DEFAULT_SLURMCTLD_RESTART if release_tuple(version) < (23, 11) else ""
-    elif slurmctld_restart == "none":
-        slurmctld_restart = ""
-    for option, value in (("--drain-timeout", args.drain_timeout),
-                          ("--settle-timeout", args.settle_timeout)):
-        if value is not None and not 1 <= value <= 86400:
-            return fail("relayout", f"{option} must be between 1 and 86400 seconds")
-    if not 1 <= args.step_timeout <= 3600:
-        return fail("relayout", "--step-timeout must be between 1 and 3600 seconds")
-    for option, template in (("--node-command", args.node_command),
-                             ("--slurmd-restart", args.slurmd_restart),
-                             ("--slurmctld-restart", slurmctld_restart)):
-        try:
-            if template or option == "--node-command":
-                command_argv(template)
-        except ValueError as err:
-            return fail("relayout", f"{option}: {err}")
-    slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    if args.cluster_gres_conf and not args.cluster_gres_conf.startswith("/"):
-        return fail("relayout", "--cluster-gres-conf must be an absolute path")
-    settings = Settings(node_command=args.node_command, slurmd_restart=args.slurmd_restart,
-                        slurm_conf=slurm_conf, state_path=state_path,
-                        cluster_gres_conf=args.cluster_gres_conf,
-                        slurmctld_restart=slurmctld_restart,
-                        one_profile_per_node=one_profile_per_node(version),
-                        drain_timeout_s=args.drain_timeout or args.max_drain,
-                        step_timeout_s=args.step_timeout,
-                        settle_timeout_s=args.settle_timeout)
-    decision_id = "r" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    if not args.json:
-        print(format_decision(decision))
-    try:
-        slurm = Scontrol(args.scontrol, args.timeout)
-    except SlurmClientError as err:
-        return fail("relayout", str(err))
-    outcomes = apply_decision(plan, decision, decision_id, slurm, settings)
-    status = 0
-    for outcome in outcomes:
-        status = max(status, 2 if outcome.failed else 1 if outcome.skipped else 0)
-        if args.json:
-            continue
-        for line in outcome.log:
-            print(line)
-        if outcome.failed:
-            print(f"{outcome.node}: LEFT DRAINED: {outcome.failed}")
-        elif outcome.skipped:
-            print(f"{outcome.node}: unchanged: {outcome.skipped}")
-    if args.json:
-        payload = _decision_json(decision)
-        payload["decision_id"] = decision_id
-        payload["nodes"] = [{"node": o.node, "applied": [[c.index, c.new] for c in o.applied],
-                             "restored": [[c.index, why] for c, why in o.restored],
-                             "failed": o.failed, "skipped": o.skipped, "log": o.log}
-                            for o in outcomes]
-        print(json.dumps(payload, indent=2))
-    return status

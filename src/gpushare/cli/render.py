@@ -96,7 +96,9 @@ def _run(args: argparse.Namespace) -> int:
         elif args.target == "slurm-conf":
             text = render.render_slurm_conf(plan)
         else:
-            text = render.render_facts_json(plan, inventories)
+            from gpushare.admin.render_facts import render_facts_json
+
+            text = render_facts_json(plan, inventories)
     except PlanError as err:
         return fail("render", plan_problems(err))
     except (render.RenderError, TopologyError, InventoryError, StateError) as err:

@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
-    from gpushare.gpu.nvml_sim import ProfileError, profile_from_plan
+    from gpushare.gpu.nvml_sim import ProfileError
+    from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
     if args.output and not args.node:
         return fail("simulate", "--output goes with --node (--output-dir writes every node)")

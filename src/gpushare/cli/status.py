@@ -36,8 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "view so far)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--demand", action="store_true",
-                        help="also ask squeue what the pending jobs wait for, and show it beside "
-                        "what is free per type (MIG profile, whole GPUs, MPS units)")
+                        help="also ask squeue what the jobs pending for resources wait "
+                        "for, and show it beside what is free per type (MIG profile, whole GPUs, "
+                        "MPS units)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="with --demand: absolute path of squeue (default /usr/bin/squeue)")
     add_slurm_arguments(parser)
@@ -122,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         from gpushare.admin.relayout.demand import pending
 
         try:
-            for request in pending(args.squeue, args.timeout):
+            for request in pending(args.squeue, args.timeout).requests:
                 waiting[request.kind] = waiting.get(request.kind, 0) + request.count
         except SlurmClientError as err:
             return fail("status", str(err))

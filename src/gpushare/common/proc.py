@@ -32,9 +32,12 @@ if TYPE_CHECKING:
     from typing import Callable
 
 __all__ = ["CommandFailed", "CommandNotFound", "CommandTimeout", "Isolation", "ProcError",
-           "Result", "run", "wait_for_exit"]
+           "Result", "run", "signal_checked", "wait_for_exit"]
 
 _OUTPUT_LIMIT = 64 * 1024
+# How long a command killed at its timeout is waited for: a process stuck in the kernel (a
+# hung driver call, a frozen cgroup) outlives SIGKILL, and the caller's deadline must hold.
+KILLED_WAIT = 2.0
 
 
 class ProcError(RuntimeError):
@@ -216,6 +219,31 @@ def _read_back(fd: int, limit: Optional[int]) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+def signal_checked(pid: int, sig: int, check: "Callable[[int], bool]") -> bool:
+    """Send ``sig`` to ``pid`` only when ``check(pid)`` holds, through a pidfd taken before
+    the check: the process checked is the process signalled, even if it exits and its pid
+    is reused in between. Without pidfds (kernels before 5.3) the check is made again right
+    before ``kill``. Whether the check held (the signal may still find the process gone)."""
+    try:
+        pidfd: Optional[int] = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        if not check(pid):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            elif check(pid):
+                os.kill(pid, sig)
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def wait_for_exit(pid: int, timeout: float) -> Optional[bool]:
     """Sleep until process ``pid`` exits (True) or ``timeout`` s pass (False), through a
     pidfd; None where the kernel has no pidfds (the caller then polls)."""
@@ -321,9 +349,14 @@ def run(
             returncode = _wait(proc, max(0.0, timeout))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            proc.wait()
+            stuck = ""
+            try:
+                _wait(proc, KILLED_WAIT)
+            except subprocess.TimeoutExpired:  # left for subprocess to reap once it dies
+                stuck = (f"; it had not exited {KILLED_WAIT:g} s after SIGKILL (stuck in "
+                         "the kernel?)")
             raise CommandTimeout(
-                f"{' '.join(argv)}: no answer within {timeout:g} s, killed"
+                f"{' '.join(argv)}: no answer within {timeout:g} s, killed{stuck}"
             ) from None
         # A daemonising child may leave its group behind; nothing of it is ours to wait for.
         result = Result(tuple(argv), returncode, _read_back(stdout, output_limit),

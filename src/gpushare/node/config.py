@@ -138,6 +138,19 @@ def mps_space_limits(value: str) -> "Optional[tuple[int, int]]":
     return parse_size(size), int(inodes)
 
 
+def _number_between(low: float, high: float, what: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        try:
+            number = float(value)
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise ValueError(what)
+        return value
+
+    return check
+
+
 def _reuse(value: str) -> str:
     if not value.isdigit() or int(value) > 300:
         raise ValueError("a whole number of seconds from 0 to 300")
@@ -205,11 +218,27 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "also print one gpushare: line into the first task's stderr saying what the job "
             "got (it changes the job's own output; `gpushare job` and slurmd's log tell it "
             "without)"),
+    ArgSpec("usage_interval", "10", _number_between(1, 3600, "seconds between 1 and 3600"),
+            "seconds between 1 and 3600",
+            "how often `gpushare usage --loop` samples what each job uses of its GPUs"),
+    ArgSpec("hog_bw_pct", "80", _number_between(1, 100, "a percentage between 1 and 100"),
+            "a percentage between 1 and 100",
+            "DRAM bandwidth use (GPM, % of peak) of a shared GPU or MIG slice above which "
+            "the job with the largest share is named as its bandwidth hog"),
+    ArgSpec("hog_seconds", "60", _number_between(0, 86400, "seconds between 0 and 86400"),
+            "seconds between 0 and 86400",
+            "how long the bandwidth use must stay above hog_bw_pct before a hog is named"),
+    ArgSpec("dcgm_mapping_dir", "", _optional_abs_path, "an absolute directory or none",
+            "keep dcgm-exporter's --hpc-job-mapping-dir files here: one per GPU (and MIG "
+            "GPU instance) listing the jobs that run there, shared jobs included"),
+    ArgSpec("dcgm_mapping_names", "index", _choice("index", "uuid"), "index or uuid",
+            "name the mapping files by NVML index (0, 0-<GI id>) or by device UUID "
+            "(nodes whose gres.conf has Flags=env_uuid)"),
 )
 
 _SPECS_BY_KEY = {spec.key: spec for spec in ARG_SPECS}
 _PATH_KEYS = ("pythonpath", "state_dir", "mps_control", "inventory", "plan", "debug_log",
-              "imex_channels", "mps_cgroup")
+              "imex_channels", "mps_cgroup", "dcgm_mapping_dir")
 
 
 class PluginConfig(NamedTuple):
@@ -233,6 +262,11 @@ class PluginConfig(NamedTuple):
     imex_channels: str = ""
     verify_reuse: float = 60.0
     show: bool = False
+    usage_interval: float = 10.0
+    hog_bw_pct: float = 80.0
+    hog_seconds: float = 60.0
+    dcgm_mapping_dir: str = ""
+    dcgm_mapping_names: str = "index"
     args: tuple[str, ...] = ()  # the line's arguments as given: join tickets compare them
 
     def for_node(self, node: str) -> "PluginConfig":
@@ -306,6 +340,11 @@ def parse_plugin_args(args: Iterable[str]) -> PluginConfig:
         imex_channels=values["imex_channels"],
         verify_reuse=float(values["verify_reuse"]),
         show=values["show"] == "yes",
+        usage_interval=float(values["usage_interval"]),
+        hog_bw_pct=float(values["hog_bw_pct"]),
+        hog_seconds=float(values["hog_seconds"]),
+        dcgm_mapping_dir=values["dcgm_mapping_dir"],
+        dcgm_mapping_names=values["dcgm_mapping_names"],
         args=tuple(args),
     )
 

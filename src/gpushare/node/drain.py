@@ -13,7 +13,8 @@ from typing import Optional
 from gpushare.common import proc, safefs
 from gpushare.node.phases import time_left
 
-__all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason", "requeue_job"]
+__all__ = ["DRAIN_REASON_MAX", "SCONTROL", "drain_node", "fit_reason", "requeue_job",
+           "run_scontrol"]
 
 # What `sinfo -R` shows without cutting: the cause must come first and fit.
 DRAIN_REASON_MAX = 100
@@ -40,7 +41,7 @@ def fit_reason(text: str, more: str = "") -> str:
 def drain_node(node: str, reason: str, scontrol: str = SCONTROL,
                timeout: float = 10.0) -> Optional[str]:
     """Drain ``node``; None on success, else why it failed (never raises)."""
-    done = _scontrol(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+    done = run_scontrol(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
                      scontrol, timeout)
     return done if isinstance(done, str) else None
 
@@ -60,18 +61,18 @@ def requeue_job(job_id: int, scontrol: str = SCONTROL,
 
     Returns what was done (``"held"``, ``"requeued"`` or ``""``) and, when nothing was,
     why (slurmctld's answer). Never raises."""
-    config = _scontrol(["show", "config"], scontrol, timeout)
+    config = run_scontrol(["show", "config"], scontrol, timeout)
     if isinstance(config, str):
         return "", config
     held = not re.search(r"^SchedulerParameters\s*=.*\bnohold_on_prolog_fail\b",
                          config.output, re.MULTILINE)
-    done = _scontrol(["requeuehold" if held else "requeue", str(job_id)], scontrol, timeout)
+    done = run_scontrol(["requeuehold" if held else "requeue", str(job_id)], scontrol, timeout)
     if isinstance(done, str):
         return "", done
     return ("held" if held else "requeued"), None
 
 
-def _scontrol(args: list[str], scontrol: str, timeout: float) -> "proc.Result | str":
+def run_scontrol(args: list[str], scontrol: str, timeout: float) -> "proc.Result | str":
     """Run ``scontrol args``: its result, or why it failed (never raises). Within
     ``timeout`` or the time left of this process's deadline, whichever ends first: the
     fault path that drains and requeues is itself bounded by the C glue."""

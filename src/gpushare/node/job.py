@@ -426,8 +426,24 @@ def epilog(config: PluginConfig, job_id: int, phases: Optional[Phases] = None) -
     phases.done("mps")
     removed = store.remove(job_id)
     phases.done("remove")
+    _record_usage(config, job_id)
+    phases.done("usage")
     log.debug("record %s, daemons stopped: %s",
               "removed" if removed else "absent", ", ".join(stopped) or "none")
+
+
+def _record_usage(config: PluginConfig, job_id: int) -> None:
+    """The job's GPU use into its AdminComment and slurmd's log, when the node's sampler
+    kept figures for it (only then is anything imported or asked); never fails the
+    epilog."""
+    if not os.path.exists(os.path.join(config.state_dir, "usage", f"{job_id}.json")):
+        return
+    try:
+        from gpushare.node.usage.summary import record_end
+
+        record_end(config.state_dir, job_id)
+    except Exception as err:  # the job's end is recorded without it
+        log.warning("job %d: its GPU use is not recorded: %s", job_id, err)
 
 
 def _remove_after_failure(store: JobStore, job_id: int) -> None:

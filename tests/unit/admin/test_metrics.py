@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from spank_fakes import FakeFfi, FakeHost
 
 from gpushare.admin import metrics
+from gpushare.admin.metrics_usage import usage_families
 from gpushare.cli import main as cli_main
 from gpushare.common import log as gslog
 from gpushare.node import counters, job, spank_adapter
@@ -471,6 +472,7 @@ def test_dashboard_names_only_metrics_that_exist(busy_node):
         dashboard = json.load(handle)
     assert dashboard["title"] and dashboard["panels"]
     names = exposed_names(metrics.collect(busy_node, "n1", check_processes=False)[0])
+    names |= exposed_names(usage_families({}, None, "n1", 0.0))  # gpushare metrics adds them
     expressions = _expressions(dashboard)
     assert len(expressions) >= 8, expressions
     used = set()
@@ -485,7 +487,8 @@ def test_dashboard_names_only_metrics_that_exist(busy_node):
         assert not others, f"{expr!r} names metrics gpushare does not expose: {others}"
         used |= mentioned
     for wanted in ("gpushare_gpu_share_ratio", "gpushare_refusals_total",
-                   "gpushare_drains_total", "gpushare_prolog_duration_seconds_bucket"):
+                   "gpushare_drains_total", "gpushare_prolog_duration_seconds_bucket",
+                   "gpushare_job_sm_percent", "gpushare_job_dram_bw_share_percent"):
         assert wanted in used, wanted
     assert any(name.startswith("gpushare_mps_daemon") for name in used)
 

@@ -155,13 +155,18 @@ def test_pending_requests_read_the_same_from_both_releases():
     from gpushare.admin.relayout.demand import parse_squeue
 
     now = datetime(2026, 1, 1, 12, 0, 0)
-    old = "17|gres:gpu:3g.40gb:2|2026-01-01T11:50:00\n18|gres:mps:25|2026-01-01T12:00:00\n"
-    new = ("17|gres/gpu:3g.40gb:2|2026-01-01T11:50:00\n18|gres/mps:25|2026-01-01T12:00:00\n"
-           "19|gres/gpu:h100:1,gres/gpu:1g.10gb:1|2026-01-01T11:59:00\n20|N/A|2026-01-01\n")
-    expected = [Request("17", "3g.40gb", 2, 600.0), Request("18", "mps", 25, 0.0)]
+    rest = "|debug|alice|(null)|Resources"
+    old = (f"17|gres:gpu:3g.40gb:2|2026-01-01T11:50:00{rest}\n"
+           f"18|gres:mps:25|2026-01-01T12:00:00{rest}\n")
+    new = (f"17|gres/gpu:3g.40gb:2|2026-01-01T11:50:00{rest}\n"
+           f"18|gres/mps:25|2026-01-01T12:00:00{rest}\n"
+           f"19|gres/gpu:h100:1,gres/gpu:1g.10gb:1|2026-01-01T11:59:00{rest}\n"
+           f"20|N/A|2026-01-01{rest}\n")
+    expected = [Request("17", "3g.40gb", 2, 600.0, user="alice"),
+                Request("18", "mps", 25, 0.0, user="alice")]
     assert parse_squeue(old, now) == expected
-    assert parse_squeue(new, now) == [*expected, Request("19", "whole", 1, 60.0),
-                                      Request("19", "1g.10gb", 1, 60.0)]
+    assert parse_squeue(new, now) == [*expected, Request("19", "whole", 1, 60.0, user="alice"),
+                                      Request("19", "1g.10gb", 1, 60.0, user="alice")]
 
 
 def test_supply_maps_gres_used_to_gpus_and_keeps_kubernetes_gpus_unchangeable():
@@ -213,18 +218,21 @@ def test_the_command_prints_the_decision_from_squeue_and_scontrol(tmp_path, caps
         "version: 1\n", "version: 1\nslurm: {version: '24.11'}\n"))
     squeue = tmp_path / "squeue"
     squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
-                      "*PD*) echo '41|gres/gpu:3g.40gb:1|2026-01-01T00:00:00'\n"
-                      "      echo '42|gres/gpu:3g.40gb:1|2026-01-01T00:00:00' ;;\n"
+                      "*PD*) echo '41|gres/gpu:3g.40gb:1|2026-01-01T00:00:00|debug|a|x|Priority'\n"
+                      "      echo '42|gres/gpu:3g.40gb:1|2026-01-01T00:00:00|debug|b|x|Resources'"
+                      " ;;\n"
                       "*) echo 'h1|00:10:00' ;;\nesac\n")
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(
         "#!/bin/sh\n"
         "echo 'NodeName=h1 State=MIXED Gres=gpu:1g.10gb:15 GresUsed=gpu:1g.10gb:1(IDX:1)'\n"
         "echo 'NodeName=h2 State=IDLE Gres=gpu:1g.10gb:15 GresUsed=gpu:1g.10gb:0(IDX:N/A)'\n")
-    for stub in (squeue, scontrol):
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'debug|h1'\necho 'debug|h2'\necho 'other|h3'\n")
+    for stub in (squeue, scontrol, sinfo):
         stub.chmod(0o755)
     code = main(["relayout", "--plan", str(plan), "--backend", "scontrol", "--scontrol",
-                 str(scontrol), "--squeue", str(squeue), "--json"])
+                 str(scontrol), "--squeue", str(squeue), "--sinfo", str(sinfo), "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
     import json
@@ -241,8 +249,11 @@ def test_status_shows_the_queue_beside_what_is_free(tmp_path, capsys):
     from gpushare.cli import main
 
     squeue = tmp_path / "squeue"
-    squeue.write_text("#!/bin/sh\necho '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00'\n"
-                      "echo '42|gres:gpu:1g.10gb:1|2026-01-01T00:00:00'\n")
+    squeue.write_text("#!/bin/sh\necho '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00|debug|a|(null)|"
+                      "Resources'\n"
+                      "echo '42|gres:gpu:1g.10gb:1|2026-01-01T00:00:00|debug|a|(null)|Priority'\n"
+                      "echo '43|gres:gpu:1g.10gb:1|2026-01-01T00:00:00|debug|a|(null)|"
+                      "JobHeldUser'\n")
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(
         "#!/bin/sh\n"

@@ -12,7 +12,8 @@ from tests.unit.admin.relayout_plans import mig_plan
 from gpushare.admin.plan import parse_plan
 from gpushare.admin.relayout.apply import ApplyError, apply_layout, render_node_gres
 from gpushare.gpu.inventory import collect
-from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
+from gpushare.gpu.nvml_sim import SimNvml, load_profile
+from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
 PLAN = mig_plan(["7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "2x3g.40gb", "whole"])
 

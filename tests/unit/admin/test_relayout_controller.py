@@ -9,153 +9,29 @@ import json
 import os
 import shlex
 import sys
-from typing import Optional
 
 import pytest
-from tests.unit.admin.relayout_plans import mig_plan
+from tests.unit.admin.relayout_site import (
+    SLURM_CONF,
+    decision,
+    layout_of,
+    make_site,
+    run,
+)
 
-from gpushare.admin.plan import parse_plan
 from gpushare.admin.relayout.controller import (
     REASON_PREFIX,
     SetGresError,
-    Settings,
-    apply_decision,
     command_argv,
     set_node_gres,
 )
-from gpushare.admin.relayout.decide import Change, Decision
+from gpushare.admin.relayout.decide import Decision
 from gpushare.admin.relayout.state import load_state
-from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
-from gpushare.gpu.inventory import collect
-from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
-
-PLAN = mig_plan(["7x1g.10gb", "2x3g.40gb", "whole"], min_interval_s=600)
-
-SLURM_CONF = """\
-ClusterName=x
-NodeName=h[1-2] CPUs=2 RealMemory=1000 Gres=gpu:1g.10gb:15 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES
-"""
-
-
-class FakeSlurm:
-    """slurmctld as the orchestration sees it: a node runs ``busy_polls`` more polls of
-    jobs, ``reconfigure`` re-reads slurm.conf's Gres= (unless ``stale``, as Slurm 22.05 keeps
-    a node's GPU count), a restart (``restarted_by`` written) re-reads it always."""
-
-    def __init__(self, slurm_conf: str, busy_polls: int = 0) -> None:
-        self.slurm_conf = slurm_conf
-        self.busy = {"h1": busy_polls, "h2": 0}
-        self.state = {"h1": set(), "h2": set()}
-        self.reason = {"h1": "", "h2": ""}
-        self.gres = {"h1": "gpu:1g.10gb:15", "h2": "gpu:1g.10gb:15"}
-        self.calls: list[str] = []
-        self.stale = False
-        self.down_on: Optional[str] = None
-        self.restarted_by: Optional[str] = None  # a file the site's restart command writes
-        self.unregistered_polls = 0
-        self.stale_restarts = 0
-
-    def node(self, name: str) -> Optional[SlurmNode]:
-        if self.down_on == "node":
-            raise SlurmClientError("scontrol: slurmctld is down")
-        self.notice_restart()
-        registered = self.unregistered_polls == 0
-        if not registered:
-            self.unregistered_polls -= 1
-            self.calls.append("unregistered")
-        base = "MIXED" if self.busy[name] > 0 else "IDLE"
-        if self.busy[name] > 0 and "DRAIN" in self.state[name]:
-            self.busy[name] -= 1
-        return SlurmNode(name, (base, *sorted(self.state[name])), self.reason[name],
-                         self.gres[name], registered=registered)
-
-    def drain(self, name: str, reason: str) -> None:
-        self.calls.append(f"drain {name}")
-        self.state[name].add("DRAIN")
-        self.reason[name] = reason
-
-    def resume(self, name: str) -> None:
-        self.calls.append(f"resume {name}")
-        self.state[name].discard("DRAIN")
-        self.reason[name] = ""
-
-    def notice_restart(self) -> None:
-        if self.restarted_by and os.path.exists(self.restarted_by):
-            os.unlink(self.restarted_by)
-            self.calls.append("restarted")
-            self.unregistered_polls = 2  # slurmd has not registered with the new slurmctld
-            if self.stale_restarts:
-                self.stale_restarts -= 1  # it registered its old gres.conf
-            else:
-                self.reload()
-
-    def reconfigure(self) -> None:
-        self.notice_restart()
-        self.calls.append("reconfigure")
-        if self.down_on == "reconfigure":
-            raise SlurmClientError("scontrol reconfigure: slurmctld is down")
-        if not self.stale:
-            self.reload()
-
-    def reload(self) -> None:
-        with open(self.slurm_conf) as handle:
-            for line in handle:
-                words = dict(w.split("=", 1) for w in line.split() if "=" in w)
-                if words.get("NodeName") in self.gres:
-                    self.gres[words["NodeName"]] = words.get("Gres", "")
 
 
 @pytest.fixture
 def site(tmp_path):
-    """The plan, h1's simulated GPUs, slurm.conf, and the node's step run as the site's
-    command would run it (here, locally)."""
-    plan_file = tmp_path / "plan.yaml"
-    plan_file.write_text(PLAN)
-    plan = parse_plan(PLAN, str(plan_file))
-    profile = tmp_path / "h1.json"
-    profile.write_text(json.dumps(profile_from_plan(plan, "h1")))
-    conf = tmp_path / "slurm.conf"
-    conf.write_text(SLURM_CONF)
-    state = tmp_path / "relayout-state.json"
-    step = [sys.executable, "-m", "gpushare.cli", "relayout", "node", "--plan", str(plan_file),
-            "--node", "{node}", "--gpu", "{gpu}", "--layout", "{layout}", "--decision",
-            "{decision}", "--step-timeout", "{timeout}", "--source", f"sim:{profile}",
-            "--gres-conf", str(tmp_path / "gres.conf"), "--state", str(state), "--apply"]
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "..",
-                                                   "src"))
-    settings = Settings(node_command=shlex.join(step), slurm_conf=str(conf),
-                        state_path=str(state), drain_timeout_s=60, step_timeout_s=30,
-                        settle_timeout_s=10, poll_s=0.0, env=env)
-    return plan, settings, profile, FakeSlurm(str(conf))
-
-
-def layout_of(profile, index):
-    nvml = SimNvml(load_profile(str(profile)))
-    gpu = collect(nvml, f"sim:{profile}").gpus[index]
-    return sorted(d.profile for d in gpu.mig_devices) if gpu.mig_current else "whole"
-
-
-def decision(*changes: tuple[str, int, str]) -> Decision:
-    return Decision(changes=[Change(node, index, "7x1g.10gb", new, 1.0, False)
-                             for node, index, new in changes])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(seconds, 1.0)
-
-
-def run(plan, settings, slurm, chosen, clock=None):
-    clock = clock or Clock()
-    return apply_decision(plan, chosen, "r1", slurm, settings, clock=clock, sleep=clock.sleep,
-                          wall=lambda: 5000.0)
+    return make_site(tmp_path)
 
 
 def test_a_node_drains_changes_and_comes_back_with_its_new_gres(site):
@@ -339,10 +215,23 @@ def test_gres_is_set_on_the_nodes_own_line():
 
 
 def test_the_sites_command_gets_each_value_as_one_word():
-    argv = command_argv("ssh -o BatchMode=yes {node} gpushare relayout node --gpu {gpu} "
+    argv = command_argv("pdsh -N -w {node} gpushare relayout node --gpu {gpu} "
                         "--layout={layout} --apply", node="n1", gpu="2", layout="a b;rm")
-    assert argv == ["ssh", "-o", "BatchMode=yes", "n1", "gpushare", "relayout", "node",
+    assert argv == ["pdsh", "-N", "-w", "n1", "gpushare", "relayout", "node",
                     "--gpu", "2", "--layout=a b;rm", "--apply"]
+    # ssh joins the words after the destination for the remote shell: they go as one word,
+    # each quoted, so the remote shell splits them back into the same words.
+    remote = ["gpushare", "relayout", "node", "--gpu", "2", "--layout=a b;rm", "--apply"]
+    for template, local in (
+            ("ssh -o BatchMode=yes {node} gpushare relayout node --gpu {gpu} "
+             "--layout={layout} --apply", ["ssh", "-o", "BatchMode=yes", "n1"]),
+            ("/usr/bin/ssh -p 22 -tt -oBatchMode=yes -i /root/.ssh/k {node} 'gpushare relayout "
+             "node --gpu {gpu} --layout={layout} --apply'",
+             ["/usr/bin/ssh", "-p", "22", "-tt", "-oBatchMode=yes", "-i", "/root/.ssh/k", "n1"]),
+            ("ssh -- {node} gpushare relayout node --gpu {gpu} --layout={layout} --apply",
+             ["ssh", "--", "n1"])):
+        argv = command_argv(template, node="n1", gpu="2", layout="a b;rm")
+        assert argv[:-1] == local and shlex.split(argv[-1]) == remote, template
     with pytest.raises(ValueError, match=r"unknown placeholder \{host\}"):
         command_argv("ssh {host} true")
     with pytest.raises(ValueError, match="empty"):
@@ -369,6 +258,8 @@ elif args[0] == "update":
         node["state"], node["reason"] = "IDLE+DRAIN", fields["Reason"]
     else:
         node["state"], node["reason"] = "IDLE", ""
+elif args[:2] == ["show", "config"]:
+    print("SlurmctldParameters     = (null)")
 elif args[0] == "reconfigure":
     for line in open(conf):
         words = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -378,11 +269,9 @@ json.dump(nodes, open(db, "w"))
 '''
 
 
-def test_the_command_applies_a_decision_and_a_second_run_changes_nothing(site, tmp_path,
-                                                                          capsys):
-    from gpushare.cli import main
-
-    plan, settings, profile, _slurm = site
+def _command(plan, settings, tmp_path):
+    """``gpushare relayout --apply`` against stubs of scontrol, squeue and sinfo; the
+    nodes' slurmctld state in a JSON file."""
     db = tmp_path / "nodes.json"
     db.write_text(json.dumps({name: {"state": "IDLE", "reason": "", "gres": "gpu:1g.10gb:15",
                                      "used": "gpu:1g.10gb:0(IDX:N/A)"}
@@ -392,13 +281,39 @@ def test_the_command_applies_a_decision_and_a_second_run_changes_nothing(site, t
                                              conf=settings.slurm_conf))
     squeue = tmp_path / "squeue"
     squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
-                      "*PD*) echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00' ;;\nesac\n")
-    for stub in (scontrol, squeue):
+                      "*PD*) echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00|debug|a|b|Resources'"
+                      " ;;\nesac\n")
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'debug|h[1-2]'\n")
+    for stub in (scontrol, squeue, sinfo):
         stub.chmod(0o755)
     argv = ["relayout", "--plan", plan.path, "--backend", "scontrol", "--scontrol",
-            str(scontrol), "--squeue", str(squeue), "--max-changes", "1",
+            str(scontrol), "--squeue", str(squeue), "--sinfo", str(sinfo), "--max-changes", "1",
             "--node-command", settings.node_command, "--slurm-conf", settings.slurm_conf,
             "--settle-timeout", "5", "--apply", "--json"]
+    return argv, db
+
+
+def test_a_second_run_says_who_runs_and_changes_nothing(site, tmp_path, capsys):
+    from gpushare.admin.relayout.journal import run_lock
+    from gpushare.cli import main
+
+    plan, settings, _profile, _slurm = site
+    argv, db = _command(plan, settings, tmp_path)
+    before = db.read_text()
+    with run_lock(os.path.join(os.path.dirname(plan.path), "relayout-state.json")):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "another gpushare relayout --apply runs" in err and f'"pid": {os.getpid()}' in err
+    assert db.read_text() == before  # nothing drained
+
+
+def test_the_command_applies_a_decision_and_a_second_run_changes_nothing(site, tmp_path,
+                                                                          capsys):
+    from gpushare.cli import main
+
+    plan, settings, profile, _slurm = site
+    argv, db = _command(plan, settings, tmp_path)
     assert main(argv) == 0, capsys.readouterr()
     out = json.loads(capsys.readouterr().out)
     [node] = out["nodes"]
@@ -440,14 +355,31 @@ def test_a_gres_conf_every_node_shares_is_rendered_again(site, tmp_path):
     assert sorted(d.type for d in gres.devices("h2")) == ["1g.10gb"] * 15
 
 
-def test_a_round_half_done_on_a_one_profile_slurm_leaves_the_node_drained(site):
+def test_a_round_half_done_on_a_one_profile_slurm_is_laid_back(site):
     plan, settings, profile, slurm = site
     settings.one_profile_per_node = True  # Slurm 22.05 with AutoDetect=off
     [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
-    assert outcome.failed and "leaves Slurm MIG profiles 1g.10gb, 3g.40gb" in outcome.failed
+    assert outcome.failed is None and outcome.resumed, outcome.log
+    assert [c.index for c, why in outcome.restored if why.startswith("laid back")] == [2]
+    assert "DRAIN" not in slurm.state["h1"] and "reconfigure" not in slurm.calls
+    assert layout_of(profile, 2) == ["1g.10gb"] * 7
+    assert ("h1", 2) not in load_state(settings.state_path).gpus
+
+
+def test_a_round_half_done_that_cannot_be_laid_back_leaves_the_node_drained(site, tmp_path):
+    plan, settings, profile, slurm = site
+    settings.one_profile_per_node = True
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("import os, sys\nif sys.argv[1] == '7x1g.10gb':\n"
+                       "    print('NVML broke'); sys.exit(3)\n"
+                       "os.execv(sys.argv[2], sys.argv[2:])\n")
+    settings.node_command = shlex.join([sys.executable, str(wrapper), "{layout}"]) + " " + \
+        settings.node_command
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "failed and its layout is not known: NVML broke" in \
+        outcome.failed
     assert "DRAIN" in slurm.state["h1"] and "reconfigure" not in slurm.calls
     assert layout_of(profile, 2) == ["3g.40gb", "3g.40gb"]  # said, not hidden
-    assert load_state(settings.state_path).gpus[("h1", 2)].layout == "2x3g.40gb"
 
 
 def test_slurm_22_05s_count_of_mig_files_is_the_new_gres_too(site):

@@ -28,7 +28,8 @@ from gpushare.admin.render import render_gres_conf, render_mig_parted, slurm_nod
 from gpushare.admin.slurm_client import SlurmNode
 from gpushare.gpu.gresconf import parse_gres_conf
 from gpushare.gpu.inventory import collect
-from gpushare.gpu.nvml_sim import SimNvml, load_profile, profile_from_plan
+from gpushare.gpu.nvml_sim import SimNvml, load_profile
+from gpushare.gpu.nvml_sim_plan import profile_from_plan
 
 PLAN = mig_plan(["7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "2x3g.40gb", "whole"])
 

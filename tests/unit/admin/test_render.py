@@ -14,7 +14,6 @@ from gpushare.admin.render import (
     _mig_layouts,
     expected_gres,
     for_installed_slurm,
-    render_facts,
     render_gres_conf,
     render_mig_parted,
     render_plugstack,
@@ -23,6 +22,7 @@ from gpushare.admin.render import (
     slurm_node_gres,
     whole_gpu_nodes,
 )
+from gpushare.admin.render_facts import render_facts
 from gpushare.gpu.gresconf import parse_gres_conf
 from gpushare.gpu.inventory import Gpu, Inventory, MigDevice
 from gpushare.submit.facts import facts_from_dict

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpushare.admin.plan import parse_plan
-from gpushare.admin.render import render_facts, render_topology
+from gpushare.admin.render import render_topology
+from gpushare.admin.render_facts import render_facts
 from gpushare.admin.topology import TopologyError, build_switches, domains_from_fabric
 from gpushare.gpu.inventory import FabricInfo, Gpu, Inventory
 

@@ -155,3 +155,38 @@ def test_the_program_starts_with_sigpipe_as_a_shell_would_start_it():
     ignored = int(next(line.split()[1] for line in status.splitlines()
                        if line.startswith("SigIgn:")), 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+def test_signal_checked_signals_only_what_the_check_accepts():
+    """The check is made on the process the pidfd holds; a refused pid is left alone."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        seen = []
+        assert not proc.signal_checked(child.pid, signal.SIGTERM,
+                                       lambda pid: seen.append(pid) or False)
+        assert seen == [child.pid] and child.poll() is None
+        assert proc.signal_checked(child.pid, signal.SIGTERM, lambda pid: True)
+        assert child.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_command_that_outlives_its_kill_is_left_not_waited_for(monkeypatch, tmp_path):
+    """A process stuck in the kernel survives SIGKILL: run() gives up on it after
+    KILLED_WAIT instead of blocking its caller's deadline (the kill is made a no-op here,
+    so the child lives on as a stuck one would)."""
+    monkeypatch.setattr(proc, "_kill_group", lambda child: None)
+    monkeypatch.setattr(proc, "KILLED_WAIT", 0.2)
+    marker = tmp_path / "pid"
+    try:
+        with pytest.raises(proc.CommandTimeout, match=r"no answer within 0.3 s, killed; it had "
+                           r"not exited 0.2 s after SIGKILL \(stuck in the kernel\?\)"):
+            proc.run(["/bin/sh", "-c", f"echo $$ > {marker}; exec sleep 30"], timeout=0.3,
+                     env={"PATH": "/usr/bin:/bin"})
+    finally:
+        if marker.exists():
+            os.kill(int(marker.read_text()), signal.SIGKILL)

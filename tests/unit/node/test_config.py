@@ -28,7 +28,9 @@ def test_every_key_is_accepted_with_a_good_value():
             "plan": "/etc/gpushare/plan.yaml", "timeout": "2.5", "debug_log": "none",
             "imex_channels": "/dev/nvidia-caps-imex-channels", "verify_reuse": "0",
             "show": "yes", "mps_cgroup": "/sys/fs/cgroup/mps.slice/%n",
-            "mps_space": "32m,1024"}
+            "mps_space": "32m,1024", "usage_interval": "5", "hog_bw_pct": "70",
+            "hog_seconds": "30", "dcgm_mapping_dir": "/run/dcgm-job-map/%n",
+            "dcgm_mapping_names": "uuid"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"
@@ -36,6 +38,9 @@ def test_every_key_is_accepted_with_a_good_value():
     assert config.debug_log == "" and config.show is True and config.verify_reuse == 0
     assert config.mps_dir == "/run/x/mps"
     assert config.for_node("n1").mps_cgroup == "/sys/fs/cgroup/mps.slice/n1"
+    assert config.usage_interval == 5 and config.hog_bw_pct == 70 and config.hog_seconds == 30
+    assert config.for_node("n1").dcgm_mapping_dir == "/run/dcgm-job-map/n1"
+    assert config.dcgm_mapping_names == "uuid"
     for setting in ("auto", "systemd", "none"):
         assert parse_plugin_args([f"mps_cgroup={setting}"]).mps_cgroup == setting
     assert config.mps_space == "32M,1024" and mps_space_limits(config.mps_space) == (
@@ -47,6 +52,11 @@ def test_every_key_is_accepted_with_a_good_value():
     ("colour=blue", "unknown plugstack argument 'colour=blue'; accepted keys: pythonpath="),
     ("verify", "unknown plugstack argument 'verify'"),
     ("verify=maybe", "verify='maybe' is invalid: expected one of strict, warn, off"),
+    ("usage_interval=0.5", "usage_interval='0.5' is invalid: expected seconds between 1 and"),
+    ("hog_bw_pct=120", "hog_bw_pct='120' is invalid: expected a percentage between 1 and 100"),
+    ("hog_seconds=soon", "hog_seconds='soon' is invalid: expected seconds between 0 and"),
+    ("dcgm_mapping_dir=map", "dcgm_mapping_dir='map' is invalid: expected an absolute path"),
+    ("dcgm_mapping_names=serial", "dcgm_mapping_names='serial' is invalid: expected one of"),
     ("state_dir=relative", "state_dir='relative' is invalid: expected an absolute path"),
     ("mps_cgroup=yes", "mps_cgroup='yes' is invalid: expected an absolute path"),
     ("mps_space=16M", "mps_space='16M' is invalid: expected shared, or SIZE,INODES"),

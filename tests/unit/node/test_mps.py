@@ -31,7 +31,7 @@ from gpushare.node.mps import (
     teardown,
 )
 from gpushare.node.state import JobRecord, JobStore
-from mps_standin.harness import StandinInstall, ensure_users, traversable_tmpdir, unusable_reason
+from mps_standin.harness import StandinInstall, traversable_tmpdir, unusable_reason
 
 REASON = unusable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -106,24 +106,6 @@ def mounts_below(base: str) -> list[str]:
     return [point for point in points if point.startswith(base + "/")]
 
 
-@pytest.fixture(scope="module")
-def users():
-    return ensure_users()
-
-
-@pytest.fixture
-def bed():
-    bed = Bed()
-    yield bed
-    leftovers = bed.standin.kill_all()
-    mounted = bed.mounts()
-    for point in reversed(mounted):
-        subprocess.run(["umount", "-l", point], check=False)
-    shutil.rmtree(bed.base)
-    if bed.cgroup != "none":  # the cgroups of daemons a test leaves running, then its own
-        assert teardown.end_cgroup(bed.cgroup, 10) == ""
-    assert leftovers == [], f"stand-in processes left running: {leftovers}"
-    assert mounted == [], f"mounts left behind: {mounted}"
 
 
 def alive(pid: int) -> bool:

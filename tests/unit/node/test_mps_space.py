@@ -11,7 +11,7 @@ import stat
 import subprocess
 
 import pytest
-from tests.unit.node.test_mps import GPU0, GPU1, REASON, Bed, alive, mounts_below
+from tests.unit.node.test_mps import GPU0, GPU1, REASON, alive, mounts_below
 
 from gpushare.node import faults
 from gpushare.node.mps import MpsUserError, RecordStore, space
@@ -19,28 +19,6 @@ from gpushare.node.mps import MpsUserError, RecordStore, space
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 SMALL = "1M,64"
-
-
-@pytest.fixture(scope="module")
-def users():
-    from mps_standin.harness import ensure_users
-
-    return ensure_users()
-
-
-@pytest.fixture
-def bed():
-    import shutil
-
-    bed = Bed()
-    yield bed
-    leftovers = bed.standin.kill_all()
-    mounted = mounts_below(bed.base)
-    for point in reversed(mounted):
-        subprocess.run(["umount", "-l", point], check=False)
-    shutil.rmtree(bed.base)
-    assert leftovers == [], f"stand-in processes left running: {leftovers}"
-    assert mounted == [], f"mounts left behind: {mounted}"
 
 
 def fill(directory: str) -> str:

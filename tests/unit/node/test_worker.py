@@ -191,23 +191,25 @@ def test_a_prolog_waits_only_for_the_epilogs_of_its_own_gpus(tmp_path):
 
 def test_a_hung_epilog_is_waited_for_only_until_the_workers_deadline(tmp_path, monkeypatch):
     monkeypatch.setattr(phases, "_deadline", None)
-    phases.start(0.2)  # the worker's deadline, as spank_adapter sets it
     lines = []
     gslog.install(lambda level, text: lines.append(text))
     try:
-        holder = hold_shared(os.path.join(str(tmp_path), job.EPILOGS_LOCK), 5)
+        holder = hold_shared(os.path.join(str(tmp_path), job.EPILOGS_LOCK), 60)
         try:
-            start = time.monotonic()
+            phases.start(0.2)  # the worker's deadline, as spank_adapter sets it
             job.wait_for_epilogs(PluginConfig(state_dir=str(tmp_path)))
-            assert time.monotonic() - start < 3
             assert holder.poll() is None  # it gave up; the epilog still runs
         finally:
             holder.kill()
             holder.wait()
     finally:
         gslog.uninstall()
-    assert any(re.search(r"an earlier job's epilog on this node still runs after 0\.[12]\d* s; "
-                         "setting up this job anyway", line) for line in lines), lines
+    # The line names how long it waited: what was left of the worker's 0.2 s (less on a
+    # loaded machine, never more).
+    waits = [float(m.group(1)) for m in (
+        re.search(r"an earlier job's epilog on this node still runs after ([0-9.e-]+) s; "
+                  "setting up this job anyway", line) for line in lines) if m]
+    assert waits and 0 <= waits[0] <= 0.2, lines
 
 
 def write_board(state_dir: str, job_id: int, text: str) -> None:

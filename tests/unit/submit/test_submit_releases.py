@@ -200,7 +200,7 @@ def test_users_doc_says_what_the_rules_answer():
     """docs/users.md quotes these answers; gpushare explain (which has no release and no
     segment_size) cannot replay them, so they are checked here."""
     from gpushare.admin.plan import load_plan
-    from gpushare.admin.render import render_facts
+    from gpushare.admin.render_facts import render_facts
     from gpushare.submit.facts import facts_from_dict
 
     repo = os.path.join(luahook.VECTORS_DIR, "..", "..")

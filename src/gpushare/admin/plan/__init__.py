@@ -7,7 +7,8 @@ a slice. Every problem is reported with the plan's line, because the person fixi
 looking at the file, not at a traceback.
 
 ``model`` holds what is rendered from, ``lines`` the YAML reader and its ``file:line``
-checker, ``options`` the cluster-wide sections and ``layout`` the per-GPU rules.
+checker, ``options`` the cluster-wide sections, ``layout`` the per-GPU rules and
+``lending`` the devices one scheduler lends the other (``lent`` renders and proves them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpushare.admin.plan.layout import check_mig_change, node_group
+from gpushare.admin.plan.lending import lending_section
 from gpushare.admin.plan.lines import Checker, YamlMap, YamlSeq, kind_of, line_of, load_yaml
 from gpushare.admin.plan.model import (
     MAX_GPUS_PER_NODE,
@@ -62,7 +64,7 @@ __all__ = [
     "with_slurm_version",
 ]
 
-_TOP_KEYS = ("version", "slurm", "kubernetes", "policy", "domains", "node_groups")
+_TOP_KEYS = ("version", "slurm", "kubernetes", "policy", "domains", "node_groups", "lending")
 
 
 def parse_plan(text: str, path: str = "plan.yaml") -> Plan:
@@ -118,6 +120,7 @@ def parse_plan(text: str, path: str = "plan.yaml") -> Plan:
     domains, from_fabric = domains_section(c, data.get("domains"), line_of(data, "domains"),
                                            by_node)
     check_untyped(c, policy, groups)
+    lending = lending_section(c, data.get("lending"), line_of(data, "lending"), tuple(groups))
     if slurm.version_given:
         from gpushare.admin.relayout.menu import check_release
 
@@ -127,7 +130,7 @@ def parse_plan(text: str, path: str = "plan.yaml") -> Plan:
     if c.problems:
         raise PlanError(c.problems)
     return Plan(path, PLAN_VERSION, tuple(groups), domains, from_fabric, slurm, policy, prefix,
-                by_node)
+                lending, by_node)
 
 
 def load_plan(path: str) -> Plan:

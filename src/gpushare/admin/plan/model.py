@@ -11,6 +11,7 @@ from gpushare.admin.mig_profiles import GpuModel
 from gpushare.submit.facts import Policy
 
 if TYPE_CHECKING:
+    from gpushare.admin.plan.lending import LendingRule
     from gpushare.admin.relayout.menu import Menu
 
 OWNERS = ("slurm", "kubernetes")
@@ -144,6 +145,7 @@ class Plan:
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
     policy: Policy = field(default_factory=Policy)
     mig_config_prefix: str = "gpushare"
+    lending: tuple[LendingRule, ...] = ()  # devices lent between the schedulers, by rule
     _by_node: dict[str, NodeGroup] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

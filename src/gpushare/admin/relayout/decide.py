@@ -3,7 +3,11 @@
 (bench/bench_relayout.py) run the same code.
 
 Each pending request is worth the GPU work it waits to do (its share of a GPU times its
-count), weighted by how long it has waited. A round changes, one GPU at a time, the idle GPU
+count), weighted by how long it has waited (up to ``MAX_WAIT_S``), and counts only on the
+nodes it may run on (its partitions'). No user and no account counts for more than
+``MAX_SHARE`` of the round's demand (or ``MIN_SHARE_GPUS`` GPUs' worth, when more; an
+account only beside other accounts), so that no one user steers root's hardware changes
+with a flood of jobs. A round changes, one GPU at a time, the idle GPU
 whose change lets the most of that weighted work start, as long as the gain beats
 ``hysteresis``, the GPU has not changed within the menu's ``min_interval_s``, the group's
 bounds hold, and fewer than ``max_changes`` GPUs changed this round. A GPU with a job on it
@@ -20,20 +24,29 @@ from typing import Optional, Sequence
 
 from gpushare.admin.relayout.menu import Layout, Menu
 
-__all__ = ["Change", "Decision", "GpuState", "Request", "decide", "unit_work"]
+__all__ = ["Change", "Decision", "GpuState", "Request", "decide", "request_values", "share_cap",
+           "unit_work", "wait_weight"]
 
 WAIT_REFERENCE_S = 600.0  # a request waiting this long counts twice a fresh one
+MAX_WAIT_S = 3600.0  # a longer wait weighs no more: at most 7 times a fresh request
+MAX_SHARE = 0.25  # the most of a round's demand one user, or one account, counts for
+MIN_SHARE_GPUS = 2.0  # ... unless that is less than this many GPUs' worth of work
 
 
 @dataclass(frozen=True)
 class Request:
     """One pending job's GPU request on one node: ``kind`` is a MIG profile ("1g.10gb"),
-    "whole" or "mps"; ``count`` slices, GPUs or MPS units."""
+    "whole" or "mps"; ``count`` slices, GPUs or MPS units; ``nodes`` those it may run on
+    (None: any); ``user`` and ``account`` whose share of the demand is capped ("": not
+    capped, as a trace without them)."""
 
     job: str
     kind: str
     count: int
     wait_s: float
+    nodes: Optional[frozenset[str]] = None
+    user: str = ""
+    account: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,34 +103,101 @@ MAX_JOBS_PER_KIND = 48  # the most valuable waiting jobs of each kind that a rou
 MAX_NODES_PER_STEP = 32  # the nodes with the most changeable idle GPUs a step weighs
 
 
-def _jobs(requests: Sequence[Request], slice_sizes: dict[str, int]
-          ) -> dict[str, list[tuple[float, int]]]:
-    """Per kind, the waiting jobs as (value, units on one node), most valuable first."""
-    jobs: dict[str, list[tuple[float, int]]] = {}
-    for request in requests:
-        weight = unit_work(request.kind, slice_sizes) * (1.0 + request.wait_s / WAIT_REFERENCE_S)
-        jobs.setdefault(request.kind, []).append((weight * request.count, request.count))
+_Job = tuple[float, int, Optional[frozenset[str]]]  # value, units on one node, nodes
+
+
+def wait_weight(wait_s: float) -> float:
+    """How much more a request counts for having waited: 1 fresh, 2 after WAIT_REFERENCE_S,
+    never more than after MAX_WAIT_S (a job that waits days must not outweigh all others)."""
+    return 1.0 + min(max(wait_s, 0.0), MAX_WAIT_S) / WAIT_REFERENCE_S
+
+
+def share_cap(sums: Sequence[float], share: float = MAX_SHARE,
+              floor: float = MIN_SHARE_GPUS) -> float:
+    """The most any one owner may count for: ``share`` of what all count for once capped
+    (the largest c with c = share x sum(min(v, c))), never under ``floor``; inf when no
+    owner's sum is over it."""
+    values = sorted(sums, reverse=True)
+    total = sum(values)
+    if not values or values[0] <= max(share * total, floor):
+        return float("inf")
+    rest = total
+    for k, value in enumerate(values, 1):
+        rest -= value
+        if share * k >= 1.0:
+            break
+        cap = share * rest / (1.0 - share * k)
+        below = values[k] if k < len(values) else 0.0
+        if below <= cap <= value:
+            return max(cap, floor)
+    return floor
+
+
+def _capped(values: list[float], order: list[int], owners: Sequence[str],
+            alone_too: bool) -> list[float]:
+    """``values`` with each owner's jobs counted, most valuable first (``order``), up to
+    share_cap; an owner "" is not capped, nor, unless ``alone_too``, the only owner."""
+    sums: dict[str, float] = {}
+    for value, owner in zip(values, owners):
+        if owner:
+            sums[owner] = sums.get(owner, 0.0) + value
+    if len(sums) < 2 and not alone_too:
+        return values
+    cap = share_cap(list(sums.values()))
+    left = dict.fromkeys(sums, cap)
+    counted = list(values)
+    for position in order:
+        owner = owners[position]
+        if owner:
+            counted[position] = min(values[position], left[owner])
+            left[owner] -= counted[position]
+    return counted
+
+
+def request_values(requests: Sequence[Request], slice_sizes: dict[str, int]) -> list[float]:
+    """Each request's wait-weighted work, each user's and each account's share capped (the
+    rest of their jobs count for nothing): a user alone in the queue too (one user moves
+    at most a few GPUs a round), an account only beside others (a site with one account is
+    not held back as a whole)."""
+    values = [unit_work(r.kind, slice_sizes) * wait_weight(r.wait_s) * r.count
+              for r in requests]
+    order = sorted(range(len(requests)), key=lambda i: -values[i] / max(requests[i].count, 1))
+    values = _capped(values, order, [r.user for r in requests], alone_too=True)
+    return _capped(values, order, [r.account for r in requests], alone_too=False)
+
+
+def _jobs(requests: Sequence[Request], slice_sizes: dict[str, int]) -> dict[str, list[_Job]]:
+    """Per kind, the waiting jobs as (value, units on one node, nodes), most valuable first."""
+    jobs: dict[str, list[_Job]] = {}
+    for request, value in zip(requests, request_values(requests, slice_sizes)):
+        if value <= 0.0:
+            continue  # past its owner's share: it must not take room from others' jobs
+        jobs.setdefault(request.kind, []).append((value, request.count, request.nodes))
     for listed in jobs.values():
         listed.sort(key=lambda job: -job[0] / job[1])
         del listed[MAX_JOBS_PER_KIND:]
     return jobs
 
 
-def _served(jobs: dict[str, list[tuple[float, int]]], free: dict[str, dict[str, int]]) -> float:
+def _served(jobs: dict[str, list[_Job]], free: dict[str, dict[str, int]]) -> float:
     """The weighted work that can start when ``free[node][kind]`` units are idle: each job
-    needs its units on one node (best fit, most valuable jobs first)."""
+    needs its units on one node it may run on (best fit, most valuable jobs first)."""
     total = 0.0
     for kind, listed in jobs.items():
-        room = sorted(units.get(kind, 0) for units in free.values() if units.get(kind, 0) > 0)
-        for value, count in listed:
+        room = sorted((units.get(kind, 0), node) for node, units in free.items()
+                      if units.get(kind, 0) > 0)
+        for value, count, nodes in listed:
             if not room:
                 break
-            position = bisect.bisect_left(room, count)
+            position = bisect.bisect_left(room, (count, ""))
+            while position < len(room) and nodes is not None \
+                    and room[position][1] not in nodes:
+                position += 1
             if position < len(room):
                 total += value
-                left = room.pop(position) - count
-                if left:
-                    bisect.insort(room, left)
+                units, node = room.pop(position)
+                if units > count:
+                    bisect.insort(room, (units - count, node))
     return total
 
 

@@ -1,10 +1,16 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """What the queue waits for and what each GPU holds, from slurmctld.
 
-Demand is ``squeue -h -t PD -o "%i|%b|%V"`` (job, its GRES per node, its submit time): Slurm
-22.05 writes ``gres:gpu:1g.10gb:2``, 23.11 and later ``gres/gpu:1g.10gb:2``; both read the
-same here. Supply is the plan's layout of every GPU with what slurmctld's ``GresUsed`` says
-is held, mapped to GPUs in the order gres.conf lists the devices.
+Demand is ``squeue -h -t PD -o "%i|%b|%V|%P|%u|%a|%r"`` (job, its GRES per node, its submit
+time, partitions, user, account, and why it waits): Slurm 22.05 writes
+``gres:gpu:1g.10gb:2``, 23.11 and later ``gres/gpu:1g.10gb:2``; both read the same here. Only
+a job that waits for resources (Reason ``Resources``, ``Priority`` or ``ReqNodeNotAvail``)
+counts, and only on the
+nodes of its partitions (``sinfo -h -a -o "%R|%N"``): a held job (``JobHeldUser``,
+``JobHeldAdmin``), one that waits for another (``Dependency``) or for its ``--begin``
+(``BeginTime``), or for a limit, could not start on a new layout either.
+Supply is the plan's layout of every GPU with what slurmctld's ``GresUsed`` says is held,
+mapped to GPUs in the order gres.conf lists the devices.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from gpushare.admin.cluster_status import used_indexes
@@ -21,15 +28,36 @@ from gpushare.admin.relayout.menu import NOT_SLURMS, Layout, layout_name
 from gpushare.admin.slurm_client import GRES_ITEM_SPLIT, SlurmClientError, SlurmNode, gres_item
 from gpushare.common import proc
 
-__all__ = ["SQUEUE_FORMAT", "parse_request", "parse_running", "parse_squeue",
-           "parse_time_left", "pending", "plan_layout", "running_ends", "supply"]
+__all__ = ["SQUEUE_FORMAT", "Queue", "parse_partitions", "parse_request", "parse_running",
+           "parse_squeue", "parse_time_left", "partitions", "pending", "plan_layout", "read_queue",
+           "running_ends", "supply"]
 
 DEFAULT_SQUEUE = "/usr/bin/squeue"
-SQUEUE_FORMAT = "%i|%b|%V"
+DEFAULT_SINFO = "/usr/bin/sinfo"
+SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%r"
+SINFO_FORMAT = "%R|%N"
+# Waiting for resources: Resources, Priority, and ReqNodeNotAvail, which Slurm 22.05 gives a
+# job whose type only drained or down nodes offer (measured on 22.05.8: "ReqNodeNotAvail,
+# UnavailableNodes:rl[2-3]"), the very demand a new layout serves.
+WAITING_REASONS = frozenset({"Resources", "Priority", "ReqNodeNotAvail"})
+_REASON_NAMES = {"JobHeldUser": "held", "JobHeldAdmin": "held", "Dependency": "dependency",
+                 "BeginTime": "--begin in the future"}
 _MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
 
 
-def parse_request(job: str, gres: str, wait_s: float) -> list[Request]:
+@dataclass
+class Queue:
+    """The pending jobs' requests that count, and how many jobs were left out and why."""
+
+    requests: list[Request] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+
+def parse_request(job: str, gres: str, wait_s: float, nodes: Optional[frozenset[str]] = None,
+                  user: str = "", account: str = "") -> list[Request]:
     """One pending job's GPU requests per node: ``gres/gpu:3g.40gb:2`` → 3g.40gb × 2; a typed
     whole GPU or an untyped one → "whole"; ``gres:mps:25`` → mps × 25."""
     requests: list[Request] = []
@@ -47,31 +75,82 @@ def parse_request(job: str, gres: str, wait_s: float) -> list[Request]:
             kind = "mps"
         else:
             continue
-        requests.append(Request(job, kind, count, wait_s))
+        requests.append(Request(job, kind, count, wait_s, nodes, user, account))
     return requests
 
 
-def parse_squeue(text: str, now: datetime.datetime) -> list[Request]:
-    """Requests from ``squeue -h -t PD -o "%i|%b|%V"`` lines; ``now`` gives the wait."""
-    requests: list[Request] = []
+def read_queue(text: str, now: datetime.datetime,
+               nodes_of: Optional[dict[str, frozenset[str]]] = None) -> Queue:
+    """The requests that count, from ``squeue -h -t PD -o SQUEUE_FORMAT`` lines; ``now``
+    gives the wait, ``nodes_of`` each partition's nodes (None: any node)."""
+    queue = Queue()
     for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 3:
+        parts = line.strip().split("|", 6)
+        if len(parts) != 7:
             continue
-        job, gres, submitted = parts
+        job, gres, submitted, parts_text, user, account, reason = parts
+        reason = reason.split(",", 1)[0].strip()
+        if reason not in WAITING_REASONS:
+            queue.skip(_REASON_NAMES.get(reason, f"reason {reason or 'none'}"))
+            continue
+        nodes: Optional[frozenset[str]] = None
+        if nodes_of is not None:
+            nodes = frozenset().union(*(nodes_of.get(p, frozenset())
+                                        for p in parts_text.split(",")))
+            if not nodes:
+                queue.skip(f"partition {parts_text} unknown or without nodes")
+                continue
         try:
             wait = max((now - datetime.datetime.fromisoformat(submitted)).total_seconds(), 0.0)
         except ValueError:
             wait = 0.0
-        requests.extend(parse_request(job, gres, wait))
-    return requests
+        queue.requests.extend(parse_request(job, gres, wait, nodes, _named(user),
+                                            _named(account)))
+    return queue
+
+
+def _named(text: str) -> str:
+    """A user or account name; "" where squeue has none (no accounting: "(null)")."""
+    text = text.strip()
+    return "" if text in ("(null)", "N/A") else text
+
+
+def parse_squeue(text: str, now: datetime.datetime,
+                 nodes_of: Optional[dict[str, frozenset[str]]] = None) -> list[Request]:
+    """read_queue's requests."""
+    return read_queue(text, now, nodes_of).requests
+
+
+def parse_partitions(text: str) -> dict[str, frozenset[str]]:
+    """Each partition's nodes from ``sinfo -h -a -o "%R|%N"`` (a line per partition and
+    node state, so a partition may come more than once)."""
+    import hostlist
+
+    found: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        name, sep, nodes = line.strip().partition("|")
+        if not sep or not name:
+            continue
+        names = found.setdefault(name, set())
+        if nodes and nodes not in ("(null)", "N/A"):
+            try:
+                names.update(hostlist.expand_hostlist(nodes))
+            except (hostlist.BadHostlist, ValueError):
+                continue
+    return {name: frozenset(nodes) for name, nodes in found.items()}
+
+
+def partitions(sinfo: str = DEFAULT_SINFO, timeout: float = 10.0) -> dict[str, frozenset[str]]:
+    """parse_partitions, asked of slurmctld (hidden partitions too)."""
+    return parse_partitions(_squeue(sinfo, ["-h", "-a", "-o", SINFO_FORMAT], timeout))
 
 
 def pending(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
-            now: Optional[datetime.datetime] = None) -> list[Request]:
-    """The pending jobs' GPU requests, asked of slurmctld."""
+            now: Optional[datetime.datetime] = None,
+            nodes_of: Optional[dict[str, frozenset[str]]] = None) -> Queue:
+    """The pending jobs that count, asked of slurmctld."""
     text = _squeue(squeue, ["-h", "-t", "PD", "-o", SQUEUE_FORMAT], timeout)
-    return parse_squeue(text, now or datetime.datetime.now())
+    return read_queue(text, now or datetime.datetime.now(), nodes_of)
 
 
 def parse_time_left(text: str) -> Optional[float]:

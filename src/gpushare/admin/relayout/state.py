@@ -134,13 +134,19 @@ def save_state(state: AppliedState) -> None:
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[AppliedState]:
-    """Read, change and write the state under an exclusive lock (``<path>.lock``), so the
-    controller and a node's step sharing the file never lose each other's entry."""
-    with open(path + ".lock", "a", encoding="utf-8") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    """Read, change and write the state under an exclusive lock (``<path>.lock``, never a
+    symlink, in a directory of root's), so the controller and a node's step sharing the file
+    never lose each other's entry."""
+    from gpushare.admin.relayout.journal import open_beside
+
+    fd = open_beside(path + ".lock", os.O_RDWR)  # never a symlink, in a directory of root's
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         state = load_state(path)
         yield state
         save_state(state)
+    finally:
+        os.close(fd)
 
 
 def last_changes(state: AppliedState, now: float) -> dict[tuple[str, int], float]:

@@ -14,10 +14,9 @@ kill.
 import math
 import os
 import time
-from contextlib import suppress
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from gpushare.common import safefs
+from gpushare.common import proc, safefs
 from gpushare.common.log import get_logger
 from gpushare.node import counters
 from gpushare.node.config import PluginConfig
@@ -29,7 +28,6 @@ from gpushare.node.phases import Phases, time_left
 if TYPE_CHECKING:
     import signal
 
-    from gpushare.common import proc
     from gpushare.node.mps.procscan import ProcScan
 
 __all__ = ["PID_FILE", "SOCKET_NAME_ROOM", "SOCKET_PATH_MAX", "Daemons"]
@@ -223,26 +221,13 @@ class Daemons:
         taken before the check: the process checked is the process signalled, even if
         it exits and its pid is reused in between. Without pidfds (kernels before 5.3),
         the check is made again right before ``kill``."""
-        import signal
+        def ours(candidate: int) -> bool:
+            if not self.is_ours(candidate, rec):
+                return False
+            LOG.warning("sending %s to pid %d left by %s", sig.name, candidate, rec.describe())
+            return True
 
-        try:
-            pidfd: Optional[int] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        except (AttributeError, OSError):
-            pidfd = None
-        try:
-            if not self.is_ours(pid, rec):
-                return
-            LOG.warning("sending %s to pid %d left by %s", sig.name, pid, rec.describe())
-            with suppress(ProcessLookupError):
-                if pidfd is not None:
-                    signal.pidfd_send_signal(pidfd, sig)
-                elif self.is_ours(pid, rec):
-                    os.kill(pid, sig)
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
+        proc.signal_checked(pid, sig, ours)
 
     def _control_usable(self, rec: DaemonRecord) -> bool:
         """Whether ``quit`` may go through the daemon's ``control`` (logged when not: the

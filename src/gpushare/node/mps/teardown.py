@@ -27,6 +27,7 @@ import signal
 import time
 from typing import Optional
 
+from gpushare.common import proc
 from gpushare.node.mps import isolation
 
 __all__ = ["KILL_FILE", "SYSTEMCTL", "end", "end_cgroup", "end_scopes", "scopes"]
@@ -95,23 +96,7 @@ def _member(pid: int, relative: str) -> bool:
 def _kill_member(pid: int, relative: str) -> None:
     """SIGKILL ``pid`` when it is in the cgroup, through a pidfd taken before the check (so
     the process checked is the one killed); without pidfds, checked again right before."""
-    try:
-        pidfd: Optional[int] = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    except (AttributeError, OSError):
-        pidfd = None
-    try:
-        if not _member(pid, relative):
-            return
-        with contextlib.suppress(ProcessLookupError):
-            if pidfd is not None:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            elif _member(pid, relative):
-                os.kill(pid, signal.SIGKILL)
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
+    proc.signal_checked(pid, signal.SIGKILL, lambda candidate: _member(candidate, relative))
 
 
 def _kill_all(path: str, relative: Optional[str], pids: list[int]) -> None:

@@ -145,7 +145,8 @@ class JobUsage:
         quality = data.get("quality") or {}
         return cls(int(data["job_id"]), int(data["uid"]), str(data["user"]),
                    list(data["devices"]), float(data["first"]), float(data["updated"]),
-                   float(data["interval"]), Figures.from_dict(data.get("now") or {}, f"{where}.now"),
+                   float(data["interval"]),
+                   Figures.from_dict(data.get("now") or {}, f"{where}.now"),
                    int(data.get("peak_mem_bytes") or 0), int(data.get("samples") or 0),
                    float(data.get("sm_sum") or 0.0), float(data.get("bw_sum") or 0.0),
                    {key: _quality(quality.get(key, "unavailable"), f"{where}.quality.{key}")
@@ -162,17 +163,22 @@ class JobUsage:
 class DeviceUsage:
     """One GPU or MIG GPU instance as the sampler saw it: its DRAM bandwidth use in % of
     peak (GPM), the jobs on it, and the job named as its bandwidth hog (None when none:
-    ``{"job_id", "user", "since", "bw_pct", "advice"}``)."""
+    ``{"job_id", "user", "since", "bw_pct", "advice"}``). ``above_since``: since when its
+    bandwidth use has stayed above the hog threshold (None when below; absent from files of
+    earlier samplers)."""
 
-    FIELDS = ("uuid", "gpu", "mig_profile", "bw_util_pct", "bw_quality", "job_ids", "hog")
+    FIELDS = ("uuid", "gpu", "mig_profile", "bw_util_pct", "bw_quality", "job_ids", "hog",
+              "above_since")
     __slots__ = FIELDS
 
     def __init__(self, uuid: str, gpu: int, mig_profile: str, bw_util_pct: Optional[float],
                  bw_quality: str, job_ids: list[int],
-                 hog: Optional[dict[str, Any]] = None) -> None:
+                 hog: Optional[dict[str, Any]] = None,
+                 above_since: Optional[float] = None) -> None:
         self.uuid, self.gpu, self.mig_profile = uuid, gpu, mig_profile
         self.bw_util_pct, self.bw_quality = bw_util_pct, bw_quality
         self.job_ids, self.hog = list(job_ids), hog
+        self.above_since = above_since
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS}
@@ -183,7 +189,8 @@ class DeviceUsage:
         return cls(str(data["uuid"]), int(data["gpu"]), str(data.get("mig_profile") or ""),
                    _number(data.get("bw_util_pct"), f"{where}.bw_util_pct"),
                    _quality(data.get("bw_quality", "unavailable"), f"{where}.bw_quality"),
-                   [int(job) for job in data.get("job_ids") or ()], data.get("hog"))
+                   [int(job) for job in data.get("job_ids") or ()], data.get("hog"),
+                   _number(data.get("above_since"), f"{where}.above_since"))
 
 
 class NodeUsage:

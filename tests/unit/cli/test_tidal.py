@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare tidal``: the dry run an admin reads before any device moves."""
+
+from __future__ import annotations
+
+from gpushare.cli import main
+
+PLAN = """version: 1
+slurm: {version: "24.11"}
+node_groups:
+  - name: infer
+    nodes: k[1-2]
+    gpu_model: a100-40gb
+    gpus: 4
+    layout:
+      all: {owner: kubernetes}
+lending:
+  - name: night
+    home: kubernetes
+    nodes: k[1-2]
+    gpus: 1-3
+    window: {from: "20:00", to: "08:00"}
+    max_lent: 4
+    reclaim_minutes: 30
+    borrowers: [batch]
+  - name: idle
+    home: kubernetes
+    nodes: k1
+    gpus: 0
+    demand: {idle_below_percent: 50, for_minutes: 30}
+    reclaim_minutes: 10
+    borrowers: [batch]
+"""
+
+
+def run(tmp_path, capsys, *args):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    rc = main(["tidal", "--plan", str(plan), *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_inside_the_window_it_lends_up_to_max_lent_and_says_why(tmp_path, capsys):
+    rc, out, _ = run(tmp_path, capsys, "--at", "23:30", "--needs", "night=1")
+    assert rc == 0
+    assert "night  kubernetes → slurm  6        0/4   open (opens 20:00, stops lending " \
+           "07:30, reclaims 08:00)  lend 4" in out
+    assert out.count("→ slurm: lent: in its window 20:00-08:00") == 4
+    assert "not judged: give --needs idle=N" in out
+
+
+def test_at_the_windows_end_it_reclaims_and_a_demand_lends_once_idle(tmp_path, capsys):
+    rc, out, _ = run(tmp_path, capsys, "--at", "2026-12-24 08:00", "--lent", "night=4",
+                     "--needs", "idle=0")
+    assert rc == 0 and out.startswith("at 2026-12-24 08:00 (dry run: nothing moves)")
+    assert out.count("→ kubernetes: reclaimed: outside its window 20:00-08:00") == 4
+    assert "idle: k1 GPU 0 → slurm: lent: kubernetes under 50 % for 30+ min" in out
+
+
+def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
+    rc, _, err = run(tmp_path, capsys, "--needs", "nope=1")
+    assert rc == 2 and "the plan has no lending rule 'nope'; it has idle, night" in err
+    rc, _, err = run(tmp_path, capsys, "--at", "25:00")
+    assert rc == 2 and "--at '25:00' is not HH:MM" in err
+    rc, _, err = run(tmp_path, capsys, "--lent", "night=x")
+    assert rc == 2 and "--lent 'night=x' must be RULE=N" in err
+
+
+def test_a_plan_without_rules_moves_nothing(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.split("lending:")[0])
+    assert main(["tidal", "--plan", str(plan)]) == 0
+    assert "no lending rules; every device stays with its owner" in capsys.readouterr().out
