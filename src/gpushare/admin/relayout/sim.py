@@ -16,6 +16,7 @@ job is ever stopped.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import statistics
@@ -23,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
-from gpushare.admin.relayout.decide import GpuState, Request, decide
+from gpushare.admin.relayout.decide import GpuState, Request
 from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, parse_layout
+from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, decide_guarded
 
 if TYPE_CHECKING:
     from gpushare.admin.plan import Plan
@@ -33,11 +35,6 @@ __all__ = ["Cluster", "Job", "Result", "best_static", "cluster_from_plan", "defa
            "even_split", "score", "simulate", "spread"]
 
 DEFAULT_MENU = ("7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "2x3g.40gb", "whole")
-# Each step of a change (docs/performance.md says where each figure comes from).
-NVML_BASE_S = 10.0  # handles and the walk over MIG devices: "O(10 s)" (DRA driver, nvlib.go)
-NVML_PER_GPU_S = 2.0  # destroy + create GIs/CIs: mig-manager ~9 s for 8 GPUs (mig-parted)
-SLURMD_RESTART_S = 30.0  # RebootProgram ends, slurmd -b starts and re-registers (assumed)
-RECONFIGURE_S = 10.0  # slurm.conf Gres= rewritten, scontrol reconfigure (assumed)
 TIME_LIMIT_FACTOR = 2.0  # a job's time limit, as a multiple of its run time (assumed)
 
 
@@ -186,9 +183,11 @@ class Result:
 
 def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
              cluster: Optional[Cluster] = None, interval: float = 300.0, max_changes: int = 4,
-             hysteresis: float = 0.5, drain_latency: float = 5.0) -> Result:
+             hysteresis: float = 0.5, drain_latency: float = 5.0,
+             safety: float = SAFETY) -> Result:
     """Replay ``jobs`` on nodes laid out as ``layouts`` (per node, its GPUs' layouts);
-    with ``relayout``, a round of :func:`decide` every ``interval`` seconds."""
+    with ``relayout``, every ``interval`` seconds a round of :func:`decide_guarded`, the
+    decision ``gpushare relayout`` makes (a change only where predicted to gain)."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
     nodes = [_Node([_Gpu(lay, dict(lay.offers())) for lay in node]) for node in layouts]
@@ -202,6 +201,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     for job in jobs:
         heapq.heappush(events, (job.submit, next(seq), "submit", job.id))
     by_id = {job.id: job for job in jobs}
+    by_submit = sorted(jobs, key=lambda job: job.submit)
+    submits = [job.submit for job in by_submit]
     horizon = max((j.submit for j in jobs), default=0.0)
     if relayout:
         t = interval
@@ -270,7 +271,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     def maybe_change(node: _Node) -> None:
         if node.state == "draining" and not node.running and now >= node.drain_at:
             count = sum(1 for gpu in node.gpus if gpu.target is not None)
-            steps = NVML_BASE_S + NVML_PER_GPU_S * count + SLURMD_RESTART_S + RECONFIGURE_S
+            steps = change_seconds(count)
             node.state = "changing"
             heapq.heappush(events, (now + steps, next(seq), "changed", nodes.index(node)))
 
@@ -312,7 +313,9 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     result.change_times.setdefault((ident, index), []).append(now)
             node.state = "up"
         elif what == "round":
-            requests = [Request(str(j), by_id[j].kind, by_id[j].count, now - by_id[j].submit)
+            # slurmctld knows a job's run only from its time limit: twice its run.
+            requests = [Request(str(j), by_id[j].kind, by_id[j].count, now - by_id[j].submit,
+                                limit_s=TIME_LIMIT_FACTOR * by_id[j].run)
                         for queue in pending.values() for j in queue]
             states = []
             for number, node in enumerate(nodes):
@@ -327,7 +330,12 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     states.append(GpuState(str(number), index, "g", gpu.layout, bool(gpu.jobs),
                                            True, None if gpu.last_change is None
                                            else now - gpu.last_change, used, ends))
-            decision = decide(requests, states, {"g": the_menu}, max_changes, hysteresis)
+            first = bisect.bisect_right(submits, now - LOOKBACK_S)
+            recent = [(now - job.submit, Request(str(job.id), job.kind, job.count, 0.0,
+                                                 limit_s=TIME_LIMIT_FACTOR * job.run))
+                      for job in by_submit[first:bisect.bisect_right(submits, now)]]
+            decision, _ = decide_guarded(requests, states, {"g": the_menu}, max_changes,
+                                         hysteresis, safety=safety, recent=recent)
             for change in decision.changes:
                 node = nodes[int(change.node)]
                 target = the_menu.item(change.new)
