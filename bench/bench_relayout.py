@@ -160,16 +160,17 @@ def halves(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     return first, second
 
 
-def corpus(nodes: int) -> list[tuple[str, list[Job]]]:
+def corpus(nodes: int, held_out: bool = False) -> list[tuple[str, list[Job]]]:
     """The benchmark corpus at ``nodes`` nodes of 8 GPUs: the shipped traces and the
-    converted PAI-format sample (sized for 4 nodes: tiled), and the generator family."""
+    converted PAI-format sample (sized for 4 nodes: tiled), and the generator family; with
+    ``held_out``, the family's held-out members only."""
     import make_traces
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
     traces = []
-    for name in CORPUS_FILES:
+    for name in () if held_out else CORPUS_FILES:
         traces.append((name, tile(read_trace(os.path.join(here, name)), max(nodes // 4, 1))))
-    for member in make_traces.FAMILY:
+    for member in make_traces.HELD_OUT if held_out else make_traces.FAMILY:
         path = os.path.join(here, f".{member.name}-{nodes}.csv")
         write_rows(make_traces.generate(member, nodes * 8), path)
         jobs = read_trace(path)
@@ -236,34 +237,41 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
     return counts, result
 
 
-def corpus_row(name: str, jobs: list[Job], cluster: Cluster) -> str:
+def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True) -> str:
     """One row of the corpus table: the second half of the trace replayed four ways, each
-    scored on the jobs that ran in all four (a layout that never runs a job is marked)."""
+    scored on the jobs that ran in all four (a layout that never runs a job is marked);
+    without ``static``, only no relayout and relayout (the searches are most of the time)."""
     first, second = halves(jobs)
     start = spread(even_split(cluster), cluster)
     still = simulate(second, start, False, cluster)
     moved = simulate(second, start, True, cluster)
-    _, hindsight = cached_best_static(second, cluster)
-    learned, _ = cached_best_static(first, cluster)
-    suggested = simulate(second, spread(learned, cluster), False, cluster)
-    among = still.ran() & moved.ran() & hindsight.ran() & suggested.ran()
+    among = still.ran() & moved.ran()
+    hindsight = suggested = None
+    if static:
+        _, hindsight = cached_best_static(second, cluster)
+        learned, _ = cached_best_static(first, cluster)
+        suggested = simulate(second, spread(learned, cluster), False, cluster)
+        among &= hindsight.ran() & suggested.ran()
 
     def ratio(a: float, b: float) -> str:
         return f"x{a / b:.2f}" if b else ("x1.00" if not a else "more (from 0)")
 
     return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still, among)} | "
-            f"{_cell(moved, among)} | {_cell(hindsight, among)} | {_cell(suggested, among)} | "
+            f"{_cell(moved, among)} | "
+            f"{_cell(hindsight, among) if hindsight else '-'} | "
+            f"{_cell(suggested, among) if suggested else '-'} | "
             f"{ratio(moved.mig_wait(among), still.mig_wait(among))} / "
             f"{ratio(moved.mean_jct(among), still.mean_jct(among))} | "
-            f"{moved.changes / moved.gpu_hours if moved.gpu_hours else 0:.3f} | "
-            f"{moved.disturbed} |")
+            f"{moved.changes / moved.gpu_hours if moved.gpu_hours else 0:.3f} "
+            f"({moved.most_changes_in_an_hour()}) | {moved.disturbed} |")
 
 
 CORPUS_HEADER = (
     "Each cell: mean wait of MIG and MPS jobs / mean completion time, minutes, over the jobs "
     "of the trace's second half that ran in all four.\n\n"
     "| trace | nodes | jobs | no relayout | relayout | best static (hindsight) | --suggest "
-    "(first half) | relayout / no relayout | changes per GPU-hour | jobs disturbed |\n"
+    "(first half) | relayout / no relayout | changes per GPU-hour (most of one GPU in an "
+    "hour) | jobs disturbed |\n"
     "|---|---|---|---|---|---|---|---|---|---|")
 
 
@@ -280,6 +288,10 @@ def main() -> int:
                         help="the corpus table: every trace, second half, four ways")
     parser.add_argument("--sizes", default="4,8,16", metavar="N,N,...",
                         help="with --corpus: the node counts (default 4,8,16)")
+    parser.add_argument("--no-static", action="store_true",
+                        help="with --corpus: leave out the two best-static columns")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --corpus: the generator's held-out workloads instead")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="with --corpus: only this trace (repeatable)")
     parser.add_argument("--sacct", metavar="FILE",
@@ -303,9 +315,10 @@ def main() -> int:
     if args.corpus:
         print(CORPUS_HEADER, flush=True)
         for size in (int(n) for n in args.sizes.split(",")):
-            for name, jobs in corpus(size):
+            for name, jobs in corpus(size, args.held_out):
                 if not args.only or name in args.only:
-                    print(corpus_row(name, jobs, corpus_cluster(base, jobs, size)), flush=True)
+                    print(corpus_row(name, jobs, corpus_cluster(base, jobs, size),
+                                     not args.no_static), flush=True)
         return 0
     for path in args.trace:
         jobs = read_trace(path)

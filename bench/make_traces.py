@@ -133,6 +133,15 @@ FAMILY: tuple[Member, ...] = (
     Member("gen-load120-4h", 14, 1.2, 4, "mixed", "training"),
     Member("gen-load90-24h-mps", 15, 0.9, 24, "mps", "training"),
 )
+# Workloads that relayout's prediction was never looked at on while it was built: seeds and
+# parameters of their own, in the family's ranges, reported apart (bench_relayout --held-out).
+HELD_OUT: tuple[Member, ...] = (
+    Member("held-load60-6h", 101, 0.6, 6, "sweeps", "training"),
+    Member("held-load110-16h", 102, 1.1, 16, "inference", "mixed"),
+    Member("held-load70-4h-mps", 103, 0.7, 4, "mps", "sweeps"),
+    Member("held-load100-12h", 104, 1.0, 12, "training", "inference"),
+    Member("held-load120-24h", 105, 1.2, 24, "mixed", "sweeps"),
+)
 
 
 def _work_h(kind: str) -> float:
