@@ -92,6 +92,7 @@ class Verdict:
     with_it: Forecast
     cost_s: float
     made: bool
+    need_s: float = 0.0  # what both means had to fall by: cost_s times the safety factor
 
     def line(self) -> str:
         gpus = ",".join(str(c.index) for c in self.changes)
@@ -100,8 +101,9 @@ class Verdict:
                 f"{HORIZON_S / 3600:.0f} h, MIG wait {self.without.mig_wait_s / 60:.1f} -> "
                 f"{self.with_it.mig_wait_s / 60:.1f} min, completion "
                 f"{self.without.completion_s / 60:.1f} -> {self.with_it.completion_s / 60:.1f}"
-                f" min, change {self.cost_s:.0f} s (x{SAFETY:g} to gain): "
-                + ("made" if self.made else "refused, it would not gain enough"))
+                f" min: " + ("made" if self.made else "refused")
+                + f" (made only when both fall by more than {self.need_s:.0f} s; the change "
+                f"takes {self.cost_s:.0f} s)")
 
 
 @dataclass
@@ -262,7 +264,8 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
         predicted = forecast(requests, gpus, trial, arrivals=arrivals)
         cost = change_seconds(len(changes))
         ok = _gains(base, predicted, safety * cost)
-        verdicts.append(Verdict(node, tuple(changes), base, predicted, cost, ok))
+        verdicts.append(Verdict(node, tuple(changes), base, predicted, cost, ok,
+                                safety * cost))
         if ok:
             made, base = trial, predicted
             kept.extend(changes)
