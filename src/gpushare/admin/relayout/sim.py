@@ -140,6 +140,13 @@ class _Node:
     state: str = "up"  # up | draining | changing
     drain_at: float = 0.0
     running: set[int] = field(default_factory=set)
+    free: dict[str, int] = field(default_factory=dict)  # its GPUs' free units, summed
+
+    def count_free(self) -> None:
+        self.free = {}
+        for gpu in self.gpus:
+            for kind, units in gpu.free.items():
+                self.free[kind] = self.free.get(kind, 0) + units
 
 
 @dataclass
@@ -215,22 +222,25 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     now = 0.0
     done = 0
 
+    for node in nodes:
+        node.count_free()
+
     def idle_share() -> float:
         idle = 0.0
         for node in nodes:
             if node.state == "changing":
                 idle += len(node.gpus)
                 continue
-            for gpu in node.gpus:
-                idle += sum(share_of[k] * n for k, n in gpu.free.items())
+            idle += sum(share_of[k] * n for k, n in node.free.items())
         return idle
 
     def try_start(job: Job) -> bool:
         for number, node in enumerate(nodes):
             if node.state != "up" and not (node.state == "draining" and now < node.drain_at):
                 continue
-            if sum(g.free.get(job.kind, 0) for g in node.gpus) < job.count:
+            if node.free.get(job.kind, 0) < job.count:
                 continue
+            node.free[job.kind] -= job.count
             need = job.count
             for index, gpu in enumerate(node.gpus):
                 take = min(need, gpu.free.get(job.kind, 0))
@@ -253,7 +263,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
         for kind, queue in pending.items():
             if not queue:
                 continue
-            best = max((sum(g.free.get(kind, 0) for g in n.gpus) for n in nodes
+            best = max((n.free.get(kind, 0) for n in nodes
                         if n.state == "up" or (n.state == "draining" and now < n.drain_at)),
                        default=0)
             if best == 0:
@@ -262,8 +272,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             for job_id in queue:
                 job = by_id[job_id]
                 if job.count <= best and try_start(job):
-                    best = max((sum(g.free.get(kind, 0) for g in n.gpus) for n in nodes
-                                if n.state == "up"), default=0)
+                    best = max((n.free.get(kind, 0) for n in nodes if n.state == "up"),
+                               default=0)
                     continue
                 left.append(job_id)
             pending[kind] = left
@@ -289,6 +299,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             node = nodes[job.node]
             for index, kind, units in job.held:
                 node.gpus[index].free[kind] += units
+                node.free[kind] += units
                 node.gpus[index].jobs.discard(job.id)
             node.running.discard(job.id)
             done += 1
@@ -311,6 +322,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     gpu.target, gpu.last_change = None, now
                     result.changes += 1
                     result.change_times.setdefault((ident, index), []).append(now)
+            node.count_free()
             node.state = "up"
         elif what == "round":
             # slurmctld knows a job's run only from its time limit: twice its run.
