@@ -160,17 +160,18 @@ def halves(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     return first, second
 
 
-def corpus(nodes: int, held_out: bool = False) -> list[tuple[str, list[Job]]]:
+def corpus(nodes: int, held_out: int = 0) -> list[tuple[str, list[Job]]]:
     """The benchmark corpus at ``nodes`` nodes of 8 GPUs: the shipped traces and the
     converted PAI-format sample (sized for 4 nodes: tiled), and the generator family; with
-    ``held_out``, the family's held-out members only."""
+    ``held_out`` 1 or 2, the family's first or second held-out set only."""
     import make_traces
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
     traces = []
     for name in () if held_out else CORPUS_FILES:
         traces.append((name, tile(read_trace(os.path.join(here, name)), max(nodes // 4, 1))))
-    for member in make_traces.HELD_OUT if held_out else make_traces.FAMILY:
+    members = {0: make_traces.FAMILY, 1: make_traces.HELD_OUT, 2: make_traces.HELD_OUT_2}
+    for member in members[held_out]:
         path = os.path.join(here, f".{member.name}-{nodes}.csv")
         write_rows(make_traces.generate(member, nodes * 8), path)
         jobs = read_trace(path)
@@ -254,7 +255,7 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
         among &= hindsight.ran() & suggested.ran()
 
     def ratio(a: float, b: float) -> str:
-        return f"x{a / b:.2f}" if b else ("x1.00" if not a else "more (from 0)")
+        return f"x{a / b:.3f}" if b else ("x1.000" if not a else "more (from 0)")
 
     return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still, among)} | "
             f"{_cell(moved, among)} | "
@@ -290,8 +291,9 @@ def main() -> int:
                         help="with --corpus: the node counts (default 4,8,16)")
     parser.add_argument("--no-static", action="store_true",
                         help="with --corpus: leave out the two best-static columns")
-    parser.add_argument("--held-out", action="store_true",
-                        help="with --corpus: the generator's held-out workloads instead")
+    parser.add_argument("--held-out", type=int, choices=(0, 1, 2), default=0, metavar="SET",
+                        help="with --corpus: the generator's held-out workloads instead (set 1 "
+                        "or 2)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="with --corpus: only this trace (repeatable)")
     parser.add_argument("--sacct", metavar="FILE",

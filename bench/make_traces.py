@@ -142,6 +142,15 @@ HELD_OUT: tuple[Member, ...] = (
     Member("held-load100-12h", 104, 1.0, 12, "training", "inference"),
     Member("held-load120-24h", 105, 1.2, 24, "mixed", "sweeps"),
 )
+# A second held-out set, first run after the prediction's relative margin was set from what
+# the first one showed.
+HELD_OUT_2: tuple[Member, ...] = (
+    Member("fresh-load50-8h", 201, 0.5, 8, "sweeps", "inference"),
+    Member("fresh-load90-6h", 202, 0.9, 6, "training", "sweeps"),
+    Member("fresh-load120-12h-mps", 203, 1.2, 12, "mps", "inference"),
+    Member("fresh-load80-24h", 204, 0.8, 24, "mixed", "inference"),
+    Member("fresh-load100-4h", 205, 1.0, 4, "inference", "sweeps"),
+)
 
 
 def _work_h(kind: str) -> float:
