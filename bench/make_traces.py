@@ -142,7 +142,7 @@ HELD_OUT: tuple[Member, ...] = (
     Member("held-load100-12h", 104, 1.0, 12, "training", "inference"),
     Member("held-load120-24h", 105, 1.2, 24, "mixed", "sweeps"),
 )
-# A second held-out set, first run after the prediction's relative margin was set from what
+# A second held-out set, first run after the prediction's safety margin was set from what
 # the first one showed.
 HELD_OUT_2: tuple[Member, ...] = (
     Member("fresh-load50-8h", 201, 0.5, 8, "sweeps", "inference"),
