@@ -4,7 +4,8 @@
 :func:`decide` weighs what could start on each layout now; it does not see how long a
 drain keeps a node out of service, nor the waiting jobs of other kinds that the node then
 cannot take. So each candidate (the changes decide chose on one node) is judged by running
-the simulator's model of Slurm forward from the live state, with and without it:
+Slurm forward from the live state, with and without it, under the rules of the simulator
+(``sim``) that the benchmark replays traces with:
 
 - the waiting jobs that can start (those decide counted), oldest first, each placed first
   fit on one node it may run on and run for its time limit (slurmctld knows no better);
@@ -17,8 +18,8 @@ the simulator's model of Slurm forward from the live state, with and without it:
 
 A candidate is made only when it lowers both the mean predicted wait of the MIG and MPS jobs
 and the mean predicted completion time of all waiting jobs by more than the change takes
-times ``SAFETY``. Candidates
-are weighed in decide's order, each against the prediction with those already made.
+times ``SAFETY``. Candidates are weighed in decide's order, each against the prediction
+with those already made.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ RECONFIGURE_S = 10.0  # slurm.conf Gres= rewritten, scontrol reconfigure (assume
 HORIZON_S = 4 * 3600.0  # how far ahead a round looks; a job not started by then waits this
 LOOKBACK_S = 3600.0  # the recent past whose submissions stand for the next ones
 DEFAULT_LIMIT_S = 3600.0  # a waiting job without a time limit (squeue's UNLIMITED) runs this
-MAX_JOBS = 400  # the oldest waiting jobs a prediction places (the rest wait past the horizon)
+MAX_JOBS = 400  # the oldest waiting jobs a prediction places (the rest are left out of it)
 # How many times its own duration a change must gain, on both means, to be made. The
 # forecast runs each job for its time limit and sees no future submission, so a small
 # forecast gain can be a loss: on held-out workloads, changes forecast to gain 1.0 to 1.55
