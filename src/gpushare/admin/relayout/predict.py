@@ -18,8 +18,12 @@ Slurm forward from the live state, with and without it, under the rules of the s
 
 A candidate is made only when it lowers both the mean predicted wait of the MIG and MPS jobs
 and the mean predicted completion time of all waiting jobs by more than the change takes
-times ``SAFETY``. Candidates are weighed in decide's order, each against the prediction
-with those already made.
+times ``SAFETY``, against making no change and against draining the node and bringing it
+back unchanged. The second holds back a change whose forecast gain is the drain's alone:
+the model places jobs without reservations, so a drain that frees a node's slices all at
+once lets a request of several slices start that kept being passed by smaller ones; that
+gain is an artefact of when the drain ends, and did not hold in the replays. Candidates are
+weighed in decide's order, each against the prediction with those already made.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class Verdict:
     cost_s: float
     made: bool
     need_s: float = 0.0  # what both means had to fall by: cost_s times the safety factor
+    drain_only: Optional[Forecast] = None  # the node drained and back with its old layouts
 
     def line(self) -> str:
         gpus = ",".join(str(c.index) for c in self.changes)
@@ -105,7 +110,10 @@ class Verdict:
                 f"{HORIZON_S / 3600:.0f} h, MIG wait {self.without.mig_wait_s / 60:.1f} -> "
                 f"{self.with_it.mig_wait_s / 60:.1f} min, completion "
                 f"{self.without.completion_s / 60:.1f} -> {self.with_it.completion_s / 60:.1f}"
-                f" min: " + ("made" if self.made else "refused")
+                " min" + (f" (drained alone: {self.drain_only.mig_wait_s / 60:.1f} and "
+                          f"{self.drain_only.completion_s / 60:.1f} min)"
+                          if self.drain_only else "")
+                + ": " + ("made" if self.made else "refused")
                 + f" (made only when both fall by more than {self.need_s:.0f} s, "
                 f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)")
 
@@ -251,6 +259,7 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     if not decision.changes:
         return decision, []
     group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
+    layout_of = {(gpu.node, gpu.index): gpu.layout for gpu in gpus}
     by_node: dict[str, list[Change]] = {}
     for change in decision.changes:
         by_node.setdefault(change.node, []).append(change)
@@ -260,16 +269,21 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     arrivals = expected_arrivals(recent)
     base = forecast(requests, gpus, arrivals=arrivals)
     for node, changes in by_node.items():
-        trial = dict(made)
+        trial, same = dict(made), dict(made)
         for change in changes:
             item = menus[group_of[(change.node, change.index)]].item(change.new)
             assert item is not None  # decide chose it from this menu
             trial[(change.node, change.index)] = item.layout
+            same[(change.node, change.index)] = layout_of[(change.node, change.index)]
         predicted = forecast(requests, gpus, trial, arrivals=arrivals)
         cost = change_seconds(len(changes))
+        drained = None
         ok = _gains(base, predicted, safety * cost)
+        if ok:
+            drained = forecast(requests, gpus, same, arrivals=arrivals)
+            ok = _gains(drained, predicted, safety * cost)
         verdicts.append(Verdict(node, tuple(changes), base, predicted, cost, ok,
-                                safety * cost))
+                                safety * cost, drained))
         if ok:
             made, base = trial, predicted
             kept.extend(changes)
