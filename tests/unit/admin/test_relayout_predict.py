@@ -157,3 +157,23 @@ def test_the_simulators_relayout_is_no_worse_than_no_change_on_a_shift():
     among = still.ran()
     assert moved.mig_wait(among) <= still.mig_wait(among)
     assert moved.mean_jct(among) <= still.mean_jct(among)
+
+
+def test_a_gain_that_draining_alone_would_give_is_not_the_changes():
+    # n0's two 2g slots free at 1000 s and 2000 s; the oldest job wants both, and a job of
+    # one slice passes it and holds a slot for 9000 s. Draining n0 frees both at once, so the
+    # forecast with any change on n0 (here its idle whole GPU to 2x3g, which no job asks
+    # for) gains: the drain's gain, not the change's.
+    gpus = [_gpu("n0", 0, "3g.40gb+2g.20gb+1g.10gb", {"2g.20gb": 1}, 1000.0),
+            _gpu("n0", 1, "3g.40gb+2g.20gb+1g.10gb", {"2g.20gb": 1}, 2000.0),
+            _gpu("n0", 2, "whole")]
+    queue = [Request("pair", "2g.20gb", 2, 900.0, limit_s=3600.0)]
+    queue += [Request("one", "2g.20gb", 1, 600.0, limit_s=9000.0)]
+    proposed = Decision([Change("n0", 2, "whole", "2x3g.40gb", 1.0, True)])
+    guarded, [verdict] = guard(proposed, queue, gpus, MENUS)
+    need = verdict.need_s
+    assert verdict.without.mig_wait_s - verdict.with_it.mig_wait_s > need
+    assert verdict.without.completion_s - verdict.with_it.completion_s > need
+    assert verdict.drain_only is not None
+    assert verdict.drain_only.mig_wait_s == verdict.with_it.mig_wait_s
+    assert not verdict.made and guarded.changes == []
