@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import shlex
 import statistics
@@ -101,6 +102,11 @@ def _versus(static: Result, other: Result, mig_wait: Callable[[Result], float]) 
             "(goal: 25 % lower)")
 
 
+def _minutes(values: list[float], how: Callable[[list[float]], float]) -> str:
+    """A statistic of waits in minutes; "none ran" where no job of the kind finished."""
+    return f"{how(values) / 60:.1f} min" if values else "none ran"
+
+
 def report(name: str, static_counts: dict[str, int], static: Result, dynamic: Result,
            seeded: Optional[Result] = None) -> str:
     lines = [f"trace {name}: best static layout "
@@ -110,9 +116,9 @@ def report(name: str, static_counts: dict[str, int], static: Result, dynamic: Re
     lines.append("|---|---|---|---|---|")
     for kind in sorted(set(static.waits) | set(dynamic.waits)):
         s, d = static.waits.get(kind, []), dynamic.waits.get(kind, [])
-        lines.append(f"| {kind} | {statistics.fmean(s) / 60:.1f} min | "
-                     f"{statistics.fmean(d) / 60:.1f} min | {p95(s) / 60:.1f} min | "
-                     f"{p95(d) / 60:.1f} min |")
+        lines.append(f"| {kind} | {_minutes(s, statistics.fmean)} | "
+                     f"{_minutes(d, statistics.fmean)} | {_minutes(s, p95)} | "
+                     f"{_minutes(d, p95)} |")
     mig = [k for k in static.waits if k != "whole"]
 
     def mig_wait(result: Result) -> float:
@@ -255,7 +261,9 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
         among &= hindsight.ran() & suggested.ran()
 
     def ratio(a: float, b: float) -> str:
-        return f"x{a / b:.3f}" if b else ("x1.000" if not a else "more (from 0)")
+        # rounded up, so that a loss never reads as x1.000
+        return f"x{math.ceil(a / b * 1000) / 1000:.3f}" if b else \
+            ("x1.000" if not a else "more (from 0)")
 
     return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still, among)} | "
             f"{_cell(moved, among)} | "
