@@ -99,7 +99,8 @@ def _versus(static: Result, other: Result, mig_wait: Callable[[Result], float]) 
     lower = 100 * (1 - statistics.fmean(other.jct) / statistics.fmean(static.jct))
     return (f"MIG mean wait x{mig_wait(other) / mig_wait(static):.2f} (goal <= 0.5), mean "
             f"completion time {abs(lower):.0f} % {'lower' if lower >= 0 else 'higher'} "
-            "(goal: 25 % lower)")
+            "(goal: 25 % lower)" + (f"; {other.unfinished} jobs never ran, left out of its "
+                                   "means" if other.unfinished else ""))
 
 
 def _minutes(values: list[float], how: Callable[[list[float]], float]) -> str:
