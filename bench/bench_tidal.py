@@ -41,9 +41,9 @@ from typing import Optional
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_relayout import RECONFIGURE_S, SLURMD_RESTART_S
 from gpushare.admin.plan import parse_plan
 from gpushare.admin.plan.lending import Device, LendingRule
+from gpushare.admin.relayout.predict import RECONFIGURE_S, SLURMD_RESTART_S
 from gpushare.admin.tidal.decide import HomeUse, RuleState, decide, fits
 
 MOVE_S = RECONFIGURE_S + SLURMD_RESTART_S  # a move: Gres= rewritten, slurmd back

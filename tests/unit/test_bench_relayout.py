@@ -33,7 +33,7 @@ def test_relayout_runs_what_the_layout_cannot_and_never_touches_a_running_job(tm
     rows = [(0, 7200, "--gres=gpu:1g.10gb:1")]
     rows += [(60 + i, 1800, "--gres=gpu:3g.40gb:1") for i in range(6)]
     jobs = bench.read_trace(write_trace(tmp_path, rows))
-    layouts = bench.spread({"7x1g.10gb": 8}, 1, 8)
+    layouts = bench.spread({"7x1g.10gb": 8}, bench.default_cluster(1, 8))
     static = bench.simulate(jobs, layouts, False)
     assert static.unfinished == 6
     moved = bench.simulate(jobs, layouts, True)

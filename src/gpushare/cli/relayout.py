@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
-from gpushare.cli import add_slurm_arguments, fail, plan_problems, text_table
+from gpushare.cli import add_slurm_arguments, fail, plan_problems, relayout_suggest, text_table
 
 EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
 
@@ -132,11 +132,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.add_argument("--explain", action="store_true",
+                        help="also print each candidate change's predicted MIG wait and "
+                        "completion time with and without it, and the verdict")
+    relayout_suggest.add_arguments(parser)
     add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
 
 
-def format_decision(decision: Any) -> str:
+def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool = False) -> str:
+    """The decision in words; each candidate's prediction with and without it (``explain``:
+    its figures too)."""
     kinds = sorted(set(decision.demand) | set(decision.supply))
     lines = ["demand and idle supply per type:"]
     rows = [["type", "waiting", "idle"]]
@@ -150,6 +156,25 @@ def format_decision(decision: Any) -> str:
         lines.append("would drain: " + ", ".join(decision.drain))
     lines.append("why:")
     lines += [f"  {why}" for why in decision.why]
+    if explain and verdicts:
+        from gpushare.admin.relayout.predict import HORIZON_S, LOOKBACK_S, SAFETY
+
+        lines.append(f"predictions (the next {HORIZON_S / 3600:g} h from the live queue, each "
+                     "job run for its time limit, the last "
+                     f"{LOOKBACK_S / 3600:g} h's submissions repeated; a change is made when "
+                     f"both means fall by more than {SAFETY:g} x its duration):")
+        rows = [["node", "gpus", "to", "", "MIG wait", "completion", "jobs", "started",
+                 "verdict"]]
+        for v in verdicts:
+            for label, f in (("without", v.without), ("with", v.with_it)):
+                rows.append([v.node if label == "without" else "",
+                             ",".join(str(c.index) for c in v.changes) if label == "without"
+                             else "", v.changes[0].new if label == "without" else "", label,
+                             f"{f.mig_wait_s / 60:.1f} min", f"{f.completion_s / 60:.1f} min",
+                             str(f.jobs), str(f.started),
+                             ("made" if v.made else "refused") if label == "with" else
+                             f"change {v.cost_s:.0f} s"])
+        lines += ["  " + row for row in text_table(rows)]
     return "\n".join(lines)
 
 
@@ -262,6 +287,8 @@ def _record(path: str, node: str, index: int, layout: str, decision: str) -> Non
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
         return _run_node(args)
+    if args.suggest:
+        return relayout_suggest.run(args)
     from gpushare.admin.plan import PlanError, load_plan
 
     if not 0 <= args.max_changes <= 1000:
@@ -290,9 +317,9 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     import time
 
     from gpushare.admin.plan.model import with_slurm_version
-    from gpushare.admin.relayout.decide import decide
-    from gpushare.admin.relayout.demand import partitions, pending, running_ends, supply
+    from gpushare.admin.relayout.demand import partitions, pending, recent, running_ends, supply
     from gpushare.admin.relayout.menu import one_profile_per_node
+    from gpushare.admin.relayout.predict import decide_guarded
     from gpushare.admin.relayout.state import (
         AppliedState,
         StateError,
@@ -314,32 +341,45 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
                       ends=running_ends(args.squeue, args.timeout))
         queue = pending(args.squeue, args.timeout,
                         nodes_of=partitions(args.sinfo, args.timeout))
+        submitted = queue.recent + recent(args.squeue, args.timeout)
     except SlurmClientError as err:
         return fail("relayout", str(err))
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
     plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
-    decision = decide(queue.requests, gpus, menus, args.max_changes, args.hysteresis,
-                      max_drain_s=args.max_drain,
-                      one_profile_per_node=one_profile_per_node(version))
+    decision, verdicts = decide_guarded(
+        queue.requests, gpus, menus, args.max_changes, args.hysteresis,
+        max_drain_s=args.max_drain, one_profile_per_node=one_profile_per_node(version),
+        recent=submitted)
     if queue.skipped:
         decision.why.append("not counted (they could not start on any layout): " + ", ".join(
             f"{n} {why}" for why, n in sorted(queue.skipped.items())))
     if args.apply:
         from gpushare.cli.relayout_apply import apply
 
-        return apply(args, plan, decision, state_path, version, format_decision(decision),
-                     _decision_json(decision))
+        return apply(args, plan, decision, state_path, version,
+                     format_decision(decision, verdicts, args.explain),
+                     _decision_json(decision, verdicts))
     if args.json:
-        print(json.dumps(_decision_json(decision), indent=2))
+        print(json.dumps(_decision_json(decision, verdicts), indent=2))
         return 0
-    print(format_decision(decision))
+    print(format_decision(decision, verdicts, args.explain))
     return 0
 
 
-def _decision_json(decision: Any) -> dict[str, Any]:
+def _forecast_json(forecast: Any) -> dict[str, Any]:
+    return {"mig_wait_s": round(forecast.mig_wait_s, 1),
+            "completion_s": round(forecast.completion_s, 1), "jobs": forecast.jobs,
+            "mig_jobs": forecast.mig_jobs, "started": forecast.started}
+
+
+def _decision_json(decision: Any, verdicts: Sequence[Any] = ()) -> dict[str, Any]:
     return {"demand": decision.demand, "supply": decision.supply,
             "changes": [{"node": c.node, "gpu": c.index, "from": c.old, "to": c.new,
                          "gain": round(c.gain, 3), "node_busy": c.node_busy}
                         for c in decision.changes],
+            "predictions": [{"node": v.node, "gpus": [c.index for c in v.changes],
+                             "to": v.changes[0].new, "without": _forecast_json(v.without),
+                             "with": _forecast_json(v.with_it), "cost_s": v.cost_s,
+                             "made": v.made} for v in verdicts],
             "drain": decision.drain, "why": decision.why}

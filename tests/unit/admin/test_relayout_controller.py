@@ -403,3 +403,22 @@ def test_slurm_22_05s_count_of_mig_files_is_the_new_gres_too(site):
     slurm.reconfigure = too_few
     [outcome] = run(plan, settings, slurm, decision(("h1", 3, "2x3g.40gb")))
     assert outcome.failed and "slurmctld still shows" in outcome.failed
+
+
+def test_the_dry_run_shows_each_candidates_prediction_and_verdict(site, tmp_path, capsys):
+    from gpushare.cli import main
+
+    plan, settings, _profile, _slurm = site
+    argv, db = _command(plan, settings, tmp_path)
+    before = db.read_text()
+    dry = [word for word in argv if word not in ("--apply", "--json")]
+    assert main([*dry, "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted over 4 h, MIG wait 240.0 -> " in out and ": made" in out
+    assert "predictions (the next 4 h" in out and "without" in out and "made" in out
+    assert main([*dry, "--json"]) == 0
+    [prediction] = json.loads(capsys.readouterr().out)["predictions"]
+    assert prediction["made"] and prediction["to"] == "2x3g.40gb"
+    assert prediction["without"]["started"] == 0 and prediction["with"]["started"] == 1
+    assert prediction["with"]["mig_wait_s"] < prediction["without"]["mig_wait_s"] - 60
+    assert db.read_text() == before  # a dry run drains nothing

@@ -38,7 +38,8 @@ class Request:
     """One pending job's GPU request on one node: ``kind`` is a MIG profile ("1g.10gb"),
     "whole" or "mps"; ``count`` slices, GPUs or MPS units; ``nodes`` those it may run on
     (None: any); ``user`` and ``account`` whose share of the demand is capped ("": not
-    capped, as a trace without them)."""
+    capped, as a trace without them); ``limit_s`` its time limit (None: none known), which
+    the prediction of a change's effect runs it for."""
 
     job: str
     kind: str
@@ -47,6 +48,7 @@ class Request:
     nodes: Optional[frozenset[str]] = None
     user: str = ""
     account: str = ""
+    limit_s: Optional[float] = None
 
 
 @dataclass(frozen=True)

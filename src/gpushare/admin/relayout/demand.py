@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """What the queue waits for and what each GPU holds, from slurmctld.
 
-Demand is ``squeue -h -t PD -o "%i|%b|%V|%P|%u|%a|%r"`` (job, its GRES per node, its submit
-time, partitions, user, account, and why it waits): Slurm 22.05 writes
+Demand is ``squeue -h -t PD -o "%i|%b|%V|%P|%u|%a|%l|%r"`` (job, its GRES per node, its
+submit time, partitions, user, account, time limit, and why it waits; lines without the time
+limit read too): Slurm 22.05 writes
 ``gres:gpu:1g.10gb:2``, 23.11 and later ``gres/gpu:1g.10gb:2``; both read the same here. Only
 a job that waits for resources (Reason ``Resources``, ``Priority`` or ``ReqNodeNotAvail``)
 counts, and only on the
@@ -25,16 +26,17 @@ from gpushare.admin.cluster_status import used_indexes
 from gpushare.admin.plan import Plan
 from gpushare.admin.relayout.decide import GpuState, Request
 from gpushare.admin.relayout.menu import NOT_SLURMS, Layout, layout_name
+from gpushare.admin.relayout.predict import LOOKBACK_S
 from gpushare.admin.slurm_client import GRES_ITEM_SPLIT, SlurmClientError, SlurmNode, gres_item
 from gpushare.common import proc
 
 __all__ = ["SQUEUE_FORMAT", "Queue", "parse_partitions", "parse_request", "parse_running",
-           "parse_squeue", "parse_time_left", "partitions", "pending", "plan_layout", "read_queue",
-           "running_ends", "supply"]
+           "parse_squeue", "parse_submitted", "parse_time_left", "partitions", "pending",
+           "plan_layout", "read_queue", "recent", "running_ends", "supply"]
 
 DEFAULT_SQUEUE = "/usr/bin/squeue"
 DEFAULT_SINFO = "/usr/bin/sinfo"
-SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%r"
+SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%l|%r"
 SINFO_FORMAT = "%R|%N"
 # Waiting for resources: Resources, Priority, and ReqNodeNotAvail, which Slurm 22.05 gives a
 # job whose type only drained or down nodes offer (measured on 22.05.8: "ReqNodeNotAvail,
@@ -51,13 +53,16 @@ class Queue:
 
     requests: list[Request] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    # (seconds ago, request) of the counted jobs submitted within LOOKBACK_S
+    recent: list[tuple[float, Request]] = field(default_factory=list)
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
 
 def parse_request(job: str, gres: str, wait_s: float, nodes: Optional[frozenset[str]] = None,
-                  user: str = "", account: str = "") -> list[Request]:
+                  user: str = "", account: str = "",
+                  limit_s: Optional[float] = None) -> list[Request]:
     """One pending job's GPU requests per node: ``gres/gpu:3g.40gb:2`` → 3g.40gb × 2; a typed
     whole GPU or an untyped one → "whole"; ``gres:mps:25`` → mps × 25."""
     requests: list[Request] = []
@@ -75,7 +80,7 @@ def parse_request(job: str, gres: str, wait_s: float, nodes: Optional[frozenset[
             kind = "mps"
         else:
             continue
-        requests.append(Request(job, kind, count, wait_s, nodes, user, account))
+        requests.append(Request(job, kind, count, wait_s, nodes, user, account, limit_s))
     return requests
 
 
@@ -85,10 +90,10 @@ def read_queue(text: str, now: datetime.datetime,
     gives the wait, ``nodes_of`` each partition's nodes (None: any node)."""
     queue = Queue()
     for line in text.splitlines():
-        parts = line.strip().split("|", 6)
-        if len(parts) != 7:
+        parts = _fields(line)
+        if parts is None:
             continue
-        job, gres, submitted, parts_text, user, account, reason = parts
+        job, gres, submitted, parts_text, user, account, limit, reason = parts
         reason = reason.split(",", 1)[0].strip()
         if reason not in WAITING_REASONS:
             queue.skip(_REASON_NAMES.get(reason, f"reason {reason or 'none'}"))
@@ -104,9 +109,49 @@ def read_queue(text: str, now: datetime.datetime,
             wait = max((now - datetime.datetime.fromisoformat(submitted)).total_seconds(), 0.0)
         except ValueError:
             wait = 0.0
-        queue.requests.extend(parse_request(job, gres, wait, nodes, _named(user),
-                                            _named(account)))
+        requests = parse_request(job, gres, wait, nodes, _named(user), _named(account),
+                                 parse_time_left(limit))
+        queue.requests.extend(requests)
+        queue.recent.extend((wait, r) for r in requests if wait < LOOKBACK_S)
     return queue
+
+
+def _fields(line: str) -> Optional[list[str]]:
+    """SQUEUE_FORMAT's fields; a line without the time limit (``%l``) gets "" for it."""
+    parts = line.strip().split("|", 7)
+    if len(parts) == 7:
+        parts = line.strip().split("|", 6)
+        parts.insert(6, "")
+    return parts if len(parts) == 8 else None
+
+
+def parse_submitted(text: str, now: datetime.datetime,
+                    lookback_s: float = LOOKBACK_S) -> list[tuple[float, Request]]:
+    """(seconds ago, request) of the jobs submitted within ``lookback_s``, from ``squeue -h
+    -t R,CG,CD -o SQUEUE_FORMAT`` lines: with the pending ones, the recent submissions that
+    stand for the next ones in the prediction of a change's effect."""
+    found: list[tuple[float, Request]] = []
+    for line in text.splitlines():
+        parts = _fields(line)
+        if parts is None:
+            continue
+        job, gres, submitted, _parts, user, account, limit, _reason = parts
+        try:
+            ago = (now - datetime.datetime.fromisoformat(submitted)).total_seconds()
+        except ValueError:
+            continue
+        if 0.0 <= ago < lookback_s:
+            found.extend((ago, r) for r in parse_request(job, gres, 0.0, None, _named(user),
+                                                         _named(account),
+                                                         parse_time_left(limit)))
+    return found
+
+
+def recent(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
+           now: Optional[datetime.datetime] = None) -> list[tuple[float, Request]]:
+    """parse_submitted, asked of slurmctld (running and recently ended jobs)."""
+    text = _squeue(squeue, ["-h", "-t", "R,CG,CD", "-o", SQUEUE_FORMAT], timeout)
+    return parse_submitted(text, now or datetime.datetime.now())
 
 
 def _named(text: str) -> str:

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""A site's GPU job history from ``sacct``, as jobs the simulator (``sim``) replays.
+
+``gpushare relayout --suggest`` replays it to propose the best static layout, and the
+benchmark's converter writes it as a trace. Only what a replay needs is kept: when each job
+was submitted, how long it ran, and what one node of it asked for (a MIG profile, whole
+GPUs or MPS units); jobs that never started, and jobs asking for several GPU kinds at once,
+are left out and counted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gpushare.admin.relayout.sim import Job
+
+__all__ = ["SACCT_FIELDS", "History", "parse_sacct", "read_sacct", "sacct_argv", "tres_request"]
+
+SACCT_FIELDS = ("JobID", "Submit", "Start", "End", "ReqTRES", "User", "State")
+_MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
+
+
+@dataclass
+class History:
+    jobs: list[Job] = field(default_factory=list)
+    start: Optional[datetime.datetime] = None  # the first submit: time 0 of the jobs
+    skipped: dict[str, int] = field(default_factory=dict)  # why -> how many GPU jobs
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+
+def sacct_argv(sacct: str, days: float, now: datetime.datetime) -> list[str]:
+    """The sacct command for the last ``days`` days: every user's allocations, one line
+    each, ``|``-separated with a header (absolute path: root never follows PATH)."""
+    start = (now - datetime.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S")
+    return [sacct, "--parsable2", "--allocations", "--allusers", "--starttime", start,
+            "--endtime", now.strftime("%Y-%m-%dT%H:%M:%S"), "--format", ",".join(SACCT_FIELDS)]
+
+
+def tres_request(tres: str) -> Optional[tuple[str, int]]:
+    """``billing=2,cpu=2,gres/gpu:1g.10gb=4,gres/gpu=4,node=2`` -> ("1g.10gb", 2): the
+    kind and units one node asks for; None without a GPU request; ValueError for several
+    kinds at once."""
+    nodes, untyped, mps = 1, 0, 0
+    typed: dict[str, int] = {}
+    for item in tres.split(","):
+        name, _, value = item.strip().partition("=")
+        count = _count(value)
+        if count is None:
+            continue
+        if name == "node":
+            nodes = max(count, 1)
+        elif name == "gres/gpu":
+            untyped = count
+        elif name.startswith("gres/gpu:"):
+            kind = name[len("gres/gpu:"):].lower()
+            kind = kind if _MIG.match(kind) else "whole"
+            typed[kind] = typed.get(kind, 0) + count
+        elif name == "gres/mps":
+            mps = count
+    kinds = dict(typed) or ({"whole": untyped} if untyped else {})
+    if mps:
+        kinds["mps"] = mps
+    kinds = {kind: n for kind, n in kinds.items() if n > 0}
+    if not kinds:
+        return None
+    if len(kinds) > 1:
+        raise ValueError("several GPU kinds at once")
+    kind, count = next(iter(kinds.items()))
+    return kind, max(count // nodes, 1)
+
+
+def _count(value: str) -> Optional[int]:
+    value = value.strip()
+    return int(value) if value.isdigit() else None
+
+
+def _time(value: str) -> Optional[datetime.datetime]:
+    try:
+        return datetime.datetime.fromisoformat(value.strip())
+    except ValueError:  # Unknown, None, empty: the job never started or has not ended
+        return None
+
+
+def parse_sacct(text: str) -> History:
+    """Jobs from ``sacct --parsable2`` output with a header naming at least Submit, Start,
+    End and ReqTRES (or AllocTRES); ValueError when the header lacks them."""
+    lines = text.splitlines()
+    header = lines[0].strip().split("|") if lines else []
+    tres_field = "AllocTRES" if "AllocTRES" in header and "ReqTRES" not in header else "ReqTRES"
+    missing = [f for f in ("Submit", "Start", "End", tres_field) if f not in header]
+    if missing:
+        raise ValueError("the sacct output has no " + ", ".join(missing) + " column; run "
+                         "sacct --parsable2 --format " + ",".join(SACCT_FIELDS))
+    history = History()
+    rows = []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        fields = dict(zip(header, line.rstrip("\n").split("|")))
+        try:
+            request = tres_request(fields.get(tres_field, ""))
+        except ValueError:
+            history.skip("asks for several GPU kinds at once")
+            continue
+        if request is None:
+            continue
+        submit, start, end = (_time(fields.get(f, "")) for f in ("Submit", "Start", "End"))
+        if submit is None or start is None:
+            history.skip("never started")
+            continue
+        if end is None or end < start:
+            history.skip("has not ended")
+            continue
+        rows.append((submit, (end - start).total_seconds(), request, fields.get("User", "")))
+    rows.sort(key=lambda row: row[0])
+    if rows:
+        history.start = rows[0][0]
+    for number, (submit, run, (kind, count), user) in enumerate(rows):
+        assert history.start is not None
+        history.jobs.append(Job(number, (submit - history.start).total_seconds(), run, kind,
+                                count, user))
+    return history
+
+
+def read_sacct(sacct: str, days: float, timeout: float = 120.0,
+               now: Optional[datetime.datetime] = None) -> History:
+    """The last ``days`` days of GPU jobs, asked of slurmdbd through ``sacct`` (an absolute
+    path); SlurmClientError says why it could not be read."""
+    from gpushare.admin.slurm_client import SlurmClientError, _run
+
+    if not sacct.startswith("/"):
+        raise SlurmClientError(f"{sacct}: give the Slurm command as an absolute path")
+    text = _run(sacct_argv(sacct, days, now or datetime.datetime.now()), timeout)
+    try:
+        return parse_sacct(text)
+    except ValueError as err:
+        raise SlurmClientError(f"{sacct}: {err}") from None

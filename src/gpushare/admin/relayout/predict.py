@@ -1,0 +1,308 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""Whether a round's changes would help, predicted before any is made.
+
+:func:`decide` weighs what could start on each layout now; it does not see how long a
+drain keeps a node out of service, nor the waiting jobs of other kinds that the node then
+cannot take. So each candidate (the changes decide chose on one node) is judged by running
+Slurm forward from the live state, with and without it, under the rules of the simulator
+(``sim``) that the benchmark replays traces with:
+
+- the waiting jobs that can start (those decide counted), oldest first, each placed first
+  fit on one node it may run on and run for its time limit (slurmctld knows no better);
+- each busy GPU's held units come back when its jobs' time limits end;
+- a changed node takes no new job, waits until its jobs end, is out of service for the
+  change's steps (:func:`change_seconds`), and comes back with its new layout;
+- the jobs submitted in the last ``LOOKBACK_S`` come again, each as many lookbacks later as
+  the horizon holds: no future submission is known, so the recent past stands for it (a
+  layout made for today's queue alone would starve the kinds that arrive next).
+
+A candidate is made only when it lowers both the mean predicted wait of the MIG and MPS jobs
+and the mean predicted completion time of all waiting jobs by more than the change takes
+times ``SAFETY``, against making no change and against draining the node and bringing it
+back unchanged. The second holds back a change whose forecast gain is the drain's alone:
+the model places jobs without reservations, so a drain that frees a node's slices all at
+once lets a request of several slices start that kept being passed by smaller ones; that
+gain is an artefact of when the drain ends, and did not hold in the replays. Candidates are
+weighed in decide's order, each against the prediction with those already made.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
+
+from gpushare.admin.relayout.decide import Change, Decision, GpuState, Request, decide
+from gpushare.admin.relayout.menu import Layout, Menu
+
+__all__ = ["DEFAULT_LIMIT_S", "HORIZON_S", "LOOKBACK_S", "SAFETY", "Forecast", "Verdict",
+           "change_seconds", "decide_guarded", "expected_arrivals", "forecast", "guard"]
+
+# Each step of a change (docs/performance.md says where each figure comes from).
+NVML_BASE_S = 10.0  # handles and the walk over MIG devices: "O(10 s)" (DRA driver, nvlib.go)
+NVML_PER_GPU_S = 2.0  # destroy + create GIs/CIs: mig-manager ~9 s for 8 GPUs (mig-parted)
+SLURMD_RESTART_S = 30.0  # RebootProgram ends, slurmd -b starts and re-registers (assumed)
+RECONFIGURE_S = 10.0  # slurm.conf Gres= rewritten, scontrol reconfigure (assumed)
+
+HORIZON_S = 4 * 3600.0  # how far ahead a round looks; a job not started by then waits this
+LOOKBACK_S = 3600.0  # the recent past whose submissions stand for the next ones
+DEFAULT_LIMIT_S = 3600.0  # a waiting job without a time limit (squeue's UNLIMITED) runs this
+MAX_JOBS = 400  # the oldest waiting jobs a prediction places (the rest are left out of it)
+# How many times its own duration a change must gain, on both means, to be made. The
+# forecast runs each job for its time limit and sees no future submission, so a small
+# forecast gain can be a loss: on held-out workloads, changes forecast to gain 1.0 to 1.55
+# times their duration made MIG jobs wait 0.3 % longer. Twice is above that.
+SAFETY = 2.0
+
+
+def expected_arrivals(recent: Sequence[tuple[float, Request]], horizon_s: float = HORIZON_S,
+                      lookback_s: float = LOOKBACK_S) -> list[tuple[float, Request]]:
+    """(seconds from now, request) of the submissions to expect: each of ``recent`` (seconds
+    ago, request), submitted within ``lookback_s``, again every ``lookback_s``."""
+    arrivals = []
+    for ago, request in recent:
+        if not 0.0 <= ago < lookback_s:
+            continue
+        at = lookback_s - ago
+        while at < horizon_s:
+            arrivals.append((at, replace(request, wait_s=0.0)))
+            at += lookback_s
+    arrivals.sort(key=lambda arrival: arrival[0])
+    return arrivals
+
+
+def change_seconds(gpus: int) -> float:
+    """How long a node is out of service for changing ``gpus`` of its GPUs, once idle."""
+    return NVML_BASE_S + NVML_PER_GPU_S * gpus + SLURMD_RESTART_S + RECONFIGURE_S
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Predicted means over the waiting jobs, from now: wait of MIG and MPS jobs, completion
+    (wait + time limit) of all; ``started`` of ``jobs`` start within the horizon."""
+
+    mig_wait_s: float
+    completion_s: float
+    started: int
+    jobs: int
+    mig_jobs: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One candidate: its changes, the predictions without and with it, and whether made."""
+
+    node: str
+    changes: tuple[Change, ...]
+    without: Forecast
+    with_it: Forecast
+    cost_s: float
+    made: bool
+    need_s: float = 0.0  # what both means had to fall by: cost_s times the safety factor
+    drain_only: Optional[Forecast] = None  # the node drained and back with its old layouts
+
+    def line(self) -> str:
+        gpus = ",".join(str(c.index) for c in self.changes)
+        layouts = "/".join(sorted({c.old for c in self.changes}))
+        return (f"{self.node} GPU {gpus}: {layouts} -> {self.changes[0].new}: predicted over "
+                f"{HORIZON_S / 3600:.0f} h, MIG wait {self.without.mig_wait_s / 60:.1f} -> "
+                f"{self.with_it.mig_wait_s / 60:.1f} min, completion "
+                f"{self.without.completion_s / 60:.1f} -> {self.with_it.completion_s / 60:.1f}"
+                " min" + (f" (drained alone: {self.drain_only.mig_wait_s / 60:.1f} and "
+                          f"{self.drain_only.completion_s / 60:.1f} min)"
+                          if self.drain_only else "")
+                + ": " + ("made" if self.made else "refused")
+                + f" (made only when both fall by more than {self.need_s:.0f} s, "
+                f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)")
+
+
+@dataclass
+class _Node:
+    gpus: list[GpuState]
+    free: list[dict[str, int]]
+    up: bool = True
+    busy: int = 0  # GPUs whose jobs have not ended yet
+    new: dict[int, Layout] = field(default_factory=dict)  # the changed GPUs' layouts
+
+
+def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
+             new_layouts: Optional[dict[tuple[str, int], Layout]] = None,
+             horizon_s: float = HORIZON_S,
+             arrivals: Sequence[tuple[float, Request]] = ()) -> Forecast:
+    """The next ``horizon_s`` seconds, the GPUs in ``new_layouts`` changed and ``arrivals``
+    (seconds from now, request) submitted (see the module's docstring for the model)."""
+    new_layouts = new_layouts or {}
+    nodes: dict[str, _Node] = {}
+    for gpu in gpus:
+        node = nodes.setdefault(gpu.node, _Node([], []))
+        node.gpus.append(gpu)
+        node.free.append(gpu.idle())
+    events: list[tuple[float, int, str, str, int]] = []  # time, seq, what, node, gpu or job
+    seq = itertools.count()
+    for name, node in nodes.items():
+        for position, gpu in enumerate(node.gpus):
+            if (name, gpu.index) in new_layouts:
+                node.new[position] = new_layouts[(name, gpu.index)]
+            if not gpu.used:
+                continue
+            node.busy += 1
+            if gpu.ends_in_s is not None and gpu.ends_in_s <= horizon_s:
+                heapq.heappush(events, (max(gpu.ends_in_s, 0.0), next(seq), "free", name,
+                                        position))
+        if node.new:
+            node.up = False
+            if not node.busy:
+                heapq.heappush(events, (change_seconds(len(node.new)), next(seq), "back",
+                                        name, 0))
+    order = sorted(range(len(requests)), key=lambda i: -requests[i].wait_s)[:MAX_JOBS]
+    jobs = [requests[i] for i in order]
+    submitted = [0.0] * len(jobs)
+    queues: dict[str, list[int]] = {}
+    for number, job in enumerate(jobs):
+        queues.setdefault(job.kind, []).append(number)
+    for at, request in arrivals:
+        if at <= horizon_s:
+            heapq.heappush(events, (at, next(seq), "submit", "", len(jobs)))
+            jobs.append(request)
+            submitted.append(at)
+    limits = [r.limit_s if r.limit_s is not None else DEFAULT_LIMIT_S for r in jobs]
+    starts: list[Optional[float]] = [None] * len(jobs)
+    held: dict[int, list[tuple[int, int]]] = {}  # job → (GPU position, units)
+
+    def room(node: _Node, kind: str) -> int:
+        return sum(free.get(kind, 0) for free in node.free) if node.up else 0
+
+    def schedule(now: float) -> None:
+        for kind, queue in queues.items():
+            best = max((room(node, kind) for node in nodes.values()), default=0)
+            if not best:
+                continue
+            left = []
+            for number in queue:
+                job = jobs[number]
+                if best and job.count <= best and _place(number, job, now):
+                    best = max((room(node, kind) for node in nodes.values()), default=0)
+                    continue
+                left.append(number)
+            queues[kind] = left
+
+    def _place(number: int, job: Request, now: float) -> bool:
+        for name, node in nodes.items():
+            if job.nodes is not None and name not in job.nodes:
+                continue
+            if room(node, job.kind) < job.count:
+                continue
+            need, taken = job.count, []
+            for position, free in enumerate(node.free):
+                take = min(need, free.get(job.kind, 0))
+                if take:
+                    free[job.kind] -= take
+                    taken.append((position, take))
+                    need -= take
+                if not need:
+                    break
+            starts[number], held[number] = now, taken
+            if now + limits[number] <= horizon_s:
+                heapq.heappush(events, (now + limits[number], next(seq), "end", name, number))
+            return True
+        return False
+
+    schedule(0.0)
+    while events:
+        now, _, what, name, ident = heapq.heappop(events)
+        if now > horizon_s:
+            break
+        if what == "submit":
+            queues.setdefault(jobs[ident].kind, []).append(ident)
+            schedule(now)
+            continue
+        node = nodes[name]
+        if what == "end":
+            for position, units in held.pop(ident):
+                kind = jobs[ident].kind
+                node.free[position][kind] = node.free[position].get(kind, 0) + units
+        elif what == "free":
+            node.busy -= 1
+            gpu = node.gpus[ident]
+            for kind, units in gpu.used.items():
+                node.free[ident][kind] = node.free[ident].get(kind, 0) + units
+            if node.new and not node.busy:
+                heapq.heappush(events, (now + change_seconds(len(node.new)), next(seq),
+                                        "back", name, 0))
+        elif what == "back":
+            for position, layout in node.new.items():
+                node.free[position] = dict(layout.offers())
+            node.up = True
+        schedule(now)
+    waits = [(horizon_s if start is None else start) - at
+             for start, at in zip(starts, submitted)]
+    mig = [w for w, job in zip(waits, jobs) if job.kind != "whole"]
+    return Forecast(statistics.fmean(mig) if mig else 0.0,
+                    statistics.fmean(w + lim for w, lim in zip(waits, limits)) if jobs else 0.0,
+                    sum(1 for s in starts if s is not None), len(jobs), len(mig))
+
+
+def _gains(without: Forecast, with_it: Forecast, need_s: float) -> bool:
+    """Both means fall by more than ``need_s`` (so with no MIG or MPS job waiting or
+    expected, nothing changes: MIG layouts are changed for MIG jobs)."""
+    return without.completion_s - with_it.completion_s > need_s \
+        and without.mig_wait_s - with_it.mig_wait_s > need_s
+
+
+def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuState],
+          menus: dict[str, Menu], safety: float = SAFETY,
+          recent: Sequence[tuple[float, Request]] = ()) -> tuple[Decision, list[Verdict]]:
+    """``decision`` with only the candidates the prediction says gain, and each verdict;
+    ``recent``: (seconds ago, request) of the last LOOKBACK_S's submissions."""
+    if not decision.changes:
+        return decision, []
+    group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
+    layout_of = {(gpu.node, gpu.index): gpu.layout for gpu in gpus}
+    by_node: dict[str, list[Change]] = {}
+    for change in decision.changes:
+        by_node.setdefault(change.node, []).append(change)
+    made: dict[tuple[str, int], Layout] = {}
+    kept: list[Change] = []
+    verdicts: list[Verdict] = []
+    arrivals = expected_arrivals(recent)
+    base = forecast(requests, gpus, arrivals=arrivals)
+    for node, changes in by_node.items():
+        trial, same = dict(made), dict(made)
+        for change in changes:
+            item = menus[group_of[(change.node, change.index)]].item(change.new)
+            assert item is not None  # decide chose it from this menu
+            trial[(change.node, change.index)] = item.layout
+            same[(change.node, change.index)] = layout_of[(change.node, change.index)]
+        predicted = forecast(requests, gpus, trial, arrivals=arrivals)
+        cost = change_seconds(len(changes))
+        drained = None
+        ok = _gains(base, predicted, safety * cost)
+        if ok:
+            drained = forecast(requests, gpus, same, arrivals=arrivals)
+            ok = _gains(drained, predicted, safety * cost)
+        verdicts.append(Verdict(node, tuple(changes), base, predicted, cost, ok,
+                                safety * cost, drained))
+        if ok:
+            made, base = trial, predicted
+            kept.extend(changes)
+    why = [line for line in decision.why if not any(
+        line.startswith(f"{v.node} GPU ") and "wait-weighted" in line
+        for v in verdicts if not v.made)]
+    why += [verdict.line() for verdict in verdicts]
+    if not kept:
+        why.append("no change: none is predicted to shorten the waits by more than it costs")
+    return replace(decision, changes=kept, why=why), verdicts
+
+
+def decide_guarded(requests: Sequence[Request], gpus: Sequence[GpuState],
+                   menus: dict[str, Menu], max_changes: int = 4, hysteresis: float = 0.5,
+                   max_drain_s: Optional[float] = 5400.0, one_profile_per_node: bool = False,
+                   safety: float = SAFETY, recent: Sequence[tuple[float, Request]] = ()
+                   ) -> tuple[Decision, list[Verdict]]:
+    """A round's decision: decide's candidates, each kept only where predicted to gain.
+    ``gpushare relayout`` and the simulator's relayout both call this."""
+    decision = decide(requests, gpus, menus, max_changes, hysteresis,
+                      max_drain_s=max_drain_s, one_profile_per_node=one_profile_per_node)
+    return guard(decision, requests, gpus, menus, safety, recent)

@@ -1,0 +1,416 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""A simulated Slurm cluster that replays a GPU job history, with and without relayout.
+
+It is shared by the benchmark (bench/bench_relayout.py) and ``gpushare relayout --suggest``,
+so a site's own history replays on its own cluster: the GPU model, the menu and the node
+shape come from a :class:`Cluster`, built from the plan (:func:`cluster_from_plan`) or the
+benchmark's default (:func:`default_cluster`, 4 nodes of 8 H100-80GB).
+
+The model of Slurm: jobs start in submit order wherever their request fits (first fit on
+one node; a later job may pass one that does not fit); a node chosen for a change is
+drained, so no new job lands on it, and waits until its last job ends (a job scheduled in
+the ``drain_latency`` before the drain took hold counts as landed during the change); then
+it is out of service for the change's steps and comes back with the new layout. No running
+job is ever stopped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from gpushare.admin.mig_profiles import GpuModel, find_model
+from gpushare.admin.relayout.decide import GpuState, Request
+from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, parse_layout
+from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, decide_guarded
+
+if TYPE_CHECKING:
+    from gpushare.admin.plan import Plan
+
+__all__ = ["Cluster", "Job", "Result", "best_static", "cluster_from_plan", "default_cluster",
+           "even_split", "score", "simulate", "spread"]
+
+DEFAULT_MENU = ("7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "2x3g.40gb", "whole")
+TIME_LIMIT_FACTOR = 2.0  # a job's time limit, as a multiple of its run time (assumed)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the history replays on: ``nodes`` nodes of ``gpus_per_node`` GPUs of ``model``,
+    every one Slurm's, each taking a layout of ``menu``."""
+
+    model: GpuModel
+    menu: Menu
+    nodes: int
+    gpus_per_node: int
+    name: str = "default"
+
+    @property
+    def names(self) -> list[str]:
+        return [item.layout.name for item in self.menu.items]
+
+    def resized(self, nodes: int) -> Cluster:
+        return Cluster(self.model, self.menu, nodes, self.gpus_per_node, self.name)
+
+    def share(self, kind: str) -> float:
+        """One unit's share of a GPU: a 3g slice 3/7 (3/4 on an A30), an MPS unit 1/units."""
+        if kind == "whole":
+            return 1.0
+        if kind == "mps":
+            units = max((item.layout.mps for item in self.menu.items), default=0)
+            return 1.0 / (units or 100)
+        profile = self.model.profile(kind)
+        if profile is None or not self.model.compute_slices:
+            return 1.0
+        return profile.compute_slices / self.model.compute_slices
+
+
+def _menu(model: GpuModel, texts: Sequence[str], min_interval_s: int = 3600) -> Menu:
+    items = []
+    for text in texts:
+        layout, why = parse_layout(text, model)
+        if layout is None:
+            raise ValueError(why)
+        items.append(MenuItem(layout, 0, 10**6, 0))
+    return Menu(tuple(items), min_interval_s, 0)
+
+
+def default_cluster(nodes: int = 4, gpus_per_node: int = 8,
+                    menu: Sequence[str] = DEFAULT_MENU) -> Cluster:
+    """The benchmark's cluster: H100-80GB, the four-layout menu, a GPU changes once an hour."""
+    model = find_model("h100-80gb")
+    assert model is not None
+    return Cluster(model, _menu(model, menu), nodes, gpus_per_node)
+
+
+def cluster_from_plan(plan: Plan, group: Optional[str] = None,
+                      nodes: Optional[int] = None) -> Cluster:
+    """The plan's node group with a relayout menu (``group``: which one, when several):
+    its GPU model, its menu, its node count (or ``nodes``) and its Slurm-only GPUs per
+    node. ValueError says what is missing."""
+    with_menu = [g for g in plan.groups if g.relayout is not None]
+    if group is not None:
+        with_menu = [g for g in with_menu if g.name == group]
+        if not with_menu:
+            names = ", ".join(g.name for g in plan.groups if g.relayout is not None) or "none"
+            raise ValueError(f"{plan.path}: no node group {group!r} with a relayout menu "
+                             f"(groups with one: {names})")
+    if not with_menu:
+        raise ValueError(f"{plan.path}: no node group has a relayout menu; add one (docs/"
+                         "admin.md, MIG layouts that follow the queue)")
+    if len(with_menu) > 1:
+        raise ValueError(f"{plan.path}: node groups {', '.join(g.name for g in with_menu)} "
+                         "have relayout menus; name one with --group")
+    chosen = with_menu[0]
+    menu = chosen.relayout
+    assert menu is not None
+    per_node = sum(1 for gpu in chosen.gpus if gpu.changeable)
+    return Cluster(chosen.model, menu, nodes or len(chosen.nodes), per_node, chosen.name)
+
+
+@dataclass
+class Job:
+    id: int
+    submit: float
+    run: float
+    kind: str
+    count: int
+    user: str
+    start: Optional[float] = None
+    node: int = -1
+    held: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, kind, units)
+
+
+@dataclass
+class _Gpu:
+    layout: Layout
+    free: dict[str, int]
+    jobs: set[int] = field(default_factory=set)
+    last_change: Optional[float] = None
+    target: Optional[Layout] = None
+
+
+@dataclass
+class _Node:
+    gpus: list[_Gpu]
+    state: str = "up"  # up | draining | changing
+    drain_at: float = 0.0
+    running: set[int] = field(default_factory=set)
+    free: dict[str, int] = field(default_factory=dict)  # its GPUs' free units, summed
+
+    def count_free(self) -> None:
+        self.free = {}
+        for gpu in self.gpus:
+            for kind, units in gpu.free.items():
+                self.free[kind] = self.free.get(kind, 0) + units
+
+
+@dataclass
+class Result:
+    waits: dict[str, list[float]]
+    jct: list[float]
+    used_gpu_h: float
+    idle_waiting_gpu_h: float
+    changes: int
+    gpu_hours: float
+    landed_during_change: int
+    disturbed: int
+    unfinished: int
+    change_times: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    # (job id, kind, wait, completion time) of every finished job, to compare two runs on
+    # the jobs both ran
+    finished: list[tuple[int, str, float, float]] = field(default_factory=list)
+
+    def most_changes_in_an_hour(self) -> int:
+        """The most changes of one GPU within any hour (a window of 3600 s)."""
+        most = 0
+        for times in self.change_times.values():
+            for position, start in enumerate(times):
+                most = max(most, sum(1 for t in times[position:] if t < start + 3600))
+        return most
+
+    def ran(self) -> set[int]:
+        return {job for job, _, _, _ in self.finished}
+
+    def mig_wait(self, among: Optional[set[int]] = None) -> float:
+        """Mean wait of the MIG and MPS jobs that ran (of ``among``, when given)."""
+        values = [w for job, kind, w, _ in self.finished
+                  if kind != "whole" and (among is None or job in among)]
+        return statistics.fmean(values) if values else 0.0
+
+    def mean_jct(self, among: Optional[set[int]] = None) -> float:
+        """Mean completion time (wait + run) of the jobs that ran (of ``among``)."""
+        values = [c for job, _, _, c in self.finished if among is None or job in among]
+        return statistics.fmean(values) if values else 0.0
+
+
+def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
+             cluster: Optional[Cluster] = None, interval: float = 300.0, max_changes: int = 4,
+             hysteresis: float = 0.5, drain_latency: float = 5.0,
+             safety: float = SAFETY) -> Result:
+    """Replay ``jobs`` on nodes laid out as ``layouts`` (per node, its GPUs' layouts);
+    with ``relayout``, every ``interval`` seconds a round of :func:`decide_guarded`, the
+    decision ``gpushare relayout`` makes (a change only where predicted to gain)."""
+    cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
+    jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
+    nodes = [_Node([_Gpu(lay, dict(lay.offers())) for lay in node]) for node in layouts]
+    the_menu = cluster.menu
+    kinds = {kind for item in the_menu.items for kind in item.layout.offers()}
+    kinds |= {kind for node in layouts for lay in node for kind in lay.offers()}
+    share_of = {kind: cluster.share(kind) for kind in kinds | {j.kind for j in jobs}}
+    share = share_of.__getitem__
+    events: list[tuple[float, int, str, int]] = []  # (time, seq, what, id)
+    seq = itertools.count()
+    for job in jobs:
+        heapq.heappush(events, (job.submit, next(seq), "submit", job.id))
+    by_id = {job.id: job for job in jobs}
+    by_submit = sorted(jobs, key=lambda job: job.submit)
+    submits = [job.submit for job in by_submit]
+    horizon = max((j.submit for j in jobs), default=0.0)
+    if relayout:
+        t = interval
+        while t <= horizon + 2 * 86400:
+            heapq.heappush(events, (t, next(seq), "round", 0))
+            t += interval
+    pending: dict[str, list[int]] = {}
+    result = Result({}, [], 0.0, 0.0, 0, 0.0, 0, 0, 0)
+    total_gpus = sum(len(n.gpus) for n in nodes)
+    now = 0.0
+    done = 0
+
+    for node in nodes:
+        node.count_free()
+
+    def idle_share() -> float:
+        idle = 0.0
+        for node in nodes:
+            if node.state == "changing":
+                idle += len(node.gpus)
+                continue
+            idle += sum(share_of[k] * n for k, n in node.free.items())
+        return idle
+
+    def try_start(job: Job) -> bool:
+        for number, node in enumerate(nodes):
+            if node.state != "up" and not (node.state == "draining" and now < node.drain_at):
+                continue
+            if node.free.get(job.kind, 0) < job.count:
+                continue
+            node.free[job.kind] -= job.count
+            need = job.count
+            for index, gpu in enumerate(node.gpus):
+                take = min(need, gpu.free.get(job.kind, 0))
+                if take:
+                    gpu.free[job.kind] -= take
+                    gpu.jobs.add(job.id)
+                    job.held.append((index, job.kind, take))
+                    need -= take
+                if not need:
+                    break
+            if node.state == "draining":
+                result.landed_during_change += 1
+            job.start, job.node = now, number
+            node.running.add(job.id)
+            heapq.heappush(events, (now + job.run, next(seq), "end", job.id))
+            return True
+        return False
+
+    def schedule() -> None:
+        for kind, queue in pending.items():
+            if not queue:
+                continue
+            best = max((n.free.get(kind, 0) for n in nodes
+                        if n.state == "up" or (n.state == "draining" and now < n.drain_at)),
+                       default=0)
+            if best == 0:
+                continue
+            left = []
+            for job_id in queue:
+                job = by_id[job_id]
+                if job.count <= best and try_start(job):
+                    best = max((n.free.get(kind, 0) for n in nodes if n.state == "up"),
+                               default=0)
+                    continue
+                left.append(job_id)
+            pending[kind] = left
+
+    def maybe_change(node: _Node) -> None:
+        if node.state == "draining" and not node.running and now >= node.drain_at:
+            count = sum(1 for gpu in node.gpus if gpu.target is not None)
+            steps = change_seconds(count)
+            node.state = "changing"
+            heapq.heappush(events, (now + steps, next(seq), "changed", nodes.index(node)))
+
+    last = 0.0
+    while events and done < len(jobs):
+        time_, _, what, ident = heapq.heappop(events)
+        waiting = any(pending.values())
+        if waiting:
+            result.idle_waiting_gpu_h += idle_share() * (time_ - last) / 3600.0
+        last = now = time_
+        if what == "submit":
+            pending.setdefault(by_id[ident].kind, []).append(ident)
+        elif what == "end":
+            job = by_id[ident]
+            node = nodes[job.node]
+            for index, kind, units in job.held:
+                node.gpus[index].free[kind] += units
+                node.free[kind] += units
+                node.gpus[index].jobs.discard(job.id)
+            node.running.discard(job.id)
+            done += 1
+            started = now if job.start is None else job.start
+            result.waits.setdefault(job.kind, []).append(started - job.submit)
+            result.jct.append(started - job.submit + job.run)
+            result.finished.append((job.id, job.kind, started - job.submit,
+                                    started - job.submit + job.run))
+            result.used_gpu_h += share(job.kind) * job.count * job.run / 3600.0
+            maybe_change(node)
+        elif what == "drain":
+            maybe_change(nodes[ident])
+        elif what == "changed":
+            node = nodes[ident]
+            for index, gpu in enumerate(node.gpus):
+                if gpu.target is not None:
+                    if gpu.jobs:
+                        result.disturbed += 1
+                    gpu.layout, gpu.free = gpu.target, dict(gpu.target.offers())
+                    gpu.target, gpu.last_change = None, now
+                    result.changes += 1
+                    result.change_times.setdefault((ident, index), []).append(now)
+            node.count_free()
+            node.state = "up"
+        elif what == "round":
+            # slurmctld knows a job's run only from its time limit: twice its run.
+            requests = [Request(str(j), by_id[j].kind, by_id[j].count, now - by_id[j].submit,
+                                limit_s=TIME_LIMIT_FACTOR * by_id[j].run)
+                        for queue in pending.values() for j in queue]
+            states = []
+            for number, node in enumerate(nodes):
+                if node.state != "up":
+                    continue
+                for index, gpu in enumerate(node.gpus):
+                    used = {k: n - gpu.free.get(k, 0) for k, n in gpu.layout.offers().items()
+                            if n > gpu.free.get(k, 0)}
+                    # slurmctld knows a job's end only from its time limit: twice its run.
+                    ends = max(((by_id[j].start or now) + TIME_LIMIT_FACTOR * by_id[j].run - now
+                                for j in gpu.jobs), default=0.0)
+                    states.append(GpuState(str(number), index, "g", gpu.layout, bool(gpu.jobs),
+                                           True, None if gpu.last_change is None
+                                           else now - gpu.last_change, used, ends))
+            first = bisect.bisect_right(submits, now - LOOKBACK_S)
+            recent = [(now - job.submit, Request(str(job.id), job.kind, job.count, 0.0,
+                                                 limit_s=TIME_LIMIT_FACTOR * job.run))
+                      for job in by_submit[first:bisect.bisect_right(submits, now)]]
+            decision, _ = decide_guarded(requests, states, {"g": the_menu}, max_changes,
+                                         hysteresis, safety=safety, recent=recent)
+            for change in decision.changes:
+                node = nodes[int(change.node)]
+                target = the_menu.item(change.new)
+                assert target is not None
+                node.gpus[change.index].target = target.layout
+                if node.state == "up":
+                    node.state, node.drain_at = "draining", now + drain_latency
+                    heapq.heappush(events, (node.drain_at, next(seq), "drain", int(change.node)))
+        schedule()
+    result.unfinished = len(jobs) - done
+    result.gpu_hours = total_gpus * now / 3600.0
+    return result
+
+
+def spread(counts: dict[str, int], cluster: Cluster) -> list[list[Layout]]:
+    """Per node, its GPUs' layouts: each layout spread over the nodes as evenly as it goes."""
+    by_name = {item.layout.name: item.layout for item in cluster.menu.items}
+    flat = [by_name[name] for name in cluster.names for _ in range(counts.get(name, 0))]
+    grid: list[list[Layout]] = [[] for _ in range(cluster.nodes)]
+    for position, layout in enumerate(flat):
+        grid[position % cluster.nodes].append(layout)
+    if not all(len(row) == cluster.gpus_per_node for row in grid):
+        raise ValueError(f"{sum(counts.values())} GPUs do not fill {cluster.nodes} nodes of "
+                         f"{cluster.gpus_per_node} GPUs evenly")
+    return grid
+
+
+def even_split(cluster: Cluster) -> dict[str, int]:
+    """The menu's layouts in equal numbers (the first ones take what does not divide)."""
+    total, names = cluster.nodes * cluster.gpus_per_node, cluster.names
+    return {name: total // len(names) + (i < total % len(names)) for i, name in enumerate(names)}
+
+
+def score(result: Result) -> float:
+    return statistics.fmean(result.jct) if result.jct and not result.unfinished else 1e18
+
+
+def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
+    """The static layout with the lowest mean completion time: a grid over the menu in steps
+    of one GPU per node, then single-GPU moves until none helps."""
+    total = cluster.nodes * cluster.gpus_per_node
+    names = cluster.names
+    tried: dict[tuple[int, ...], Result] = {}
+
+    def run(counts: tuple[int, ...]) -> Result:
+        if counts not in tried:
+            tried[counts] = simulate(jobs, spread(dict(zip(names, counts)), cluster), False,
+                                     cluster)
+        return tried[counts]
+
+    step = cluster.nodes
+    grid = [c for c in itertools.product(range(0, total + 1, step), repeat=len(names) - 1)
+            if sum(c) <= total]
+    best = min(((*c, total - sum(c)) for c in grid), key=lambda c: score(run(c)))
+    improved = True
+    while improved:
+        improved = False
+        for src, dst in itertools.permutations(range(len(names)), 2):
+            if best[src] == 0:
+                continue
+            trial = list(best)
+            trial[src] -= 1
+            trial[dst] += 1
+            if score(run(tuple(trial))) < score(run(best)):
+                best, improved = tuple(trial), True
+    return dict(zip(names, best)), run(best)

@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare relayout --suggest``: the best static MIG layout for the site's own last N days,
+found by replaying its sacct history on the plan's node group in the relayout simulator.
+
+It is the start layout to give a group that relayout then follows, and the layout to keep
+for a site that does not run relayout at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Optional
+
+from gpushare.cli import fail, plan_problems
+
+MAX_DAYS = 366.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("proposing a static layout (gpushare relayout --suggest)")
+    group.add_argument("--suggest", action="store_true",
+                       help="propose the best static layout for the last --days of sacct "
+                       "history, replayed on the plan's node group with a relayout menu")
+    group.add_argument("--days", type=float, default=14.0, metavar="N",
+                       help="with --suggest: how much history (default 14 days)")
+    group.add_argument("--sacct", default="/usr/bin/sacct", metavar="PATH",
+                       help="absolute path of sacct (default /usr/bin/sacct)")
+    group.add_argument("--history", metavar="FILE",
+                       help="with --suggest: read this saved `sacct --parsable2 --allocations "
+                       "--format JobID,Submit,Start,End,ReqTRES,User,State` output instead "
+                       "of running sacct")
+    group.add_argument("--group", metavar="NAME",
+                       help="with --suggest: the node group (when several have a menu)")
+
+
+def _current(group: Any, nodes: int) -> Optional[list[list[Any]]]:
+    """The group's Slurm-only GPUs laid out as the plan says, per node."""
+    from gpushare.admin.relayout.menu import Layout, layout_name
+
+    layouts = []
+    for gpu in group.gpus:
+        if not gpu.changeable:
+            continue
+        if gpu.mig:
+            slices = tuple(s.profile for s in gpu.slices)
+            layouts.append(Layout(layout_name(slices), tuple(sorted(slices))))
+        elif gpu.mps:
+            layouts.append(Layout(f"mps:{gpu.mps}", (), gpu.mps))
+        else:
+            layouts.append(Layout("whole"))
+    return [list(layouts) for _ in range(nodes)] if layouts else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.relayout.history import parse_sacct, read_sacct
+    from gpushare.admin.relayout.sim import best_static, cluster_from_plan, simulate, spread
+    from gpushare.admin.slurm_client import SlurmClientError
+
+    if not 0 < args.days <= MAX_DAYS:
+        return fail("relayout", f"--days must be more than 0 and at most {MAX_DAYS:.0f}")
+    try:
+        plan = load_plan(args.plan)
+        cluster = cluster_from_plan(plan, args.group)
+    except PlanError as err:
+        return fail("relayout", plan_problems(err))
+    except ValueError as err:
+        return fail("relayout", str(err))
+    try:
+        if args.history:
+            with open(args.history, encoding="utf-8") as handle:
+                history = parse_sacct(handle.read())
+        else:
+            history = read_sacct(args.sacct, args.days, max(args.timeout, 120.0))
+    except (OSError, UnicodeDecodeError) as err:
+        return fail("relayout", f"{args.history}: cannot read the history: {err}")
+    except (ValueError, SlurmClientError) as err:
+        return fail("relayout", str(err))
+    if not history.jobs:
+        return fail("relayout", "no GPU job ran in that history; nothing to learn a layout "
+                    "from (a longer --days?)")
+    counts, best = best_static(history.jobs, cluster)
+    group = next(g for g in plan.groups if g.name == cluster.name)
+    now_layouts = _current(group, cluster.nodes)
+    today = simulate(history.jobs, now_layouts, False, cluster) if now_layouts else None
+    per_node = spread(counts, cluster)
+    if args.json:
+        print(json.dumps({
+            "group": cluster.name, "jobs": len(history.jobs), "skipped": history.skipped,
+            "layout": {name: n for name, n in counts.items() if n},
+            "nodes": {node: [layout.name for layout in row]
+                      for node, row in zip(group.nodes, per_node)},
+            "mig_wait_s": round(best.mig_wait(), 1), "mean_completion_s": round(best.mean_jct(), 1),
+            "unfinished": best.unfinished,
+            "plan_layout": None if today is None else {
+                "mig_wait_s": round(today.mig_wait(), 1),
+                "mean_completion_s": round(today.mean_jct(), 1),
+                "unfinished": today.unfinished}}, indent=2))
+        return 0
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(history.skipped.items()))
+    print(f"history: {len(history.jobs)} GPU jobs"
+          + (f" ({skipped}: left out)" if skipped else "")
+          + f"; replayed on node group {cluster.name}: {cluster.nodes} nodes of "
+          f"{cluster.gpus_per_node} Slurm GPUs ({cluster.model.name})")
+    print("best static layout: " + ", ".join(f"{n} GPUs {name}" for name, n in counts.items()
+                                              if n))
+    for node, row in zip(group.nodes, per_node):
+        print(f"  {node}: " + " ".join(f"GPU {i} {layout.name}" for i, layout in enumerate(row)))
+    print(f"replayed with it: MIG jobs wait {best.mig_wait() / 60:.1f} min on average, jobs "
+          f"complete in {best.mean_jct() / 60:.1f} min"
+          + (f", {best.unfinished} never ran" if best.unfinished else ""))
+    if today is not None:
+        print(f"replayed with the plan's layout: {today.mig_wait() / 60:.1f} min, "
+              f"{today.mean_jct() / 60:.1f} min"
+              + (f", {today.unfinished} never ran (a profile it lacks)" if today.unfinished
+                 else ""))
+    print("to keep it, give the plan's GPUs these layouts (gpushare render, then restart "
+          "slurmd), or let relayout start from it")
+    return 0

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The prediction that guards each relayout round: a change is made only where the model of
+Slurm, run forward from the live state, says it shortens both the MIG jobs' wait and the
+completion time by more than the change takes."""
+
+from __future__ import annotations
+
+import datetime
+
+from gpushare.admin.relayout.decide import Change, Decision, GpuState, Request, decide
+from gpushare.admin.relayout.demand import parse_submitted, read_queue
+from gpushare.admin.relayout.predict import (
+    HORIZON_S,
+    change_seconds,
+    decide_guarded,
+    expected_arrivals,
+    forecast,
+    guard,
+)
+from gpushare.admin.relayout.sim import Job, default_cluster, simulate, spread
+
+CLUSTER = default_cluster(2, 2)
+MENU = CLUSTER.menu
+MENUS = {"g": MENU}
+
+
+def _layout(name: str):
+    item = MENU.item(name)
+    assert item is not None
+    return item.layout
+
+
+def _gpu(node: str, index: int, layout: str, used: dict[str, int] | None = None,
+         ends_in_s: float | None = None) -> GpuState:
+    return GpuState(node, index, "g", _layout(layout), bool(used), True, None, used or {},
+                    ends_in_s if used else None)
+
+
+def _jobs(kind: str, count: int, limit_s: float = 1800.0, wait_s: float = 600.0
+          ) -> list[Request]:
+    return [Request(f"{kind}-{n}", kind, 1, wait_s + n, limit_s=limit_s) for n in range(count)]
+
+
+def test_a_change_that_lets_waiting_jobs_start_is_made():
+    # Every GPU is busy with 3g jobs (n0's for two hours, n1's for one) but one idle 2x3g
+    # GPU on n1; twelve 1g jobs wait, for which no layout offers a slice.
+    gpus = [_gpu("n0", 0, "2x3g.40gb", {"3g.40gb": 2}, 7200.0),
+            _gpu("n0", 1, "2x3g.40gb", {"3g.40gb": 2}, 7200.0),
+            _gpu("n1", 0, "2x3g.40gb"), _gpu("n1", 1, "2x3g.40gb", {"3g.40gb": 2}, 3600.0)]
+    queue = _jobs("1g.10gb", 12)
+    decision, [verdict] = decide_guarded(queue, gpus, MENUS)
+    assert [(c.node, c.index, c.new) for c in decision.changes] == [("n1", 0, "7x1g.10gb")]
+    assert verdict.made
+    # The prediction it rests on: without the change no 1g job starts within the horizon;
+    # with it they start once n1's last job ends and the change is done.
+    assert verdict.without.started == 0 and verdict.without.mig_wait_s == HORIZON_S
+    assert verdict.with_it.started == 12
+    assert verdict.with_it.mig_wait_s < verdict.without.mig_wait_s - verdict.cost_s
+    assert verdict.with_it.completion_s < verdict.without.completion_s - verdict.cost_s
+    assert any("made" in line for line in decision.why)
+
+
+def test_a_change_that_would_hurt_is_refused():
+    # An idle 2x3g GPU where two 3g jobs are about to start; turning it to 7x1g for one 1g
+    # job would leave both 3g jobs waiting for the other node's hour-long jobs.
+    gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "7x1g.10gb", {"1g.10gb": 7}, 3600.0),
+            _gpu("n1", 0, "2x3g.40gb", {"3g.40gb": 2}, 3600.0),
+            _gpu("n1", 1, "2x3g.40gb", {"3g.40gb": 2}, 3600.0)]
+    queue = _jobs("3g.40gb", 2) + _jobs("1g.10gb", 1, wait_s=0.0)
+    proposed = Decision([Change("n0", 0, "2x3g.40gb", "7x1g.10gb", 1.0, True)],
+                        ["n0 GPU 0: 2x3g.40gb -> 7x1g.10gb: lets 1.00 GPUs' worth of "
+                         "wait-weighted queued work start"])
+    guarded, [verdict] = guard(proposed, queue, gpus, MENUS)
+    assert not verdict.made and guarded.changes == []
+    assert verdict.with_it.mig_wait_s > verdict.without.mig_wait_s
+    assert not any("wait-weighted" in line for line in guarded.why)
+    assert any("refused" in line for line in guarded.why)
+
+
+def test_with_no_queue_nothing_changes():
+    gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "whole"),
+            _gpu("n1", 0, "7x1g.10gb"), _gpu("n1", 1, "whole")]
+    recent = [(600.0, r) for r in _jobs("1g.10gb", 20)]
+    decision, verdicts = decide_guarded([], gpus, MENUS, recent=recent)
+    assert decision.changes == [] and verdicts == []
+    # And a change proposed anyway gains nothing for no one waiting: refused.
+    proposed = Decision([Change("n0", 0, "2x3g.40gb", "7x1g.10gb", 1.0, False)])
+    guarded, [verdict] = guard(proposed, [], gpus, MENUS)
+    assert guarded.changes == [] and not verdict.made
+
+
+def test_a_drained_node_comes_back_after_its_jobs_and_the_change():
+    gpus = [_gpu("n0", 0, "2x3g.40gb", {"3g.40gb": 1}, 1000.0), _gpu("n0", 1, "2x3g.40gb")]
+    [job] = _jobs("1g.10gb", 1)
+    new = {("n0", 1): _layout("7x1g.10gb")}
+    after = forecast([job], gpus, new)
+    assert after.started == 1
+    assert after.mig_wait_s == 1000.0 + change_seconds(1)
+    assert after.completion_s == after.mig_wait_s + job.limit_s
+    # A node whose jobs outlast the horizon never comes back within it.
+    stuck = [_gpu("n0", 0, "2x3g.40gb", {"3g.40gb": 1}, HORIZON_S + 1), gpus[1]]
+    assert forecast([job], stuck, new).started == 0
+
+
+def test_the_recent_past_stands_for_the_next_submissions_and_weighs_on_a_change():
+    [late] = _jobs("3g.40gb", 1, wait_s=0.0)
+    arrivals = expected_arrivals([(600.0, late), (7200.0, late)], horizon_s=4 * 3600.0,
+                                 lookback_s=3600.0)
+    assert [at for at, _ in arrivals] == [3000.0, 6600.0, 10200.0, 13800.0]
+    # Two idle 2x3g GPUs, one 1g job waiting, 3g jobs submitted all along: taking a 3g GPU
+    # for the 1g job is worth less once the 3g jobs to come are counted.
+    gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "2x3g.40gb")]
+    queue = _jobs("1g.10gb", 1)
+    recent = [(ago, r) for ago, r in zip(range(0, 3600, 300), _jobs("3g.40gb", 12, 3600.0))]
+    new = {("n0", 0): _layout("7x1g.10gb"), ("n0", 1): _layout("7x1g.10gb")}
+    alone = forecast(queue, gpus, new)
+    counted = forecast(queue, gpus, new, arrivals=expected_arrivals(recent))
+    assert alone.mig_wait_s < forecast(queue, gpus).mig_wait_s
+    assert counted.mig_wait_s > forecast(queue, gpus,
+                                         arrivals=expected_arrivals(recent)).mig_wait_s
+
+
+def test_the_guard_keeps_what_decide_would_drop_nothing_of():
+    gpus = [_gpu("n0", 0, "whole"), _gpu("n0", 1, "whole"), _gpu("n1", 0, "whole"),
+            _gpu("n1", 1, "whole")]
+    queue = _jobs("1g.10gb", 10)
+    plain = decide(queue, gpus, MENUS)
+    guarded, verdicts = decide_guarded(queue, gpus, MENUS)
+    assert plain.changes and guarded.changes
+    assert set(guarded.changes) <= set(plain.changes)
+    assert {c.node for c in guarded.changes} == {v.node for v in verdicts if v.made}
+
+
+def test_squeue_time_limits_and_recent_submissions_are_read():
+    now = datetime.datetime(2026, 1, 1, 12, 0, 0)
+    text = ("7|gres/gpu:1g.10gb:2|2026-01-01T11:50:00|debug|alice|lab|1:00:00|Resources\n"
+            "8|gres/gpu:3g.40gb:1|2026-01-01T09:00:00|debug|bob|lab|Priority\n")
+    queue = read_queue(text, now)
+    assert [(r.job, r.limit_s) for r in queue.requests] == [("7", 3600.0), ("8", None)]
+    assert [(ago, r.job) for ago, r in queue.recent] == [(600.0, "7")]
+    running = ("9|gres/gpu:whole:1|2026-01-01T11:30:00|debug|c|lab|2:00:00|None\n"
+               "10|gres/gpu:1g.10gb:1|2026-01-01T10:00:00|debug|c|lab|UNLIMITED|None\n")
+    assert [(ago, r.job, r.limit_s) for ago, r in parse_submitted(running, now)] == \
+        [(1800.0, "9", 7200.0)]
+
+
+def test_the_simulators_relayout_is_no_worse_than_no_change_on_a_shift():
+    # Two hours of 3g jobs, then 1g jobs: the relayout arm runs decide_guarded.
+    cluster = default_cluster(2, 2)
+    jobs = [Job(n, 120.0 * n, 1500.0, "3g.40gb", 1, "u") for n in range(40)]
+    jobs += [Job(100 + n, 5000.0 + 60.0 * n, 900.0, "1g.10gb", 1, "v") for n in range(80)]
+    start = spread({"2x3g.40gb": 4}, cluster)
+    still = simulate(jobs, start, False, cluster)
+    moved = simulate(jobs, start, True, cluster)
+    assert still.unfinished == 80  # no layout of the start offers 1g
+    assert moved.unfinished == 0 and moved.disturbed == 0 and moved.changes >= 1
+    among = still.ran()
+    assert moved.mig_wait(among) <= still.mig_wait(among)
+    assert moved.mean_jct(among) <= still.mean_jct(among)
+
+
+def test_a_gain_that_draining_alone_would_give_is_not_the_changes():
+    # n0's two 2g slots free at 1000 s and 2000 s; the oldest job wants both, and a job of
+    # one slice passes it and holds a slot for 9000 s. Draining n0 frees both at once, so the
+    # forecast with any change on n0 (here its idle whole GPU to 2x3g, which no job asks
+    # for) gains: the drain's gain, not the change's.
+    gpus = [_gpu("n0", 0, "3g.40gb+2g.20gb+1g.10gb", {"2g.20gb": 1}, 1000.0),
+            _gpu("n0", 1, "3g.40gb+2g.20gb+1g.10gb", {"2g.20gb": 1}, 2000.0),
+            _gpu("n0", 2, "whole")]
+    queue = [Request("pair", "2g.20gb", 2, 900.0, limit_s=3600.0)]
+    queue += [Request("one", "2g.20gb", 1, 600.0, limit_s=9000.0)]
+    proposed = Decision([Change("n0", 2, "whole", "2x3g.40gb", 1.0, True)])
+    guarded, [verdict] = guard(proposed, queue, gpus, MENUS)
+    need = verdict.need_s
+    assert verdict.without.mig_wait_s - verdict.with_it.mig_wait_s > need
+    assert verdict.without.completion_s - verdict.with_it.completion_s > need
+    assert verdict.drain_only is not None
+    assert verdict.drain_only.mig_wait_s == verdict.with_it.mig_wait_s
+    assert not verdict.made and guarded.changes == []

@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The relayout simulator takes its cluster from the plan: the GPU model, the menu and the
+node shape (nodes, Slurm GPUs per node) are the plan's node group's, not the benchmark's."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.relayout.sim import (
+    Job,
+    best_static,
+    cluster_from_plan,
+    default_cluster,
+    even_split,
+    simulate,
+    spread,
+)
+
+A100_PLAN = """\
+version: 1
+node_groups:
+  - name: small
+    nodes: a[1-3]
+    gpu_model: a100-40gb
+    gpus: 2
+    layout:
+      all: {owner: slurm, mig: [{profile: 1g.5gb, count: 7}]}
+    relayout:
+      menu:
+        - {layout: 7x1g.5gb}
+        - {layout: whole}
+"""
+
+
+def _jobs(*rows: tuple[float, float, str, int]) -> list[Job]:
+    return [Job(n, s, r, kind, count, "u") for n, (s, r, kind, count) in enumerate(rows)]
+
+
+def test_the_cluster_is_the_plans_group_model_menu_and_node_shape():
+    cluster = cluster_from_plan(parse_plan(A100_PLAN))
+    assert (cluster.model.name, cluster.nodes, cluster.gpus_per_node, cluster.name) == \
+        ("a100-40gb", 3, 2, "small")
+    assert cluster.names == ["7x1g.5gb", "whole"]
+    assert cluster_from_plan(parse_plan(A100_PLAN), nodes=8).nodes == 8
+    # Only the Slurm GPUs of a node take part: the shared plan's nodes have 2 of 4.
+    from tests.unit.admin.relayout_plans import mig_plan
+
+    shared = cluster_from_plan(parse_plan(mig_plan(["{layout: 7x1g.10gb}",
+                                                    "{layout: whole}"])))
+    assert (shared.model.name, shared.nodes, shared.gpus_per_node) == ("h100-80gb", 2, 2)
+
+
+def test_a_history_replays_on_the_plans_cluster_not_the_default_one():
+    # A100-40GB slices: the plan's menu offers 1g.5gb, the default H100 menu does not.
+    jobs = _jobs((0, 600, "1g.5gb", 1), (10, 600, "1g.5gb", 2), (20, 900, "whole", 2))
+    cluster = cluster_from_plan(parse_plan(A100_PLAN))
+    counts, result = best_static(jobs, cluster)
+    assert result.unfinished == 0 and sum(counts.values()) == 6
+    assert counts["whole"] >= 2 and counts["7x1g.5gb"] >= 1
+    default = default_cluster(3, 2)
+    stuck = simulate(jobs, spread(even_split(default), default), False, default)
+    assert "1g.5gb" not in stuck.waits and stuck.unfinished >= 2  # none on H100s
+
+
+def test_a_request_must_fit_one_node_of_the_plans_shape():
+    cluster = cluster_from_plan(parse_plan(A100_PLAN))  # 2 GPUs a node
+    layouts = spread({"whole": 6}, cluster)
+    assert [len(row) for row in layouts] == [2, 2, 2]
+    assert simulate(_jobs((0, 60, "whole", 2)), layouts, False, cluster).unfinished == 0
+    assert simulate(_jobs((0, 60, "whole", 3)), layouts, False, cluster).unfinished == 1
+
+
+def test_shares_follow_the_model():
+    from gpushare.admin.mig_profiles import find_model
+    from gpushare.admin.relayout.sim import Cluster, _menu
+
+    model = find_model("a30")
+    assert model is not None
+    cluster = Cluster(model, _menu(model, ("4g.24gb", "2x2g.12gb", "mps:50")), 1, 1)
+    assert cluster.share("2g.12gb") == pytest.approx(0.5)
+    assert cluster.share("mps") == pytest.approx(1 / 50)
+    assert default_cluster().share("3g.40gb") == pytest.approx(3 / 7)
+
+
+def test_a_plan_without_one_menu_to_replay_is_refused_with_what_to_do():
+    no_menu = A100_PLAN.split("    relayout:")[0]
+    with pytest.raises(ValueError, match="no node group has a relayout menu"):
+        cluster_from_plan(parse_plan(no_menu))
+    two = A100_PLAN + A100_PLAN.split("node_groups:\n")[1].replace("small", "other") \
+        .replace("a[1-3]", "b[1-2]")
+    with pytest.raises(ValueError, match="name one with --group"):
+        cluster_from_plan(parse_plan(two))
+    assert cluster_from_plan(parse_plan(two), "other").nodes == 2
+    with pytest.raises(ValueError, match="no node group 'nope'"):
+        cluster_from_plan(parse_plan(two), "nope")
+
+
+def test_the_default_menu_rejects_a_layout_its_model_cannot_hold():
+    with pytest.raises(ValueError, match="no MIG profile"):
+        default_cluster(1, 1, ("7x1g.5gb",))

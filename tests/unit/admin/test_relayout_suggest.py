@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare relayout --suggest``: sacct's history read as Slurm prints it, replayed on the
+plan's node group, and the best static layout proposed."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+from tests.unit.admin.relayout_plans import mig_plan
+
+from gpushare.admin.relayout.history import parse_sacct, sacct_argv, tres_request
+
+HEADER = "JobID|Submit|Start|End|ReqTRES|User|State\n"
+# As sacct --parsable2 --allocations prints them (22.05 and 24.11 alike).
+CAPTURED = HEADER + "".join(line + "\n" for line in (
+    "|".join(('101', '2026-11-20T08:00:00', '2026-11-20T08:00:05', '2026-11-20T08:30:05',
+              'billing=4,cpu=4,gres/gpu:1g.10gb=1,gres/gpu=1,mem=16G,node=1',
+              'alice', 'COMPLETED')),
+    "|".join(('102', '2026-11-20T08:01:00', 'Unknown', '2026-11-20T08:05:00',
+              'billing=2,cpu=2,gres/gpu:3g.40gb=1,gres/gpu=1,mem=8G,node=1',
+              'bob', 'CANCELLED by 1001')),
+    "|".join(('103', '2026-11-20T08:02:00', '2026-11-20T09:00:00', 'Unknown',
+              'billing=8,cpu=8,gres/gpu:h100=4,gres/gpu=4,mem=64G,node=1',
+              'carol', 'RUNNING')),
+    "|".join(('104', '2026-11-20T08:03:00', '2026-11-20T08:03:01', '2026-11-20T08:04:01',
+              'billing=1,cpu=1,mem=1G,node=1',
+              'dave', 'COMPLETED')),
+    "|".join(('105', '2026-11-20T08:04:00', '2026-11-20T08:10:00', '2026-11-20T10:10:00',
+              'billing=32,cpu=32,gres/gpu:h100=16,gres/gpu=16,mem=512G,node=2',
+              'erin', 'COMPLETED')),
+    "|".join(('106_3', '2026-11-20T08:05:00', '2026-11-20T08:05:00', '2026-11-20T08:15:00',
+              'billing=1,cpu=1,gres/mps=50,mem=4G,node=1',
+              'frank', 'FAILED')),
+    "|".join(('107', '2026-11-20T08:06:00', '2026-11-20T08:06:00', '2026-11-20T08:16:00',
+              'billing=2,cpu=2,gres/gpu:1g.10gb=1,gres/gpu:3g.40gb=1,gres/gpu=2,node=1',
+              'gina', 'COMPLETED')),
+    "|".join(('108', '2026-11-20T07:59:00', 'None', 'None',
+              'billing=1,cpu=1,gres/gpu=1,node=1',
+              'hal', 'CANCELLED by 0')),
+    "|".join(('109', '2026-11-20T08:07:00', '2026-11-20T08:07:10', '2026-11-20T08:37:10',
+              'billing=2,cpu=2,gres/gpu=2,node=1',
+              'ivy', 'TIMEOUT')),
+))
+
+
+def test_sacct_history_becomes_jobs_per_node_and_says_what_it_left_out():
+    history = parse_sacct(CAPTURED)
+    assert history.start == datetime.datetime(2026, 11, 20, 8, 0)
+    assert [(j.submit, j.run, j.kind, j.count, j.user) for j in history.jobs] == [
+        (0.0, 1800.0, "1g.10gb", 1, "alice"),
+        (240.0, 7200.0, "whole", 8, "erin"),  # 16 GPUs over 2 nodes: 8 on each
+        (300.0, 600.0, "mps", 50, "frank"),
+        (420.0, 1800.0, "whole", 2, "ivy")]
+    assert history.skipped == {"never started": 2, "has not ended": 1,
+                               "asks for several GPU kinds at once": 1}
+
+
+def test_tres_without_a_gpu_is_not_a_gpu_job():
+    assert tres_request("billing=1,cpu=1,mem=1G,node=1") is None
+    assert tres_request("cpu=1,gres/gpu:a100=0,node=1") is None
+    assert tres_request("gres/gpu:2g.20gb=3,gres/gpu=3") == ("2g.20gb", 3)
+
+
+def test_output_without_the_columns_is_refused_with_the_command_to_run():
+    with pytest.raises(ValueError, match=r"no Start, End.*--format JobID,Submit"):
+        parse_sacct("JobID|Submit|ReqTRES\n1|2026-01-01T00:00:00|gres/gpu=1\n")
+
+
+def test_sacct_is_asked_for_the_window_every_user_one_line_per_job():
+    argv = sacct_argv("/usr/bin/sacct", 3, datetime.datetime(2026, 11, 20, 12, 0, 0))
+    assert argv[0] == "/usr/bin/sacct" and "--allusers" in argv and "--allocations" in argv
+    assert argv[argv.index("--starttime") + 1] == "2026-11-17T12:00:00"
+    assert argv[argv.index("--endtime") + 1] == "2026-11-20T12:00:00"
+    assert argv[argv.index("--format") + 1] == "JobID,Submit,Start,End,ReqTRES,User,State"
+
+
+def _history_of_3g_jobs() -> str:
+    rows = []
+    start = datetime.datetime(2026, 11, 20, 8, 0)
+    for n in range(12):
+        submit = start + datetime.timedelta(minutes=5 * n)
+        end = submit + datetime.timedelta(minutes=40)
+        rows.append(f"{200 + n}|{submit.isoformat()}|{submit.isoformat()}|{end.isoformat()}|"
+                    f"cpu=2,gres/gpu:3g.40gb=1,gres/gpu=1,node=1|u{n}|COMPLETED")
+    return HEADER + "\n".join(rows) + "\n"
+
+
+def _plan(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(mig_plan(["{layout: 7x1g.10gb}", "{layout: 2x3g.40gb}",
+                              "{layout: whole}"]))
+    return str(plan)
+
+
+def test_suggest_replays_sacct_on_the_plans_group_and_proposes_a_layout(tmp_path, capsys):
+    from gpushare.cli import main
+
+    args_file = tmp_path / "args"
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs())
+    sacct = tmp_path / "sacct"
+    sacct.write_text(f"#!/bin/sh\necho \"$@\" > {args_file}\ncat {history}\n")
+    sacct.chmod(0o755)
+    code = main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--days", "3",
+                 "--sacct", str(sacct), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    proposal = json.loads(out)
+    assert "--starttime" in args_file.read_text() and "--allusers" in args_file.read_text()
+    assert proposal["group"] == "mig" and proposal["jobs"] == 12
+    # The plan's Slurm GPUs are all 7x1g.10gb: the 3g.40gb history never ran on them.
+    assert proposal["plan_layout"]["unfinished"] == 12
+    assert proposal["unfinished"] == 0 and proposal["layout"].get("2x3g.40gb", 0) >= 1
+    assert set(proposal["nodes"]) == {"h1", "h2"}
+    assert all(len(gpus) == 2 for gpus in proposal["nodes"].values())
+
+
+def test_suggest_reads_a_saved_history_and_prints_the_layout(tmp_path, capsys):
+    from gpushare.cli import main
+
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs())
+    assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--history",
+                 str(history)]) == 0
+    out = capsys.readouterr().out
+    assert "12 GPU jobs" in out and "2x3g.40gb" in out and "h1: GPU 0" in out
+    assert "12 never ran" in out  # the plan's own layout
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--days", "0"], "--days must be more than 0"),
+    (["--sacct", "sacct"], "absolute path"),
+    (["--history", "/nonexistent/history"], "cannot read the history"),
+])
+def test_suggest_refuses_bad_input_with_what_to_do(tmp_path, capsys, argv, message):
+    from gpushare.cli import main
+
+    assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_suggest_without_gpu_jobs_says_so(tmp_path, capsys):
+    from gpushare.cli import main
+
+    history = tmp_path / "history.txt"
+    history.write_text(HEADER + "1|2026-11-20T08:00:00|2026-11-20T08:00:01|"
+                       "2026-11-20T08:01:00|cpu=1,node=1|u|COMPLETED\n")
+    assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--history",
+                 str(history)]) == 2
+    assert "no GPU job ran" in capsys.readouterr().err
+
+
+def test_alloctres_serves_where_reqtres_was_not_asked_for():
+    history = parse_sacct("Submit|Start|End|AllocTRES\n2026-11-20T08:00:00|"
+                          "2026-11-20T08:00:00|2026-11-20T08:10:00|gres/gpu:3g.40gb=2,node=1\n")
+    assert [(j.kind, j.count, j.run) for j in history.jobs] == [("3g.40gb", 2, 600.0)]

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The benchmark corpus: the generator family is deterministic by seed and offers the load
+and the swing it names; the PAI converter reads the published format and maps each request."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+sys.path.insert(0, BENCH)
+
+make_traces = pytest.importorskip("make_traces")
+convert_pai = pytest.importorskip("convert_pai")
+bench = pytest.importorskip("bench_relayout")
+
+
+def _offered_gpu_h(rows):
+    total = 0.0
+    for _, run, flags, _ in rows:
+        value = flags.split("=", 1)[1]
+        kind, count = value.rsplit(":", 1)
+        share = 1.0 if kind in ("gpu:h100", "gpu") else (
+            0.01 if kind == "mps" else int(kind.split(":")[1].split("g.")[0]) / 7)
+        total += share * int(count) * run / 3600
+    return total
+
+
+def test_the_same_seed_gives_the_same_trace_and_another_seed_another():
+    member = make_traces.FAMILY[1]
+    assert make_traces.generate(member, 32) == make_traces.generate(member, 32)
+    other = member._replace(seed=member.seed + 1)
+    assert make_traces.generate(other, 32) != make_traces.generate(member, 32)
+
+
+@pytest.mark.parametrize("member", make_traces.FAMILY, ids=lambda m: m.name)
+def test_each_member_offers_its_load_of_the_cluster(member):
+    rows = make_traces.generate(member, 64)
+    offered = _offered_gpu_h(rows) / (64 * 24)
+    assert member.load * 0.8 <= offered <= member.load * 1.2
+    assert all(0 <= submit < 86400 and run > 0 for submit, run, _, _ in rows)
+
+
+def test_the_family_spans_its_range():
+    assert min(m.load for m in make_traces.FAMILY) == 0.5
+    assert max(m.load for m in make_traces.FAMILY) == 1.2
+    assert {m.period_h for m in make_traces.FAMILY} >= {4, 24}
+    kinds = {flags.split("=")[1].rsplit(":", 1)[0] for m in make_traces.FAMILY
+             for _, _, flags, _ in make_traces.generate(m, 32)}
+    assert kinds == {"gpu:1g.10gb", "gpu:2g.20gb", "gpu:3g.40gb", "gpu:h100", "mps"}
+
+
+def test_demand_swings_with_the_period():
+    # inference <-> training every 8 h: whole-GPU jobs peak mid-period, vanish at its ends.
+    member = next(m for m in make_traces.FAMILY if m.period_h == 8)
+    rows = make_traces.generate(member, 64)
+
+    def whole_share(low_h, high_h):
+        picked = [f for s, _, f, _ in rows if low_h * 3600 <= s % (8 * 3600) < high_h * 3600]
+        return sum("h100" in f for f in picked) / len(picked)
+
+    assert whole_share(3, 5) > 0.3 and whole_share(0, 0.5) < 0.05
+
+
+def _write_pai(tmp_path, jobs, tasks, header=False):
+    job_file, task_file = tmp_path / "pai_job_table.csv", tmp_path / "pai_task_table.csv"
+    job_file.write_text(("job_name,inst_id,user,status,start_time,end_time\n" if header
+                         else "") + "".join(",".join(row) + "\n" for row in jobs))
+    task_file.write_text("".join(",".join(row) + "\n" for row in tasks))
+    return str(job_file), str(task_file)
+
+
+def _task(job, inst, status, start, end, gpu):
+    return (job, "worker", inst, status, start, end, "600.0", "29.3", gpu, "V100")
+
+
+def test_the_converter_maps_pai_rows_to_requests(tmp_path):
+    jobs = [("j1", "i1", "alice", "Terminated", "1000.0", "2000.0"),
+            ("j2", "i2", "bob", "Terminated", "1100.0", "9000.0"),
+            ("j3", "i3", "carol", "Failed", "1200.0", "1300.0"),
+            ("j4", "i4", "dan", "Waiting", "1300.0", ""),
+            ("j5", "i5", "eve", "Terminated", "1400.0", "1500.0"),
+            ("j6", "i6", "fay", "Terminated", "999999.0", "1000999.0")]
+    tasks = [_task("j1", "1.0", "Terminated", "1010.0", "1610.0", "12.5"),
+             _task("j2", "2.0", "Terminated", "1200.0", "8400.0", "200.0"),
+             _task("j3", "1.0", "Failed", "1200.0", "1250.0", "40.0"),
+             _task("j4", "1.0", "Waiting", "", "", "100.0"),
+             _task("j5", "1.0", "Terminated", "1400.0", "1450.0", "0.0"),
+             _task("j6", "1.0", "Terminated", "999999.0", "1000999.0", "25.0")]
+    job_file, task_file = _write_pai(tmp_path, jobs, tasks, header=True)
+    rows = convert_pai.convert(job_file, task_file, hours=24)
+    assert rows == [(0, 600, "--gres=gpu:1g.10gb:1", "alice"),
+                    (100, 7200, "--gres=gpu:h100:2", "bob"),
+                    (100, 7200, "--gres=gpu:h100:2", "bob"),
+                    (200, 50, "--gres=gpu:3g.40gb:1", "carol")]
+    mps = convert_pai.convert(job_file, task_file, "mps", hours=None)
+    assert (998999, 1000, "--gres=mps:25", "fay") in mps and len(mps) == 5
+    assert convert_pai.gpu_flags(50.0) == "--gres=gpu:h100:1"
+    assert convert_pai.gpu_flags(2000.0) == "--gres=gpu:h100:8"
+
+
+def test_a_file_not_in_the_pai_format_is_named(tmp_path):
+    job_file, task_file = _write_pai(tmp_path, [("j1", "i1", "u", "Terminated", "1")], [])
+    with pytest.raises(ValueError, match=r"pai_job_table\.csv:1: 5 columns"):
+        convert_pai.convert(job_file, task_file)
+
+
+def test_the_shipped_sample_is_what_the_writer_and_the_converter_give(tmp_path):
+    here = os.path.join(BENCH, "traces")
+    convert_pai.write_sample(str(tmp_path))
+    for name in ("pai_job_table.csv", "pai_task_table.csv"):
+        with open(os.path.join(here, "pai-sample", name), encoding="utf-8") as shipped:
+            assert (tmp_path / name).read_text() == shipped.read()
+    out = tmp_path / "trace.csv"
+    convert_pai.write_trace(convert_pai.convert(
+        os.path.join(here, "pai-sample", "pai_job_table.csv"),
+        os.path.join(here, "pai-sample", "pai_task_table.csv")), str(out))
+    with open(os.path.join(here, "pai-sample.csv"), encoding="utf-8") as shipped:
+        assert out.read_text() == shipped.read()
+    assert len(bench.read_trace(str(out))) > 500
+
+
+def test_the_corpus_tiles_and_halves_a_trace():
+    jobs = [bench.Job(n, float(s), 60.0, "whole", 1, "u") for n, s in enumerate((0, 50, 100))]
+    tiled = bench.tile(jobs, 3)
+    assert len(tiled) == 9 and len({j.id for j in tiled}) == 9
+    assert [j.submit for j in tiled[:3]] == [0.0, 1.0, 2.0]
+    first, second = bench.halves(jobs)
+    assert [j.submit for j in first] == [0.0] and [j.submit for j in second] == [0.0, 50.0]
