@@ -554,9 +554,15 @@ class Soak:
             tracked.actions.append(f"daemon {pid} gone before the kill")
             return
         try:
-            if os.readlink(f"/proc/{pid}/exe") != os.path.realpath(program):
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except (FileNotFoundError, ProcessLookupError):
+                # It exited after pidfd_open (a zombie has no exe): the job's end stopped it.
+                tracked.actions.append(f"daemon {pid} gone before the kill")
+                return
+            if exe != os.path.realpath(program):
                 raise AssertionError(f"record {record['key']} names pid {pid}, which does not "
-                                     f"run {program}: {os.readlink(f'/proc/{pid}/exe')}")
+                                     f"run {program}: {exe}")
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         finally:
             os.close(pidfd)
