@@ -344,7 +344,7 @@ def main() -> int:
         return 0
     for path in args.trace:
         jobs = read_trace(path)
-        counts, static = best_static(jobs, base)
+        counts, static = cached_best_static(jobs, base)
         dynamic = simulate(jobs, spread(even_split(base), base), True, base)
         seeded = simulate(jobs, spread(counts, base), True, base)
         still = simulate(jobs, spread(even_split(base), base), False, base)
