@@ -288,7 +288,8 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
 CORPUS_HEADER = (
     "Each layout: mean wait of MIG and MPS jobs / mean wait of all jobs / mean completion "
     "time, minutes, over every job of the trace's second half (a job never started counts "
-    "with its wait until the replay's end, and its run), then how many never started.\n\n"
+    "as waiting until two days after the last submission, and its run), then how many never "
+    "started.\n\n"
     "| trace | nodes | jobs | no relayout | unstarted | relayout | unstarted | best static "
     "(hindsight) | unstarted | --suggest (first half) | unstarted | relayout / no relayout: "
     "MIG / all / completion | changes per GPU-hour (most of one GPU in an hour) | jobs "

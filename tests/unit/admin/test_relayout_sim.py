@@ -108,8 +108,10 @@ def test_a_job_never_started_counts_with_its_wait_until_the_replays_end():
             Job(2, 900.0, 600.0, "1g.10gb", 1, "u")]
     result = simulate(jobs, layouts, False, cluster)
     assert result.ran() == {0, 2}
-    assert result.unstarted == [(1, "whole", 1400.0, 2000.0)]  # the replay ends at 1500 s
-    assert result.censored_wait("whole") == 1400.0
+    # It waits until two days after the last submission, as long in every replay.
+    waited = 900.0 + 2 * 86400 - 100.0
+    assert result.unstarted == [(1, "whole", waited, waited + 600.0)]
+    assert result.censored_wait("whole") == waited
     assert result.censored_wait("mig") == 0.0
-    assert result.censored_wait() == 1400.0 / 3
-    assert result.censored_jct() == (600.0 + 2000.0 + 600.0) / 3
+    assert result.censored_wait() == waited / 3
+    assert result.censored_jct() == (600.0 + waited + 600.0 + 600.0) / 3

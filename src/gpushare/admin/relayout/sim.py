@@ -164,8 +164,8 @@ class Result:
     # (job id, kind, wait, completion time) of every finished job, to compare two runs on
     # the jobs both ran
     finished: list[tuple[int, str, float, float]] = field(default_factory=list)
-    # (job id, kind, wait so far, that wait + run) of every job not started by the replay's
-    # end: left out, a layout that starves a kind would look better for it
+    # (job id, kind, wait so far, that wait + run) of every job not started, waiting until
+    # two days after the last submission: left out, starving a kind would look better
     unstarted: list[tuple[int, str, float, float]] = field(default_factory=list)
 
     def most_changes_in_an_hour(self) -> int:
@@ -374,7 +374,10 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     heapq.heappush(events, (node.drain_at, next(seq), "drain", int(change.node)))
         schedule()
     result.unfinished = len(jobs) - done
-    result.unstarted = [(j, kind, now - by_id[j].submit, now - by_id[j].submit + by_id[j].run)
+    # Counted as waiting until two days after the last submission, where relayout's rounds
+    # stop, in every replay alike: each replay's own end would favour the one ending first.
+    end = max(now, horizon + 2 * 86400)
+    result.unstarted = [(j, kind, end - by_id[j].submit, end - by_id[j].submit + by_id[j].run)
                         for kind, queue in pending.items() for j in queue]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
