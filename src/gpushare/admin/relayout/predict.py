@@ -19,15 +19,16 @@ Slurm forward from the live state, with and without it, under the rules of the s
 A candidate is made only when it lowers both the mean predicted wait of all jobs (MIG, MPS
 and whole-GPU alike; a job not started by the horizon counts with its wait until then, so a
 layout that starves one kind cannot look better) and the mean predicted completion time by
-more than the change takes times ``SAFETY``, against making no change and against draining
-the node and bringing it back unchanged, and under two futures: the recent submissions
-repeated, and none at all. The second keeps a burst that has passed from changing the
-layout for jobs that will not come; a change that only pays if the burst goes on is not
-made. The second holds back a change whose forecast gain is the drain's alone:
-the model places jobs without reservations, so a drain that frees a node's slices all at
-once lets a request of several slices start that kept being passed by smaller ones; that
-gain is an artefact of when the drain ends, and did not hold in the replays. Candidates are
-weighed in decide's order, each against the prediction with those already made.
+more than the change takes times ``SAFETY``, while neither class (MIG and MPS, whole-GPU)
+waits longer on average, so one class's gain never pays for the other's loss. That must
+hold under two futures, the recent submissions repeated and none at all (a change that pays
+only if a burst goes on is not made), and against making no change and against draining
+the node and bringing it back unchanged. The drained comparison holds back a change whose
+forecast gain is the drain's alone: the model places jobs without reservations, so a drain
+that frees a node's slices all at once lets a request of several slices start that kept
+being passed by smaller ones; that gain is an artefact of when the drain ends, and did not
+hold in the replays. Candidates are weighed in decide's order, each against the prediction
+with those already made.
 """
 
 from __future__ import annotations
