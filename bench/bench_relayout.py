@@ -148,6 +148,23 @@ def report(name: str, static_counts: dict[str, int], static: Result, dynamic: Re
     return "\n".join(lines)
 
 
+def _up(a: float, b: float) -> str:
+    """a / b rounded up, so that a loss never reads as x1.000."""
+    return f"x{math.ceil(a / b * 1000) / 1000:.3f}" if b else \
+        ("x1.000" if not a else "more (from 0)")
+
+
+def same_start(label: str, still: Result, moved: Result) -> str:
+    """Relayout against no change from the same start, every job counted (one never started
+    with its wait until the replay's end, so starving a kind shows)."""
+    return (f"from {label}, relayout / no change: wait of all jobs "
+            f"{_up(moved.censored_wait(), still.censored_wait())}, MIG and MPS "
+            f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))}, whole "
+            f"{_up(moved.censored_wait('whole'), still.censored_wait('whole'))}, completion "
+            f"{_up(moved.censored_jct(), still.censored_jct())}; never started "
+            f"{len(moved.unstarted)} vs {len(still.unstarted)}")
+
+
 def tile(jobs: list[Job], copies: int) -> list[Job]:
     """``copies`` copies of a trace, the n-th submitted n seconds later: a trace sized for 4
     nodes, offered to 4 × ``copies``."""
@@ -200,9 +217,9 @@ def corpus_cluster(base: Cluster, jobs: list[Job], nodes: int) -> Cluster:
     return cluster
 
 
-def _cell(result: Result, among: set[int]) -> str:
-    text = f"{result.mig_wait(among) / 60:.1f} / {result.mean_jct(among) / 60:.1f}"
-    return text + (f" ({result.unfinished} never ran)" if result.unfinished else "")
+def _cell(result: Result) -> str:
+    return (f"{result.censored_wait('mig') / 60:.1f} / {result.censored_wait() / 60:.1f} / "
+            f"{result.censored_jct() / 60:.1f} | {len(result.unstarted)}")
 
 
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
@@ -253,36 +270,31 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
     start = spread(even_split(cluster), cluster)
     still = simulate(second, start, False, cluster)
     moved = simulate(second, start, True, cluster)
-    among = still.ran() & moved.ran()
     hindsight = suggested = None
     if static:
         _, hindsight = cached_best_static(second, cluster)
         learned, _ = cached_best_static(first, cluster)
         suggested = simulate(second, spread(learned, cluster), False, cluster)
-        among &= hindsight.ran() & suggested.ran()
-
-    def ratio(a: float, b: float) -> str:
-        # rounded up, so that a loss never reads as x1.000
-        return f"x{math.ceil(a / b * 1000) / 1000:.3f}" if b else \
-            ("x1.000" if not a else "more (from 0)")
-
-    return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still, among)} | "
-            f"{_cell(moved, among)} | "
-            f"{_cell(hindsight, among) if hindsight else '-'} | "
-            f"{_cell(suggested, among) if suggested else '-'} | "
-            f"{ratio(moved.mig_wait(among), still.mig_wait(among))} / "
-            f"{ratio(moved.mean_jct(among), still.mean_jct(among))} | "
+    return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still)} | {_cell(moved)} | "
+            f"{_cell(hindsight) if hindsight else '- | -'} | "
+            f"{_cell(suggested) if suggested else '- | -'} | "
+            f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
+            f"{_up(moved.censored_wait(), still.censored_wait())} / "
+            f"{_up(moved.censored_jct(), still.censored_jct())} | "
             f"{moved.changes / moved.gpu_hours if moved.gpu_hours else 0:.3f} "
             f"({moved.most_changes_in_an_hour()}) | {moved.disturbed} |")
 
 
 CORPUS_HEADER = (
-    "Each cell: mean wait of MIG and MPS jobs / mean completion time, minutes, over the jobs "
-    "of the trace's second half that ran in all four.\n\n"
-    "| trace | nodes | jobs | no relayout | relayout | best static (hindsight) | --suggest "
-    "(first half) | relayout / no relayout | changes per GPU-hour (most of one GPU in an "
-    "hour) | jobs disturbed |\n"
-    "|---|---|---|---|---|---|---|---|---|---|")
+    "Each layout: mean wait of MIG and MPS jobs / mean wait of all jobs / mean completion "
+    "time, minutes, over every job of the trace's second half (a job never started counts "
+    "as waiting until two days after the last submission, and its run), then how many never "
+    "started.\n\n"
+    "| trace | nodes | jobs | no relayout | unstarted | relayout | unstarted | best static "
+    "(hindsight) | unstarted | --suggest (first half) | unstarted | relayout / no relayout: "
+    "MIG / all / completion | changes per GPU-hour (most of one GPU in an hour) | jobs "
+    "disturbed |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> int:
@@ -333,10 +345,13 @@ def main() -> int:
         return 0
     for path in args.trace:
         jobs = read_trace(path)
-        counts, static = best_static(jobs, base)
+        counts, static = cached_best_static(jobs, base)
         dynamic = simulate(jobs, spread(even_split(base), base), True, base)
         seeded = simulate(jobs, spread(counts, base), True, base)
+        still = simulate(jobs, spread(even_split(base), base), False, base)
         print(report(os.path.basename(path), counts, static, dynamic, seeded))
+        print(same_start("an even split", still, dynamic))
+        print(same_start("the best static layout", static, seeded))
         print()
     return 0
 

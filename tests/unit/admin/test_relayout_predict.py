@@ -177,3 +177,40 @@ def test_a_gain_that_draining_alone_would_give_is_not_the_changes():
     assert verdict.drain_only is not None
     assert verdict.drain_only.mig_wait_s == verdict.with_it.mig_wait_s
     assert not verdict.made and guarded.changes == []
+
+
+def test_a_change_that_pays_only_if_a_burst_goes_on_is_refused():
+    # An idle 2x3g GPU that two waiting 3g jobs are about to take, one 1g job waiting, and a
+    # burst of 1g submissions in the last hour. Were the burst to go on, turning the GPU to
+    # 7x1g would shorten the waits; with no more submissions it makes the 3g jobs wait for
+    # the other node's hour-long jobs. Both futures must gain: refused.
+    gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "7x1g.10gb", {"1g.10gb": 7}, 3600.0),
+            _gpu("n1", 0, "2x3g.40gb", {"3g.40gb": 2}, 3600.0),
+            _gpu("n1", 1, "2x3g.40gb", {"3g.40gb": 2}, 3600.0)]
+    queue = _jobs("3g.40gb", 2) + _jobs("1g.10gb", 1, wait_s=0.0)
+    recent = [(ago, r) for ago, r in zip(range(0, 3600, 100), _jobs("1g.10gb", 36, 1800.0, 0.0))]
+    proposed = Decision([Change("n0", 0, "2x3g.40gb", "7x1g.10gb", 1.0, True)], [])
+    guarded, [verdict] = guard(proposed, queue, gpus, MENUS, recent=recent)
+    assert verdict.with_it.wait_s < verdict.without.wait_s - verdict.need_s  # burst goes on
+    assert verdict.quiet_without is not None and verdict.quiet_with is not None
+    assert verdict.quiet_without.wait_s == 1200.0  # the 3g jobs start now, the 1g in 1 h
+    assert verdict.quiet_with.wait_s > verdict.quiet_without.wait_s  # no burst: a loss
+    assert not verdict.made and guarded.changes == []
+    assert any("with no submission 20.0 -> " in line for line in guarded.why)
+
+
+def test_whole_gpu_jobs_count_and_a_change_that_lets_them_start_is_made():
+    # Every GPU is 7x1g and two whole-GPU jobs have waited an hour, with no MIG job waiting:
+    # the MIG wait cannot fall, but the wait of all jobs does, so GPUs go back to whole.
+    gpus = [_gpu("n0", 0, "7x1g.10gb"), _gpu("n0", 1, "7x1g.10gb"),
+            _gpu("n1", 0, "7x1g.10gb", {"1g.10gb": 7}, 3600.0),
+            _gpu("n1", 1, "7x1g.10gb", {"1g.10gb": 7}, 3600.0)]
+    queue = _jobs("whole", 2, wait_s=3600.0)
+    decision, [verdict] = decide_guarded(queue, gpus, MENUS)
+    assert [(c.node, c.index, c.new) for c in decision.changes] == [
+        ("n0", 0, "whole"), ("n0", 1, "whole")]
+    assert verdict.made
+    # Without the change neither starts: each counts with its wait until the horizon.
+    assert verdict.without.started == 0 and verdict.without.wait_s == HORIZON_S
+    assert verdict.without.mig_wait_s == 0.0
+    assert verdict.with_it.started == 2 and verdict.with_it.wait_s == change_seconds(2)

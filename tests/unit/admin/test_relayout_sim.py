@@ -99,3 +99,19 @@ def test_a_plan_without_one_menu_to_replay_is_refused_with_what_to_do():
 def test_the_default_menu_rejects_a_layout_its_model_cannot_hold():
     with pytest.raises(ValueError, match="no MIG profile"):
         default_cluster(1, 1, ("7x1g.5gb",))
+
+
+def test_a_job_never_started_counts_with_its_wait_until_the_replays_end():
+    cluster = default_cluster(1, 1)
+    layouts = spread({"7x1g.10gb": 1}, cluster)
+    jobs = [Job(0, 0.0, 600.0, "1g.10gb", 1, "u"), Job(1, 100.0, 600.0, "whole", 1, "u"),
+            Job(2, 900.0, 600.0, "1g.10gb", 1, "u")]
+    result = simulate(jobs, layouts, False, cluster)
+    assert result.ran() == {0, 2}
+    # It waits until two days after the last submission, as long in every replay.
+    waited = 900.0 + 2 * 86400 - 100.0
+    assert result.unstarted == [(1, "whole", waited, waited + 600.0)]
+    assert result.censored_wait("whole") == waited
+    assert result.censored_wait("mig") == 0.0
+    assert result.censored_wait() == waited / 3
+    assert result.censored_jct() == (600.0 + waited + 600.0 + 600.0) / 3

@@ -16,14 +16,19 @@ Slurm forward from the live state, with and without it, under the rules of the s
   the horizon holds: no future submission is known, so the recent past stands for it (a
   layout made for today's queue alone would starve the kinds that arrive next).
 
-A candidate is made only when it lowers both the mean predicted wait of the MIG and MPS jobs
-and the mean predicted completion time of all waiting jobs by more than the change takes
-times ``SAFETY``, against making no change and against draining the node and bringing it
-back unchanged. The second holds back a change whose forecast gain is the drain's alone:
-the model places jobs without reservations, so a drain that frees a node's slices all at
-once lets a request of several slices start that kept being passed by smaller ones; that
-gain is an artefact of when the drain ends, and did not hold in the replays. Candidates are
-weighed in decide's order, each against the prediction with those already made.
+A candidate is made only when it lowers both the mean predicted wait of all jobs (MIG, MPS
+and whole-GPU alike; a job not started by the horizon counts with its wait until then, so a
+layout that starves one kind cannot look better) and the mean predicted completion time by
+more than the change takes times ``SAFETY``, while neither class (MIG and MPS, whole-GPU)
+waits longer on average, so one class's gain never pays for the other's loss. That must
+hold under two futures, the recent submissions repeated and none at all (a change that pays
+only if a burst goes on is not made), and against making no change and against draining
+the node and bringing it back unchanged. The drained comparison holds back a change whose
+forecast gain is the drain's alone: the model places jobs without reservations, so a drain
+that frees a node's slices all at once lets a request of several slices start that kept
+being passed by smaller ones; that gain is an artefact of when the drain ends, and did not
+hold in the replays. Candidates are weighed in decide's order, each against the prediction
+with those already made.
 """
 
 from __future__ import annotations
@@ -81,13 +86,16 @@ def change_seconds(gpus: int) -> float:
 @dataclass(frozen=True)
 class Forecast:
     """Predicted means over the waiting jobs, from now: wait of MIG and MPS jobs, completion
-    (wait + time limit) of all; ``started`` of ``jobs`` start within the horizon."""
+    (wait + time limit) of all; ``started`` of ``jobs`` start within the horizon; ``wait_s``
+    the wait of all, whole-GPU jobs included, an unstarted one's until the horizon."""
 
     mig_wait_s: float
     completion_s: float
     started: int
     jobs: int
     mig_jobs: int
+    wait_s: float = 0.0
+    whole_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,17 +110,23 @@ class Verdict:
     made: bool
     need_s: float = 0.0  # what both means had to fall by: cost_s times the safety factor
     drain_only: Optional[Forecast] = None  # the node drained and back with its old layouts
+    quiet_without: Optional[Forecast] = None  # the same two with no submission expected
+    quiet_with: Optional[Forecast] = None
 
     def line(self) -> str:
         gpus = ",".join(str(c.index) for c in self.changes)
         layouts = "/".join(sorted({c.old for c in self.changes}))
         return (f"{self.node} GPU {gpus}: {layouts} -> {self.changes[0].new}: predicted over "
-                f"{HORIZON_S / 3600:.0f} h, MIG wait {self.without.mig_wait_s / 60:.1f} -> "
-                f"{self.with_it.mig_wait_s / 60:.1f} min, completion "
+                f"{HORIZON_S / 3600:.0f} h, wait {self.without.wait_s / 60:.1f} -> "
+                f"{self.with_it.wait_s / 60:.1f} min (MIG {self.without.mig_wait_s / 60:.1f}"
+                f" -> {self.with_it.mig_wait_s / 60:.1f}), completion "
                 f"{self.without.completion_s / 60:.1f} -> {self.with_it.completion_s / 60:.1f}"
-                " min" + (f" (drained alone: {self.drain_only.mig_wait_s / 60:.1f} and "
+                " min" + (f" (drained alone: {self.drain_only.wait_s / 60:.1f} and "
                           f"{self.drain_only.completion_s / 60:.1f} min)"
                           if self.drain_only else "")
+                + (f"; with no submission {self.quiet_without.wait_s / 60:.1f} -> "
+                   f"{self.quiet_with.wait_s / 60:.1f} min"
+                   if self.quiet_without and self.quiet_with else "")
                 + ": " + ("made" if self.made else "refused")
                 + f" (made only when both fall by more than {self.need_s:.0f} s, "
                 f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)")
@@ -239,16 +253,23 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
     waits = [(horizon_s if start is None else start) - at
              for start, at in zip(starts, submitted)]
     mig = [w for w, job in zip(waits, jobs) if job.kind != "whole"]
+    whole = [w for w, job in zip(waits, jobs) if job.kind == "whole"]
     return Forecast(statistics.fmean(mig) if mig else 0.0,
                     statistics.fmean(w + lim for w, lim in zip(waits, limits)) if jobs else 0.0,
-                    sum(1 for s in starts if s is not None), len(jobs), len(mig))
+                    sum(1 for s in starts if s is not None), len(jobs), len(mig),
+                    statistics.fmean(waits) if waits else 0.0,
+                    statistics.fmean(whole) if whole else 0.0)
 
 
 def _gains(without: Forecast, with_it: Forecast, need_s: float) -> bool:
-    """Both means fall by more than ``need_s`` (so with no MIG or MPS job waiting or
-    expected, nothing changes: MIG layouts are changed for MIG jobs)."""
+    """Both the mean wait of all jobs and the mean completion fall by more than ``need_s``,
+    and neither class waits longer, MIG and MPS jobs nor whole-GPU ones: a change that gives
+    GPUs back to starving whole-GPU jobs can be made, one that starves either cannot, and
+    one class's gain never pays for the other's loss."""
     return without.completion_s - with_it.completion_s > need_s \
-        and without.mig_wait_s - with_it.mig_wait_s > need_s
+        and without.wait_s - with_it.wait_s > need_s \
+        and with_it.mig_wait_s <= without.mig_wait_s \
+        and with_it.whole_wait_s <= without.whole_wait_s
 
 
 def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuState],
@@ -266,8 +287,8 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     made: dict[tuple[str, int], Layout] = {}
     kept: list[Change] = []
     verdicts: list[Verdict] = []
-    arrivals = expected_arrivals(recent)
-    base = forecast(requests, gpus, arrivals=arrivals)
+    futures = [expected_arrivals(recent)] + ([[]] if recent else [])  # burst on; none
+    bases = [forecast(requests, gpus, arrivals=future) for future in futures]
     for node, changes in by_node.items():
         trial, same = dict(made), dict(made)
         for change in changes:
@@ -275,17 +296,23 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
             assert item is not None  # decide chose it from this menu
             trial[(change.node, change.index)] = item.layout
             same[(change.node, change.index)] = layout_of[(change.node, change.index)]
-        predicted = forecast(requests, gpus, trial, arrivals=arrivals)
         cost = change_seconds(len(changes))
-        drained = None
-        ok = _gains(base, predicted, safety * cost)
+        predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
+        drained: list[Forecast] = []
+        ok = True
+        for future, base, with_it in zip(futures, bases, predicted):
+            ok = ok and _gains(base, with_it, safety * cost)
+            if ok:
+                drained.append(forecast(requests, gpus, same, arrivals=future))
+                ok = _gains(drained[-1], with_it, safety * cost)
+            if not ok:
+                break
+        verdicts.append(Verdict(node, tuple(changes), bases[0], predicted[0], cost, ok,
+                                safety * cost, drained[0] if drained else None,
+                                bases[1] if len(bases) > 1 else None,
+                                predicted[1] if len(predicted) > 1 else None))
         if ok:
-            drained = forecast(requests, gpus, same, arrivals=arrivals)
-            ok = _gains(drained, predicted, safety * cost)
-        verdicts.append(Verdict(node, tuple(changes), base, predicted, cost, ok,
-                                safety * cost, drained))
-        if ok:
-            made, base = trial, predicted
+            made, bases = trial, predicted
             kept.extend(changes)
     why = [line for line in decision.why if not any(
         line.startswith(f"{v.node} GPU ") and "wait-weighted" in line

@@ -164,6 +164,9 @@ class Result:
     # (job id, kind, wait, completion time) of every finished job, to compare two runs on
     # the jobs both ran
     finished: list[tuple[int, str, float, float]] = field(default_factory=list)
+    # (job id, kind, wait so far, that wait + run) of every job not started, waiting until
+    # two days after the last submission: left out, starving a kind would look better
+    unstarted: list[tuple[int, str, float, float]] = field(default_factory=list)
 
     def most_changes_in_an_hour(self) -> int:
         """The most changes of one GPU within any hour (a window of 3600 s)."""
@@ -180,6 +183,19 @@ class Result:
         """Mean wait of the MIG and MPS jobs that ran (of ``among``, when given)."""
         values = [w for job, kind, w, _ in self.finished
                   if kind != "whole" and (among is None or job in among)]
+        return statistics.fmean(values) if values else 0.0
+
+    def censored_wait(self, kind: Optional[str] = None) -> float:
+        """Mean wait of every job (of ``kind``: "mig" for MIG and MPS, or a kind), a job
+        never started counted with its wait until the replay's end."""
+        values = [w for _, k, w, _ in self.finished + self.unstarted
+                  if kind is None or k == kind or (kind == "mig" and k != "whole")]
+        return statistics.fmean(values) if values else 0.0
+
+    def censored_jct(self) -> float:
+        """Mean completion time of every job, a job never started counted as its wait
+        until the replay's end plus its run."""
+        values = [c for _, _, _, c in self.finished + self.unstarted]
         return statistics.fmean(values) if values else 0.0
 
     def mean_jct(self, among: Optional[set[int]] = None) -> float:
@@ -358,6 +374,11 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     heapq.heappush(events, (node.drain_at, next(seq), "drain", int(change.node)))
         schedule()
     result.unfinished = len(jobs) - done
+    # Counted as waiting until two days after the last submission, where relayout's rounds
+    # stop, in every replay alike: each replay's own end would favour the one ending first.
+    end = max(now, horizon + 2 * 86400)
+    result.unstarted = [(j, kind, end - by_id[j].submit, end - by_id[j].submit + by_id[j].run)
+                        for kind, queue in pending.items() for j in queue]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
 
