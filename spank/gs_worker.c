@@ -58,7 +58,7 @@ int gs_job_record_exists(spank_t sp)
 
 /* Whether the node's usage sampler left the job a usage file, <state_dir>/usage/<id>.json
  * (gpushare.node.usage.store): the epilog's Python then logs the job's GPU use and removes
- * it (gpushare.node.job_summary). */
+ * it (gpushare.node.usage.summary.record_end, called by gpushare.node.job.epilog). */
 int gs_job_usage_exists(spank_t sp)
 {
     char path[PATH_MAX + 32];
