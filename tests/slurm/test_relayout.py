@@ -230,9 +230,16 @@ def restarts_slurmctld() -> bool:
     return release_tuple(installed_release() or "24.11") < (23, 11)
 
 
+# The jobs of earlier tests stay in slurmctld (MinJobAge) and would stand for the next hour's
+# submissions in the forecast that guards each change (a whole-GPU one keeps rl1's whole GPU);
+# these tests are about carrying a change out, so the forecast weighs the waiting jobs alone.
+# test_a_whole_gpu_job_that_just_ended_keeps_the_last_whole_gpu weighs the recent past.
+ALONE = ("--lookback", "0")
+
+
 def relayout(bed, *extra: str, command: str = "", **popen: Any) -> Any:
     argv = ["relayout", "--plan", bed.path("etc", "plan.yaml"), "--backend", "scontrol",
-            "--hysteresis", "0.2", "--node-command", command or step_command(bed),
+            "--hysteresis", "0.2", *ALONE, "--node-command", command or step_command(bed),
             "--slurm-conf", bed.conf, "--cluster-gres-conf", bed.path("etc", "gres.conf"),
             "--settle-timeout", "90", "--apply", "--json", *extra]
     if restarts_slurmctld():
@@ -433,7 +440,7 @@ def test_held_dependent_and_begin_jobs_do_not_move_the_layout(fresh):
                         "Dependency" and _reasons(bed).get(later) == "BeginTime")
     plan = bed.path("etc", "plan.yaml")
     dry = gpushare("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
-                   "--json")
+                   *ALONE, "--json")
     assert dry.returncode == 0, dry.stderr
     out = json.loads(dry.stdout)
     assert out["changes"] == [] and out["demand"] == {}, out
@@ -449,10 +456,40 @@ def test_held_dependent_and_begin_jobs_do_not_move_the_layout(fresh):
         _reasons(bed).get(job, "").split(",")[0] in ("Resources", "Priority", "ReqNodeNotAvail")
         for job in held))
     moved = gpushare("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
-                     "--json")
+                     *ALONE, "--json")
     assert moved.returncode == 0, moved.stderr
     out = json.loads(moved.stdout)
     assert out["demand"] == {"3g.40gb": 3} and out["changes"], out
+
+
+def test_a_whole_gpu_job_that_just_ended_keeps_the_last_whole_gpu(fresh):
+    """A whole-GPU job ran and ended a moment ago; four 3g.40gb jobs wait. Turning rl1's
+    idle GPUs 1-3 (the cluster's only whole GPU in service among them) into 3g.40gb slices
+    would start the four, but the forecast lets the ended job's kind come again within the
+    hour, and it would then find no whole GPU: the change is refused, saying so. Weighing the
+    waiting jobs alone (--lookback 0), the same change is made."""
+    bed = fresh
+    whole = bed.sbatch("true", "--gres=gpu:h100:1", "--time=2")
+    assert bed.wait_job(whole)["JobState"] == "COMPLETED"
+    queue_large(bed)
+    plan = bed.path("etc", "plan.yaml")
+    base = ("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2")
+    dry = gpushare(*base, "--json")
+    assert dry.returncode == 0, dry.stderr
+    out = json.loads(dry.stdout)
+    assert out["demand"] == {"3g.40gb": 4} and out["changes"] == [], out
+    [prediction] = out["predictions"]
+    assert 1 in prediction["gpus"] and not prediction["made"], prediction
+    assert prediction["refusal"].startswith("whole-GPU jobs would wait longer"), prediction
+    assert prediction["with"]["whole_wait_s"] > prediction["without"]["whole_wait_s"]
+    explained = gpushare(*base, "--explain")
+    assert explained.returncode == 0, explained.stderr
+    assert "refused, whole-GPU jobs would wait longer" in explained.stdout, explained.stdout
+    alone = gpushare(*base, *ALONE, "--json")
+    assert alone.returncode == 0, alone.stderr
+    out = json.loads(alone.stdout)
+    assert out["changes"] and [p["made"] for p in out["predictions"]] == [True], out
+    assert sim_layout(bed, 1) == "whole"  # dry runs: nothing changed
 
 
 DESTROY = """\

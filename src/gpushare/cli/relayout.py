@@ -129,6 +129,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="change GPUs of a node with jobs only if their time limits end "
                         "within this many seconds (default 5400): Slurm keeps the node out "
                         "of service until they end")
+    parser.add_argument("--lookback", type=float, default=3600.0, metavar="SECONDS",
+                        help="the jobs submitted within this many seconds stand for those "
+                        "of each such span to come in the forecast that guards each change "
+                        "(default 3600; 0: weigh the waiting jobs alone)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
@@ -140,7 +144,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool = False) -> str:
+def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool = False,
+                    lookback_s: float = 3600.0) -> str:
     """The decision in words; each candidate's prediction with and without it (``explain``:
     its figures too)."""
     kinds = sorted(set(decision.demand) | set(decision.supply))
@@ -157,23 +162,27 @@ def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool =
     lines.append("why:")
     lines += [f"  {why}" for why in decision.why]
     if explain and verdicts:
-        from gpushare.admin.relayout.predict import HORIZON_S, LOOKBACK_S, SAFETY
+        from gpushare.admin.relayout.predict import HORIZON_S, SAFETY
 
+        future = (f"the last {lookback_s / 3600:g} h's submissions repeated" if lookback_s
+                  else "no submission")
         lines.append(f"predictions (the next {HORIZON_S / 3600:g} h from the live queue, each "
-                     "job run for its time limit, the last "
-                     f"{LOOKBACK_S / 3600:g} h's submissions repeated; a change is made when "
-                     f"both means fall by more than {SAFETY:g} x its duration):")
-        rows = [["node", "gpus", "to", "", "MIG wait", "completion", "jobs", "started",
-                 "verdict"]]
+                     f"job run for its time limit, {future}; a change is made when both the "
+                     f"wait and completion fall by more than {SAFETY:g} x its duration and "
+                     "neither class waits longer):")
+        rows = [["node", "gpus", "to", "", "wait", "MIG wait", "whole wait", "completion",
+                 "jobs", "started", "verdict"]]
         for v in verdicts:
             for label, f in (("without", v.without), ("with", v.with_it)):
-                rows.append([v.node if label == "without" else "",
-                             ",".join(str(c.index) for c in v.changes) if label == "without"
-                             else "", v.changes[0].new if label == "without" else "", label,
-                             f"{f.mig_wait_s / 60:.1f} min", f"{f.completion_s / 60:.1f} min",
+                first = label == "without"
+                rows.append([v.node if first else "",
+                             ",".join(str(c.index) for c in v.changes) if first else "",
+                             v.changes[0].new if first else "", label,
+                             f"{f.wait_s / 60:.1f} min", f"{f.mig_wait_s / 60:.1f} min",
+                             f"{f.whole_wait_s / 60:.1f} min", f"{f.completion_s / 60:.1f} min",
                              str(f.jobs), str(f.started),
-                             ("made" if v.made else "refused") if label == "with" else
-                             f"change {v.cost_s:.0f} s"])
+                             f"change {v.cost_s:.0f} s" if first else
+                             "made" if v.made else "refused"])
         lines += ["  " + row for row in text_table(rows)]
     return "\n".join(lines)
 
@@ -295,6 +304,8 @@ def _run(args: argparse.Namespace) -> int:
         return fail("relayout", "--max-changes must be between 0 and 1000")
     if not 0.1 <= args.timeout <= 600:
         return fail("relayout", "--timeout must be between 0.1 and 600 seconds")
+    if not 0 <= args.lookback <= 7 * 86400:
+        return fail("relayout", "--lookback must be between 0 and 604800 seconds (a week)")
     try:
         plan = load_plan(args.plan)
     except PlanError as err:
@@ -340,8 +351,8 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
                       last_change_s=last_changes(state, time.time()),
                       ends=running_ends(args.squeue, args.timeout))
         queue = pending(args.squeue, args.timeout,
-                        nodes_of=partitions(args.sinfo, args.timeout))
-        submitted = queue.recent + recent(args.squeue, args.timeout)
+                        nodes_of=partitions(args.sinfo, args.timeout), lookback_s=args.lookback)
+        submitted = queue.recent + recent(args.squeue, args.timeout, lookback_s=args.lookback)
     except SlurmClientError as err:
         return fail("relayout", str(err))
     version = plan.slurm.version if plan.slurm.version_given else \
@@ -350,7 +361,7 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     decision, verdicts = decide_guarded(
         queue.requests, gpus, menus, args.max_changes, args.hysteresis,
         max_drain_s=args.max_drain, one_profile_per_node=one_profile_per_node(version),
-        recent=submitted)
+        recent=submitted, lookback_s=args.lookback)
     if queue.skipped:
         decision.why.append("not counted (they could not start on any layout): " + ", ".join(
             f"{n} {why}" for why, n in sorted(queue.skipped.items())))
@@ -358,17 +369,18 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
         from gpushare.cli.relayout_apply import apply
 
         return apply(args, plan, decision, state_path, version,
-                     format_decision(decision, verdicts, args.explain),
+                     format_decision(decision, verdicts, args.explain, args.lookback),
                      _decision_json(decision, verdicts))
     if args.json:
         print(json.dumps(_decision_json(decision, verdicts), indent=2))
         return 0
-    print(format_decision(decision, verdicts, args.explain))
+    print(format_decision(decision, verdicts, args.explain, args.lookback))
     return 0
 
 
 def _forecast_json(forecast: Any) -> dict[str, Any]:
-    return {"mig_wait_s": round(forecast.mig_wait_s, 1),
+    return {"wait_s": round(forecast.wait_s, 1), "mig_wait_s": round(forecast.mig_wait_s, 1),
+            "whole_wait_s": round(forecast.whole_wait_s, 1),
             "completion_s": round(forecast.completion_s, 1), "jobs": forecast.jobs,
             "mig_jobs": forecast.mig_jobs, "started": forecast.started}
 
@@ -381,5 +393,5 @@ def _decision_json(decision: Any, verdicts: Sequence[Any] = ()) -> dict[str, Any
             "predictions": [{"node": v.node, "gpus": [c.index for c in v.changes],
                              "to": v.changes[0].new, "without": _forecast_json(v.without),
                              "with": _forecast_json(v.with_it), "cost_s": v.cost_s,
-                             "made": v.made} for v in verdicts],
+                             "made": v.made, "refusal": v.refusal} for v in verdicts],
             "drain": decision.drain, "why": decision.why}

@@ -292,3 +292,13 @@ def test_a_menu_changes_nothing_rendered_for_either_scheduler():
     assert with_menu.groups[0].relayout is not None and plain.groups[0].relayout is None
     assert render_mig_parted(with_menu) == render_mig_parted(plain)
     assert render_gres_conf(with_menu) == render_gres_conf(plain)
+
+
+@pytest.mark.parametrize("value", ["-1", "604801"])
+def test_a_lookback_out_of_range_is_refused(tmp_path, capsys, value):
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    assert main(["relayout", "--plan", str(plan), "--lookback", value]) != 0
+    assert "--lookback must be between 0 and 604800 seconds" in capsys.readouterr().err

@@ -214,3 +214,39 @@ def test_whole_gpu_jobs_count_and_a_change_that_lets_them_start_is_made():
     assert verdict.without.started == 0 and verdict.without.wait_s == HORIZON_S
     assert verdict.without.mig_wait_s == 0.0
     assert verdict.with_it.started == 2 and verdict.with_it.wait_s == change_seconds(2)
+
+
+def test_a_refusal_says_what_fell_short():
+    # The only whole GPU in service, idle, and four 3g jobs waiting; a whole-GPU job was
+    # submitted ten minutes ago. Turning the whole GPU into 3g slices starts the 3g jobs at
+    # once, but the whole-GPU job of the next hour would find none: refused, and the verdict
+    # names the class that would wait longer.
+    gpus = [_gpu("n0", 0, "whole"), _gpu("n0", 1, "7x1g.10gb"),
+            _gpu("n1", 0, "7x1g.10gb"), _gpu("n1", 1, "7x1g.10gb")]
+    queue = _jobs("3g.40gb", 2, limit_s=600.0)
+    recent = [(600.0, _jobs("whole", 1, limit_s=600.0, wait_s=0.0)[0])]
+    proposed = Decision([Change("n0", 0, "whole", "2x3g.40gb", 1.0, False)], [])
+    guarded, [verdict] = guard(proposed, queue, gpus, MENUS, recent=recent)
+    assert not verdict.made and guarded.changes == []
+    assert verdict.with_it.whole_wait_s > verdict.without.whole_wait_s
+    assert verdict.refusal.startswith("whole-GPU jobs would wait longer ("), verdict.refusal
+    assert any("refused, whole-GPU jobs would wait longer" in line for line in guarded.why)
+    # The waiting jobs alone (no lookback): nothing else is expected, and the change is made.
+    alone, [made] = guard(proposed, queue, gpus, MENUS, recent=recent, lookback_s=0.0)
+    assert made.made and made.refusal == "" and alone.changes == proposed.changes
+    assert made.quiet_without is None  # one future only: no submission
+    # A change refused for too small a gain says by how much the wait fell.
+    _short, [small] = guard(proposed, queue, gpus, MENUS, safety=1000.0, lookback_s=0.0)
+    assert not small.made and small.refusal.startswith("the wait falls by "), small.refusal
+
+
+def test_the_lookback_bounds_the_recent_submissions_read():
+    now = datetime.datetime(2026, 1, 1, 12, 0, 0)
+    text = ("7|gres/gpu:1g.10gb:2|2026-01-01T11:50:00|debug|alice|lab|1:00:00|Resources\n"
+            "8|gres/gpu:3g.40gb:1|2026-01-01T10:30:00|debug|bob|lab|1:00:00|Priority\n")
+    assert [r.job for _ago, r in read_queue(text, now).recent] == ["7"]
+    assert [r.job for _ago, r in read_queue(text, now, lookback_s=7200.0).recent] == ["7", "8"]
+    assert read_queue(text, now, lookback_s=0.0).recent == []
+    assert len(read_queue(text, now, lookback_s=0.0).requests) == 2  # both still wait
+    running = text.replace("Resources", "None").replace("Priority", "None")
+    assert [r.job for _ago, r in parse_submitted(running, now, 7200.0)] == ["7", "8"]

@@ -85,9 +85,11 @@ def parse_request(job: str, gres: str, wait_s: float, nodes: Optional[frozenset[
 
 
 def read_queue(text: str, now: datetime.datetime,
-               nodes_of: Optional[dict[str, frozenset[str]]] = None) -> Queue:
+               nodes_of: Optional[dict[str, frozenset[str]]] = None,
+               lookback_s: float = LOOKBACK_S) -> Queue:
     """The requests that count, from ``squeue -h -t PD -o SQUEUE_FORMAT`` lines; ``now``
-    gives the wait, ``nodes_of`` each partition's nodes (None: any node)."""
+    gives the wait, ``nodes_of`` each partition's nodes (None: any node); those submitted
+    within ``lookback_s`` are also ``recent``."""
     queue = Queue()
     for line in text.splitlines():
         parts = _fields(line)
@@ -112,7 +114,7 @@ def read_queue(text: str, now: datetime.datetime,
         requests = parse_request(job, gres, wait, nodes, _named(user), _named(account),
                                  parse_time_left(limit))
         queue.requests.extend(requests)
-        queue.recent.extend((wait, r) for r in requests if wait < LOOKBACK_S)
+        queue.recent.extend((wait, r) for r in requests if wait < lookback_s)
     return queue
 
 
@@ -148,10 +150,13 @@ def parse_submitted(text: str, now: datetime.datetime,
 
 
 def recent(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
-           now: Optional[datetime.datetime] = None) -> list[tuple[float, Request]]:
+           now: Optional[datetime.datetime] = None,
+           lookback_s: float = LOOKBACK_S) -> list[tuple[float, Request]]:
     """parse_submitted, asked of slurmctld (running and recently ended jobs)."""
+    if lookback_s <= 0:
+        return []
     text = _squeue(squeue, ["-h", "-t", "R,CG,CD", "-o", SQUEUE_FORMAT], timeout)
-    return parse_submitted(text, now or datetime.datetime.now())
+    return parse_submitted(text, now or datetime.datetime.now(), lookback_s)
 
 
 def _named(text: str) -> str:
@@ -192,10 +197,11 @@ def partitions(sinfo: str = DEFAULT_SINFO, timeout: float = 10.0) -> dict[str, f
 
 def pending(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
             now: Optional[datetime.datetime] = None,
-            nodes_of: Optional[dict[str, frozenset[str]]] = None) -> Queue:
+            nodes_of: Optional[dict[str, frozenset[str]]] = None,
+            lookback_s: float = LOOKBACK_S) -> Queue:
     """The pending jobs that count, asked of slurmctld."""
     text = _squeue(squeue, ["-h", "-t", "PD", "-o", SQUEUE_FORMAT], timeout)
-    return read_queue(text, now or datetime.datetime.now(), nodes_of)
+    return read_queue(text, now or datetime.datetime.now(), nodes_of, lookback_s)
 
 
 def parse_time_left(text: str) -> Optional[float]:

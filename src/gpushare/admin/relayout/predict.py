@@ -112,6 +112,7 @@ class Verdict:
     drain_only: Optional[Forecast] = None  # the node drained and back with its old layouts
     quiet_without: Optional[Forecast] = None  # the same two with no submission expected
     quiet_with: Optional[Forecast] = None
+    refusal: str = ""  # what fell short, where refused
 
     def line(self) -> str:
         gpus = ",".join(str(c.index) for c in self.changes)
@@ -127,7 +128,7 @@ class Verdict:
                 + (f"; with no submission {self.quiet_without.wait_s / 60:.1f} -> "
                    f"{self.quiet_with.wait_s / 60:.1f} min"
                    if self.quiet_without and self.quiet_with else "")
-                + ": " + ("made" if self.made else "refused")
+                + ": " + ("made" if self.made else f"refused, {self.refusal}")
                 + f" (made only when both fall by more than {self.need_s:.0f} s, "
                 f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)")
 
@@ -261,22 +262,32 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
                     statistics.fmean(whole) if whole else 0.0)
 
 
-def _gains(without: Forecast, with_it: Forecast, need_s: float) -> bool:
-    """Both the mean wait of all jobs and the mean completion fall by more than ``need_s``,
-    and neither class waits longer, MIG and MPS jobs nor whole-GPU ones: a change that gives
-    GPUs back to starving whole-GPU jobs can be made, one that starves either cannot, and
-    one class's gain never pays for the other's loss."""
-    return without.completion_s - with_it.completion_s > need_s \
-        and without.wait_s - with_it.wait_s > need_s \
-        and with_it.mig_wait_s <= without.mig_wait_s \
-        and with_it.whole_wait_s <= without.whole_wait_s
+def _shortfall(without: Forecast, with_it: Forecast, need_s: float) -> str:
+    """"" when both the mean wait of all jobs and the mean completion fall by more than
+    ``need_s`` and neither class waits longer, MIG and MPS jobs nor whole-GPU ones; else what
+    falls short. A change that gives GPUs back to starving whole-GPU jobs can be made, one
+    that starves either class cannot, and one class's gain never pays for the other's loss."""
+    if with_it.whole_wait_s > without.whole_wait_s:
+        return (f"whole-GPU jobs would wait longer ({without.whole_wait_s / 60:.1f} -> "
+                f"{with_it.whole_wait_s / 60:.1f} min)")
+    if with_it.mig_wait_s > without.mig_wait_s:
+        return (f"MIG and MPS jobs would wait longer ({without.mig_wait_s / 60:.1f} -> "
+                f"{with_it.mig_wait_s / 60:.1f} min)")
+    if without.wait_s - with_it.wait_s <= need_s:
+        return f"the wait falls by {max(without.wait_s - with_it.wait_s, 0.0):.0f} s"
+    if without.completion_s - with_it.completion_s <= need_s:
+        return ("the completion time falls by "
+                f"{max(without.completion_s - with_it.completion_s, 0.0):.0f} s")
+    return ""
 
 
 def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuState],
           menus: dict[str, Menu], safety: float = SAFETY,
-          recent: Sequence[tuple[float, Request]] = ()) -> tuple[Decision, list[Verdict]]:
+          recent: Sequence[tuple[float, Request]] = (), lookback_s: float = LOOKBACK_S
+          ) -> tuple[Decision, list[Verdict]]:
     """``decision`` with only the candidates the prediction says gain, and each verdict;
-    ``recent``: (seconds ago, request) of the last LOOKBACK_S's submissions."""
+    ``recent``: (seconds ago, request) of the last ``lookback_s``'s submissions, which
+    recur every ``lookback_s`` in one of the futures weighed."""
     if not decision.changes:
         return decision, []
     group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
@@ -287,7 +298,8 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     made: dict[tuple[str, int], Layout] = {}
     kept: list[Change] = []
     verdicts: list[Verdict] = []
-    futures = [expected_arrivals(recent)] + ([[]] if recent else [])  # burst on; none
+    arrivals = expected_arrivals(recent, lookback_s=lookback_s) if lookback_s > 0 else []
+    futures = [arrivals] + ([[]] if arrivals else [])  # burst on; none
     bases = [forecast(requests, gpus, arrivals=future) for future in futures]
     for node, changes in by_node.items():
         trial, same = dict(made), dict(made)
@@ -299,18 +311,23 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
         cost = change_seconds(len(changes))
         predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
         drained: list[Forecast] = []
-        ok = True
-        for future, base, with_it in zip(futures, bases, predicted):
-            ok = ok and _gains(base, with_it, safety * cost)
-            if ok:
-                drained.append(forecast(requests, gpus, same, arrivals=future))
-                ok = _gains(drained[-1], with_it, safety * cost)
-            if not ok:
+        refusal = ""
+        for number, (future, base, with_it) in enumerate(zip(futures, bases, predicted)):
+            when = " with no submission" if number else ""
+            refusal = _shortfall(base, with_it, safety * cost)
+            if refusal:
+                refusal += when
                 break
+            drained.append(forecast(requests, gpus, same, arrivals=future))
+            refusal = _shortfall(drained[-1], with_it, safety * cost)
+            if refusal:
+                refusal += f" against draining the node alone{when}"
+                break
+        ok = not refusal
         verdicts.append(Verdict(node, tuple(changes), bases[0], predicted[0], cost, ok,
                                 safety * cost, drained[0] if drained else None,
                                 bases[1] if len(bases) > 1 else None,
-                                predicted[1] if len(predicted) > 1 else None))
+                                predicted[1] if len(predicted) > 1 else None, refusal))
         if ok:
             made, bases = trial, predicted
             kept.extend(changes)
@@ -326,10 +343,10 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
 def decide_guarded(requests: Sequence[Request], gpus: Sequence[GpuState],
                    menus: dict[str, Menu], max_changes: int = 4, hysteresis: float = 0.5,
                    max_drain_s: Optional[float] = 5400.0, one_profile_per_node: bool = False,
-                   safety: float = SAFETY, recent: Sequence[tuple[float, Request]] = ()
-                   ) -> tuple[Decision, list[Verdict]]:
+                   safety: float = SAFETY, recent: Sequence[tuple[float, Request]] = (),
+                   lookback_s: float = LOOKBACK_S) -> tuple[Decision, list[Verdict]]:
     """A round's decision: decide's candidates, each kept only where predicted to gain.
     ``gpushare relayout`` and the simulator's relayout both call this."""
     decision = decide(requests, gpus, menus, max_changes, hysteresis,
                       max_drain_s=max_drain_s, one_profile_per_node=one_profile_per_node)
-    return guard(decision, requests, gpus, menus, safety, recent)
+    return guard(decision, requests, gpus, menus, safety, recent, lookback_s)
