@@ -36,7 +36,6 @@ import gpushare  # noqa: E402
 from gpushare.node import counters, drain, faults, job, phases, state, ticket  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 from gpushare.node.mps import record  # noqa: E402
-from gpushare.node.usage.store import UsageStore  # noqa: E402
 
 
 def _load_embedbuild():
@@ -114,7 +113,7 @@ def constants(pythonpath: str = "") -> dict[str, str]:
         "GS_RECORD_SUFFIX": embedbuild.c_string(state.RECORD_SUFFIX),
         "GS_ENV_SUFFIX": embedbuild.c_string(state.ENV_SUFFIX),
         "GS_LOCK_SUFFIX": embedbuild.c_string(state.LOCK_SUFFIX),
-        "GS_USAGE_DIR": embedbuild.c_string(os.path.basename(UsageStore("/").directory)),
+        "GS_USAGE_DIR": embedbuild.c_string(state.USAGE_DIR),
         "GS_DAEMONS_DIR": embedbuild.c_string(os.path.basename(PluginConfig().daemons_dir)),
         "GS_TICKETS_DIR": embedbuild.c_string(record.TICKETS),
         "GS_DAEMON_JOBS_SUFFIX": embedbuild.c_string(record.JOBS_SUFFIX),

@@ -36,16 +36,22 @@
 #define GS_POLL_FIRST_US 500
 #define GS_POLL_MAX_US 10000
 
-/* <state_dir>/jobs/<job id><suffix>: the job's record (.json), tasks' word (.env), lock. */
-int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size)
+/* <state_dir>/<dir>/<job id><suffix>, the job's id from Slurm; -1 where it does not fit. */
+static int gs_job_path(spank_t sp, const char *dir, const char *suffix, char *path,
+                       size_t size)
 {
     uint32_t job_id = 0;
 
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
         return -1;
-    return snprintf(path, size, "%s/" GS_JOBS_DIR "/%u%s", gs_state_dir, job_id, suffix) >=
-                   (int)size
+    return snprintf(path, size, "%s/%s/%u%s", gs_state_dir, dir, job_id, suffix) >= (int)size
                ? -1 : 0;
+}
+
+/* <state_dir>/jobs/<job id><suffix>: the job's record (.json), tasks' word (.env), lock. */
+int gs_job_file(spank_t sp, const char *suffix, char *path, size_t size)
+{
+    return gs_job_path(sp, GS_JOBS_DIR, suffix, path, size);
 }
 
 int gs_job_record_exists(spank_t sp)
@@ -62,14 +68,10 @@ int gs_job_record_exists(spank_t sp)
 int gs_job_usage_exists(spank_t sp)
 {
     char path[PATH_MAX + 32];
-    uint32_t job_id = 0;
     struct stat st;
 
-    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
-        snprintf(path, sizeof(path), "%s/" GS_USAGE_DIR "/%u.json", gs_state_dir, job_id) >=
-            (int)sizeof(path))
-        return 0;
-    return lstat(path, &st) == 0;
+    return gs_job_path(sp, GS_USAGE_DIR, ".json", path, sizeof(path)) == 0 &&
+           lstat(path, &st) == 0;
 }
 
 /*

@@ -28,7 +28,7 @@ from gpushare.node.request import (
     task_environment,
     uses_sharing,
 )
-from gpushare.node.state import JobRecord, JobStore
+from gpushare.node.state import USAGE_DIR, JobRecord, JobStore
 
 if TYPE_CHECKING:
 
@@ -436,7 +436,7 @@ def _record_usage(config: PluginConfig, job_id: int) -> None:
     """The job's GPU use into its AdminComment and slurmd's log, when the node's sampler
     kept figures for it (only then is anything imported or asked); never fails the
     epilog."""
-    if not os.path.exists(os.path.join(config.state_dir, "usage", f"{job_id}.json")):
+    if not os.path.exists(os.path.join(config.state_dir, USAGE_DIR, f"{job_id}.json")):
         return
     try:
         from gpushare.node.usage.summary import record_end

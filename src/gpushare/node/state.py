@@ -134,6 +134,9 @@ JOBS_DIR = "jobs"
 RECORD_SUFFIX = ".json"
 ENV_SUFFIX = ".env"
 LOCK_SUFFIX = ".lock"
+# The node's usage sampler's files, <USAGE_DIR>/<job id>.json (gpushare.node.usage.store): a
+# job's epilog records its use where it finds one (gpushare.node.job, and the C glue).
+USAGE_DIR = "usage"
 
 
 class JobStore:

@@ -26,6 +26,7 @@ import re
 from typing import Any, Optional
 
 from gpushare.common import safefs
+from gpushare.node.state import USAGE_DIR
 
 __all__ = [
     "QUALITIES",
@@ -224,7 +225,7 @@ class UsageStore:
     """``<state_dir>/usage``: read by anyone, written by root's sampler only."""
 
     def __init__(self, state_dir: str) -> None:
-        self.directory = os.path.join(state_dir, "usage")
+        self.directory = os.path.join(state_dir, USAGE_DIR)
 
     def _open(self, create: bool) -> Optional[int]:
         try:
