@@ -153,7 +153,7 @@ def _wait_exited(pid: int, deadline: float) -> None:
     except ProcessLookupError:
         return
     except OSError:
-        while _running(pid) and time.monotonic() < deadline:
+        while running(pid) and time.monotonic() < deadline:
             time.sleep(0.01)
         return
     try:
@@ -164,11 +164,12 @@ def _wait_exited(pid: int, deadline: float) -> None:
         os.close(pidfd)
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is neither a zombie nor dead (``X``): what the tests mean
+    by a process that is still there."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+            return handle.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
     except (OSError, IndexError):
         return False
 

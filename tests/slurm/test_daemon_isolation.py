@@ -17,6 +17,7 @@ import pytest
 
 import slurmbed
 from gpushare.node.mps import isolation
+from mps_standin.harness import running as alive
 from slurmbed import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -55,14 +56,6 @@ def one_daemon(bed, uid: int, node: str = NODE) -> dict:
 def status(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/status") as handle:
         return dict(line.split(":\t", 1) for line in handle.read().splitlines() if ":\t" in line)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def cgroup_v2(pid: int) -> str:

@@ -28,6 +28,7 @@ from tests.slurm.test_mps import (
 )
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
+from mps_standin.harness import running as alive
 from slurmbed import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -217,14 +218,6 @@ def worker_pid(bed, job_id: int, callback: str = "") -> int:
     started = wait_until(f"job {job_id}'s worker", lambda: next(
         (line for line in bed.debug_lines() if f"job={job_id} python=start" in line), None), 60)
     return int(re.search(r" pid=(\d+) ", str(started))[1])  # type: ignore[index]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def release_and_run(bed, job_id: int) -> None:

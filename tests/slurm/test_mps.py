@@ -18,6 +18,7 @@ import time
 import pytest
 
 import slurmbed
+from mps_standin.harness import running as alive
 from mps_standin.harness import standin_processes
 from slurmbed import wait_until
 
@@ -107,14 +108,6 @@ def standin_program(bed) -> str:
 def standin_pids(bed) -> list[int]:
     """Live processes running the bed's stand-in (daemons and servers)."""
     return standin_processes(standin_program(bed))
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def standin_state(record: dict) -> dict:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from gpushare.common import proc
+from mps_standin.harness import running as _running
 
 ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -28,14 +29,6 @@ def test_nonzero_exit_is_a_result_or_with_check_an_error():
     assert (result.returncode, result.output) == (3, "oops")
     with pytest.raises(proc.CommandFailed, match=r"exit status 3: oops"):
         proc.run(["/bin/sh", "-c", "echo oops >&2; exit 3"], env=ENV, timeout=10, check=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_a_hanging_command_is_killed_with_its_process_group(tmp_path):

@@ -32,6 +32,7 @@ from gpushare.node.mps import (
 )
 from gpushare.node.state import JobRecord, JobStore
 from mps_standin.harness import StandinInstall, traversable_tmpdir, unusable_reason
+from mps_standin.harness import running as alive
 
 REASON = unusable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -106,14 +107,6 @@ def mounts_below(base: str) -> list[str]:
     return [point for point in points if point.startswith(base + "/")]
 
 
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def kill_and_wait(pid: int) -> None:

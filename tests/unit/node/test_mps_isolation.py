@@ -22,6 +22,7 @@ from gpushare.node.mps import MpsDevice, MpsError, MpsManager, MpsUserError, iso
 from gpushare.node.mps.record import DaemonRecord
 from mps_standin.harness import StandinBed as Bed
 from mps_standin.harness import ensure_users, unusable_reason
+from mps_standin.harness import running as alive
 
 REASON = unusable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -62,14 +63,6 @@ def limits(pid: int) -> dict[str, tuple[str, str]]:
     with open(f"/proc/{pid}/limits") as handle:
         rows = handle.read().splitlines()[1:]
     return {row[:26].strip(): tuple(row[26:].split()[:2]) for row in rows}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_a_daemon_starts_as_a_job_would_not_as_its_starters_child(users, cgroup_parent):
