@@ -99,14 +99,17 @@ def test_metrics_carry_running_jobs_only_and_drop_stale_ones():
     assert "gpushare_job_sm_percent" in empty and 'job="' not in empty
 
 
-def fake_slurm(tmp_path, admin_comment: str, update_rc: int = 0) -> tuple[str, str, str]:
-    """Root-owned scontrol and sacctmgr that log their arguments (one call a line) and
-    show a job with ``admin_comment``; sacctmgr exits ``update_rc``."""
+def fake_slurm(tmp_path, admin_comment: str, update_rc: int = 0,
+               read_rc: int = 0) -> tuple[str, str, str]:
+    """Root-owned sacct and sacctmgr that log their arguments (one call a line); sacct
+    prints ``admin_comment`` as the job's AdminComment and exits ``read_rc``, sacctmgr
+    exits ``update_rc``."""
     os.chmod(tmp_path, 0o755)
     log = tmp_path / "calls"
-    shown = f"JobId=41 JobName=x UserId=alice(1001) {admin_comment}Priority=1 Nice=0"
     programs = []
-    for name, body in (("scontrol", f"echo {shlex.quote(shown)}"),
+    for name, body in (("sacct", f"printf '%s\\n' {shlex.quote(admin_comment)}; "
+                                 f"[ {read_rc} = 0 ] || echo 'sacct: error: no slurmdbd';"
+                                 f" exit {read_rc}"),
                        ("sacctmgr", f"echo 'sacctmgr: error: no slurmdbd'; exit {update_rc}")):
         program = tmp_path / name
         program.write_text(
@@ -118,42 +121,68 @@ def fake_slurm(tmp_path, admin_comment: str, update_rc: int = 0) -> tuple[str, s
     return programs[0], programs[1], str(log)
 
 
+def calls_of(log: str) -> list[str]:
+    with open(log) as handle:
+        return handle.read().splitlines()
+
+
+READ = "sacct|-X|-n|-P|-j|41|-o|AdminComment|"
+
+
 @needs_root
 @pytest.mark.parametrize("before, after", [
     ("", "{line}"),
-    ("AdminComment=site budget 7 ", "site budget 7; {line}"),
+    ("site budget 7", "site budget 7; {line}"),
 ])
 def test_the_epilog_appends_the_summary_to_admin_comment_and_removes_the_figures(
         tmp_path, before, after):
     """slurmctld refuses updates of an ended job, so the line goes through sacctmgr (the
-    accounting database), after what the site wrote there."""
+    accounting database), after what the site wrote there, which sacct reads: the only
+    field asked for, so no text a user chose (a job named "x AdminComment=...", which
+    ``scontrol show job -o`` prints first) can pass for it."""
     state = tmp_path / "state"
     UsageStore(str(state)).write_job(usage())
-    scontrol, sacctmgr, log = fake_slurm(tmp_path, before)
-    line = summary.record_end(str(state), 41, scontrol=scontrol, sacctmgr=sacctmgr)
+    sacct, sacctmgr, log = fake_slurm(tmp_path, before)
+    line = summary.record_end(str(state), 41, sacct=sacct, sacctmgr=sacctmgr)
     assert line == view.summary_line(usage())
-    with open(log) as handle:
-        calls = handle.read().splitlines()
-    assert calls == ["scontrol|show|job|-o|41|",
-                     "sacctmgr|-i|modify|job|where|jobid=41|set|"
-                     f"AdminComment={after.format(line=line)}|"]
+    assert calls_of(log) == [READ, "sacctmgr|-i|modify|job|where|jobid=41|set|"
+                                   f"AdminComment={after.format(line=line)}|"]
     assert UsageStore(str(state)).read_job(41) is None
     # Nothing sampled: nothing asked of Slurm.
-    assert summary.record_end(str(state), 41, scontrol=scontrol, sacctmgr=sacctmgr) is None
-    with open(log) as handle:
-        assert len(handle.read().splitlines()) == 2
+    assert summary.record_end(str(state), 41, sacct=sacct, sacctmgr=sacctmgr) is None
+    assert len(calls_of(log)) == 2
+
+
+@needs_root
+@pytest.mark.parametrize("before", ['"quoted" note', "it's the site's"])
+def test_a_comment_with_a_quote_is_left_as_it_is(tmp_path, caplog, before):
+    """sacctmgr would cut the text at a closing quote, or turn quotes into backquotes: the
+    earlier comment stays whole, and the line is in slurmd's log only."""
+    state = tmp_path / "state"
+    UsageStore(str(state)).write_job(usage())
+    sacct, sacctmgr, log = fake_slurm(tmp_path, before)
+    assert summary.record_end(str(state), 41, sacct=sacct, sacctmgr=sacctmgr)
+    assert calls_of(log) == [READ]
+    assert "its AdminComment holds a quote, which sacctmgr would alter" in caplog.text
 
 
 @needs_root
 def test_without_slurmdbd_the_line_is_logged_and_nothing_raises(tmp_path, caplog):
     state = tmp_path / "state"
     UsageStore(str(state)).write_job(usage())
-    scontrol, sacctmgr, _log = fake_slurm(tmp_path, "", update_rc=1)
-    assert summary.record_end(str(state), 41, scontrol=scontrol, sacctmgr=sacctmgr)
+    sacct, sacctmgr, log = fake_slurm(tmp_path, "", read_rc=1)
+    assert summary.record_end(str(state), 41, sacct=sacct, sacctmgr=sacctmgr)
+    assert calls_of(log) == [READ]  # nothing read: nothing written over
+    assert ("its GPU use is not in AdminComment (it needs slurmdbd): sacct failed (exit "
+            "1): sacct: error: no slurmdbd") in caplog.text
+    caplog.clear()
+    sacct, sacctmgr, _log = fake_slurm(tmp_path, "", update_rc=1)
+    UsageStore(str(state)).write_job(usage())
+    assert summary.record_end(str(state), 41, sacct=sacct, sacctmgr=sacctmgr)
     assert ("its GPU use is not in AdminComment (it needs slurmdbd): sacctmgr failed (exit "
             "1): sacctmgr: error: no slurmdbd") in caplog.text
     UsageStore(str(state)).write_job(usage())
-    assert summary.record_end(str(state), 41, scontrol="/nonexistent/scontrol") is not None
+    assert summary.record_end(str(state), 41, sacct="/nonexistent/sacct") is not None
 
 
 @needs_root

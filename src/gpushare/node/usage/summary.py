@@ -6,67 +6,69 @@ log and appends it to the job's AdminComment in the accounting database, where `
 -o AdminComment`` shows it (as Princeton's jobstats does; AdminComment, not Comment: a
 user can overwrite Comment, only an operator AdminComment). slurmctld refuses any update
 of a job that has ended, and the epilog runs after the end, so the line goes through
-``sacctmgr modify job``, which needs slurmdbd; without it the line is in slurmd's log
-only. Nothing here may fail the epilog: a refusal is logged, and each call is bounded by
-the epilog's time left.
+``sacctmgr modify job``, after the comment already there (read with ``sacct``), which
+needs slurmdbd; without it the line is in slurmd's log only. Slurm 22.05's sacctmgr
+stores the value lowercased (23.02 and later keep its case). Nothing here may fail the
+epilog: a refusal is logged, and each call is bounded by the epilog's time left.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Optional
 
 from gpushare.common import proc, safefs
 from gpushare.common.log import get_logger
-from gpushare.node.drain import SCONTROL, run_scontrol
 from gpushare.node.phases import time_left
 from gpushare.node.usage.store import UsageStore
 from gpushare.node.usage.view import summary_line
 
-__all__ = ["ADMIN_COMMENT_MAX", "SACCTMGR", "record_end"]
+__all__ = ["ADMIN_COMMENT_MAX", "SACCT", "SACCTMGR", "record_end"]
 
+SACCT = "/usr/bin/sacct"
 SACCTMGR = "/usr/bin/sacctmgr"
 
 LOG = get_logger("gpushare.usage")
 ADMIN_COMMENT_MAX = 1000  # what gpushare lets AdminComment grow to; older text is kept first
-SCONTROL_TIMEOUT = 5.0
-# scontrol show job -o: AdminComment= runs to the next " Key=" of the line.
-_ADMIN = re.compile(r"(?:^| )AdminComment=(.*?)(?= [A-Za-z][A-Za-z/:_]*=|$)")
+SLURM_TIMEOUT = 5.0
+# sacctmgr stores a value that starts with a quote only up to its closing quote and turns
+# any other quote into a backquote: a comment holding one would not come back as it was.
+_QUOTES = ("'", '"')
 
 
-def _current(job_id: int, scontrol: str) -> Optional[str]:
-    """The job's AdminComment now ("" when none), or None when it cannot be read."""
-    shown = run_scontrol(["show", "job", "-o", str(job_id)], scontrol, SCONTROL_TIMEOUT)
-    if isinstance(shown, str):
-        LOG.warning("job %d: its GPU use is not recorded: %s", job_id, shown)
-        return None
-    match = _ADMIN.search(shown.stdout.splitlines()[0] if shown.stdout else "")
-    value = match.group(1) if match else ""
-    return "" if value in ("(null)", "") else value
-
-
-def _sacctmgr(job_id: int, text: str, sacctmgr: str) -> str:
-    """Set the job's AdminComment in the accounting database; "" or why not."""
+def _slurm(argv: list[str]) -> tuple[Optional[proc.Result], str]:
+    """Run a root-owned Slurm client with a fixed environment: its result, or why not."""
     try:
-        safefs.check_root_owned_file(sacctmgr)
+        safefs.check_root_owned_file(argv[0])
     except (safefs.UnsafePathError, OSError) as err:
-        return f"{sacctmgr} refused: {err}"
+        return None, f"{argv[0]} refused: {err}"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     if os.environ.get("SLURM_CONF"):
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
     try:
-        done = proc.run([sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}", "set",
-                         f"AdminComment={text}"], timeout=time_left(SCONTROL_TIMEOUT), env=env)
+        done = proc.run(argv, timeout=time_left(SLURM_TIMEOUT), env=env)
     except proc.ProcError as err:
-        return str(err)
+        return None, str(err)
     if done.returncode != 0:
         detail = done.output.strip().splitlines()
-        return f"sacctmgr failed (exit {done.returncode}): {detail[-1] if detail else ''}"
-    return ""
+        return None, (f"{os.path.basename(argv[0])} failed (exit {done.returncode}): "
+                      f"{detail[-1] if detail else ''}")
+    return done, ""
 
 
-def record_end(state_dir: str, job_id: int, scontrol: str = SCONTROL,
+def _current(job_id: int, sacct: str) -> tuple[Optional[str], str]:
+    """The job's AdminComment in the accounting database ("" when none), or None and why.
+
+    Read from sacct, the only field asked for: ``scontrol show job -o`` prints the job's
+    name, command and paths before AdminComment, and a user who names a job
+    "x AdminComment=..." would have their text taken for it and written back by root."""
+    done, why = _slurm([sacct, "-X", "-n", "-P", "-j", str(job_id), "-o", "AdminComment"])
+    if done is None:
+        return None, why
+    return done.stdout.rstrip("\n"), ""
+
+
+def record_end(state_dir: str, job_id: int, sacct: str = SACCT,
                sacctmgr: str = SACCTMGR) -> Optional[str]:
     """Log the job's GPU use, append it to its AdminComment and remove its figures; the
     line written (None when the sampler had nothing for the job). Never raises."""
@@ -84,15 +86,24 @@ def record_end(state_dir: str, job_id: int, scontrol: str = SCONTROL,
         store.remove_job(job_id)
     except OSError as err:
         LOG.warning("job %d: its usage file stays for the sampler to remove: %s", job_id, err)
-    current = _current(job_id, scontrol)
-    if current is None or line in current:  # unreadable, or an epilog run twice
+    current, why = _current(job_id, sacct)
+    if current is None:
+        LOG.warning("job %d: its GPU use is not in AdminComment (it needs slurmdbd): %s",
+                    job_id, why)
+        return line
+    if line in current:  # an epilog run twice
+        return line
+    if any(quote in current for quote in _QUOTES):
+        LOG.warning("job %d: its AdminComment holds a quote, which sacctmgr would alter; "
+                    "its GPU use is only in this log", job_id)
         return line
     text = f"{current}; {line}" if current else line
     if len(text) > ADMIN_COMMENT_MAX:
         LOG.warning("job %d: AdminComment is full (%d characters); its GPU use is only in "
                     "this log", job_id, len(current))
         return line
-    why = _sacctmgr(job_id, text, sacctmgr)
+    _done, why = _slurm([sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                         f"AdminComment={text}"])
     if why:
         LOG.warning("job %d: its GPU use is not in AdminComment (it needs slurmdbd): %s",
                     job_id, why)
