@@ -27,7 +27,11 @@ setup(
     extras_require={
         "test": ["pytest==8.4.2", "hypothesis==6.141.1", "lupa==2.8", "ruff==0.17.6",
                  "mypy==1.19.1", "types-PyYAML==6.0.12.20250915",
-                 "prometheus_client==0.21.1"],
+                 "prometheus_client==0.21.1", "kubernetes==35.0.0", "grpcio==1.80.1",
+                 "protobuf==6.33.6"],
+        # `gpushare tidal`'s Kubernetes side: the API server's client on the controller, the
+        # kubelet's PodResources API (gRPC) on the nodes. Nothing else imports them.
+        "tidal": ["kubernetes>=22.6", "grpcio>=1.51", "protobuf>=3.20"],
     },
     entry_points={"console_scripts": ["gpushare=gpushare.cli:main"]},
 )
