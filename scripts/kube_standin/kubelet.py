@@ -31,6 +31,7 @@ class Kubelet:
         self.pods: list[Pod] = []
         self.calls = 0
         self.fail: Optional[Any] = None  # a grpc.StatusCode to answer with instead
+        self.then: list[list[Pod]] = []  # the pods from the next List calls on, one per call
         self.lock = threading.Lock()
         self._server: Any = None
 
@@ -42,6 +43,8 @@ class Kubelet:
             self.calls += 1
             if self.fail is not None:
                 context.abort(self.fail, "stand-in told to fail")
+            if self.then:
+                self.pods = self.then.pop(0)
             reply = classes["ListPodResourcesResponse"]()
             for pod in self.pods:
                 entry = reply.pod_resources.add(name=pod.name, namespace=pod.namespace)

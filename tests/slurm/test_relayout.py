@@ -559,7 +559,7 @@ def test_a_second_run_at_once_changes_nothing(fresh):
     with run_lock(bed.path("etc", "relayout-state.json")):
         queue_large(bed)
         second = relayout(bed)
-    assert second.returncode == 2 and "another gpushare relayout --apply runs" in \
+    assert second.returncode == 2 and "another gpushare relayout or tidal --apply runs" in \
         second.stderr, second.stderr
     assert "DRAIN" not in bed.node_state(NODE)["State"]
     assert sim_layout(bed, 2) == ["1g.10gb"] * 7

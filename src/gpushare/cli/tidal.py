@@ -30,12 +30,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--at), given what the home side needs of each rule's devices (--needs), print "
         "whether each rule lends or reclaims, which devices, and why; and when its window "
         "next opens, stops lending and reclaims. Changes nothing. Exit status: 0 printed, "
-        "2 bad arguments or plan.",
+        "2 bad arguments or plan.\n\n"
+        "With --apply (on the controller, as root) the moves are made, each journalled step "
+        "by step: the holder is fenced (a DeviceTaintRule or node taint in Kubernetes; "
+        "Slurm's drain), the home side lets go (the node's kubelet lists no pod holding the "
+        "device; the Slurm node is idle), the device is given (the state file, Gres= and "
+        "the shared gres.conf, `scontrol reconfigure`), the other side is unfenced. A run "
+        "first finishes or undoes what a killed run left. Exit status: 0 every move made, "
+        "1 one was undone or left for the next run, 2 nothing could start.\n\n"
+        "`gpushare tidal holders --gpu N` runs on a node: which pods the kubelet's "
+        "PodResources API lists holding the device; exit 0 none, 1 held, 2 unknown.",
         epilog="examples:\n  gpushare tidal --plan /etc/gpushare/plan.yaml\n"
         "  gpushare tidal --at 23:30 --needs night-batch=2\n"
-        "  gpushare tidal --at '2026-12-24 07:45' --lent night-batch=6",
+        "  gpushare tidal --at '2026-12-24 07:45' --lent night-batch=6\n"
+        "  gpushare tidal --apply --cluster-gres-conf /etc/slurm/gres.conf\n"
+        "  gpushare tidal holders --gpu 0",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("action", nargs="?", choices=["holders"], metavar="holders",
+                        help="on a node: which pods hold a device")
     parser.add_argument("--plan", default="/etc/gpushare/plan.yaml", metavar="FILE",
                         help="the ownership plan (default: %(default)s)")
     parser.add_argument("--at", metavar="TIME",
@@ -47,7 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "repeatable. Without it a rule with a demand is not judged")
     parser.add_argument("--lent", action="append", default=[], metavar="RULE=N",
                         help="how many of RULE's devices are lent now, the first N in the "
-                        "rule's order (default 0); repeatable")
+                        "rule's order (default 0; with --apply the state file says); repeatable")
+    from gpushare.cli.tidal_apply import register_options
+
+    register_options(parser)
     parser.set_defaults(func=_run)
 
 
@@ -94,6 +110,10 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.tidal.decide import HomeUse, RuleState, decide
 
+    if args.action == "holders":
+        from gpushare.cli.tidal_node import holders
+
+        return holders(args)
     try:
         plan = load_plan(args.plan)
     except PlanError as err:
@@ -109,6 +129,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{plan.path}: no lending rules; every device stays with its owner "
               "(docs/admin.md: lending)")
         return 0
+    if args.apply:
+        from gpushare.cli.tidal_apply import apply
+
+        if args.at is not None or args.lent:
+            return fail("tidal", "--apply acts now, on what the state file says is lent: "
+                        "drop --at and --lent")
+        return apply(args, plan, when, needs)
     minute = when.hour * 60 + when.minute
     print(f"at {when:%Y-%m-%d %H:%M} (dry run: nothing moves)")
     rows = [["RULE", "HOME → BORROWER", "DEVICES", "LENT", "WINDOW", "NOW"]]

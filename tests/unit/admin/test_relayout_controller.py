@@ -304,7 +304,8 @@ def test_a_second_run_says_who_runs_and_changes_nothing(site, tmp_path, capsys):
     with run_lock(os.path.join(os.path.dirname(plan.path), "relayout-state.json")):
         assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "another gpushare relayout --apply runs" in err and f'"pid": {os.getpid()}' in err
+    assert "another gpushare relayout or tidal --apply runs" in err
+    assert f'"pid": {os.getpid()}' in err
     assert db.read_text() == before  # nothing drained
 
 

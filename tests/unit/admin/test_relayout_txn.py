@@ -56,7 +56,7 @@ def gres_line(settings, node="h1"):
 
 def test_a_second_run_is_told_who_holds_the_lock_and_acts_on_nothing(site, tmp_path):
     _plan, settings, _profile, _slurm = site
-    busy = pytest.raises(LockBusy, match=rf"another gpushare relayout --apply runs "
+    busy = pytest.raises(LockBusy, match=rf"another gpushare relayout or tidal --apply runs "
                                          rf"\(\{{\"pid\": {os.getpid()}, \"host\"")
     with run_lock(settings.state_path), busy, run_lock(settings.state_path):
         pass  # pragma: no cover - never reached

@@ -153,8 +153,9 @@ def run_lock(state_path: str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
             holder = holder or "its holder not yet named"
-            raise LockBusy(f"another gpushare relayout --apply runs ({holder}; lock {path}); "
-                           "this one changes nothing: try again once it has ended") from None
+            raise LockBusy(f"another gpushare relayout or tidal --apply runs ({holder}; lock "
+                           f"{path}); this one changes nothing: try again once it has "
+                           "ended") from None
         me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                          "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "command": " ".join(sys.argv)[:1000]})

@@ -38,29 +38,32 @@ def _destination(words: list[str]) -> int:
     return position
 
 
-def _fill(word: str, template: str, values: dict[str, str]) -> str:
+def _fill(word: str, template: str, values: dict[str, str],
+          placeholders: tuple[str, ...]) -> str:
     for name in re.findall(r"{(\w*)}", word):
-        if name not in PLACEHOLDERS:
+        if name not in placeholders:
             raise ValueError(f"unknown placeholder {{{name}}} in {template!r}; use "
-                             + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
+                             + ", ".join(f"{{{p}}}" for p in placeholders))
     return re.sub(r"{(\w+)}", lambda m: values.get(str(m.group(1)), str(m.group(0))), word)
 
 
-def command_argv(template: str, **values: str) -> list[str]:
+def command_argv(template: str, placeholders: tuple[str, ...] = PLACEHOLDERS,
+                 **values: str) -> list[str]:
     """The site's command for one node, split as a shell would but never run by one: each
     ``{node}``, ``{gpu}``, ``{layout}``, ``{decision}``, ``{timeout}``, ``{round}`` (the
     round's other GPUs of the node, ``N=LAYOUT,...``) is replaced inside
     its word, so a value can never become a second argument or a shell operator; after ssh's
-    destination the remote command is one word, quoted for the remote shell."""
+    destination the remote command is one word, quoted for the remote shell. Another
+    command's own ``placeholders`` (tidal's) replace relayout's."""
     words = shlex.split(template)
     if not words:
         raise ValueError("the command is empty")
     if os.path.basename(words[0]) != "ssh":
-        return [_fill(word, template, values) for word in words]
+        return [_fill(word, template, values, placeholders) for word in words]
     at = _destination(words)
     remote = words[at + 1:]
     if len(remote) == 1:
         remote = shlex.split(remote[0])  # the site quoted the remote command itself
-    local = [_fill(word, template, values) for word in words[:at + 1]]
-    filled = [_fill(word, template, values) for word in remote]
+    local = [_fill(word, template, values, placeholders) for word in words[:at + 1]]
+    filled = [_fill(word, template, values, placeholders) for word in remote]
     return local + ([shlex.join(filled)] if filled else [])

@@ -21,7 +21,7 @@ from gpushare.admin.relayout.slurmconf import (
     shows,
     write_conf,
 )
-from gpushare.admin.relayout.state import applied_plan, load_state
+from gpushare.admin.relayout.state import applied_plan, load_state, with_lent
 from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
 from gpushare.common import proc
 
@@ -48,7 +48,8 @@ class SlurmSync:
 
     def _applied(self) -> Plan:
         try:
-            return applied_plan(self.plan, load_state(self.settings.state_path))
+            path = self.settings.state_path
+            return with_lent(applied_plan(self.plan, load_state(path)), path)
         except ValueError as err:
             raise RelayoutError(f"the state file does not fit the plan: {err}") from None
 

@@ -36,7 +36,8 @@ from gpushare.admin.plan.model import MigSlice, NodeGroup
 from gpushare.admin.relayout.menu import Layout, layout_name, parse_layout
 
 __all__ = ["COUNTERS", "Applied", "AppliedState", "StateError", "applied_plan", "as_applied",
-           "default_path", "last_changes", "layouts_of", "load_state", "locked", "save_state"]
+           "default_path", "last_changes", "layouts_of", "load_state", "locked", "save_state",
+           "with_lent"]
 
 STATE_VERSION = 1
 STATE_NAME = "relayout-state.json"
@@ -225,9 +226,25 @@ def applied_plan(plan: Plan, state: AppliedState) -> Plan:
     return replace(plan, groups=tuple(groups), _by_node={})
 
 
+def with_lent(plan: Plan, state_path: str) -> Plan:
+    """The plan with what ``gpushare tidal`` has lent, from tidal-state.json beside the
+    relayout state file (StateError when it does not fit the plan)."""
+    from gpushare.admin.plan.lent import plan_with_lent
+    from gpushare.admin.tidal.state import STATE_NAME
+    from gpushare.admin.tidal.state import load_state as load_tidal
+
+    tidal = load_tidal(os.path.join(os.path.dirname(os.path.abspath(state_path)), STATE_NAME))
+    if not tidal.lent:
+        return plan
+    tidal.check(plan)
+    return plan_with_lent(plan, tidal.lent_to(plan))
+
+
 def as_applied(plan: Plan, option: Optional[str]) -> Plan:
-    """The plan with the state file's layouts (``--state``: a path, "none", or None for
-    relayout-state.json beside the plan, read when it exists)."""
+    """The plan as the nodes hold it: the state file's layouts and what tidal has lent
+    (``--state``: a path, "none", or None for relayout-state.json beside the plan, read
+    when it exists; tidal-state.json is read beside it)."""
     if option == "none":
         return plan
-    return applied_plan(plan, load_state(option or default_path(plan.path)))
+    path = option or default_path(plan.path)
+    return with_lent(applied_plan(plan, load_state(path)), path)

@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""One round of ``gpushare tidal --apply``: settle what an earlier run left, then per rule
+ask what the home side uses, decide, and carry the moves out.
+
+What the home side uses is read, not guessed: for a Kubernetes home, a device is busy when
+the node's kubelet lists a pod holding it (the same holders command the moves use); for a
+Slurm home, every device of a node that runs jobs is busy (Slurm has no per-GPU drain, so
+lending one would keep the node's other GPUs out of service until its jobs end). A rule's
+``needs`` is its busy devices unless the operator gives a figure (``--needs``, e.g. from
+the inference deployment's replicas).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Callable, Optional
+
+from gpushare.admin.plan.lending import Device, LendingRule
+from gpushare.admin.relayout.settings import idle
+from gpushare.admin.tidal.apply import FREE, MoveFailed, Mover
+from gpushare.admin.tidal.decide import HomeUse, RuleState, decide
+from gpushare.admin.tidal.journal import MoveEntry
+from gpushare.admin.tidal.kube import KubeError
+from gpushare.admin.tidal.moves import K8S, SLURM
+from gpushare.admin.tidal.state import save_state
+
+__all__ = ["run_round"]
+
+
+def _busy(mover: Mover, rule: LendingRule, at_home: list[Device]) -> frozenset[Device]:
+    busy = set()
+    if rule.home == K8S:
+        for device in at_home:
+            probe = MoveEntry(device, rule.name, K8S, SLURM, reclaim=False)
+            try:
+                code, _ = mover.holders(probe)
+            except (MoveFailed, KubeError) as err:
+                mover.log.append(f"{rule.name}: {device.describe()} counted busy: {err}")
+                code = 1
+            if code != FREE:
+                busy.add(device)
+    else:
+        for node_name in sorted({d.node for d in at_home}):
+            node = mover.slurm.node(node_name)
+            if node is None or not idle(node):
+                busy.update(d for d in at_home if d.node == node_name)
+    return frozenset(busy)
+
+
+def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
+              only: Optional[Callable[[LendingRule], bool]] = None) -> list[MoveEntry]:
+    """Settle, decide, move; the moves carried out (``mover.log`` says the rest)."""
+    mover.recover_open()
+    state = mover.state
+    minute = when.hour * 60 + when.minute
+    now_minutes = when.timestamp() / 60.0
+    done: list[MoveEntry] = []
+    for rule in mover.plan.lending:
+        if only is not None and not only(rule):
+            continue
+        lent = frozenset(d for d, e in state.lent.items() if e.rule == rule.name)
+        at_home = [d for d in rule.devices if d not in lent]
+        busy = _busy(mover, rule, at_home)
+        use = HomeUse(needs=needs.get(rule.name, len(busy)), busy=busy)
+        timer = RuleState(idle_since=state.idle_since.get(rule.name))
+        moves = decide(rule, minute, now_minutes, use, lent, timer)
+        if timer.idle_since is None:
+            state.idle_since.pop(rule.name, None)
+        else:
+            state.idle_since[rule.name] = timer.idle_since
+        save_state(state)
+        if not moves:
+            mover.log.append(f"{rule.name}: no move ({len(lent)} lent, {len(busy)} of "
+                             f"{len(at_home)} at home busy)")
+        for move in moves:
+            mover.log.append(f"{rule.name}: {move.device.describe()} -> {move.to}: {move.why}")
+            entry = mover.plan_move(move)
+            if mover.carry_out(entry):
+                done.append(entry)
+    return done

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare tidal --apply``: one run at a time; what an earlier run left is settled first,
+then the round's moves are carried out and reported."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from typing import Any
+
+from gpushare.cli import fail
+
+__all__ = ["apply", "register_options"]
+
+
+def register_options(parser: argparse.ArgumentParser) -> None:
+    ctl = parser.add_argument_group("moving devices (gpushare tidal --apply, on the controller)")
+    ctl.add_argument("--apply", action="store_true",
+                     help="carry the moves out (default: say what would move)")
+    ctl.add_argument("--state-dir", metavar="DIR",
+                     help="where tidal-state.json (what is lent now) and its journal lie, "
+                     "beside relayout-state.json, whose run lock both commands take (default: "
+                     "the plan's directory)")
+    ctl.add_argument("--kubeconfig", metavar="FILE",
+                     help="credentials for the API server (default $KUBECONFIG, else the "
+                     "in-cluster service account)")
+    ctl.add_argument("--fence", choices=("dra", "node"), default="dra",
+                     help="how new pods are kept off a device: a DeviceTaintRule per device "
+                     "(dra, the default: the NVIDIA DRA driver) or a taint on the whole node "
+                     "(node: the device plugin)")
+    ctl.add_argument("--dra-driver", default="gpu.nvidia.com", metavar="NAME",
+                     help="the DRA driver publishing the GPUs (default %(default)s)")
+    ctl.add_argument("--dra-api-version", default="v1", metavar="VERSION",
+                     help="resource.k8s.io version the cluster serves DeviceTaintRules at "
+                     "(default v1; v1beta2 or v1alpha3 on older clusters)")
+    ctl.add_argument("--dra-device", default="gpu-{gpu}", metavar="TEMPLATE",
+                     help="the driver's name of a whole GPU; {node}, {gpu} filled in "
+                     "(default %(default)s)")
+    ctl.add_argument("--dra-slice-device", default="gpu-{gpu}-mig-{slice}", metavar="TEMPLATE",
+                     help="the driver's name of a MIG slice; {slice} is its position in the "
+                     "plan, from 0 (default %(default)s)")
+    ctl.add_argument("--holders-command", metavar="CMD",
+                     default="ssh {node} gpushare tidal holders --gpu {gpu} --slice {slice} "
+                     "--profile {profile} --dra {dra}",
+                     help="runs `gpushare tidal holders` as root on the node; {node}, {gpu}, "
+                     "{slice}, {profile} and {dra} are filled in (default: %(default)s)")
+    ctl.add_argument("--slurm-conf", metavar="FILE",
+                     help="the slurm.conf holding the nodes' NodeName lines, whose Gres= is "
+                     "set (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
+    ctl.add_argument("--cluster-gres-conf", metavar="FILE",
+                     help="the gres.conf every node shares, rendered again from the plan "
+                     "with what is lent before `scontrol reconfigure` (required)")
+    ctl.add_argument("--release-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="how long a lend waits for the home side to let go of a device "
+                     "before it is undone (default 600)")
+    ctl.add_argument("--drain-timeout", type=float, default=5400.0, metavar="SECONDS",
+                     help="how long to wait for a drained Slurm node's jobs to end (default "
+                     "5400)")
+    ctl.add_argument("--scontrol", default="/usr/bin/scontrol", metavar="PATH",
+                     help="absolute path of scontrol (default %(default)s)")
+    node = parser.add_argument_group("which pods hold a device (gpushare tidal holders, on "
+                                     "the node)")
+    node.add_argument("--gpu", type=int, metavar="N", help="NVML index of the GPU")
+    node.add_argument("--slice", type=int, default=-1, metavar="K",
+                      help="the slice's position in the plan, from 0 (default -1: the GPU)")
+    node.add_argument("--profile", default="-", metavar="P", help="the slice's MIG profile")
+    node.add_argument("--dra", default="-", metavar="DRIVER/POOL/DEVICE",
+                      help="the device as DRA names it ('-': not a DRA device)")
+    node.add_argument("--socket", metavar="PATH",
+                      default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                      help="the kubelet's PodResources socket (default %(default)s)")
+    node.add_argument("--source", default="nvml", metavar="nvml|sim:PATH",
+                      help="where NVML is (default nvml, the node's driver)")
+
+
+def _settings(args: argparse.Namespace, state_dir: str) -> Any:
+    from gpushare.admin.relayout.remote import command_argv
+    from gpushare.admin.relayout.settings import Settings
+    from gpushare.admin.tidal.apply import HOLDERS_PLACEHOLDERS, TidalSettings
+
+    if not args.cluster_gres_conf or not args.cluster_gres_conf.startswith("/"):
+        raise ValueError("give --cluster-gres-conf as an absolute path: the gres.conf every "
+                         "node shares, rendered with what is lent")
+    for option, value in (("--release-timeout", args.release_timeout),
+                          ("--drain-timeout", args.drain_timeout)):
+        if not 1 <= value <= 86400:
+            raise ValueError(f"{option} must be between 1 and 86400 seconds")
+    try:
+        command_argv(args.holders_command, HOLDERS_PLACEHOLDERS)
+    except ValueError as err:
+        raise ValueError(f"--holders-command: {err}") from None
+    slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    relayout_state = os.path.join(state_dir, "relayout-state.json")
+    slurm = Settings(slurm_conf=slurm_conf, cluster_gres_conf=args.cluster_gres_conf,
+                     state_path=relayout_state, drain_timeout_s=args.drain_timeout)
+    return TidalSettings(slurm=slurm, holders_command=args.holders_command,
+                         release_timeout_s=args.release_timeout)
+
+
+def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,
+          needs: dict[str, int]) -> int:
+    """0: every move made (or none due), 1: a move was undone or left for the next run,
+    2: nothing could start."""
+    from gpushare.admin.relayout.controller import Scontrol
+    from gpushare.admin.relayout.journal import JournalError, LockBusy, run_lock
+    from gpushare.admin.slurm_client import SlurmClientError
+    from gpushare.admin.tidal.apply import Mover
+    from gpushare.admin.tidal.journal import TidalJournal, load_journal
+    from gpushare.admin.tidal.kube import KubeError, KubeFence, Settings, api_from_kubeconfig
+    from gpushare.admin.tidal.round import run_round
+    from gpushare.admin.tidal.state import STATE_NAME, StateError, load_state
+
+    state_dir = os.path.abspath(args.state_dir or os.path.dirname(os.path.abspath(args.plan)))
+    state_path = os.path.join(state_dir, STATE_NAME)
+    try:
+        settings = _settings(args, state_dir)
+        kube = KubeFence(api_from_kubeconfig(args.kubeconfig or os.environ.get("KUBECONFIG")),
+                         Settings(mode=args.fence, driver=args.dra_driver,
+                                  api_version=args.dra_api_version,
+                                  device_name=args.dra_device,
+                                  slice_name=args.dra_slice_device))
+        slurm = Scontrol(args.scontrol)
+        settings.slurm.configless = slurm.configless()
+    except (ValueError, KubeError, SlurmClientError) as err:
+        return fail("tidal", str(err))
+    try:
+        # relayout's lock: the two edit the same slurm.conf and gres.conf and drain the
+        # same nodes, so only one of them runs at a time
+        with run_lock(settings.slurm.state_path):
+            state = load_state(state_path)
+            state.check(plan)
+            journal = load_journal(state_path) or TidalJournal(state_path + ".journal")
+            mover = Mover(plan, slurm, kube, settings, state, journal)
+            moved = run_round(mover, when, needs)
+    except LockBusy as err:
+        return fail("tidal", str(err))
+    except (JournalError, StateError, OSError) as err:
+        return fail("tidal", f"{err}; nothing was changed")
+    for line in mover.log:
+        print(line)
+    print(f"{len(moved)} moved; {len(journal.open_moves)} left for the next run; "
+          f"{len(state.lent)} lent now")
+    return 1 if journal.open_moves else 0

@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare tidal --apply``'s moves end to end, against a fake slurmctld, a stand-in API
+server and a stand-in kubelet (real ``kubernetes`` client, real gRPC), with the real
+``gpushare tidal holders`` run as the site's command would run it on the node: a window
+opens and GPU 0 goes to Slurm; it closes and GPU 0 comes home; a pod that keeps the GPU
+undoes the lend; a run killed midway is finished or undone by the next."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import sys
+
+import pytest
+from tests.unit.admin.relayout_site import Clock, FakeSlurm
+
+from gpushare.admin.plan import parse_plan
+from gpushare.admin.plan.lending import Device
+from gpushare.admin.relayout.controller import Settings
+from gpushare.admin.tidal.apply import Mover, TidalSettings
+from gpushare.admin.tidal.journal import MoveEntry, TidalJournal, load_journal, save_journal
+from gpushare.admin.tidal.kube import KubeFence, api_from_kubeconfig, rule_name
+from gpushare.admin.tidal.kube import Settings as KubeSettings
+from gpushare.admin.tidal.round import run_round
+from gpushare.admin.tidal.state import STATE_NAME, load_state
+from gpushare.gpu.nvml_sim_plan import profile_from_plan
+from kube_standin.apiserver import ApiServer
+from kube_standin.kubelet import Kubelet, Pod
+
+PLAN = """version: 1
+slurm: {version: "24.11"}
+node_groups:
+  - name: infer
+    nodes: h[1-2]
+    gpu_model: a100-40gb
+    gpus: 2
+    layout:
+      0: {owner: kubernetes}
+      1: {owner: slurm}
+lending:
+  - name: night
+    home: kubernetes
+    nodes: h1
+    gpus: 0
+    window: {from: "20:00", to: "08:00"}
+    max_lent: 1
+    reclaim_minutes: 30
+    borrowers: [batch]
+"""
+SLURM_CONF = """\
+ClusterName=x
+NodeName=h[1-2] CPUs=2 RealMemory=1000 Gres=gpu:a100:1 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES
+"""
+NIGHT = datetime.datetime(2026, 12, 5, 22, 0)
+MORNING = datetime.datetime(2026, 12, 6, 8, 5)
+GPU0 = Device("h1", 0)
+
+
+class Site:
+    def __init__(self, tmp_path, mode: str = "dra") -> None:
+        plan_file = tmp_path / "plan.yaml"
+        plan_file.write_text(PLAN)
+        self.plan = parse_plan(PLAN, str(plan_file))
+        profile = profile_from_plan(self.plan, "h1")
+        self.uuid0 = profile["gpus"][0]["uuid"]
+        (tmp_path / "h1.json").write_text(json.dumps(profile))
+        (tmp_path / "slurm.conf").write_text(SLURM_CONF)
+        self.slurm = FakeSlurm(str(tmp_path / "slurm.conf"))
+        self.slurm.gres = {"h1": "gpu:a100:1", "h2": "gpu:a100:1"}
+        self.api = ApiServer()
+        for node in ("h1", "h2"):
+            self.api.add_node(node)
+            self.api.add_slice(node, "gpu.nvidia.com", ["gpu-0", "gpu-1"])
+        url = self.api.start()
+        (tmp_path / "kubeconfig").write_text(self.api.kubeconfig(url))
+        self.kubelet = Kubelet(str(tmp_path / "kubelet.sock"))
+        self.kubelet.start()
+        self.kube = KubeFence(api_from_kubeconfig(str(tmp_path / "kubeconfig")),
+                              KubeSettings(mode=mode))
+        holders = [sys.executable, "-m", "gpushare.cli", "tidal", "holders", "--gpu", "{gpu}",
+                   "--slice", "{slice}", "--profile", "{profile}", "--dra", "{dra}",
+                   "--socket", str(tmp_path / "kubelet.sock"), "--source",
+                   f"sim:{tmp_path / 'h1.json'}"]
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..",
+                                                       "..", "src"))
+        self.settings = TidalSettings(
+            slurm=Settings(slurm_conf=str(tmp_path / "slurm.conf"),
+                           cluster_gres_conf=str(tmp_path / "gres.conf"),
+                           state_path=str(tmp_path / "relayout-state.json"),
+                           drain_timeout_s=60, settle_timeout_s=10, poll_s=0.0, env=env),
+            holders_command=shlex.join(holders), release_timeout_s=3)
+        self.state_path = str(tmp_path / STATE_NAME)
+        self.clock = Clock()
+
+    def run(self, when: datetime.datetime) -> Mover:
+        journal = load_journal(self.state_path) or TidalJournal(self.state_path + ".journal")
+        mover = Mover(self.plan, self.slurm, self.kube, self.settings,
+                      load_state(self.state_path), journal, clock=self.clock,
+                      sleep=self.clock.sleep, wall=lambda: when.timestamp())
+        run_round(mover, when, {})
+        return mover
+
+    def gres_conf(self) -> str:
+        with open(self.settings.slurm.cluster_gres_conf) as handle:
+            return handle.read()
+
+    def stop(self) -> None:
+        self.api.stop()
+        self.kubelet.stop()
+
+
+@pytest.fixture
+def site(tmp_path):
+    made = Site(tmp_path)
+    yield made
+    made.stop()
+
+
+def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(site):
+    mover = site.run(NIGHT)
+    assert site.kubelet.calls >= 2  # asked before deciding, and before giving
+    assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
+    rule = site.api.taint_rules[rule_name(GPU0)]
+    assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "h1",
+                                              "device": "gpu-0"}
+    assert site.slurm.calls == ["drain h1", "reconfigure", "resume h1"]
+    assert site.slurm.gres["h1"] == "gpu:a100:2" and site.slurm.gres["h2"] == \
+        "gpu:a100:1"
+    assert "NodeName=h1 Name=gpu Type=a100 File=/dev/nvidia[0-1]\n" in site.gres_conf()
+    assert "NodeName=h2 Name=gpu Type=a100 File=/dev/nvidia1\n" in site.gres_conf()
+    assert not os.path.exists(site.state_path + ".journal")  # every move done
+
+    site.run(NIGHT + datetime.timedelta(hours=2))  # still night: nothing more to do
+    assert site.slurm.calls == ["drain h1", "reconfigure", "resume h1"]
+
+    mover = site.run(MORNING)
+    state = load_state(site.state_path)
+    assert state.lent == {}, mover.log
+    assert site.api.taint_rules == {}  # pods may land on GPU 0 again
+    assert site.slurm.calls[3:] == ["drain h1", "reconfigure", "resume h1"]
+    assert site.slurm.gres["h1"] == "gpu:a100:1"
+    assert "NodeName=h[1-2] Name=gpu Type=a100 File=/dev/nvidia1\n" in site.gres_conf()
+    assert state.counters.reclaims == 1
+    assert state.counters.lent_seconds["slurm"] == pytest.approx(
+        (MORNING - NIGHT).total_seconds())
+
+
+def test_a_gpu_a_pod_holds_is_not_lent(site):
+    site.kubelet.pods = [Pod("serving", "llm-0", ids=(site.uuid0,))]
+    mover = site.run(NIGHT)
+    assert load_state(site.state_path).lent == {}
+    assert site.api.taint_rules == {} and site.slurm.calls == []
+    assert any("no move (0 lent, 1 of 1 at home busy)" in line for line in mover.log)
+
+
+def test_a_pod_that_keeps_the_gpu_past_the_release_timeout_undoes_the_lend(site):
+    # Free when the round asks, then a pod starts before the fence went up and stays.
+    site.kubelet.then = [[], [Pod("serving", "llm-0", ids=(site.uuid0,))]]
+    mover = site.run(NIGHT)
+    state = load_state(site.state_path)
+    assert state.lent == {} and state.counters.refused["busy"] == 1, mover.log
+    assert any("was still held after 3 s: pod serving/llm-0" in line for line in mover.log)
+    assert site.api.taint_rules == {}  # the fence came down again
+    assert site.slurm.calls == ["drain h1", "resume h1"]  # nothing given
+    assert site.slurm.gres["h1"] == "gpu:a100:1"
+    assert not os.path.exists(site.state_path + ".journal")
+
+
+def _left(site, step: str, started, reclaim: bool = False) -> None:
+    """The journal a run killed at ``step`` leaves (and the fence and drain it had made)."""
+    source, target = ("slurm", "kubernetes") if reclaim else ("kubernetes", "slurm")
+    journal = TidalJournal(site.state_path + ".journal",
+                           [MoveEntry(GPU0, "night", source, target, reclaim, step, started)])
+    save_journal(journal)
+    site.kube.fence(GPU0, "night")
+    site.slurm.drain("h1", "gpushare tidal: h1 GPU 0 kubernetes -> slurm (night)")
+    site.slurm.calls.clear()
+
+
+def test_a_lend_killed_before_it_gave_the_gpu_is_undone_by_the_next_run(site):
+    _left(site, "fenced", "released")
+    mover = site.run(datetime.datetime(2026, 12, 6, 12, 0))  # day: the window is closed
+    assert any("left it at 'fenced'; undo" in line for line in mover.log)
+    assert site.api.taint_rules == {} and site.slurm.calls == ["resume h1"]
+    assert load_state(site.state_path).lent == {}
+    assert not os.path.exists(site.state_path + ".journal")
+
+
+def test_a_lend_killed_while_it_gave_the_gpu_is_finished_by_the_next_run(site):
+    _left(site, "released", "given")
+    mover = site.run(datetime.datetime(2026, 12, 6, 4, 0))
+    assert any("left it at 'released'; finish" in line for line in mover.log)
+    assert load_state(site.state_path).lent.keys() == {GPU0}
+    assert rule_name(GPU0) in site.api.taint_rules  # the fence stays while it is lent
+    assert site.slurm.calls == ["reconfigure", "resume h1"]
+    assert site.slurm.gres["h1"] == "gpu:a100:2"
+
+
+def test_a_node_fence_taints_the_node_while_the_gpu_is_lent(tmp_path):
+    site = Site(tmp_path, mode="node")
+    try:
+        site.run(NIGHT)
+        taints = site.api.nodes["h1"]["spec"]["taints"]
+        assert [t["key"] for t in taints] == ["gpushare.io/lent"]
+        assert site.api.nodes["h2"]["spec"]["taints"] == []
+        site.run(MORNING)
+        assert site.api.nodes["h1"]["spec"]["taints"] == []
+        assert load_state(site.state_path).lent == {}
+    finally:
+        site.stop()
