@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from gpushare.cli import fail
 
-__all__ = ["apply", "locked_round"]
+__all__ = ["DEFAULT_SLURMCTLD_RESTART", "apply", "locked_round", "slurm_version"]
 
 DEFAULT_SLURMCTLD_RESTART = "systemctl restart slurmctld"
 
@@ -38,7 +38,8 @@ def locked_round(args: argparse.Namespace, plan: Any, menus: Any, state_path: st
         return fail("relayout", f"{err}; nothing was changed")
 
 
-def _version(plan: Any) -> str:
+def slurm_version(plan: Any) -> str:
+    """The Slurm release the plan names, else the installed one's."""
     from gpushare.admin.slurm_client import installed_release
 
     return plan.slurm.version if plan.slurm.version_given else \
@@ -122,7 +123,7 @@ def _recover(args: argparse.Namespace, plan: Any, journal: Any, state_path: str)
     from gpushare.admin.relayout.controller import recover
     from gpushare.admin.slurm_client import SlurmClientError
 
-    version = _version(plan)
+    version = slurm_version(plan)
     try:
         settings = _settings(args, version, state_path)
         slurm = _slurm(args, settings)

@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the ownership plan (default: %(default)s)")
     parser.add_argument("--at", metavar="TIME",
                         help="the controller's local time to judge, HH:MM or "
-                        "'YYYY-MM-DD HH:MM' (default: now)")
+                        "'YYYY-MM-DD HH:MM' (default: now); with --apply the rules are "
+                        "judged as at TIME, e.g. to open a window early")
     parser.add_argument("--needs", action="append", default=[], metavar="RULE=N",
                         help="devices of RULE its home side needs now (running and waiting "
                         "work), taken as having held for the rule's demand.for_minutes; "
@@ -132,9 +133,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.apply:
         from gpushare.cli.tidal_apply import apply
 
-        if args.at is not None or args.lent:
-            return fail("tidal", "--apply acts now, on what the state file says is lent: "
-                        "drop --at and --lent")
+        if args.lent:
+            return fail("tidal", "--apply acts on what the state file says is lent: drop "
+                        "--lent")
         return apply(args, plan, when, needs)
     minute = when.hour * 60 + when.minute
     print(f"at {when:%Y-%m-%d %H:%M} (dry run: nothing moves)")

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from gpushare.cli import fail
+from gpushare.cli.relayout_apply import DEFAULT_SLURMCTLD_RESTART, slurm_version
 
 __all__ = ["apply", "register_options"]
 
@@ -57,6 +58,13 @@ def register_options(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--drain-timeout", type=float, default=5400.0, metavar="SECONDS",
                      help="how long to wait for a drained Slurm node's jobs to end (default "
                      "5400)")
+    ctl.add_argument("--slurmctld-restart", metavar="CMD",
+                     help="restarts slurmctld after a node's GPU count changed, for Slurm "
+                     "before 23.11, whose `scontrol reconfigure` keeps it; default there: "
+                     "'systemctl restart slurmctld' (run on the controller host), 'none' to "
+                     "never restart (the node then stays drained)")
+    ctl.add_argument("--settle-timeout", type=float, default=120.0, metavar="SECONDS",
+                     help="how long slurmctld may take to show the new GRES (default 120)")
     ctl.add_argument("--scontrol", default="/usr/bin/scontrol", metavar="PATH",
                      help="absolute path of scontrol (default %(default)s)")
     node = parser.add_argument_group("which pods hold a device (gpushare tidal holders, on "
@@ -74,7 +82,9 @@ def register_options(parser: argparse.ArgumentParser) -> None:
                       help="where NVML is (default nvml, the node's driver)")
 
 
-def _settings(args: argparse.Namespace, state_dir: str) -> Any:
+def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
+    from gpushare.admin.plan.model import release_tuple
+    from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.relayout.remote import command_argv
     from gpushare.admin.relayout.settings import Settings
     from gpushare.admin.tidal.apply import HOLDERS_PLACEHOLDERS, TidalSettings
@@ -83,17 +93,30 @@ def _settings(args: argparse.Namespace, state_dir: str) -> Any:
         raise ValueError("give --cluster-gres-conf as an absolute path: the gres.conf every "
                          "node shares, rendered with what is lent")
     for option, value in (("--release-timeout", args.release_timeout),
-                          ("--drain-timeout", args.drain_timeout)):
+                          ("--drain-timeout", args.drain_timeout),
+                          ("--settle-timeout", args.settle_timeout)):
         if not 1 <= value <= 86400:
             raise ValueError(f"{option} must be between 1 and 86400 seconds")
-    try:
-        command_argv(args.holders_command, HOLDERS_PLACEHOLDERS)
-    except ValueError as err:
-        raise ValueError(f"--holders-command: {err}") from None
+    version = slurm_version(plan)
+    restart = args.slurmctld_restart
+    if restart is None:
+        restart = DEFAULT_SLURMCTLD_RESTART if release_tuple(version) < (23, 11) else ""
+    elif restart == "none":
+        restart = ""
+    for option, template, names in (
+            ("--holders-command", args.holders_command, HOLDERS_PLACEHOLDERS),
+            ("--slurmctld-restart", restart, ("node",))):
+        try:
+            if template or option == "--holders-command":
+                command_argv(template, names)
+        except ValueError as err:
+            raise ValueError(f"{option}: {err}") from None
     slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     relayout_state = os.path.join(state_dir, "relayout-state.json")
     slurm = Settings(slurm_conf=slurm_conf, cluster_gres_conf=args.cluster_gres_conf,
-                     state_path=relayout_state, drain_timeout_s=args.drain_timeout)
+                     state_path=relayout_state, drain_timeout_s=args.drain_timeout,
+                     settle_timeout_s=args.settle_timeout, slurmctld_restart=restart,
+                     one_profile_per_node=one_profile_per_node(version))
     return TidalSettings(slurm=slurm, holders_command=args.holders_command,
                          release_timeout_s=args.release_timeout)
 
@@ -102,19 +125,22 @@ def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,
           needs: dict[str, int]) -> int:
     """0: every move made (or none due), 1: a move was undone or left for the next run,
     2: nothing could start."""
+    from gpushare.admin.plan.model import with_slurm_version
     from gpushare.admin.relayout.controller import Scontrol
     from gpushare.admin.relayout.journal import JournalError, LockBusy, run_lock
     from gpushare.admin.slurm_client import SlurmClientError
     from gpushare.admin.tidal.apply import Mover
     from gpushare.admin.tidal.journal import TidalJournal, load_journal
     from gpushare.admin.tidal.kube import KubeError, KubeFence, Settings, api_from_kubeconfig
+    from gpushare.admin.tidal.reservation import Scontrol as ReservationsScontrol
     from gpushare.admin.tidal.round import run_round
     from gpushare.admin.tidal.state import STATE_NAME, StateError, load_state
 
+    plan = with_slurm_version(plan, slurm_version(plan))  # gres.conf is rendered for it
     state_dir = os.path.abspath(args.state_dir or os.path.dirname(os.path.abspath(args.plan)))
     state_path = os.path.join(state_dir, STATE_NAME)
     try:
-        settings = _settings(args, state_dir)
+        settings = _settings(args, plan, state_dir)
         kube = KubeFence(api_from_kubeconfig(args.kubeconfig or os.environ.get("KUBECONFIG")),
                          Settings(mode=args.fence, driver=args.dra_driver,
                                   api_version=args.dra_api_version,
@@ -131,7 +157,8 @@ def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,
             state = load_state(state_path)
             state.check(plan)
             journal = load_journal(state_path) or TidalJournal(state_path + ".journal")
-            mover = Mover(plan, slurm, kube, settings, state, journal)
+            mover = Mover(plan, slurm, kube, settings, state, journal,
+                          reservations=ReservationsScontrol(args.scontrol))
             moved = run_round(mover, when, needs)
     except LockBusy as err:
         return fail("tidal", str(err))

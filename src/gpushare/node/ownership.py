@@ -10,6 +10,10 @@ A verifying prolog needs only its node's few lines of the plan, but parsing the 
 PyYAML, dataclasses and the checks (about 35 ms of CPU per job). So the node's part is
 compiled into ``<state_dir>/owners-<node>.json`` the first time and read from there
 (microseconds) until the plan file changes (its size, mtime, ctime or inode).
+
+A device ``gpushare tidal`` has lent is its borrower's while it is lent: the compiled part
+also follows ``tidal-state.json`` beside the plan (absent: nothing lent), which must be
+root's like the plan.
 """
 
 import contextlib
@@ -23,7 +27,7 @@ __all__ = ["GpuOwners", "OwnersError", "compile_node", "node_owners", "owner_loo
            "owner_of"]
 
 _FORMAT = 1
-
+TIDAL_STATE = "tidal-state.json"  # gpushare.admin.tidal.state.STATE_NAME
 
 class OwnersError(RuntimeError):
     """The plan cannot be used; the message says which file and why."""
@@ -87,6 +91,15 @@ def node_owners(plan_path: str, node: str, state_dir: str) -> "Optional[list[Gpu
         stamp = safefs.file_stamp(plan_path)
     except (OSError, safefs.UnsafePathError) as err:
         raise OwnersError(f"ownership plan {plan_path}: {err}") from None
+    lent_path = os.path.join(os.path.dirname(plan_path), TIDAL_STATE)
+    try:
+        stamp = stamp + safefs.file_stamp(lent_path)
+        safefs.check_root_owned_file(lent_path)
+        lent = True
+    except FileNotFoundError:
+        lent = False
+    except (OSError, safefs.UnsafePathError) as err:
+        raise OwnersError(f"what gpushare tidal lent, {lent_path}: {err}") from None
     name = f"owners-{node}.json"
     try:
         dir_fd = safefs.open_root_dir(state_dir)
@@ -107,9 +120,17 @@ def node_owners(plan_path: str, node: str, state_dir: str) -> "Optional[list[Gpu
         from gpushare.admin.plan import PlanError, load_plan
 
         try:
-            gpus = compile_node(load_plan(plan_path), node)
+            plan = load_plan(plan_path)
         except PlanError as err:
             raise OwnersError(f"ownership plan {plan_path}: {err}") from None
+        if lent:
+            from gpushare.admin.relayout.state import StateError, with_lent
+
+            try:
+                plan = with_lent(plan, plan_path)
+            except StateError as err:
+                raise OwnersError(f"what gpushare tidal lent: {err}") from None
+        gpus = compile_node(plan, node)
         compiled = {"format": _FORMAT, "plan": plan_path, "stamp": stamp, "node": node,
                     "gpus": None if gpus is None else [list(g) for g in gpus]}
         # Only a shortcut: when it cannot be written, the next job parses the plan again.

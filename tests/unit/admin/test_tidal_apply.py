@@ -59,6 +59,17 @@ MORNING = datetime.datetime(2026, 12, 6, 8, 5)
 GPU0 = Device("h1", 0)
 
 
+class FakeReservations:
+    def __init__(self) -> None:
+        self.now: dict[str, tuple[str, datetime.datetime, int]] = {}
+
+    def set(self, name, node, start, minutes) -> None:
+        self.now[name] = (node, start, minutes)
+
+    def clear(self, name) -> None:
+        self.now.pop(name, None)
+
+
 class Site:
     def __init__(self, tmp_path, mode: str = "dra") -> None:
         plan_file = tmp_path / "plan.yaml"
@@ -94,12 +105,14 @@ class Site:
             holders_command=shlex.join(holders), release_timeout_s=3)
         self.state_path = str(tmp_path / STATE_NAME)
         self.clock = Clock()
+        self.reservations = FakeReservations()
 
     def run(self, when: datetime.datetime) -> Mover:
         journal = load_journal(self.state_path) or TidalJournal(self.state_path + ".journal")
         mover = Mover(self.plan, self.slurm, self.kube, self.settings,
                       load_state(self.state_path), journal, clock=self.clock,
-                      sleep=self.clock.sleep, wall=lambda: when.timestamp())
+                      sleep=self.clock.sleep, wall=lambda: when.timestamp(),
+                      reservations=self.reservations)
         run_round(mover, when, {})
         return mover
 
@@ -132,6 +145,9 @@ def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(si
     assert "NodeName=h1 Name=gpu Type=a100 File=/dev/nvidia[0-1]\n" in site.gres_conf()
     assert "NodeName=h2 Name=gpu Type=a100 File=/dev/nvidia1\n" in site.gres_conf()
     assert not os.path.exists(site.state_path + ".journal")  # every move done
+    # no job that would run past 08:00 starts on h1 (the reclaim's drain ends none)
+    assert site.reservations.now == {
+        "gpushare_tidal_h1": ("h1", datetime.datetime(2026, 12, 6, 8, 0), 30)}
 
     site.run(NIGHT + datetime.timedelta(hours=2))  # still night: nothing more to do
     assert site.slurm.calls == ["drain h1", "reconfigure", "resume h1"]
@@ -140,6 +156,7 @@ def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(si
     state = load_state(site.state_path)
     assert state.lent == {}, mover.log
     assert site.api.taint_rules == {}  # pods may land on GPU 0 again
+    assert site.reservations.now == {}
     assert site.slurm.calls[3:] == ["drain h1", "reconfigure", "resume h1"]
     assert site.slurm.gres["h1"] == "gpu:a100:1"
     assert "NodeName=h[1-2] Name=gpu Type=a100 File=/dev/nvidia1\n" in site.gres_conf()

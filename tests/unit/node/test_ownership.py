@@ -85,3 +85,49 @@ def test_a_broken_plan_is_named(tmp_path):
         handle.write("version: 1\nnode_groups: [\n")
     with pytest.raises(OwnersError, match=rf"ownership plan {plan}: "):
         node_owners(plan, "a100-01", str(tmp_path / "state"))
+
+
+LENDING_PLAN = """version: 1
+slurm: {version: "24.11"}
+node_groups:
+  - name: infer
+    nodes: h[1-2]
+    gpu_model: a100-40gb
+    gpus: 2
+    layout:
+      0: {owner: kubernetes}
+      1: {owner: slurm}
+lending:
+  - name: night
+    home: kubernetes
+    nodes: h1
+    gpus: 0
+    window: {from: "20:00", to: "08:00"}
+    reclaim_minutes: 30
+    borrowers: [batch]
+"""
+
+
+def test_a_gpu_tidal_lent_is_its_borrowers_on_the_node_until_it_comes_home(tmp_path):
+    from gpushare.admin.plan.lending import Device
+    from gpushare.admin.tidal.state import STATE_NAME, Lent, TidalState, dump_state
+    from gpushare.node.ownership import TIDAL_STATE
+
+    assert TIDAL_STATE == STATE_NAME
+    plan = _root_plan(tmp_path)
+    with open(plan, "w") as handle:
+        handle.write(LENDING_PLAN)
+    state_dir = str(tmp_path / "state")
+    assert owner_of(node_owners(plan, "h1", state_dir), 0) == "kubernetes"
+    lent = tmp_path / "etc" / STATE_NAME
+    state = TidalState(str(lent), {Device("h1", 0): Lent("night", 1767225600.0)})
+    lent.write_text(dump_state(state))
+    lent.chmod(0o644)
+    assert owner_of(node_owners(plan, "h1", state_dir), 0) == "slurm"
+    assert owner_of(node_owners(plan, "h2", state_dir), 0) == "kubernetes"
+    lent.chmod(0o666)  # anyone could lend themselves a GPU: refused
+    with pytest.raises(OwnersError, match=r"what gpushare tidal lent, .*tidal-state.json: "
+                       r".*must be owned by root and not writable"):
+        node_owners(plan, "h1", state_dir)
+    lent.unlink()
+    assert owner_of(node_owners(plan, "h1", state_dir), 0) == "kubernetes"

@@ -16,6 +16,9 @@ the steps of ``moves.STEPS``, each written to the journal before the next:
 3. ``given``: the state file says where the device is, the node's ``Gres=`` and gres.conf
    are rendered from the plan with what is lent (read back from that file, as relayout,
    render and check read it), slurmctld is told and shows it.
+   A node holding a device lent to Slurm by a window carries a reservation from the
+   window's end (``reservation``), set here, before it resumes: no job that would outlive
+   the window starts there, so the reclaim ends none.
 4. ``unfenced``: Kubernetes as the target: its fence comes down. Slurm: the node resumes.
 
 The Kubernetes fence of a device lent to Slurm stays up while it is lent (that is what
@@ -25,6 +28,7 @@ step; the next run finishes it or undoes it (``moves.recover``) before anything 
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,7 +50,8 @@ from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
 from gpushare.admin.tidal.decide import Move
 from gpushare.admin.tidal.journal import MoveEntry, TidalJournal
 from gpushare.admin.tidal.kube import KubeError, KubeFence
-from gpushare.admin.tidal.moves import K8S, STEPS, recover
+from gpushare.admin.tidal.moves import K8S, SLURM, STEPS, recover
+from gpushare.admin.tidal.reservation import Reservations, reservation_name, window_end
 from gpushare.admin.tidal.state import Lent, TidalState, save_state
 from gpushare.common import proc
 
@@ -71,7 +76,8 @@ class TidalSettings:
 
 
 def _ours(node: Optional[SlurmNode]) -> bool:
-    return node is not None and node.reason.startswith(REASON_PREFIX)
+    """Drained by a tidal run (a resumed node may keep its last reason: Slurm 24.11)."""
+    return node is not None and node.draining and node.reason.startswith(REASON_PREFIX)
 
 
 class SlurmSide(SlurmSync):
@@ -130,8 +136,11 @@ class Mover:
                  state: TidalState, journal: TidalJournal,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 reservations: Optional[Reservations] = None) -> None:
         self.plan, self.slurm, self.kube, self.settings = plan, slurm, kube, settings
+        self.reservations = reservations
+        self.when = datetime.datetime.now()  # the round's local time (run_round sets it)
         self.state, self.journal = state, journal
         self.clock, self.sleep, self.wall = clock, sleep, wall
         self.rules = {rule.name: rule for rule in plan.lending}
@@ -194,6 +203,29 @@ class Mover:
             self.state.lent.setdefault(move.device, Lent(move.rule, now))
         save_state(self.state)
         side.make_seen()
+        self._reserve(move.device.node)
+
+    def _reserve(self, node: str) -> None:
+        """The node's reservation at the earliest window end of what it has lent to Slurm
+        (``reservation``), before the node resumes; removed when nothing is."""
+        if self.reservations is None:
+            return
+        ends = []
+        for device, entry in self.state.lent.items():
+            rule = self.rules.get(entry.rule)
+            if device.node == node and rule is not None and rule.borrower == SLURM \
+                    and rule.window is not None:
+                ends.append((window_end(self.when, rule.window.end), rule.reclaim_minutes))
+        name = reservation_name(node)
+        try:
+            if ends:
+                start, minutes = min(ends)
+                self.reservations.set(name, node, start, minutes)
+            else:
+                self.reservations.clear(name)
+        except SlurmClientError as err:
+            raise MoveFailed(f"the reservation {name} that keeps jobs within the window "
+                             f"could not be set: {err}") from None
 
     def _unfence(self, move: MoveEntry, side: SlurmSide) -> None:
         if move.target == K8S:

@@ -50,6 +50,7 @@ def _busy(mover: Mover, rule: LendingRule, at_home: list[Device]) -> frozenset[D
 def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
               only: Optional[Callable[[LendingRule], bool]] = None) -> list[MoveEntry]:
     """Settle, decide, move; the moves carried out (``mover.log`` says the rest)."""
+    mover.when = when
     mover.recover_open()
     state = mover.state
     minute = when.hour * 60 + when.minute

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""No Slurm job outlives a lending window: a maintenance reservation at the window's end.
+
+While a node holds a device lent to Slurm by a rule with a window, the node carries a
+reservation ``gpushare_tidal_<node>`` that starts when the earliest such window ends. Slurm
+then starts on the node only jobs whose time limit ends before it (the main scheduler and
+backfill both honour a future reservation), so the reclaim at the window's end drains an
+idle node and ends no job. Without a time limit a job takes its partition's
+``DefaultTime``/``MaxTime``; with neither it never starts there while something is lent.
+
+The reservation covers the whole node, not one GPU: Slurm has no per-GPU drain, so the
+reclaim waits for every job of the node and every one must fit. It is removed once nothing
+with a window is lent on the node. A demand-only rule has no end to reserve for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Optional, Protocol
+
+from gpushare.admin.slurm_client import SlurmClientError, _run
+
+__all__ = ["Reservations", "Scontrol", "reservation_name", "window_end"]
+
+_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+class Reservations(Protocol):
+    def set(self, name: str, node: str, start: datetime.datetime, minutes: int) -> None: ...
+
+    def clear(self, name: str) -> None: ...
+
+
+def reservation_name(node: str) -> str:
+    return "gpushare_tidal_" + _NAME.sub("_", node)
+
+
+def window_end(when: datetime.datetime, end_minute: int) -> datetime.datetime:
+    """The next time of day ``end_minute`` at or after ``when`` (local time)."""
+    end = when.replace(hour=end_minute // 60, minute=end_minute % 60, second=0,
+                       microsecond=0)
+    return end if end >= when else end + datetime.timedelta(days=1)
+
+
+class Scontrol:
+    """The reservation through scontrol (root, on the controller)."""
+
+    def __init__(self, scontrol: str, timeout: float = 10.0) -> None:
+        self.scontrol, self.timeout = scontrol, timeout
+
+    def _show(self, name: str) -> Optional[str]:
+        try:
+            return _run([self.scontrol, "-o", "show", "reservation", name], self.timeout)
+        except SlurmClientError as err:
+            if "not found" in str(err).lower() or "invalid reservation" in str(err).lower():
+                return None
+            raise
+
+    def set(self, name: str, node: str, start: datetime.datetime, minutes: int) -> None:
+        fields = [f"StartTime={start:%Y-%m-%dT%H:%M:%S}", f"Duration={max(1, minutes)}",
+                  f"Nodes={node}"]
+        shown = self._show(name)
+        if shown is not None and f"StartTime={start:%Y-%m-%dT%H:%M:%S}" in shown:
+            return
+        if shown is None:
+            _run([self.scontrol, "create", "reservation", f"ReservationName={name}", *fields,
+                  "Users=root", "Flags=MAINT,IGNORE_JOBS"], self.timeout)
+        else:
+            _run([self.scontrol, "update", f"ReservationName={name}", *fields], self.timeout)
+
+    def clear(self, name: str) -> None:
+        if self._show(name) is not None:
+            _run([self.scontrol, "delete", f"ReservationName={name}"], self.timeout)
