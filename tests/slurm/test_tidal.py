@@ -159,6 +159,15 @@ def test_a_night_window_lends_the_gpu_a_job_runs_on_it_and_it_goes_home_after(si
         assert re.search(r"NodeName=tl1 Name=gpu Type=h100 File=\S+/dev/nvidia\[0-1\]",
                          handle.read())
 
+    status = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli", "status", "--cluster", "--backend", "scontrol",
+         "--plan", bed.path("etc", "plan.yaml")], capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=os.path.join(slurmbed.REPO, "src"),
+                 SLURM_CONF=bed.conf), check=False)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"tl1 GPU 0\s+night\s+kubernetes\s+slurm\s+\S+ \S+\s+\S+ 08:00",
+                     status.stdout), status.stdout
+
     job = bed.sbatch("sleep 15; echo CVD=$CUDA_VISIBLE_DEVICES", "--gres=gpu:h100:2",
                      "--time=2")
     bed.wait_job(job, states=("RUNNING",), timeout=60)

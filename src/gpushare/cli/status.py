@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "MPS units)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="with --demand: absolute path of squeue (default /usr/bin/squeue)")
+    parser.add_argument("--plan", default="/etc/gpushare/plan.yaml", metavar="FILE",
+                        help="the ownership plan, for the devices gpushare tidal has lent "
+                        "(tidal-state.json beside it; default %(default)s; left out where "
+                        "absent)")
     add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
 
@@ -127,9 +131,11 @@ def _run(args: argparse.Namespace) -> int:
                 waiting[request.kind] = waiting.get(request.kind, 0) + request.count
         except SlurmClientError as err:
             return fail("status", str(err))
+    lent, lent_note = _lent(args.plan)
     if args.json:
         report: dict[str, Any] = {"backend": client.backend,
-                                  "nodes": [n.to_dict() for n in nodes], "totals": sums}
+                                  "nodes": [n.to_dict() for n in nodes], "totals": sums,
+                                  "lent": lent}
         if args.demand:
             report["demand"] = {"waiting": waiting, "free": _free_by_kind(sums)}
         print(json.dumps(report, indent=2))
@@ -137,5 +143,33 @@ def _run(args: argparse.Namespace) -> int:
     text = format_status(nodes, sums, client.backend)
     if args.demand:
         text += "\n" + "\n".join(format_demand(waiting, _free_by_kind(sums)))
+    if lent:
+        from gpushare.cli import text_table
+
+        rows = [["LENT DEVICE", "RULE", "HOME", "HELD BY", "SINCE", "UNTIL"]]
+        rows += [[r["device"], r["rule"], r["home"], r["holder"], r["since"], r["until"]]
+                 for r in lent]
+        text += "\n\n" + "\n".join(text_table(rows))
+    elif lent_note:
+        text += "\n\n" + lent_note
     print(text)
     return 0
+
+
+def _lent(plan_path: str) -> tuple[list[dict[str, Any]], str]:
+    """The devices gpushare tidal has lent, or why they could not be read ("" when the
+    site lends nothing)."""
+    import datetime
+    import os
+
+    from gpushare.admin.plan import PlanError, load_plan
+    from gpushare.admin.tidal.state import STATE_NAME, StateError, lent_report, load_state
+
+    state_path = os.path.join(os.path.dirname(os.path.abspath(plan_path)), STATE_NAME)
+    if not os.path.exists(state_path):
+        return [], ""
+    try:
+        plan = load_plan(plan_path)
+        return lent_report(plan, load_state(state_path), datetime.datetime.now()), ""
+    except (PlanError, StateError) as err:
+        return [], f"lent devices not shown: {err}"

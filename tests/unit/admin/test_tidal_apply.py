@@ -24,7 +24,7 @@ from gpushare.admin.tidal.journal import MoveEntry, TidalJournal, load_journal, 
 from gpushare.admin.tidal.kube import KubeFence, api_from_kubeconfig, rule_name
 from gpushare.admin.tidal.kube import Settings as KubeSettings
 from gpushare.admin.tidal.round import run_round
-from gpushare.admin.tidal.state import STATE_NAME, load_state
+from gpushare.admin.tidal.state import STATE_NAME, lent_report, load_state
 from gpushare.gpu.nvml_sim_plan import profile_from_plan
 from kube_standin.apiserver import ApiServer
 from kube_standin.kubelet import Kubelet, Pod
@@ -149,6 +149,11 @@ def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(si
     assert site.reservations.now == {
         "gpushare_tidal_h1": ("h1", datetime.datetime(2026, 12, 6, 8, 0), 30)}
 
+    [row] = lent_report(site.plan, load_state(site.state_path), NIGHT)
+    assert row == {"device": "h1 GPU 0", "rule": "night", "holder": "slurm",
+                   "home": "kubernetes", "since": "2026-12-05 22:00",
+                   "until": "2026-12-06 08:00"}
+
     site.run(NIGHT + datetime.timedelta(hours=2))  # still night: nothing more to do
     assert site.slurm.calls == ["drain h1", "reconfigure", "resume h1"]
 
@@ -228,3 +233,55 @@ def test_a_node_fence_taints_the_node_while_the_gpu_is_lent(tmp_path):
         assert load_state(site.state_path).lent == {}
     finally:
         site.stop()
+
+
+class Killed(BaseException):
+    """The run dies here (a BaseException: nothing in the mover catches it)."""
+
+
+def _owned_by_both(site) -> bool:
+    """Slurm may place work on GPU 0 (it is in the state file and Slurm's gres) while
+    Kubernetes may too (no fence)."""
+    slurm_has = GPU0 in load_state(site.state_path).lent or site.slurm.gres["h1"] == "gpu:a100:2"
+    return slurm_has and rule_name(GPU0) not in site.api.taint_rules
+
+
+@pytest.mark.parametrize("reclaim", [False, True])
+@pytest.mark.parametrize("at", [("started", "fenced"), ("step", "fenced"),
+                                ("started", "released"), ("step", "released"),
+                                ("started", "given"), ("step", "given"),
+                                ("started", "unfenced"), ("step", "unfenced")])
+def test_a_run_killed_at_any_step_never_gives_the_gpu_to_both_and_the_next_settles_it(
+        site, reclaim, at, monkeypatch):
+    if reclaim:
+        site.run(NIGHT)  # lent, to be reclaimed
+        assert load_state(site.state_path).lent.keys() == {GPU0}
+    kind, where = at
+    original = TidalJournal.mark
+
+    def mark(self, move, step=None, started=None):
+        """Killed just before ``where`` begins, or just after it was journalled done."""
+        if (kind == "started" and started == where) or (kind == "step" and step == where):
+            if kind == "step":
+                original(self, move, step=step)
+            assert not _owned_by_both(site)
+            raise Killed()
+        original(self, move, step=step, started=started)
+
+    when = MORNING if reclaim else NIGHT
+    with monkeypatch.context() as patch:
+        patch.setattr(TidalJournal, "mark", mark)
+        with pytest.raises(Killed):
+            site.run(when)
+    assert not _owned_by_both(site)
+    assert os.path.exists(site.state_path + ".journal")
+    site.run(when)  # the next run settles the move, then decides again
+    assert not _owned_by_both(site)
+    assert not os.path.exists(site.state_path + ".journal")
+    lent = load_state(site.state_path).lent
+    # A reclaim is always finished; a lend that had given the GPU is finished, one that had
+    # not is undone and made again by the same round (the window is still open).
+    assert lent == ({} if reclaim else {GPU0: lent[GPU0]})
+    assert site.slurm.gres["h1"] == ("gpu:a100:1" if reclaim else "gpu:a100:2")
+    assert (rule_name(GPU0) in site.api.taint_rules) == (not reclaim)
+    assert "DRAIN" not in site.slurm.state["h1"]

@@ -72,3 +72,50 @@ def test_a_plan_without_rules_moves_nothing(tmp_path, capsys):
     plan.write_text(PLAN.split("lending:")[0])
     assert main(["tidal", "--plan", str(plan)]) == 0
     assert "no lending rules; every device stays with its owner" in capsys.readouterr().out
+
+
+def test_apply_refuses_what_it_cannot_carry_out_before_touching_anything(tmp_path, capsys):
+    rc, _, err = run(tmp_path, capsys, "--apply")
+    assert rc == 2 and "give --cluster-gres-conf as an absolute path" in err
+    rc, _, err = run(tmp_path, capsys, "--apply", "--cluster-gres-conf", "/etc/gres.conf",
+                     "--holders-command", "ssh {node} gpushare tidal holders --gpu {layout}")
+    assert rc == 2 and "--holders-command: unknown placeholder {layout}" in err
+    rc, _, err = run(tmp_path, capsys, "--apply", "--cluster-gres-conf", "/etc/gres.conf",
+                     "--release-timeout", "0")
+    assert rc == 2 and "--release-timeout must be between 1 and 86400 seconds" in err
+    rc, _, err = run(tmp_path, capsys, "--apply", "--lent", "night=1")
+    assert rc == 2 and "drop --lent" in err
+    rc, _, err = run(tmp_path, capsys, "--apply", "--cluster-gres-conf", "/etc/gres.conf",
+                     "--kubeconfig", str(tmp_path / "none"))
+    assert rc == 2 and "cannot load Kubernetes credentials from" in err
+    assert not (tmp_path / "tidal-state.json").exists()
+
+
+def test_holders_says_which_pod_holds_the_gpu_and_exits_by_it(tmp_path, capsys):
+    import json
+
+    from gpushare.admin.plan import parse_plan
+    from gpushare.gpu.nvml_sim_plan import profile_from_plan
+    from kube_standin.kubelet import Kubelet, Pod
+
+    profile = profile_from_plan(parse_plan(PLAN), "k1")
+    (tmp_path / "k1.json").write_text(json.dumps(profile))
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock"))
+    kubelet.start()
+    try:
+        argv = ["tidal", "holders", "--gpu", "2", "--socket", str(tmp_path / "kubelet.sock"),
+                "--source", f"sim:{tmp_path / 'k1.json'}"]
+        assert main(argv) == 0
+        assert capsys.readouterr().out == "no pod holds GPU 2\n"
+        kubelet.pods = [Pod("serving", "llm-0", ids=(profile["gpus"][2]["uuid"],))]
+        assert main(argv) == 1
+        assert capsys.readouterr().out.startswith("pod serving/llm-0 container main holds "
+                                                  "nvidia.com/gpu GPU-")
+        assert main([*argv[:3], "9", *argv[4:]]) == 2
+        assert "NVML shows no GPU 9 on this node (it has 4)" in capsys.readouterr().err
+        assert main([*argv, "--dra", "gpu.nvidia.com/k1"]) == 2
+        assert "must be DRIVER/POOL/DEVICE" in capsys.readouterr().err
+    finally:
+        kubelet.stop()
+    assert main(argv) == 2
+    assert "did not answer List (UNAVAILABLE" in capsys.readouterr().err

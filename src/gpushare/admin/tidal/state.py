@@ -22,6 +22,7 @@ what is wrong (a plan edited under a lent device is the administrator's to settl
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ from gpushare.admin.relayout.state import StateError as RelayoutStateError
 from gpushare.admin.tidal.metrics import REFUSALS, TidalCounters
 from gpushare.admin.tidal.moves import K8S, SLURM
 
-__all__ = ["Lent", "StateError", "TidalState", "default_path", "dump_state", "load_state",
+__all__ = ["Lent", "StateError", "TidalState", "default_path", "dump_state", "lent_report",
+           "load_state",
            "parse_state", "save_state"]
 
 STATE_VERSION = 1
@@ -75,6 +77,26 @@ class TidalState:
                     f"{self.path}: {device.describe()} is lent by rule {entry.rule!r}, which "
                     "the plan no longer has or no longer names it; give it back by hand "
                     "(docs/admin.md: lending) and remove its entry")
+
+
+def lent_report(plan: Plan, state: TidalState, when: datetime.datetime
+                ) -> list[dict[str, Any]]:
+    """Who holds each lent device now and until when (``gpushare status --cluster``)."""
+    from gpushare.admin.tidal.decide import lend_until
+
+    rules = {rule.name: rule for rule in plan.lending}
+    rows = []
+    for device, entry in sorted(state.lent.items()):
+        rule = rules.get(entry.rule)
+        left = None if rule is None else lend_until(rule, when.hour * 60 + when.minute)
+        until = "until its home side asks" if left is None else \
+            f"{when + datetime.timedelta(minutes=left):%Y-%m-%d %H:%M}"
+        rows.append({"device": device.describe(), "rule": entry.rule,
+                     "holder": rule.borrower if rule else "?",
+                     "home": rule.home if rule else "?",
+                     "since": f"{datetime.datetime.fromtimestamp(entry.since):%Y-%m-%d %H:%M}",
+                     "until": until})
+    return rows
 
 
 def default_path(plan_path: str) -> str:
