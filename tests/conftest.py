@@ -10,6 +10,12 @@ import sys
 import pytest
 from hypothesis import settings
 
+# The kubelet stand-in (scripts/kube_standin) serves gRPC from threads of the test process,
+# which also starts commands; with gRPC's fork handlers on, a child that Python 3.9's
+# subprocess forks (3.10 and later use vfork) can abort in them before its exec. A real
+# kubelet is another process; the tests turn the handlers off before gRPC is imported.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 for path in (os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "scripts"),
              os.path.join(HERE, "unit")):

@@ -134,7 +134,7 @@ def site(tmp_path):
 
 def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(site):
     mover = site.run(NIGHT)
-    assert site.kubelet.calls >= 2  # asked before deciding, and before giving
+    assert site.kubelet.calls >= 2, mover.log  # asked before deciding, and before giving
     assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
     rule = site.api.taint_rules[rule_name(GPU0)]
     assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "h1",
@@ -275,13 +275,13 @@ def test_a_run_killed_at_any_step_never_gives_the_gpu_to_both_and_the_next_settl
             site.run(when)
     assert not _owned_by_both(site)
     assert os.path.exists(site.state_path + ".journal")
-    site.run(when)  # the next run settles the move, then decides again
-    assert not _owned_by_both(site)
+    mover = site.run(when)  # the next run settles the move, then decides again
+    assert not _owned_by_both(site), mover.log
     assert not os.path.exists(site.state_path + ".journal")
     lent = load_state(site.state_path).lent
     # A reclaim is always finished; a lend that had given the GPU is finished, one that had
     # not is undone and made again by the same round (the window is still open).
-    assert lent == ({} if reclaim else {GPU0: lent[GPU0]})
+    assert lent.keys() == (set() if reclaim else {GPU0}), mover.log
     assert site.slurm.gres["h1"] == ("gpu:a100:1" if reclaim else "gpu:a100:2")
     assert (rule_name(GPU0) in site.api.taint_rules) == (not reclaim)
     assert "DRAIN" not in site.slurm.state["h1"]
