@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from gpushare.common import safefs
+from gpushare.common.versioned import versioned_json
 
 __all__ = ["GPU_STATUSES", "JOURNAL_VERSION", "PHASES", "GpuStep", "Journal", "JournalError",
-           "LockBusy", "NodeEntry", "journal_path", "load_journal", "open_beside", "run_lock",
-           "save_journal"]
+           "LockBusy", "NodeEntry", "journal_path", "load_journal", "open_beside", "read_beside",
+           "run_lock", "save_journal", "typed_field", "write_beside"]
 
 JOURNAL_VERSION = 1
 PHASES = ("planned", "changing", "slurm", "done")
@@ -175,65 +176,22 @@ def _dump(journal: Journal) -> str:
                                  for e in journal.nodes]}, indent=1) + "\n"
 
 
-def save_journal(journal: Journal) -> None:
-    """Write the journal in one rename (a reader sees the old one or the new one); once every
-    node is done, remove it."""
-    directory, name = os.path.split(os.path.abspath(journal.path))
+def write_beside(path: str, text: Optional[str]) -> None:
+    """Replace a journal in one rename (a reader sees the old one or the new one), in a
+    directory checked as ``open_beside`` does; ``None`` removes it."""
+    directory, name = os.path.split(os.path.abspath(path))
     dir_fd = _dir_fd(directory)
     try:
-        if not journal.open_nodes:
+        if text is None:
             safefs.remove_file_at(dir_fd, name)
             return
-        safefs.write_file_atomic_at(dir_fd, name, _dump(journal).encode(), 0o600,
-                                    exact_mode=True)
+        safefs.write_file_atomic_at(dir_fd, name, text.encode(), 0o600, exact_mode=True)
     finally:
         os.close(dir_fd)
 
 
-def _field(raw: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    value = raw.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise JournalError(f"{where}: {key} must be {kind.__name__}")
-    return value
-
-
-def parse_journal(text: str, path: str) -> Journal:
-    try:
-        raw = json.loads(text)
-    except ValueError as err:
-        raise JournalError(f"{path}: not JSON: {err}") from None
-    if not isinstance(raw, dict) or raw.get("version") != JOURNAL_VERSION:
-        raise JournalError(f"{path}: not a relayout journal of version {JOURNAL_VERSION}")
-    started = raw.get("started")
-    journal = Journal(path, _field(raw, "decision", str, path),
-                      float(started) if isinstance(started, (int, float)) else 0.0)
-    nodes = raw.get("nodes")
-    if not isinstance(nodes, list):
-        raise JournalError(f"{path}: nodes must be a list")
-    for item in nodes:
-        if not isinstance(item, dict):
-            raise JournalError(f"{path}: each node must be a mapping")
-        where = f"{path}: node {item.get('node')!r}"
-        phase = _field(item, "phase", str, where)
-        if phase not in PHASES:
-            raise JournalError(f"{where}: phase {phase!r} is not one of {', '.join(PHASES)}")
-        gpus = []
-        for gpu in _field(item, "gpus", list, where):
-            if not isinstance(gpu, dict):
-                raise JournalError(f"{where}: each GPU must be a mapping")
-            status = _field(gpu, "status", str, where)
-            if status not in GPU_STATUSES:
-                raise JournalError(f"{where}: GPU status {status!r} is not one of "
-                                   + ", ".join(GPU_STATUSES))
-            gpus.append(GpuStep(_field(gpu, "gpu", int, where), _field(gpu, "old", str, where),
-                                _field(gpu, "new", str, where), status))
-        journal.nodes.append(NodeEntry(_field(item, "node", str, where), gpus, phase))
-    return journal
-
-
-def load_journal(state_path: str) -> Optional[Journal]:
-    """The journal an earlier run left, or None."""
-    path = journal_path(state_path)
+def read_beside(path: str) -> Optional[str]:
+    """A journal's text, opened as ``open_beside`` opens it; None when there is none."""
     try:
         fd = open_beside(path, os.O_RDONLY, create=False)
     except FileNotFoundError:
@@ -244,4 +202,54 @@ def load_journal(state_path: str) -> Optional[Journal]:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise JournalError(f"{path}: larger than {MAX_BYTES} bytes")
-    return parse_journal(data.decode("utf-8", "replace"), path)
+    return data.decode("utf-8", "replace")
+
+
+def typed_field(raw: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """``raw[key]`` of ``kind`` (a bool is no number), else JournalError naming it."""
+    value = raw.get(key)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise JournalError(f"{where}: {key} must be {kind.__name__}")
+    return value
+
+
+def save_journal(journal: Journal) -> None:
+    """Write the journal; once every node is done, remove it."""
+    write_beside(journal.path, _dump(journal) if journal.open_nodes else None)
+
+
+def parse_journal(text: str, path: str) -> Journal:
+    raw = versioned_json(text, path, "relayout journal", JOURNAL_VERSION, JournalError)
+    started = raw.get("started")
+    journal = Journal(path, typed_field(raw, "decision", str, path),
+                      float(started) if isinstance(started, (int, float)) else 0.0)
+    nodes = raw.get("nodes")
+    if not isinstance(nodes, list):
+        raise JournalError(f"{path}: nodes must be a list")
+    for item in nodes:
+        if not isinstance(item, dict):
+            raise JournalError(f"{path}: each node must be a mapping")
+        where = f"{path}: node {item.get('node')!r}"
+        phase = typed_field(item, "phase", str, where)
+        if phase not in PHASES:
+            raise JournalError(f"{where}: phase {phase!r} is not one of {', '.join(PHASES)}")
+        gpus = []
+        for gpu in typed_field(item, "gpus", list, where):
+            if not isinstance(gpu, dict):
+                raise JournalError(f"{where}: each GPU must be a mapping")
+            status = typed_field(gpu, "status", str, where)
+            if status not in GPU_STATUSES:
+                raise JournalError(f"{where}: GPU status {status!r} is not one of "
+                                   + ", ".join(GPU_STATUSES))
+            gpus.append(GpuStep(typed_field(gpu, "gpu", int, where),
+                                typed_field(gpu, "old", str, where),
+                                typed_field(gpu, "new", str, where), status))
+        journal.nodes.append(NodeEntry(typed_field(item, "node", str, where), gpus, phase))
+    return journal
+
+
+def load_journal(state_path: str) -> Optional[Journal]:
+    """The journal an earlier run left, or None."""
+    path = journal_path(state_path)
+    text = read_beside(path)
+    return None if text is None else parse_journal(text, path)

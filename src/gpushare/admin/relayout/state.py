@@ -34,10 +34,11 @@ from gpushare.admin.mig_profiles import place_slices
 from gpushare.admin.plan import Plan
 from gpushare.admin.plan.model import MigSlice, NodeGroup
 from gpushare.admin.relayout.menu import Layout, layout_name, parse_layout
+from gpushare.common.versioned import versioned_json
 
 __all__ = ["COUNTERS", "Applied", "AppliedState", "StateError", "applied_plan", "as_applied",
-           "default_path", "last_changes", "layouts_of", "load_state", "locked", "save_state",
-           "with_lent"]
+           "default_path", "last_changes", "layouts_of", "load_state", "locked", "read_text",
+           "save_state", "with_lent"]
 
 STATE_VERSION = 1
 STATE_NAME = "relayout-state.json"
@@ -74,12 +75,7 @@ def default_path(plan_path: str) -> str:
 
 
 def parse_state(text: str, path: str) -> AppliedState:
-    try:
-        raw = json.loads(text)
-    except ValueError as err:
-        raise StateError(f"{path}: not JSON: {err}") from None
-    if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
-        raise StateError(f"{path}: not a relayout state file of version {STATE_VERSION}")
+    raw = versioned_json(text, path, "relayout state file", STATE_VERSION, StateError)
     state = AppliedState(path)
     gpus = raw.get("gpus", {})
     if not isinstance(gpus, dict):
@@ -103,18 +99,24 @@ def parse_state(text: str, path: str) -> AppliedState:
     return state
 
 
-def load_state(path: str) -> AppliedState:
-    """The state file; an absent one is an empty state (nothing applied yet)."""
+def read_text(path: str) -> Optional[str]:
+    """A state file's text (relayout's or tidal's); None when there is none."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read(MAX_STATE_BYTES + 1)
     except FileNotFoundError:
-        return AppliedState(path)
+        return None
     except (OSError, UnicodeDecodeError) as err:
         raise StateError(f"{path}: cannot read: {err}") from None
     if len(text) > MAX_STATE_BYTES:
         raise StateError(f"{path}: larger than {MAX_STATE_BYTES} bytes")
-    return parse_state(text, path)
+    return text
+
+
+def load_state(path: str) -> AppliedState:
+    """The state file; an absent one is an empty state (nothing applied yet)."""
+    text = read_text(path)
+    return AppliedState(path) if text is None else parse_state(text, path)
 
 
 def dump_state(state: AppliedState) -> str:

@@ -16,14 +16,18 @@ Format (version 1)::
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpushare.admin.plan.lending import Device
-from gpushare.admin.relayout.journal import MAX_BYTES, JournalError, _dir_fd, open_beside
+from gpushare.admin.relayout.journal import (
+    JournalError,
+    read_beside,
+    typed_field,
+    write_beside,
+)
 from gpushare.admin.tidal.moves import K8S, SLURM, STEPS
-from gpushare.common import safefs
+from gpushare.common.versioned import versioned_json
 
 __all__ = ["JOURNAL_VERSION", "MoveEntry", "TidalJournal", "load_journal", "parse_journal",
            "save_journal"]
@@ -70,49 +74,29 @@ def _dump(journal: TidalJournal) -> str:
 
 def save_journal(journal: TidalJournal) -> None:
     """Write the journal in one rename; once every move is done, remove it."""
-    directory, name = os.path.split(os.path.abspath(journal.path))
-    dir_fd = _dir_fd(directory)
-    try:
-        if not journal.open_moves:
-            safefs.remove_file_at(dir_fd, name)
-            return
-        safefs.write_file_atomic_at(dir_fd, name, _dump(journal).encode(), 0o600,
-                                    exact_mode=True)
-    finally:
-        os.close(dir_fd)
-
-
-def _get(raw: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    value = raw.get(key)
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise JournalError(f"{where}: {key} must be {kind.__name__}")
-    return value
+    write_beside(journal.path, _dump(journal) if journal.open_moves else None)
 
 
 def _move(item: Any, where: str) -> MoveEntry:
     if not isinstance(item, dict):
         raise JournalError(f"{where}: each move must be a mapping")
-    step = _get(item, "step", str, where)
+    step = typed_field(item, "step", str, where)
     started = item.get("started")
     for value in (step, started):
         if value is not None and value not in STEPS:
             raise JournalError(f"{where}: step {value!r} is not one of {', '.join(STEPS)}")
-    source, target = _get(item, "source", str, where), _get(item, "target", str, where)
+    source = typed_field(item, "source", str, where)
+    target = typed_field(item, "target", str, where)
     if {source, target} != {K8S, SLURM}:
         raise JournalError(f"{where}: a move goes between {K8S} and {SLURM}")
-    device = Device(_get(item, "node", str, where), _get(item, "gpu", int, where),
-                    _get(item, "slice", int, where))
-    return MoveEntry(device, _get(item, "rule", str, where), source, target,
-                     _get(item, "reclaim", bool, where), step, started)
+    device = Device(typed_field(item, "node", str, where), typed_field(item, "gpu", int, where),
+                    typed_field(item, "slice", int, where))
+    return MoveEntry(device, typed_field(item, "rule", str, where), source, target,
+                     typed_field(item, "reclaim", bool, where), step, started)
 
 
 def parse_journal(text: str, path: str) -> TidalJournal:
-    try:
-        raw = json.loads(text)
-    except ValueError as err:
-        raise JournalError(f"{path}: not JSON: {err}") from None
-    if not isinstance(raw, dict) or raw.get("version") != JOURNAL_VERSION:
-        raise JournalError(f"{path}: not a tidal journal of version {JOURNAL_VERSION}")
+    raw = versioned_json(text, path, "tidal journal", JOURNAL_VERSION, JournalError)
     moves = raw.get("moves")
     if not isinstance(moves, list):
         raise JournalError(f"{path}: moves must be a list")
@@ -123,14 +107,5 @@ def parse_journal(text: str, path: str) -> TidalJournal:
 def load_journal(state_path: str) -> Optional[TidalJournal]:
     """The journal an earlier run left, or None."""
     path = state_path + ".journal"
-    try:
-        fd = open_beside(path, os.O_RDONLY, create=False)
-    except FileNotFoundError:
-        return None
-    try:
-        data = os.read(fd, MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise JournalError(f"{path}: larger than {MAX_BYTES} bytes")
-    return parse_journal(data.decode("utf-8", "replace"), path)
+    text = read_beside(path)
+    return None if text is None else parse_journal(text, path)

@@ -31,8 +31,10 @@ from typing import Any
 from gpushare.admin.plan import Plan
 from gpushare.admin.plan.lending import Device, LendingRule
 from gpushare.admin.relayout.state import StateError as RelayoutStateError
+from gpushare.admin.relayout.state import read_text
 from gpushare.admin.tidal.metrics import REFUSALS, TidalCounters
 from gpushare.admin.tidal.moves import K8S, SLURM
+from gpushare.common.versioned import versioned_json
 
 __all__ = ["Lent", "StateError", "TidalState", "default_path", "dump_state", "lent_report",
            "load_state",
@@ -40,7 +42,6 @@ __all__ = ["Lent", "StateError", "TidalState", "default_path", "dump_state", "le
 
 STATE_VERSION = 1
 STATE_NAME = "tidal-state.json"
-MAX_STATE_BYTES = 4 << 20
 
 
 class StateError(RelayoutStateError):
@@ -129,12 +130,7 @@ def _counters(raw: Any, where: str) -> TidalCounters:
 
 
 def parse_state(text: str, path: str) -> TidalState:
-    try:
-        raw = json.loads(text)
-    except ValueError as err:
-        raise StateError(f"{path}: not JSON: {err}") from None
-    if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
-        raise StateError(f"{path}: not a tidal state file of version {STATE_VERSION}")
+    raw = versioned_json(text, path, "tidal state file", STATE_VERSION, StateError)
     state = TidalState(path)
     entries = raw.get("lent", [])
     if not isinstance(entries, list):
@@ -160,16 +156,8 @@ def parse_state(text: str, path: str) -> TidalState:
 
 def load_state(path: str) -> TidalState:
     """The state file; an absent one is an empty state (nothing lent)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(MAX_STATE_BYTES + 1)
-    except FileNotFoundError:
-        return TidalState(path)
-    except (OSError, UnicodeDecodeError) as err:
-        raise StateError(f"{path}: cannot read: {err}") from None
-    if len(text) > MAX_STATE_BYTES:
-        raise StateError(f"{path}: larger than {MAX_STATE_BYTES} bytes")
-    return parse_state(text, path)
+    text = read_text(path)
+    return TidalState(path) if text is None else parse_state(text, path)
 
 
 def dump_state(state: TidalState) -> str:
