@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  gpushare tidal --at 23:30 --needs night-batch=2\n"
         "  gpushare tidal --at '2026-12-24 07:45' --lent night-batch=6\n"
         "  gpushare tidal --apply --cluster-gres-conf /etc/slurm/gres.conf\n"
-        "  gpushare tidal holders --gpu 0",
+        "  gpushare tidal holders --gpu 0\n"
+        "  gpushare tidal --metrics > /var/lib/node_exporter/textfile/gpushare_tidal.prom",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("action", nargs="?", choices=["holders"], metavar="holders",
@@ -130,6 +131,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{plan.path}: no lending rules; every device stays with its owner "
               "(docs/admin.md: lending)")
         return 0
+    if args.metrics:
+        from gpushare.cli.tidal_apply import metrics
+
+        return metrics(args, plan)
     if args.apply:
         from gpushare.cli.tidal_apply import apply
 

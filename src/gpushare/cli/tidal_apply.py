@@ -12,7 +12,7 @@ from typing import Any
 from gpushare.cli import fail
 from gpushare.cli.relayout_apply import DEFAULT_SLURMCTLD_RESTART, slurm_version
 
-__all__ = ["apply", "register_options"]
+__all__ = ["apply", "metrics", "register_options"]
 
 
 def register_options(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,11 @@ def register_options(parser: argparse.ArgumentParser) -> None:
                      help="where tidal-state.json (what is lent now) and its journal lie, "
                      "beside relayout-state.json, whose run lock both commands take (default: "
                      "the plan's directory)")
+    ctl.add_argument("--metrics", action="store_true",
+                     help="print what --apply has done, from the state file, in Prometheus' "
+                     "text format (GPU-hours lent each way, reclaims and their seconds, moves "
+                     "refused by reason, devices lent now) for node_exporter's textfile "
+                     "collector")
     ctl.add_argument("--kubeconfig", metavar="FILE",
                      help="credentials for the API server (default $KUBECONFIG, else the "
                      "in-cluster service account)")
@@ -119,6 +124,22 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
                      one_profile_per_node=one_profile_per_node(version))
     return TidalSettings(slurm=slurm, holders_command=args.holders_command,
                          release_timeout_s=args.release_timeout)
+
+
+def metrics(args: argparse.Namespace, plan: Any) -> int:
+    from gpushare.admin.tidal.metrics import render_counters
+    from gpushare.admin.tidal.state import STATE_NAME, StateError, load_state
+
+    state_dir = os.path.abspath(args.state_dir or os.path.dirname(os.path.abspath(args.plan)))
+    try:
+        state = load_state(os.path.join(state_dir, STATE_NAME))
+    except StateError as err:
+        return fail("tidal", str(err))
+    lent_now: dict[str, int] = {}
+    for _, borrower in state.lent_to(plan):
+        lent_now[borrower] = lent_now.get(borrower, 0) + 1
+    print(render_counters(state.counters, lent_now), end="")
+    return 0
 
 
 def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,

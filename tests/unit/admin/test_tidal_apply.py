@@ -132,7 +132,14 @@ def site(tmp_path):
     made.stop()
 
 
-def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(site):
+def metrics(site, capsys) -> str:
+    from gpushare.cli import main
+
+    assert main(["tidal", "--metrics", "--plan", site.plan.path]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(site, capsys):
     mover = site.run(NIGHT)
     assert site.kubelet.calls >= 2, mover.log  # asked before deciding, and before giving
     assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
@@ -154,6 +161,8 @@ def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(si
                    "home": "kubernetes", "since": "2026-12-05 22:00",
                    "until": "2026-12-06 08:00"}
 
+    assert 'gpushare_tidal_lent_devices{to="slurm"} 1\n' in metrics(site, capsys)
+
     site.run(NIGHT + datetime.timedelta(hours=2))  # still night: nothing more to do
     assert site.slurm.calls == ["drain h1", "reconfigure", "resume h1"]
 
@@ -168,6 +177,10 @@ def test_a_window_lends_an_idle_gpu_to_slurm_and_takes_it_back_when_it_closes(si
     assert state.counters.reclaims == 1
     assert state.counters.lent_seconds["slurm"] == pytest.approx(
         (MORNING - NIGHT).total_seconds())
+    text = metrics(site, capsys)
+    assert 'gpushare_tidal_lent_gpu_hours_total{to="slurm"} 10.08' in text
+    assert "gpushare_tidal_reclaims_total 1\n" in text
+    assert 'gpushare_tidal_lent_devices{to="slurm"} 0\n' in text and text.endswith("\n")
 
 
 def test_a_gpu_a_pod_holds_is_not_lent(site):

@@ -9,6 +9,7 @@ reason of each refusal goes to the log, not to a label).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from gpushare.admin.metrics import Family, Sample, render
 from gpushare.admin.tidal.moves import K8S, SLURM
@@ -49,7 +50,8 @@ class TidalCounters:
         self.refused[reason] += 1
 
 
-def families(counters: TidalCounters) -> list[Family]:
+def families(counters: TidalCounters, lent_now: Optional[dict[str, int]] = None
+             ) -> list[Family]:
     lent = [Sample("", (("to", to),), counters.lent_seconds.get(to, 0.0) / 3600.0)
             for to in (K8S, SLURM)]
     return [
@@ -64,8 +66,10 @@ def families(counters: TidalCounters) -> list[Family]:
                [Sample("", (), counters.reclaim_seconds_max)]),
         Family(PREFIX + "refused_moves_total", "counter", "Moves not made, by reason",
                [Sample("", (("reason", r),), counters.refused.get(r, 0)) for r in REFUSALS]),
-    ]
+    ] + ([Family(PREFIX + "lent_devices", "gauge", "Devices lent to each scheduler now",
+                 [Sample("", (("to", to),), lent_now.get(to, 0)) for to in (K8S, SLURM)])]
+         if lent_now is not None else [])
 
 
-def render_counters(counters: TidalCounters) -> str:
-    return render(families(counters))
+def render_counters(counters: TidalCounters, lent_now: Optional[dict[str, int]] = None) -> str:
+    return render(families(counters, lent_now))
