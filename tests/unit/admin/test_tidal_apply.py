@@ -70,11 +70,22 @@ class FakeReservations:
         self.now.pop(name, None)
 
 
+DAY_RULE = """  - name: day
+    home: slurm
+    nodes: h1
+    gpus: 1
+    window: {from: "08:00", to: "20:00"}
+    max_lent: 1
+    reclaim_minutes: 30
+    borrowers: [serving]
+"""
+
+
 class Site:
-    def __init__(self, tmp_path, mode: str = "dra") -> None:
+    def __init__(self, tmp_path, mode: str = "dra", plan: str = PLAN) -> None:
         plan_file = tmp_path / "plan.yaml"
-        plan_file.write_text(PLAN)
-        self.plan = parse_plan(PLAN, str(plan_file))
+        plan_file.write_text(plan)
+        self.plan = parse_plan(plan, str(plan_file))
         profile = profile_from_plan(self.plan, "h1")
         self.uuid0 = profile["gpus"][0]["uuid"]
         (tmp_path / "h1.json").write_text(json.dumps(profile))
@@ -298,3 +309,23 @@ def test_a_run_killed_at_any_step_never_gives_the_gpu_to_both_and_the_next_settl
     assert site.slurm.gres["h1"] == ("gpu:a100:1" if reclaim else "gpu:a100:2")
     assert (rule_name(GPU0) in site.api.taint_rules) == (not reclaim)
     assert "DRAIN" not in site.slurm.state["h1"]
+
+
+def test_a_gpu_slurm_lends_by_day_is_fenced_in_kubernetes_while_it_is_home(tmp_path):
+    site = Site(tmp_path, plan=PLAN + DAY_RULE)
+    gpu1 = Device("h1", 1)
+    try:
+        site.run(datetime.datetime(2026, 12, 5, 7, 45))  # neither rule lends now
+        assert set(site.api.taint_rules) == {rule_name(gpu1)}  # Slurm's, at home
+        assert site.slurm.calls == [] and load_state(site.state_path).lent == {}
+        mover = site.run(datetime.datetime(2026, 12, 5, 9, 0))  # day: Slurm lends GPU 1
+        assert load_state(site.state_path).lent.keys() == {gpu1}, mover.log
+        assert site.api.taint_rules == {}  # Kubernetes may place pods on it now
+        assert site.slurm.gres["h1"] == "", site.slurm.gres
+        assert site.reservations.now == {}  # nothing of Slurm's runs on a GPU lent away
+        mover = site.run(datetime.datetime(2026, 12, 5, 20, 30))  # home again, fenced
+        assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log  # night's lend
+        assert rule_name(gpu1) in site.api.taint_rules
+        assert site.slurm.gres["h1"] == "gpu:a100:2"
+    finally:
+        site.stop()

@@ -2,6 +2,9 @@
 """One round of ``gpushare tidal --apply``: settle what an earlier run left, then per rule
 ask what the home side uses, decide, and carry the moves out.
 
+A device whose home is Slurm is kept fenced in Kubernetes while it is at home, so that only
+a lend opens it there.
+
 What the home side uses is read, not guessed: for a Kubernetes home, a device is busy when
 the node's kubelet lists a pod holding it (the same holders command the moves use); for a
 Slurm home, every device of a node that runs jobs is busy (Slurm has no per-GPU drain, so
@@ -47,6 +50,19 @@ def _busy(mover: Mover, rule: LendingRule, at_home: list[Device]) -> frozenset[D
     return frozenset(busy)
 
 
+def _fence_home(mover: Mover, rule: LendingRule, at_home: list[Device]) -> bool:
+    """Slurm's devices at home stay fenced in Kubernetes (the DRA driver publishes every GPU
+    of the node); False, logged, when the fence cannot be put up: nothing moves then."""
+    for device in at_home:
+        try:
+            mover.kube.fence(device, rule.name)
+        except KubeError as err:
+            mover.log.append(f"{rule.name}: {device.describe()} could not be fenced in "
+                             f"Kubernetes while Slurm holds it: {err}; no move for this rule")
+            return False
+    return True
+
+
 def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
               only: Optional[Callable[[LendingRule], bool]] = None) -> list[MoveEntry]:
     """Settle, decide, move; the moves carried out (``mover.log`` says the rest)."""
@@ -61,6 +77,8 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
             continue
         lent = frozenset(d for d, e in state.lent.items() if e.rule == rule.name)
         at_home = [d for d in rule.devices if d not in lent]
+        if rule.home == SLURM and not _fence_home(mover, rule, at_home):
+            continue
         busy = _busy(mover, rule, at_home)
         use = HomeUse(needs=needs.get(rule.name, len(busy)), busy=busy)
         timer = RuleState(idle_since=state.idle_since.get(rule.name))
