@@ -72,29 +72,36 @@ def requeue_job(job_id: int, scontrol: str = SCONTROL,
     return ("held" if held else "requeued"), None
 
 
-def run_scontrol(args: list[str], scontrol: str, timeout: float) -> "proc.Result | str":
-    """Run ``scontrol args``: its result, or why it failed (never raises). Within
-    ``timeout`` or the time left of this process's deadline, whichever ends first: the
-    fault path that drains and requeues is itself bounded by the C glue."""
+def run_slurm_client(program: str, args: list[str], timeout: float) -> "proc.Result | str":
+    """Run a Slurm client (scontrol, sacct, sacctmgr) as root: its result, or why it failed
+    (never raises). Only a root-owned program, with a fixed environment, within ``timeout``
+    or the time left of this process's deadline, whichever ends first: the fault path that
+    drains and requeues is itself bounded by the C glue."""
     timeout = time_left(timeout)
-    if not scontrol.startswith("/"):
-        return f"{scontrol}: scontrol must be given as an absolute path"
+    name = os.path.basename(program)
+    if not program.startswith("/"):
+        return f"{program}: {name} must be given as an absolute path"
     try:  # run as root: only a program no user can replace
-        safefs.check_root_owned_file(scontrol)
+        safefs.check_root_owned_file(program)
     except safefs.UnsafePathError as err:
-        return f"scontrol refused: {err}"
+        return f"{name} refused: {err}"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     if os.environ.get("SLURM_CONF"):  # slurmd's own, passed to its prologs
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
     try:
-        done = proc.run([scontrol, *args], timeout=timeout, env=env)
+        done = proc.run([program, *args], timeout=timeout, env=env)
     except proc.CommandNotFound as err:
-        return f"{scontrol} cannot be run: {err}"
+        return f"{program} cannot be run: {err}"
     except proc.CommandTimeout:
-        return f"scontrol did not answer within {timeout:g} s"
+        return f"{name} did not answer within {timeout:g} s"
     except proc.ProcError as err:
         return str(err)
     if done.returncode != 0:
-        detail = done.output.splitlines()
-        return f"scontrol failed (exit {done.returncode}): {detail[-1] if detail else ''}"
+        detail = done.output.strip().splitlines()
+        return f"{name} failed (exit {done.returncode}): {detail[-1] if detail else ''}"
     return done
+
+
+def run_scontrol(args: list[str], scontrol: str, timeout: float) -> "proc.Result | str":
+    """``scontrol args`` through ``run_slurm_client``."""
+    return run_slurm_client(scontrol, args, timeout)

@@ -14,12 +14,10 @@ epilog: a refusal is logged, and each call is bounded by the epilog's time left.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
-from gpushare.common import proc, safefs
+from gpushare.common import proc
 from gpushare.common.log import get_logger
-from gpushare.node.phases import time_left
 from gpushare.node.usage.store import UsageStore
 from gpushare.node.usage.view import summary_line
 
@@ -37,23 +35,11 @@ _QUOTES = ("'", '"')
 
 
 def _slurm(argv: list[str]) -> tuple[Optional[proc.Result], str]:
-    """Run a root-owned Slurm client with a fixed environment: its result, or why not."""
-    try:
-        safefs.check_root_owned_file(argv[0])
-    except (safefs.UnsafePathError, OSError) as err:
-        return None, f"{argv[0]} refused: {err}"
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    if os.environ.get("SLURM_CONF"):
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-    try:
-        done = proc.run(argv, timeout=time_left(SLURM_TIMEOUT), env=env)
-    except proc.ProcError as err:
-        return None, str(err)
-    if done.returncode != 0:
-        detail = done.output.strip().splitlines()
-        return None, (f"{os.path.basename(argv[0])} failed (exit {done.returncode}): "
-                      f"{detail[-1] if detail else ''}")
-    return done, ""
+    """A root-owned Slurm client's result, or why not (``drain.run_slurm_client``)."""
+    from gpushare.node.drain import run_slurm_client
+
+    done = run_slurm_client(argv[0], argv[1:], SLURM_TIMEOUT)
+    return (None, done) if isinstance(done, str) else (done, "")
 
 
 def _current(job_id: int, sacct: str) -> tuple[Optional[str], str]:
