@@ -55,7 +55,7 @@ from gpushare.admin.tidal.reservation import Reservations, reservation_name, win
 from gpushare.admin.tidal.state import Lent, TidalState, save_state
 from gpushare.common import proc
 
-__all__ = ["REASON_PREFIX", "MoveFailed", "Mover", "SlurmSide", "TidalSettings"]
+__all__ = ["REASON_PREFIX", "MoveFailed", "Mover", "SlurmSide", "StillHeld", "TidalSettings"]
 
 REASON_PREFIX = "gpushare tidal"
 HELD, FREE = 1, 0  # the holders command's exit status
@@ -65,6 +65,10 @@ HOLDERS_PLACEHOLDERS = ("node", "gpu", "slice", "profile", "dra")
 class MoveFailed(RuntimeError):
     """A step could not be taken; the move is undone where it may be, else left for the
     next run (the message says which)."""
+
+
+class StillHeld(MoveFailed):
+    """The home side kept the device past the release timeout (a refusal, not a fault)."""
 
 
 @dataclass
@@ -187,7 +191,7 @@ class Mover:
                 if code == FREE:
                     break
                 if self.clock() > deadline:
-                    raise MoveFailed(f"{move.device.describe()} was still held after "
+                    raise StillHeld(f"{move.device.describe()} was still held after "
                                      f"{self.settings.release_timeout_s:.0f} s: {first}")
                 self.sleep(self.settings.slurm.poll_s)
         side.wait_idle(self.settings.slurm.drain_timeout_s)
@@ -265,8 +269,7 @@ class Mover:
                     self.log.append(f"{move.device.describe()}: {err}; undoing it failed too "
                                     f"({again}): the next run tries again")
                     return False
-                busy = "still held" in str(err)
-                self.state.counters.refuse("busy" if busy else "failed")
+                self.state.counters.refuse("busy" if isinstance(err, StillHeld) else "failed")
                 save_state(self.state)
                 self.log.append(f"{move.device.describe()}: not moved: {err}")
             else:
