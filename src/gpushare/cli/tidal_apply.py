@@ -183,8 +183,11 @@ def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,
             moved = run_round(mover, when, needs)
     except LockBusy as err:
         return fail("tidal", str(err))
-    except (JournalError, StateError, OSError) as err:
+    except (JournalError, StateError) as err:
         return fail("tidal", f"{err}; nothing was changed")
+    except (OSError, KubeError, SlurmClientError) as err:
+        return fail("tidal", f"stopped: {err}; the journal beside {state_path} keeps any "
+                    "move under way for the next run")
     for line in mover.log:
         print(line)
     print(f"{len(moved)} moved; {len(journal.open_moves)} left for the next run; "

@@ -16,7 +16,6 @@ the inference deployment's replicas).
 from __future__ import annotations
 
 import datetime
-from typing import Callable, Optional
 
 from gpushare.admin.plan.lending import Device, LendingRule
 from gpushare.admin.relayout.settings import idle
@@ -63,8 +62,8 @@ def _fence_home(mover: Mover, rule: LendingRule, at_home: list[Device]) -> bool:
     return True
 
 
-def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
-              only: Optional[Callable[[LendingRule], bool]] = None) -> list[MoveEntry]:
+def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int]
+              ) -> list[MoveEntry]:
     """Settle, decide, move; the moves carried out (``mover.log`` says the rest)."""
     mover.when = when
     mover.recover_open()
@@ -73,8 +72,6 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
     now_minutes = when.timestamp() / 60.0
     done: list[MoveEntry] = []
     for rule in mover.plan.lending:
-        if only is not None and not only(rule):
-            continue
         lent = frozenset(d for d, e in state.lent.items() if e.rule == rule.name)
         at_home = [d for d in rule.devices if d not in lent]
         if rule.home == SLURM and not _fence_home(mover, rule, at_home):
