@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""A job's GPU use reaches its AdminComment through a real slurmdbd: the bed gains MariaDB
+and slurmdbd for this module (slurmctld restarted with accounting), and loses them after."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import slurmdbd_bed
+from slurmbed import TEST_USERS, wait_until
+from tests.slurm.test_usage import CLIENT, U1, usage_round
+from tests.slurm.test_usage import usage_bed as _usage_bed  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slurm
+PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
+
+
+@pytest.fixture(scope="module")
+def accounting(bed):
+    """MariaDB and slurmdbd for the session's bed, slurmctld restarted to use them."""
+    started = time.monotonic()
+    acct = slurmdbd_bed.Accounting(root=bed.path("acct"), db_port=PORT + 90,
+                                   dbd_port=PORT + 91,
+                                   munge_socket=bed.path("munge", "munge.socket"))
+    with open(bed.conf) as f:
+        original = f.read()
+    try:
+        os.makedirs(acct.root, exist_ok=True)
+        acct.write_dbd_conf(os.path.dirname(bed.conf))
+        acct.start_database()
+        # sacctmgr reads slurm.conf too; slurmctld keeps its old one until its restart.
+        with open(bed.conf, "w") as f:
+            f.write(original.replace("AccountingStorageType=accounting_storage/none",
+                                     "\n".join(acct.slurm_conf_lines())))
+        acct.start_dbd(bed.env)
+        acct.register(bed.env, bed.cluster, list(TEST_USERS))
+        bed.restart_slurmctld()
+        bed.wait_idle()
+        print(f"accounting bed set up in {time.monotonic() - started:.1f}s")
+        yield acct
+    except BaseException:
+        print(acct.logs())
+        raise
+    finally:
+        with open(bed.conf, "w") as f:
+            f.write(original)
+        bed.restart_slurmctld()
+        acct.stop()
+        bed.wait_idle()
+
+
+def admin_comment(bed, job: int, user: str) -> str:
+    result = bed.run(["sacct", "-n", "-X", "-P", "-j", str(job), "-o", "AdminComment"],
+                     user=user, check=False)
+    return result.stdout.strip()
+
+
+def test_a_sampled_job_end_appends_its_gpu_use_to_admin_comment(accounting, _usage_bed):
+    bed = _usage_bed
+    live = bed.usage["live"]
+    job = bed.sbatch(CLIENT.format(mem=2048, sm=30, mem_util=60, live=live),
+                     "--gres=mps:25", "-w", "n1", "-c1", user=U1)
+    wait_until("the client registered", lambda: len(os.listdir(live)) == 1, 120)
+    # A user cannot set AdminComment; an operator's earlier text is kept first.
+    refused = bed.run(["scontrol", "update", f"jobid={job}", "AdminComment=mine"], user=U1,
+                      check=False)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    bed.run(["scontrol", "update", f"jobid={job}", "AdminComment=operator note"])
+    usage_round(bed)
+    bed.run(["scancel", str(job)])
+    bed.wait_job(job)
+    want = "operator note; gpushare: GPU peak memory 2.0 GiB, mean SM 30 % (measured)"
+    try:
+        got = wait_until("the GPU use in AdminComment",
+                         lambda: want in admin_comment(bed, job, U1) and
+                         admin_comment(bed, job, U1), 60)
+    except BaseException:
+        print(bed.lines_about([str(job)]), accounting.logs())
+        print("sacct:", admin_comment(bed, job, "root"))
+        raise
+    assert str(got).startswith("operator note; gpushare: GPU peak memory 2.0 GiB")
