@@ -73,7 +73,8 @@ class Accounting:
             os.chmod(top, 0o755)
         shutil.chown(data, "mysql", "mysql")
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}",
-                        "--user=mysql", "--skip-test-db", "--auth-root-authentication-method=socket"],
+                        "--user=mysql", "--skip-test-db",
+                        "--auth-root-authentication-method=socket"],
                        check=True, timeout=120, stdout=subprocess.DEVNULL)
         log = open(self.path("mariadbd.log"), "ab")  # noqa: SIM115 (the daemon keeps it)
         proc = subprocess.Popen(

@@ -8,11 +8,11 @@ import os
 import time
 
 import pytest
+from tests.slurm.test_usage import CLIENT, U1, usage_round
+from tests.slurm.test_usage import usage_bed as _usage_bed  # noqa: F401  (a fixture)
 
 import slurmdbd_bed
 from slurmbed import TEST_USERS, wait_until
-from tests.slurm.test_usage import CLIENT, U1, usage_round
-from tests.slurm.test_usage import usage_bed as _usage_bed  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slurm
 PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
@@ -58,7 +58,7 @@ def admin_comment(bed, job: int, user: str) -> str:
     return result.stdout.strip()
 
 
-def test_a_sampled_job_end_appends_its_gpu_use_to_admin_comment(accounting, _usage_bed):
+def test_a_sampled_job_end_appends_its_gpu_use_to_admin_comment(accounting, _usage_bed):  # noqa: F811
     bed = _usage_bed
     live = bed.usage["live"]
     job = bed.sbatch(CLIENT.format(mem=2048, sm=30, mem_util=60, live=live),
