@@ -7,6 +7,7 @@ import os
 import sys
 
 import slurmbed  # scripts/slurmbed.py, beside this script
+import slurmdbd_bed  # accounting for the AdminComment test
 
 # The C checks (`make lint`, tests/c): clang with its libFuzzer and sanitizer runtime, which
 # Debian only recommends (so it is named, by the release's clang version), and cppcheck.
@@ -31,8 +32,9 @@ def main() -> int:
         print("gpushare: run as root (it installs Debian packages and creates test users)")
         return 1
     runtime = CLANG_RUNTIME.get(debian_codename())
-    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, "python3-venv", "rpm",
-                              *C_CHECK_PACKAGES, *([runtime] if runtime else [])))
+    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, *slurmdbd_bed.APT_PACKAGES,
+                              "python3-venv", "rpm", *C_CHECK_PACKAGES,
+                              *([runtime] if runtime else [])))
     for user in slurmbed.TEST_USERS:
         slurmbed.ensure_user(user)
     return 0
