@@ -144,6 +144,7 @@ def in_service(bed: slurmbed.SlurmBed) -> bool:
     return "DRAIN" not in state and "INVAL" not in state and "IDLE" in state
 
 
+@pytest.mark.smoke
 def test_a_night_window_lends_the_gpu_a_job_runs_on_it_and_it_goes_home_after(site):
     bed, api, _kubelet = site
     assert gpus(bed) == 1
