@@ -87,28 +87,9 @@ def test_a_broken_plan_is_named(tmp_path):
         node_owners(plan, "a100-01", str(tmp_path / "state"))
 
 
-LENDING_PLAN = """version: 1
-slurm: {version: "24.11"}
-node_groups:
-  - name: infer
-    nodes: h[1-2]
-    gpu_model: a100-40gb
-    gpus: 2
-    layout:
-      0: {owner: kubernetes}
-      1: {owner: slurm}
-lending:
-  - name: night
-    home: kubernetes
-    nodes: h1
-    gpus: 0
-    window: {from: "20:00", to: "08:00"}
-    reclaim_minutes: 30
-    borrowers: [batch]
-"""
-
-
 def test_a_gpu_tidal_lent_is_its_borrowers_on_the_node_until_it_comes_home(tmp_path):
+    from tests.unit.admin.test_tidal_apply import PLAN as LENDING_PLAN
+
     from gpushare.admin.plan.lending import Device
     from gpushare.admin.tidal.state import STATE_NAME, Lent, TidalState, dump_state
     from gpushare.node.ownership import TIDAL_STATE
