@@ -31,8 +31,10 @@ def main() -> int:
     if os.geteuid() != 0:
         print("gpushare: run as root (it installs Debian packages and creates test users)")
         return 1
-    runtime = CLANG_RUNTIME.get(debian_codename())
-    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, *slurmdbd_bed.APT_PACKAGES,
+    codename = debian_codename()
+    runtime = CLANG_RUNTIME.get(codename)
+    accounting = slurmdbd_bed.APT_PACKAGES if codename in slurmdbd_bed.RELEASES else ()
+    slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, *accounting,
                               "python3-venv", "rpm", *C_CHECK_PACKAGES,
                               *([runtime] if runtime else [])))
     for user in slurmbed.TEST_USERS:

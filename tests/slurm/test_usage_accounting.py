@@ -23,9 +23,8 @@ PORT = int(os.environ.get("GPUSHARE_BED_PORT", "17200"))
 def accounting(bed):
     """MariaDB and slurmdbd for the session's bed, slurmctld restarted to use them."""
     if not all(shutil.which(name) for name in ("mariadbd", "mariadb-install-db", "slurmdbd")):
-        # make deps installs them on the host; the release roots leave them out: Debian 13's
-        # slurmdbd 24.11 stops at its start against Debian 13's MariaDB 11.8 ("Number of
-        # columns in result set exceeds maximum allowed (=0)" in _check_mysql_concat_is_sane).
+        # make deps installs them where the release's slurmdbd runs against its MariaDB
+        # (slurmdbd_bed.RELEASES: not Debian 13, whose slurmdbd 24.11 stops at its start).
         pytest.skip("accounting needs the slurmdbd and mariadb-server packages")
     started = time.monotonic()
     acct = slurmdbd_bed.Accounting(root=bed.path("acct"), db_port=PORT + 90,
