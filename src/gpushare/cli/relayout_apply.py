@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from gpushare.cli import fail
 
-__all__ = ["DEFAULT_SLURMCTLD_RESTART", "apply", "locked_round", "slurm_version"]
+__all__ = ["DEFAULT_SLURMCTLD_RESTART", "apply", "locked_round", "restart_command",
+           "slurm_version"]
 
 DEFAULT_SLURMCTLD_RESTART = "systemctl restart slurmctld"
 
@@ -46,17 +47,22 @@ def slurm_version(plan: Any) -> str:
         (installed_release() or plan.slurm.version)
 
 
+def restart_command(option: Any, version: str) -> str:
+    """--slurmctld-restart as given: by default systemctl's before 23.11 (whose reconfigure
+    keeps a node's GPU count) and none from 23.11; "none": never."""
+    from gpushare.admin.plan.model import release_tuple
+
+    if option is None:
+        return DEFAULT_SLURMCTLD_RESTART if release_tuple(version) < (23, 11) else ""
+    return "" if option == "none" else str(option)
+
+
 def _settings(args: argparse.Namespace, version: str, state_path: str) -> Any:
     """The Settings the options give; ValueError saying which option is wrong."""
-    from gpushare.admin.plan.model import release_tuple
     from gpushare.admin.relayout.controller import Settings, command_argv
     from gpushare.admin.relayout.menu import one_profile_per_node
 
-    slurmctld_restart = args.slurmctld_restart
-    if slurmctld_restart is None:
-        slurmctld_restart = DEFAULT_SLURMCTLD_RESTART if release_tuple(version) < (23, 11) else ""
-    elif slurmctld_restart == "none":
-        slurmctld_restart = ""
+    slurmctld_restart = restart_command(args.slurmctld_restart, version)
     for option, value in (("--drain-timeout", args.drain_timeout),
                           ("--settle-timeout", args.settle_timeout)):
         if value is not None and not 1 <= value <= 86400:

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from gpushare.cli import fail
-from gpushare.cli.relayout_apply import DEFAULT_SLURMCTLD_RESTART, slurm_version
+from gpushare.cli.relayout_apply import restart_command, slurm_version
 
 __all__ = ["apply", "metrics", "register_options"]
 
@@ -88,7 +88,6 @@ def register_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
-    from gpushare.admin.plan.model import release_tuple
     from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.relayout.remote import command_argv
     from gpushare.admin.relayout.settings import Settings
@@ -103,11 +102,7 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
         if not 1 <= value <= 86400:
             raise ValueError(f"{option} must be between 1 and 86400 seconds")
     version = slurm_version(plan)
-    restart = args.slurmctld_restart
-    if restart is None:
-        restart = DEFAULT_SLURMCTLD_RESTART if release_tuple(version) < (23, 11) else ""
-    elif restart == "none":
-        restart = ""
+    restart = restart_command(args.slurmctld_restart, version)
     for option, template, names in (
             ("--holders-command", args.holders_command, HOLDERS_PLACEHOLDERS),
             ("--slurmctld-restart", restart, ("node",))):
