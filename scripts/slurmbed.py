@@ -92,11 +92,25 @@ def missing_packages(packages: Iterable[str] = APT_PACKAGES) -> list[str]:
     return missing
 
 
+def finish_interrupted_dpkg() -> None:
+    """Finish a dpkg run that was killed half-way (`dpkg --configure -a`, what apt asks for):
+    until then every apt-get call on the machine fails with "dpkg was interrupted". A run of
+    the package test stopped while it installs leaves the machine so."""
+    if not any(entry.name.isdigit() for entry in os.scandir("/var/lib/dpkg/updates")):
+        return
+    result = subprocess.run(["dpkg", "--configure", "-a"], capture_output=True, text=True,
+                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if result.returncode != 0:
+        raise RuntimeError("dpkg was interrupted and `dpkg --configure -a` failed; run it by "
+                           f"hand and fix what it says:\n{result.stdout}{result.stderr}")
+
+
 def ensure_packages(packages: Iterable[str] = APT_PACKAGES) -> None:
     """Install the Debian packages the bed needs (only those missing)."""
     missing = missing_packages(packages)
     if not missing:
         return
+    finish_interrupted_dpkg()
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],

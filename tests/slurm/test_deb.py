@@ -94,6 +94,7 @@ def built():
     """`scripts/build_deb.sh --lint` with probe flags: the .deb and the script's result."""
     if os.geteuid() != 0:
         pytest.skip("building, installing and the local Slurm need root")
+    slurmbed.finish_interrupted_dpkg()
     env = dict(os.environ, DEB_CFLAGS_APPEND=CFLAGS_PROBE, DEB_LDFLAGS_APPEND=LDFLAGS_PROBE)
     result = subprocess.run([BUILD_DEB, "--lint"], capture_output=True, text=True, timeout=900,
                             env=env)
@@ -186,7 +187,9 @@ def test_packaged_plugins_are_hardened_and_built_with_dpkg_buildflags(built, tmp
 def installed(built):
     """The package installed with apt-get on this machine; purged again at the end."""
     if is_installed():
-        apt_get("purge", PACKAGE)
+        purged = apt_get("purge", PACKAGE)
+        assert purged.returncode == 0, \
+            f"purging an earlier gpushare install failed: {purged.stdout}{purged.stderr}"
     leftover = own_files()
     assert not leftover, f"files of an earlier gpushare install: {leftover}"
     result = apt_get("install", "--no-install-recommends", os.path.abspath(built[0]))
