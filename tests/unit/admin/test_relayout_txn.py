@@ -349,6 +349,6 @@ def test_a_killed_runs_node_someone_resumed_is_drained_again_and_never_resumed_u
     [outcome] = repair(plan, settings, slurm)
     assert slurm.calls[-3:-1] == ["resume h1", "drain h1"]  # drained again first
     assert outcome.failed and outcome.failed.startswith(
-        "an interrupted run had begun changing its GPUs, and its jobs still ran after "
+        "an interrupted run had begun changing its GPUs, and node h1's jobs still ran after "
         "--drain-timeout"), outcome.failed
     assert "DRAIN" in slurm.state["h1"] and layout_of(profile, 2) == []

@@ -25,7 +25,6 @@ from gpushare.admin.relayout.settings import (
     Settings,
     Slurm,
     fit,
-    idle,
     ours,
 )
 from gpushare.admin.relayout.slurmsync import SlurmSync
@@ -73,7 +72,7 @@ class NodeRound(SlurmSync):
     def finish(self, repair: bool = False) -> Outcome:
         """Wait until idle, change, make Slurm see it, resume (or leave it drained)."""
         try:
-            self._wait_idle()
+            self.wait_drained(ours, self.settings.drain_timeout_s, "--drain-timeout")
         except RelayoutError as err:
             if repair:  # Slurm may not know what its GPUs hold: not back to service
                 return self._leave_drained(RelayoutError(
@@ -102,21 +101,6 @@ class NodeRound(SlurmSync):
             self.say(f"could not set the drain reason: {again}")
         self.say(f"left drained: {err}")
         return self.outcome
-
-    def _wait_idle(self) -> None:
-        deadline = self.clock() + self.settings.drain_timeout_s
-        while True:
-            node = self.slurm.node(self.name)
-            if node is None or node.down:
-                raise RelayoutError("the node went down while it drained")
-            if not ours(node):
-                raise RelayoutError(f"someone else changed the node's drain ({node.reason!r})")
-            if idle(node):
-                return
-            if self.clock() > deadline:
-                raise RelayoutError(f"its jobs still ran after --drain-timeout "
-                                    f"{self.settings.drain_timeout_s:.0f} s")
-            self.sleep(self.settings.poll_s)
 
     def _run_step(self, change: Change, layout: str,
                   others: Optional[dict[int, str]] = None) -> tuple[int, str]:

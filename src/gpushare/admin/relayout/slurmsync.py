@@ -7,11 +7,11 @@ the restarts are one node's at a time (``conf_lock``)."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from gpushare.admin.plan import Plan
 from gpushare.admin.relayout.remote import command_argv
-from gpushare.admin.relayout.settings import Outcome, RelayoutError, Settings, Slurm
+from gpushare.admin.relayout.settings import Outcome, RelayoutError, Settings, Slurm, idle
 from gpushare.admin.relayout.slurmconf import (
     SetGresError,
     check_writable,
@@ -52,6 +52,27 @@ class SlurmSync:
             return with_lent(applied_plan(self.plan, load_state(path)), path)
         except ValueError as err:
             raise RelayoutError(f"the state file does not fit the plan: {err}") from None
+
+    def wait_drained(self, ours: Callable[[Optional[SlurmNode]], bool], timeout_s: float,
+                     limit: str = "") -> None:
+        """Until the node, drained by us, runs no job; RelayoutError when it goes down, when
+        someone else changes its drain (``ours`` tells), or after ``timeout_s`` (``limit``
+        names the option that set it)."""
+        deadline = self.clock() + timeout_s
+        while True:
+            node = self.slurm.node(self.name)
+            if node is None or node.down:
+                raise RelayoutError(f"node {self.name} went down while it drained")
+            if not ours(node):
+                raise RelayoutError(f"someone else changed node {self.name}'s drain "
+                                    f"({node.reason!r})")
+            if idle(node):
+                return
+            if self.clock() > deadline:
+                named = f"{limit} " if limit else ""
+                raise RelayoutError(f"node {self.name}'s jobs still ran after {named}"
+                                    f"{timeout_s:.0f} s")
+            self.sleep(self.settings.poll_s)
 
     def _slurm_profiles(self) -> set[str]:
         """The Slurm MIG profiles the node holds, as the state file and the plan say."""

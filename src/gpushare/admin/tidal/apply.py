@@ -43,7 +43,6 @@ from gpushare.admin.relayout.settings import (
     Settings,
     Slurm,
     fit,
-    idle,
 )
 from gpushare.admin.relayout.slurmsync import SlurmSync
 from gpushare.admin.slurm_client import SlurmClientError, SlurmNode
@@ -105,19 +104,10 @@ class SlurmSide(SlurmSync):
             self.slurm.drain(self.name, fit(f"{REASON_PREFIX}: {why}"))
 
     def wait_idle(self, timeout_s: float) -> None:
-        deadline = self.clock() + timeout_s
-        while True:
-            node = self.slurm.node(self.name)
-            if node is None or node.down:
-                raise MoveFailed(f"node {self.name} went down while it drained")
-            if not _ours(node):
-                raise MoveFailed(f"someone else changed node {self.name}'s drain "
-                                 f"({node.reason!r})")
-            if idle(node):
-                return
-            if self.clock() > deadline:
-                raise MoveFailed(f"node {self.name}'s jobs still ran after {timeout_s:.0f} s")
-            self.sleep(self.settings.poll_s)
+        try:
+            self.wait_drained(_ours, timeout_s)
+        except RelayoutError as err:
+            raise MoveFailed(str(err)) from None
 
     def make_seen(self) -> None:
         try:
