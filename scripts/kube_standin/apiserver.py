@@ -2,8 +2,9 @@
 """A stand-in Kubernetes API server for the calls ``gpushare tidal`` makes (never shipped).
 
 It speaks the API server's REST and JSON for nodes (get, list, JSON-patch with ``test``
-guarded by resourceVersion) and the resource.k8s.io objects the fence uses (ResourceSlices
-listed by field selector, DeviceTaintRules created, listed by label and deleted), with the
+guarded by resourceVersion), pods (listed across namespaces by field selector) and the
+resource.k8s.io objects tidal uses (ResourceSlices listed by field selector, ResourceClaims
+listed, DeviceTaintRules created, listed by label and deleted), with the
 API server's Status objects for errors, a bearer token, and a resourceVersion that moves on
 every write. Only the resource.k8s.io versions it is told to serve are served, as a real
 cluster serves only what its release has. Each request is logged for the tests to read.
@@ -60,6 +61,8 @@ class ApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.slices: list[dict[str, Any]] = []
         self.taint_rules: dict[str, dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.claims: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []
         self.before_patch: Optional[Callable[[str], None]] = None  # e.g. a racing writer
         self.lock = threading.RLock()
@@ -117,6 +120,9 @@ class ApiServer:
             self.requests.append((method, path))
             if parts[:2] == ["api", "v1"] and parts[2:3] == ["nodes"]:
                 return self._nodes(method, parts[3:], body)
+            if parts == ["api", "v1", "pods"] and method == "GET":
+                return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                             "items": _selected(self.pods, query)}
             if parts[:2] == ["apis", "resource.k8s.io"] and len(parts) >= 4 \
                     and parts[2] in self.versions:
                 return self._resource(method, parts[3], parts[4:], query, body)
@@ -147,11 +153,9 @@ class ApiServer:
     def _resource(self, method: str, plural: str, rest: list[str],
                   query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         if plural == "resourceslices" and method == "GET":
-            wanted = dict(term.split("=", 1) for term in
-                          query.get("fieldSelector", [""])[0].split(",") if "=" in term)
-            items = [s for s in self.slices
-                     if all(_field(s, key) == value for key, value in wanted.items())]
-            return 200, {"kind": "ResourceSliceList", "items": items}
+            return 200, {"kind": "ResourceSliceList", "items": _selected(self.slices, query)}
+        if plural == "resourceclaims" and method == "GET" and not rest:
+            return 200, {"kind": "ResourceClaimList", "items": list(self.claims)}
         if plural != "devicetaintrules":
             return _status(404, "NotFound", f"no resource {plural}")
         if method == "GET" and not rest:
@@ -171,6 +175,14 @@ class ApiServer:
                 return _status(404, "NotFound", f'devicetaintrules "{rest[0]}" not found')
             return 200, self.taint_rules.pop(rest[0])
         return _status(405, "MethodNotAllowed", f"{method} on devicetaintrules")
+
+
+def _selected(items: list[dict[str, Any]], query: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The items a ``fieldSelector`` of ``a.b=value`` terms keeps."""
+    wanted = dict(term.split("=", 1) for term in
+                  query.get("fieldSelector", [""])[0].split(",") if "=" in term)
+    return [item for item in items
+            if all(_field(item, key) == value for key, value in wanted.items())]
 
 
 def _field(obj: dict[str, Any], dotted: str) -> Any:

@@ -46,6 +46,11 @@ def register_options(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--dra-slice-device", default="gpu-{gpu}-mig-{slice}", metavar="TEMPLATE",
                      help="the driver's name of a MIG slice; {slice} is its position in the "
                      "plan, from 0 (default %(default)s)")
+    ctl.add_argument("--dra-gpu-class", default="gpu.nvidia.com", metavar="NAME",
+                     help="the DeviceClass an unallocated ResourceClaim names to wait for a "
+                     "whole GPU (default %(default)s)")
+    ctl.add_argument("--dra-mig-class", default="mig.nvidia.com", metavar="NAME",
+                     help="and for a MIG slice (default %(default)s)")
     ctl.add_argument("--holders-command", metavar="CMD",
                      default="ssh {node} gpushare tidal holders --gpu {gpu} --slice {slice} "
                      "--profile {profile} --dra {dra}",
@@ -72,6 +77,12 @@ def register_options(parser: argparse.ArgumentParser) -> None:
                      help="how long slurmctld may take to show the new GRES (default 120)")
     ctl.add_argument("--scontrol", default="/usr/bin/scontrol", metavar="PATH",
                      help="absolute path of scontrol (default %(default)s)")
+    ctl.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
+                     help="absolute path of squeue, which lists the jobs waiting for a GPU "
+                     "(default %(default)s)")
+    ctl.add_argument("--sinfo", default="/usr/bin/sinfo", metavar="PATH",
+                     help="absolute path of sinfo, which maps partitions to nodes (default "
+                     "%(default)s)")
     node = parser.add_argument_group("which pods hold a device (gpushare tidal holders, on "
                                      "the node)")
     node.add_argument("--gpu", type=int, metavar="N", help="NVML index of the GPU")
@@ -121,6 +132,21 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
                          release_timeout_s=args.release_timeout)
 
 
+def _waiting(args: argparse.Namespace, api: Any) -> Any:
+    """What each home side waits for, read once per round: squeue and sinfo, the API
+    server's pending pods (and, with the DRA fence, its ResourceClaims)."""
+    from gpushare.admin.relayout.demand import partitions, pending
+    from gpushare.admin.tidal.waiting import DraClasses, Waiting, read_kube_pending
+
+    def queue() -> Any:
+        return pending(args.squeue, 30.0, nodes_of=partitions(args.sinfo, 30.0))
+
+    def pods() -> Any:
+        return read_kube_pending(api, args.dra_api_version if args.fence == "dra" else None)
+
+    return Waiting(queue, pods, DraClasses(args.dra_gpu_class, args.dra_mig_class))
+
+
 def metrics(args: argparse.Namespace, plan: Any) -> int:
     from gpushare.admin.tidal.metrics import render_counters
     from gpushare.admin.tidal.state import STATE_NAME, StateError, load_state
@@ -157,7 +183,8 @@ def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,
     state_path = os.path.join(state_dir, STATE_NAME)
     try:
         settings = _settings(args, plan, state_dir)
-        kube = KubeFence(api_from_kubeconfig(args.kubeconfig or os.environ.get("KUBECONFIG")),
+        api = api_from_kubeconfig(args.kubeconfig or os.environ.get("KUBECONFIG"))
+        kube = KubeFence(api,
                          Settings(mode=args.fence, driver=args.dra_driver,
                                   api_version=args.dra_api_version,
                                   device_name=args.dra_device,
@@ -175,7 +202,7 @@ def apply(args: argparse.Namespace, plan: Any, when: datetime.datetime,
             journal = load_journal(state_path) or TidalJournal(state_path + ".journal")
             mover = Mover(plan, slurm, kube, settings, state, journal,
                           reservations=ReservationsScontrol(args.scontrol))
-            moved = run_round(mover, when, needs)
+            moved = run_round(mover, when, needs, _waiting(args, api))
     except LockBusy as err:
         return fail("tidal", str(err))
     except (JournalError, StateError) as err:

@@ -19,12 +19,14 @@ from tests.unit.admin.relayout_site import Clock, FakeSlurm
 from gpushare.admin.plan import parse_plan
 from gpushare.admin.plan.lending import Device
 from gpushare.admin.relayout.controller import Settings
+from gpushare.admin.relayout.demand import read_queue
 from gpushare.admin.tidal.apply import Mover, TidalSettings
 from gpushare.admin.tidal.journal import MoveEntry, TidalJournal, load_journal, save_journal
 from gpushare.admin.tidal.kube import KubeFence, api_from_kubeconfig, rule_name
 from gpushare.admin.tidal.kube import Settings as KubeSettings
 from gpushare.admin.tidal.round import run_round
 from gpushare.admin.tidal.state import STATE_NAME, lent_report, load_state
+from gpushare.admin.tidal.waiting import Waiting, read_kube_pending
 from gpushare.gpu.nvml_sim_plan import profile_from_plan
 from kube_standin.apiserver import ApiServer
 from kube_standin.kubelet import Kubelet, Pod
@@ -117,6 +119,8 @@ class Site:
         self.state_path = str(tmp_path / STATE_NAME)
         self.clock = Clock()
         self.reservations = FakeReservations()
+        self.mode = mode
+        self.squeue = ""  # what `squeue -h -t PD -o SQUEUE_FORMAT` prints
 
     def run(self, when: datetime.datetime) -> Mover:
         journal = load_journal(self.state_path) or TidalJournal(self.state_path + ".journal")
@@ -124,7 +128,10 @@ class Site:
                       load_state(self.state_path), journal, clock=self.clock,
                       sleep=self.clock.sleep, wall=lambda: when.timestamp(),
                       reservations=self.reservations)
-        run_round(mover, when, {})
+        waiting = Waiting(lambda: read_queue(self.squeue, when),
+                          lambda: read_kube_pending(self.kube.api,
+                                                    "v1" if self.mode == "dra" else None))
+        run_round(mover, when, {}, waiting)
         return mover
 
     def gres_conf(self) -> str:
@@ -199,7 +206,8 @@ def test_a_gpu_a_pod_holds_is_not_lent(site):
     mover = site.run(NIGHT)
     assert load_state(site.state_path).lent == {}
     assert site.api.taint_rules == {} and site.slurm.calls == []
-    assert any("no move (0 lent, 1 of 1 at home busy)" in line for line in mover.log)
+    assert any("no move (0 lent, 1 of 1 at home busy, kubernetes needs 1)" in line
+               for line in mover.log)
 
 
 def test_a_pod_that_keeps_the_gpu_past_the_release_timeout_undoes_the_lend(site):
@@ -327,5 +335,80 @@ def test_a_gpu_slurm_lends_by_day_is_fenced_in_kubernetes_while_it_is_home(tmp_p
         assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log  # night's lend
         assert rule_name(gpu1) in site.api.taint_rules
         assert site.slurm.gres["h1"] == "gpu:a100:2"
+    finally:
+        site.stop()
+
+
+DEMAND_PLAN = PLAN.replace('    window: {from: "20:00", to: "08:00"}\n',
+                           "    demand: {idle_below_percent: 50, for_minutes: 30}\n")
+DAY_DEMAND_RULE = DAY_RULE.replace('    window: {from: "08:00", to: "20:00"}\n',
+                                   "    demand: {idle_below_percent: 50, for_minutes: 30}\n")
+
+
+def unschedulable(name: str, gpus: int) -> dict:
+    return {"metadata": {"name": name, "namespace": "serving"},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+
+
+def test_a_demand_rule_takes_its_gpu_back_when_pods_cannot_be_placed(tmp_path):
+    """Kubernetes' demand is read from its pending pods: a lent GPU comes back when a pod
+    waits for one, and is not lent while one waits."""
+    site = Site(tmp_path, plan=DEMAND_PLAN)
+    try:
+        start = datetime.datetime(2026, 12, 5, 10, 0)
+        site.run(start)  # idle from now on
+        mover = site.run(start + datetime.timedelta(minutes=31))
+        assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
+        site.api.pods = [unschedulable("llm-0", 1)]
+        mover = site.run(start + datetime.timedelta(minutes=40))
+        assert load_state(site.state_path).lent == {}, mover.log
+        assert any("reclaimed: kubernetes needs 1 and holds 0" in line for line in mover.log)
+        assert rule_name(GPU0) not in site.api.taint_rules  # the pod may land now
+        # while it still waits (the scheduler has not placed it yet), nothing is lent
+        mover = site.run(start + datetime.timedelta(minutes=90))
+        assert load_state(site.state_path).lent == {}, mover.log
+        assert any("at home busy, kubernetes needs 1)" in line for line in mover.log), mover.log
+    finally:
+        site.stop()
+
+
+def test_an_unreadable_kubernetes_queue_moves_nothing(tmp_path):
+    site = Site(tmp_path, plan=DEMAND_PLAN)
+    try:
+        start = datetime.datetime(2026, 12, 5, 10, 0)
+        site.run(start)
+        site.run(start + datetime.timedelta(minutes=31))
+        assert load_state(site.state_path).lent.keys() == {GPU0}
+        site.api.token = "rotated"  # the controller's credentials no longer work
+        mover = site.run(start + datetime.timedelta(minutes=40))
+        assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
+        assert any("night: no move: " in line and "401" in line for line in mover.log), \
+            mover.log
+    finally:
+        site.stop()
+
+
+def test_slurm_lends_no_gpu_a_waiting_job_could_use_and_takes_one_back_for_it(tmp_path):
+    site = Site(tmp_path, plan=PLAN + DAY_DEMAND_RULE)
+    gpu1 = Device("h1", 1)
+    waiting = "77|gres/gpu:1|2026-12-05T09:00:00|debug|ann|a|60|Resources\n"
+    try:
+        start = datetime.datetime(2026, 12, 5, 10, 0)
+        site.squeue = waiting
+        site.run(start)
+        mover = site.run(start + datetime.timedelta(minutes=31))
+        assert load_state(site.state_path).lent == {}, mover.log
+        assert any("at home busy, slurm needs 1)" in line for line in mover.log), mover.log
+        site.squeue = "77|gres/gpu:1|2026-12-05T09:00:00|debug|ann|a|60|JobHeldUser\n"
+        site.run(start + datetime.timedelta(minutes=40))  # a held job waits for no GPU
+        mover = site.run(start + datetime.timedelta(minutes=71))
+        assert load_state(site.state_path).lent.keys() == {gpu1}, mover.log
+        site.squeue = waiting
+        mover = site.run(start + datetime.timedelta(minutes=80))
+        assert load_state(site.state_path).lent == {}, mover.log
+        assert site.slurm.gres["h1"] == "gpu:a100:1"
     finally:
         site.stop()

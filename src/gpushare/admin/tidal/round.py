@@ -9,13 +9,14 @@ What the home side uses is read, not guessed: for a Kubernetes home, a device is
 the node's kubelet lists a pod holding it (the same holders command the moves use); for a
 Slurm home, every device of a node that runs jobs is busy (Slurm has no per-GPU drain, so
 lending one would keep the node's other GPUs out of service until its jobs end). A rule's
-``needs`` is its busy devices unless the operator gives a figure (``--needs``, e.g. from
-the inference deployment's replicas).
+``needs`` is its busy devices and the work waiting for one (``waiting``: Slurm's pending
+jobs, Kubernetes' unschedulable pods), unless the operator gives a figure (``--needs``).
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import Optional
 
 from gpushare.admin.plan.lending import Device, LendingRule
 from gpushare.admin.relayout.settings import idle
@@ -25,6 +26,7 @@ from gpushare.admin.tidal.journal import MoveEntry
 from gpushare.admin.tidal.kube import KubeError
 from gpushare.admin.tidal.moves import K8S, SLURM
 from gpushare.admin.tidal.state import save_state
+from gpushare.admin.tidal.waiting import Waiting, WaitingError
 
 __all__ = ["run_round"]
 
@@ -62,8 +64,22 @@ def _fence_home(mover: Mover, rule: LendingRule, at_home: list[Device]) -> bool:
     return True
 
 
-def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int]
-              ) -> list[MoveEntry]:
+def _needs(mover: Mover, rule: LendingRule, busy: frozenset[Device], waiting: Waiting,
+           given: dict[str, int]) -> Optional[int]:
+    """What the home side needs of the rule's devices: ``--needs``, else what it runs and
+    what waits for one (None, logged: the waiting work could not be read)."""
+    if rule.name in given:
+        return given[rule.name]
+    try:
+        waits = waiting.of(rule)
+    except WaitingError as err:
+        mover.log.append(f"{rule.name}: no move: {err}")
+        return None
+    return min(len(busy) + waits, len(rule.devices))
+
+
+def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
+              waiting: Waiting) -> list[MoveEntry]:
     """Settle, decide, move; the moves carried out (``mover.log`` says the rest)."""
     mover.when = when
     mover.recover_open()
@@ -77,7 +93,10 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int]
         if rule.home == SLURM and not _fence_home(mover, rule, at_home):
             continue
         busy = _busy(mover, rule, at_home)
-        use = HomeUse(needs=needs.get(rule.name, len(busy)), busy=busy)
+        wanted = _needs(mover, rule, busy, waiting, needs)
+        if wanted is None:
+            continue
+        use = HomeUse(needs=wanted, busy=busy)
         timer = RuleState(idle_since=state.idle_since.get(rule.name))
         moves = decide(rule, minute, now_minutes, use, lent, timer)
         if timer.idle_since is None:
@@ -87,7 +106,7 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int]
         save_state(state)
         if not moves:
             mover.log.append(f"{rule.name}: no move ({len(lent)} lent, {len(busy)} of "
-                             f"{len(at_home)} at home busy)")
+                             f"{len(at_home)} at home busy, {rule.home} needs {wanted})")
         for move in moves:
             mover.log.append(f"{rule.name}: {move.device.describe()} -> {move.to}: {move.why}")
             entry = mover.plan_move(move)
