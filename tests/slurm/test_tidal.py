@@ -13,6 +13,7 @@ the SPANK plugin reads the plan and what is lent.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import shlex
@@ -209,3 +210,48 @@ def test_a_run_killed_in_the_middle_of_a_lend_is_undone_by_the_next(site):
     slurmbed.wait_until("tl1 in service as before", lambda: in_service(bed) and gpus(bed) == 1,
                         timeout=60)
     assert not os.path.exists(bed.path("etc", "tidal-state.json.journal"))
+
+
+def test_a_demand_keeps_borrowed_jobs_within_its_promise_and_a_waiting_pod_takes_it_back(
+        site):
+    """With a demand too, the node's reservation starts reclaim_minutes on and moves on each
+    round (scontrol update); a pod the scheduler cannot place takes the GPU back."""
+    bed, api, _kubelet = site
+    plan = bed.path("etc", "plan.yaml")
+    with open(plan) as handle:
+        original = handle.read()
+    day = (datetime.date.today() + datetime.timedelta(days=2)).isoformat()
+    try:
+        with open(plan, "w") as handle:
+            handle.write(original.replace(
+                "    max_lent: 1\n",
+                "    demand: {idle_below_percent: 50, for_minutes: 30}\n    max_lent: 1\n"))
+        for at in ("22:00", "22:31"):  # idle from 22:00; lent half an hour later
+            code, out = finish(bed, tidal(bed, f"{day} {at}"))
+            assert code == 0, out
+        assert "tl1 GPU 0: kubernetes -> slurm (night)" in out
+        slurmbed.wait_until("tl1 back in service with 2 GPUs",
+                            lambda: gpus(bed) == 2 and in_service(bed), timeout=90)
+        assert f"StartTime={day}T23:01:00" in reservation(bed), reservation(bed)
+        code, out = finish(bed, tidal(bed, f"{day} 22:36"))
+        assert code == 0, out
+        assert f"StartTime={day}T23:06:00" in reservation(bed), reservation(bed)
+
+        api.pods = [{"metadata": {"name": "llm-0", "namespace": "serving"},
+                     "spec": {"containers": [{"name": "c", "resources": {
+                         "limits": {"nvidia.com/gpu": "1"}}}]},
+                     "status": {"phase": "Pending", "conditions": [
+                         {"type": "PodScheduled", "status": "False",
+                          "reason": "Unschedulable"}]}}]
+        code, out = finish(bed, tidal(bed, f"{day} 22:40"))
+        assert code == 0, out
+        assert "tl1 GPU 0 -> kubernetes: reclaimed: kubernetes needs 1 and holds 0" in out
+        assert "tl1 GPU 0: slurm -> kubernetes (night)" in out
+        assert api.taint_rules == {}
+        slurmbed.wait_until("tl1 back in service with its own GPU",
+                            lambda: gpus(bed) == 1 and in_service(bed), timeout=90)
+        assert f"ReservationName={RESERVATION}" not in reservation(bed)
+    finally:
+        api.pods = []
+        with open(plan, "w") as handle:
+            handle.write(original)

@@ -362,11 +362,18 @@ def test_a_demand_rule_takes_its_gpu_back_when_pods_cannot_be_placed(tmp_path):
         site.run(start)  # idle from now on
         mover = site.run(start + datetime.timedelta(minutes=31))
         assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
+        # a job Slurm starts on h1 now must end within the 30 minutes promised: the
+        # reservation starts 30 minutes on, and moves on with each round
+        minutes = datetime.timedelta(minutes=1)
+        assert site.reservations.now == {"gpushare_tidal_h1": ("h1", start + 61 * minutes, 30)}
+        site.run(start + 36 * minutes)
+        assert site.reservations.now == {"gpushare_tidal_h1": ("h1", start + 66 * minutes, 30)}
         site.api.pods = [unschedulable("llm-0", 1)]
         mover = site.run(start + datetime.timedelta(minutes=40))
         assert load_state(site.state_path).lent == {}, mover.log
         assert any("reclaimed: kubernetes needs 1 and holds 0" in line for line in mover.log)
         assert rule_name(GPU0) not in site.api.taint_rules  # the pod may land now
+        assert site.reservations.now == {}
         # while it still waits (the scheduler has not placed it yet), nothing is lent
         mover = site.run(start + datetime.timedelta(minutes=90))
         assert load_state(site.state_path).lent == {}, mover.log

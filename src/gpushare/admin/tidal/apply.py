@@ -50,7 +50,7 @@ from gpushare.admin.tidal.decide import Move
 from gpushare.admin.tidal.journal import MoveEntry, TidalJournal
 from gpushare.admin.tidal.kube import KubeError, KubeFence
 from gpushare.admin.tidal.moves import K8S, SLURM, STEPS, recover
-from gpushare.admin.tidal.reservation import Reservations, reservation_name, window_end
+from gpushare.admin.tidal.reservation import Reservations, borrowed_until, reservation_name
 from gpushare.admin.tidal.state import Lent, TidalState, save_state
 from gpushare.common import proc
 
@@ -197,19 +197,21 @@ class Mover:
             self.state.lent.setdefault(move.device, Lent(move.rule, now))
         save_state(self.state)
         side.make_seen()
-        self._reserve(move.device.node)
+        self.reserve(move.device.node)
 
-    def _reserve(self, node: str) -> None:
-        """The node's reservation at the earliest window end of what it has lent to Slurm
-        (``reservation``), before the node resumes; removed when nothing is."""
+    def reserve(self, node: str) -> None:
+        """The node's reservation from the earliest time a job on what it has lent to Slurm
+        must be gone by (``reservation``), before the node resumes; removed when nothing
+        is lent there. Each round sets it again: a demand's bound moves with the clock."""
         if self.reservations is None:
             return
         ends = []
         for device, entry in self.state.lent.items():
             rule = self.rules.get(entry.rule)
-            if device.node == node and rule is not None and rule.borrower == SLURM \
-                    and rule.window is not None:
-                ends.append((window_end(self.when, rule.window.end), rule.reclaim_minutes))
+            if device.node == node and rule is not None and rule.borrower == SLURM:
+                bound = borrowed_until(rule, self.when)
+                if bound is not None:
+                    ends.append((bound, rule.reclaim_minutes))
         name = reservation_name(node)
         try:
             if ends:
@@ -218,8 +220,8 @@ class Mover:
             else:
                 self.reservations.clear(name)
         except SlurmClientError as err:
-            raise MoveFailed(f"the reservation {name} that keeps jobs within the window "
-                             f"could not be set: {err}") from None
+            raise MoveFailed(f"the reservation {name} that keeps borrowed jobs within the "
+                             f"rule's promise could not be set: {err}") from None
 
     def _unfence(self, move: MoveEntry, side: SlurmSide) -> None:
         if move.target == K8S:

@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
-"""No Slurm job outlives a lending window: a maintenance reservation at the window's end.
+"""No Slurm job outlives what a rule promised its home side: a maintenance reservation.
 
-While a node holds a device lent to Slurm by a rule with a window, the node carries a
-reservation ``gpushare_tidal_<node>`` that starts when the earliest such window ends. Slurm
-then starts on the node only jobs whose time limit ends before it (the main scheduler and
-backfill both honour a future reservation), so the reclaim at the window's end drains an
-idle node and ends no job. Without a time limit a job takes its partition's
-``DefaultTime``/``MaxTime``; with neither it never starts there while something is lent.
+While a node holds a device lent to Slurm, the node carries a reservation
+``gpushare_tidal_<node>`` that starts at the earliest time borrowed work must be gone by:
+the end of a rule's window, and for a rule with a demand ``reclaim_minutes`` from now (set
+again each round, so it moves with the clock: a job started now must end within the
+promise, and a reclaim on demand finds the node's jobs gone within it). Slurm then starts
+on the node only jobs whose time limit ends before it (the main scheduler and backfill both
+honour a future reservation), so the reclaim drains an idle node and ends no job. Without a
+time limit a job takes its partition's ``DefaultTime``/``MaxTime``; with neither it never
+starts there while something is lent.
 
 The reservation covers the whole node, not one GPU: Slurm has no per-GPU drain, so the
 reclaim waits for every job of the node and every one must fit. It is removed once nothing
-with a window is lent on the node. A demand-only rule has no end to reserve for.
+is lent to Slurm on the node.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import datetime
 import re
 from typing import Optional, Protocol
 
+from gpushare.admin.plan.lending import LendingRule
 from gpushare.admin.slurm_client import SlurmClientError, _run
 
-__all__ = ["Reservations", "Scontrol", "reservation_name", "window_end"]
+__all__ = ["Reservations", "Scontrol", "borrowed_until", "reservation_name", "window_end"]
 
 _NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -41,6 +45,18 @@ def window_end(when: datetime.datetime, end_minute: int) -> datetime.datetime:
     end = when.replace(hour=end_minute // 60, minute=end_minute % 60, second=0,
                        microsecond=0)
     return end if end >= when else end + datetime.timedelta(days=1)
+
+
+def borrowed_until(rule: LendingRule, when: datetime.datetime) -> Optional[datetime.datetime]:
+    """When work Slurm borrowed under ``rule`` must be gone by, seen at ``when``: the
+    window's end, or ``reclaim_minutes`` on for a demand, whichever comes first."""
+    bounds = []
+    if rule.window is not None:
+        bounds.append(window_end(when, rule.window.end))
+    if rule.demand is not None:
+        bounds.append(when.replace(second=0, microsecond=0)
+                      + datetime.timedelta(minutes=rule.reclaim_minutes))
+    return min(bounds) if bounds else None
 
 
 class Scontrol:

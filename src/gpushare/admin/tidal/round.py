@@ -112,4 +112,18 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
             entry = mover.plan_move(move)
             if mover.carry_out(entry):
                 done.append(entry)
+    _reserve_again(mover)
     return done
+
+
+def _reserve_again(mover: Mover) -> None:
+    """Each node holding a device lent to Slurm gets its reservation set for this round's
+    clock (a demand's bound moves on; one an operator deleted comes back)."""
+    rules = {rule.name: rule for rule in mover.plan.lending}
+    nodes = {device.node for device, entry in mover.state.lent.items()
+             if entry.rule in rules and rules[entry.rule].borrower == SLURM}
+    for node in sorted(nodes):
+        try:
+            mover.reserve(node)
+        except MoveFailed as err:
+            mover.log.append(f"{node}: {err}")
