@@ -110,12 +110,20 @@ def holders_command(bed: slurmbed.SlurmBed, before: str = "") -> str:
     return shlex.join(step)
 
 
-def tidal(bed: slurmbed.SlurmBed, at: str, command: str = "") -> Any:
+def node_gres_command(bed: slurmbed.SlurmBed) -> str:
+    """`gpushare render gres` as a site's --node-gres-command runs it on each node."""
+    return shlex.join([sys.executable, "-m", "gpushare.cli", "render", "gres", "--plan",
+                       bed.path("etc", "plan.yaml"), "--node", "{node}", "--output",
+                       bed.path("etc", "gres.conf")])
+
+
+def tidal(bed: slurmbed.SlurmBed, at: str, command: str = "", own_gres: bool = False) -> Any:
+    gres = ["--node-gres-command", node_gres_command(bed)] if own_gres else \
+        ["--cluster-gres-conf", bed.path("etc", "gres.conf")]
     argv = ["tidal", "--plan", bed.path("etc", "plan.yaml"), "--apply", "--at", at,
             "--state-dir", bed.path("etc"), "--kubeconfig", bed.path("etc", "kubeconfig"),
             "--holders-command", command or holders_command(bed), "--slurm-conf", bed.conf,
-            "--cluster-gres-conf", bed.path("etc", "gres.conf"), "--settle-timeout", "90",
-            "--release-timeout", "20"]
+            *gres, "--settle-timeout", "90", "--release-timeout", "20"]
     if restarts_slurmctld():
         argv += ["--slurmctld-restart", bed.slurmctld_restart_command()]
     env = dict(os.environ, PYTHONPATH=os.path.join(slurmbed.REPO, "src"), SLURM_CONF=bed.conf)
@@ -215,7 +223,8 @@ def test_a_run_killed_in_the_middle_of_a_lend_is_undone_by_the_next(site):
 def test_a_demand_keeps_borrowed_jobs_within_its_promise_and_a_waiting_pod_takes_it_back(
         site):
     """With a demand too, the node's reservation starts reclaim_minutes on and moves on each
-    round (scontrol update); a pod the scheduler cannot place takes the GPU back."""
+    round (scontrol update); a pod the scheduler cannot place takes the GPU back. The node's
+    gres.conf is rendered as one of its own (--node-gres-command)."""
     bed, api, _kubelet = site
     plan = bed.path("etc", "plan.yaml")
     with open(plan) as handle:
@@ -227,13 +236,14 @@ def test_a_demand_keeps_borrowed_jobs_within_its_promise_and_a_waiting_pod_takes
                 "    max_lent: 1\n",
                 "    demand: {idle_below_percent: 50, for_minutes: 30}\n    max_lent: 1\n"))
         for at in ("22:00", "22:31"):  # idle from 22:00; lent half an hour later
-            code, out = finish(bed, tidal(bed, f"{day} {at}"))
+            code, out = finish(bed, tidal(bed, f"{day} {at}", own_gres=True))
             assert code == 0, out
         assert "tl1 GPU 0: kubernetes -> slurm (night)" in out
+        assert "tl1: rendered its gres.conf" in out, out
         slurmbed.wait_until("tl1 back in service with 2 GPUs",
                             lambda: gpus(bed) == 2 and in_service(bed), timeout=90)
         assert f"StartTime={day}T23:01:00" in reservation(bed), reservation(bed)
-        code, out = finish(bed, tidal(bed, f"{day} 22:36"))
+        code, out = finish(bed, tidal(bed, f"{day} 22:36", own_gres=True))
         assert code == 0, out
         assert f"StartTime={day}T23:06:00" in reservation(bed), reservation(bed)
 
@@ -243,7 +253,7 @@ def test_a_demand_keeps_borrowed_jobs_within_its_promise_and_a_waiting_pod_takes
                      "status": {"phase": "Pending", "conditions": [
                          {"type": "PodScheduled", "status": "False",
                           "reason": "Unschedulable"}]}}]
-        code, out = finish(bed, tidal(bed, f"{day} 22:40"))
+        code, out = finish(bed, tidal(bed, f"{day} 22:40", own_gres=True))
         assert code == 0, out
         assert "tl1 GPU 0 -> kubernetes: reclaimed: kubernetes needs 1 and holds 0" in out
         assert "tl1 GPU 0: slurm -> kubernetes (night)" in out

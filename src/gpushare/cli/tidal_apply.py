@@ -61,7 +61,13 @@ def register_options(parser: argparse.ArgumentParser) -> None:
                      "set (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
     ctl.add_argument("--cluster-gres-conf", metavar="FILE",
                      help="the gres.conf every node shares, rendered again from the plan "
-                     "with what is lent before `scontrol reconfigure` (required)")
+                     "with what is lent before `scontrol reconfigure`")
+    ctl.add_argument("--node-gres-command", metavar="CMD",
+                     help="where each node has a gres.conf of its own: renders it on the "
+                     "node, from the plan and tidal-state.json beside it, before the "
+                     "reconfigure; {node} is filled in, e.g. 'ssh {node} gpushare render "
+                     "gres --plan /etc/gpushare/plan.yaml --node {node} --source nvml "
+                     "--output /etc/slurm/gres.conf' (give this or --cluster-gres-conf)")
     ctl.add_argument("--release-timeout", type=float, default=600.0, metavar="SECONDS",
                      help="how long a lend waits for the home side to let go of a device "
                      "before it is undone (default 600)")
@@ -104,9 +110,12 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
     from gpushare.admin.relayout.settings import Settings
     from gpushare.admin.tidal.apply import HOLDERS_PLACEHOLDERS, TidalSettings
 
-    if not args.cluster_gres_conf or not args.cluster_gres_conf.startswith("/"):
-        raise ValueError("give --cluster-gres-conf as an absolute path: the gres.conf every "
-                         "node shares, rendered with what is lent")
+    if not args.cluster_gres_conf and not args.node_gres_command:
+        raise ValueError("say where gres.conf is rendered with what is lent: "
+                         "--cluster-gres-conf FILE (one file every node shares) or "
+                         "--node-gres-command CMD (each node's own)")
+    if args.cluster_gres_conf and not args.cluster_gres_conf.startswith("/"):
+        raise ValueError("give --cluster-gres-conf as an absolute path")
     for option, value in (("--release-timeout", args.release_timeout),
                           ("--drain-timeout", args.drain_timeout),
                           ("--settle-timeout", args.settle_timeout)):
@@ -116,7 +125,8 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
     restart = restart_command(args.slurmctld_restart, version)
     for option, template, names in (
             ("--holders-command", args.holders_command, HOLDERS_PLACEHOLDERS),
-            ("--slurmctld-restart", restart, ("node",))):
+            ("--slurmctld-restart", restart, ("node",)),
+            ("--node-gres-command", args.node_gres_command, ("node",))):
         try:
             if template or option == "--holders-command":
                 command_argv(template, names)
@@ -124,12 +134,13 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
             raise ValueError(f"{option}: {err}") from None
     slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     relayout_state = os.path.join(state_dir, "relayout-state.json")
-    slurm = Settings(slurm_conf=slurm_conf, cluster_gres_conf=args.cluster_gres_conf,
+    slurm = Settings(slurm_conf=slurm_conf, cluster_gres_conf=args.cluster_gres_conf or "",
                      state_path=relayout_state, drain_timeout_s=args.drain_timeout,
                      settle_timeout_s=args.settle_timeout, slurmctld_restart=restart,
                      one_profile_per_node=one_profile_per_node(version))
     return TidalSettings(slurm=slurm, holders_command=args.holders_command,
-                         release_timeout_s=args.release_timeout)
+                         release_timeout_s=args.release_timeout,
+                         node_gres_command=args.node_gres_command or "")
 
 
 def _waiting(args: argparse.Namespace, api: Any) -> Any:

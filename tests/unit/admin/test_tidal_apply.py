@@ -419,3 +419,41 @@ def test_slurm_lends_no_gpu_a_waiting_job_could_use_and_takes_one_back_for_it(tm
         assert site.slurm.gres["h1"] == "gpu:a100:1"
     finally:
         site.stop()
+
+
+def test_a_node_with_its_own_gres_conf_renders_it_from_the_state_the_move_wrote(tmp_path):
+    """--node-gres-command: each node renders its gres.conf (here `gpushare render gres`
+    as a site runs it through ssh) after the state file says what is lent, before the
+    reconfigure; a render that fails stops the move before slurmctld is told."""
+    import dataclasses
+
+    site = Site(tmp_path)
+    own = str(tmp_path / "{node}.gres.conf")
+    render = [sys.executable, "-m", "gpushare.cli", "render", "gres", "--plan", site.plan.path,
+              "--node", "{node}", "--output", own]
+    site.settings = dataclasses.replace(
+        site.settings, node_gres_command=shlex.join(render),
+        slurm=dataclasses.replace(site.settings.slurm, cluster_gres_conf=""))
+    try:
+        mover = site.run(NIGHT)
+        assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
+        with open(tmp_path / "h1.gres.conf") as handle:
+            assert "NodeName=h1 Name=gpu Type=a100 File=/dev/nvidia[0-1]\n" in handle.read()
+        assert not (tmp_path / "gres.conf").exists() and not (tmp_path / "h2.gres.conf").exists()
+        assert site.slurm.calls == ["drain h1", "reconfigure", "resume h1"]
+
+        site.settings = dataclasses.replace(site.settings, node_gres_command=shlex.join(
+            [*render[:-1], str(tmp_path / "missing" / "{node}.gres.conf")]))
+        mover = site.run(MORNING)
+        assert any("rendering node h1's gres.conf failed (exit 2)" in line
+                   for line in mover.log), mover.log
+        assert site.slurm.calls[3:] == ["drain h1"]  # not told: the node stays drained
+        assert load_state(site.state_path).lent == {}  # home in the state file
+        assert rule_name(GPU0) in site.api.taint_rules  # still fenced: owned by neither
+        site.settings = dataclasses.replace(site.settings, node_gres_command=shlex.join(render))
+        mover = site.run(MORNING)  # the next run finishes the reclaim
+        with open(tmp_path / "h1.gres.conf") as handle:
+            assert "NodeName=h1 Name=gpu Type=a100 File=/dev/nvidia1\n" in handle.read()
+        assert site.api.taint_rules == {} and "DRAIN" not in site.slurm.state["h1"], mover.log
+    finally:
+        site.stop()

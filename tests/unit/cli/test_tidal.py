@@ -76,7 +76,13 @@ def test_a_plan_without_rules_moves_nothing(tmp_path, capsys):
 
 def test_apply_refuses_what_it_cannot_carry_out_before_touching_anything(tmp_path, capsys):
     rc, _, err = run(tmp_path, capsys, "--apply")
+    assert rc == 2 and "--cluster-gres-conf FILE (one file every node shares) or " \
+        "--node-gres-command CMD (each node's own)" in err
+    rc, _, err = run(tmp_path, capsys, "--apply", "--cluster-gres-conf", "gres.conf")
     assert rc == 2 and "give --cluster-gres-conf as an absolute path" in err
+    rc, _, err = run(tmp_path, capsys, "--apply", "--node-gres-command",
+                     "ssh {node} gpushare render gres --node {gpu}")
+    assert rc == 2 and "--node-gres-command: unknown placeholder {gpu}" in err
     rc, _, err = run(tmp_path, capsys, "--apply", "--cluster-gres-conf", "/etc/gres.conf",
                      "--holders-command", "ssh {node} gpushare tidal holders --gpu {layout}")
     assert rc == 2 and "--holders-command: unknown placeholder {layout}" in err

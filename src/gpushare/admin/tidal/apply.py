@@ -14,11 +14,12 @@ the steps of ``moves.STEPS``, each written to the journal before the next:
    counted refused (busy); a reclaim keeps waiting up to ``--drain-timeout``: no job is
    ended for it.
 3. ``given``: the state file says where the device is, the node's ``Gres=`` and gres.conf
-   are rendered from the plan with what is lent (read back from that file, as relayout,
-   render and check read it), slurmctld is told and shows it.
-   A node holding a device lent to Slurm by a window carries a reservation from the
-   window's end (``reservation``), set here, before it resumes: no job that would outlive
-   the window starts there, so the reclaim ends none.
+   (the shared one, or the node's own through ``--node-gres-command``) are rendered from
+   the plan with what is lent (read back from that file, as relayout, render and check
+   read it), slurmctld is told and shows it.
+   A node holding a device lent to Slurm carries a reservation from the time borrowed
+   work must be gone by (``reservation``), set here, before it resumes: no job that would
+   outlive the rule's promise starts there, so the reclaim ends none.
 4. ``unfenced``: Kubernetes as the target: its fence comes down. Slurm: the node resumes.
 
 The Kubernetes fence of a device lent to Slurm stays up while it is lent (that is what
@@ -76,6 +77,9 @@ class TidalSettings:
     holders_command: str = ("ssh {node} gpushare tidal holders --gpu {gpu} --slice {slice} "
                             "--profile {profile} --dra {dra}")
     release_timeout_s: float = 600.0
+    # renders a node's own gres.conf on the node (where gres.conf is per node, not shared);
+    # "": the shared one (slurm.cluster_gres_conf) alone
+    node_gres_command: str = ""
 
 
 def _ours(node: Optional[SlurmNode]) -> bool:
@@ -89,9 +93,10 @@ class SlurmSide(SlurmSync):
 
     def __init__(self, plan: Plan, slurm: Slurm, settings: Settings, node: str,
                  conf_lock: threading.Lock, clock: Callable[[], float],
-                 sleep: Callable[[float], None]) -> None:
+                 sleep: Callable[[float], None], node_gres_command: str = "") -> None:
         self.plan, self.slurm, self.settings = plan, slurm, settings
         self.conf_lock, self.clock, self.sleep = conf_lock, clock, sleep
+        self.node_gres_command = node_gres_command
         self.outcome = Outcome(node)
 
     def drain(self, why: str) -> None:
@@ -110,10 +115,27 @@ class SlurmSide(SlurmSync):
             raise MoveFailed(str(err)) from None
 
     def make_seen(self) -> None:
+        if self.node_gres_command:
+            self._render_on_node()
         try:
             self._make_slurm_see_it()
         except RelayoutError as err:
             raise MoveFailed(str(err)) from None
+
+    def _render_on_node(self) -> None:
+        """The node's own gres.conf, rendered on the node from the plan and the state file
+        beside it (which the node must see, as the SPANK plugin's check does), before the
+        reconfigure reads it."""
+        argv = command_argv(self.node_gres_command, ("node",), node=self.name)
+        try:
+            done = proc.run(argv, timeout=self.settings.settle_timeout_s, env=self.settings.env)
+        except proc.ProcError as err:
+            raise MoveFailed(f"rendering node {self.name}'s gres.conf failed: {err}") from None
+        if done.returncode != 0:
+            lines = done.output.strip().splitlines()
+            raise MoveFailed(f"rendering node {self.name}'s gres.conf failed (exit "
+                             f"{done.returncode}): {lines[-1] if lines else 'no output'}")
+        self.say("rendered its gres.conf")
 
     def resume(self) -> None:
         node = self.slurm.node(self.name)
@@ -144,7 +166,8 @@ class Mover:
     # -- one step each --------------------------------------------------------------------
     def _slurm(self, device: Device) -> SlurmSide:
         return SlurmSide(self.plan, self.slurm, self.settings.slurm, device.node,
-                         self.conf_lock, self.clock, self.sleep)
+                         self.conf_lock, self.clock, self.sleep,
+                         self.settings.node_gres_command)
 
     def _fence(self, move: MoveEntry, side: SlurmSide) -> None:
         if move.source == K8S:
