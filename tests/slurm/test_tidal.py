@@ -102,9 +102,9 @@ def site() -> Iterator[tuple[slurmbed.SlurmBed, ApiServer, Kubelet]]:
 
 def holders_command(bed: slurmbed.SlurmBed, before: str = "") -> str:
     """`gpushare tidal holders` as a site's --holders-command runs it (here, on this host)."""
-    step = [sys.executable, "-m", "gpushare.cli", "tidal", "holders", "--gpu", "{gpu}",
-            "--slice", "{slice}", "--profile", "{profile}", "--dra", "{dra}", "--socket",
-            ROOT + ".kubelet.sock", "--source", "sim:" + bed.path("nodes", "{node}.json")]
+    step = [sys.executable, "-m", "gpushare.cli", "tidal", "holders", "--devices",
+            "{devices}", "--socket", ROOT + ".kubelet.sock", "--source",
+            "sim:" + bed.path("nodes", "{node}.json")]
     if before:
         return shlex.join(["/bin/sh", "-c", before + ' && exec "$0" "$@"', *step])
     return shlex.join(step)

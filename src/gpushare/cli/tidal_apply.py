@@ -52,10 +52,11 @@ def register_options(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--dra-mig-class", default="mig.nvidia.com", metavar="NAME",
                      help="and for a MIG slice (default %(default)s)")
     ctl.add_argument("--holders-command", metavar="CMD",
-                     default="ssh {node} gpushare tidal holders --gpu {gpu} --slice {slice} "
-                     "--profile {profile} --dra {dra}",
-                     help="runs `gpushare tidal holders` as root on the node; {node}, {gpu}, "
-                     "{slice}, {profile} and {dra} are filled in (default: %(default)s)")
+                     default="ssh {node} gpushare tidal holders --devices {devices}",
+                     help="runs `gpushare tidal holders` as root on the node; {node} and "
+                     "{devices} (each of the node's devices asked about) are filled in, or, "
+                     "for one run per device, {gpu}, {slice}, {profile} and {dra} instead of "
+                     "{devices} (default: %(default)s)")
     ctl.add_argument("--slurm-conf", metavar="FILE",
                      help="the slurm.conf holding the nodes' NodeName lines, whose Gres= is "
                      "set (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
@@ -92,6 +93,9 @@ def register_options(parser: argparse.ArgumentParser) -> None:
     node = parser.add_argument_group("which pods hold a device (gpushare tidal holders, on "
                                      "the node)")
     node.add_argument("--gpu", type=int, metavar="N", help="NVML index of the GPU")
+    node.add_argument("--devices", metavar="GPU:SLICE:PROFILE:DRA,...",
+                      help="several devices at once (what the controller sends), answered a "
+                      "line each")
     node.add_argument("--slice", type=int, default=-1, metavar="K",
                       help="the slice's position in the plan, from 0 (default -1: the GPU)")
     node.add_argument("--profile", default="-", metavar="P", help="the slice's MIG profile")
@@ -121,6 +125,10 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
                           ("--settle-timeout", args.settle_timeout)):
         if not 1 <= value <= 86400:
             raise ValueError(f"{option} must be between 1 and 86400 seconds")
+    if "{devices}" in args.holders_command and any(
+            f"{{{name}}}" in args.holders_command for name in ("gpu", "slice", "profile", "dra")):
+        raise ValueError("--holders-command: give {devices} (every device of a node at once) "
+                         "or {gpu}, {slice}, {profile} and {dra} (one device a run), not both")
     version = slurm_version(plan)
     restart = restart_command(args.slurmctld_restart, version)
     for option, template, names in (

@@ -8,8 +8,12 @@ those of every MIG device of the slice's profile on the GPU (the plan numbers sl
 does not: a held slice of the same profile counts, which may wait longer, never too
 little). A DRA device is matched by ``--dra DRIVER/POOL/DEVICE``.
 
-Exit status: 0 no pod holds it, 1 a pod holds it (the first line names it), 2 it could not
-be told (no kubelet, no such GPU): the controller treats that as held.
+``--devices GPU:SLICE:PROFILE:DRA,...`` asks for several devices with one List call (the
+controller's default: one ssh per node a round), answering a line per device, its spec
+first: ``SPEC free`` or ``SPEC held pod NS/NAME ...``.
+
+Exit status: 0 no pod holds it (any of them), 1 a pod holds it (the first line names it),
+2 it could not be told (no kubelet, no such GPU): the controller treats that as held.
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ def _dra(text: str) -> tuple[str, str, str] | None:
     return parts[0], parts[1], parts[2]
 
 
+def _spec(text: str) -> tuple[int, int, str, str]:
+    """GPU:SLICE:PROFILE:DRA (``--devices``, as ``apply.device_spec`` writes it)."""
+    parts = text.split(":")
+    if len(parts) != 4 or not parts[0].isdigit() or not parts[1].lstrip("-").isdigit():
+        raise ValueError(f"--devices: {text!r} is not GPU:SLICE:PROFILE:DRA")
+    return int(parts[0]), int(parts[1]), parts[2], parts[3]
+
+
 def holders(args: argparse.Namespace) -> int:
     from gpushare.admin.tidal.podresources import (
         PodResourcesError,
@@ -54,18 +66,29 @@ def holders(args: argparse.Namespace) -> int:
     )
     from gpushare.gpu.inventory import InventoryError
 
-    if args.gpu is None:
-        return fail("tidal holders", "give --gpu N (the device's GPU, by NVML index)")
+    if args.gpu is None and not args.devices:
+        return fail("tidal holders", "give --gpu N (the device's GPU, by NVML index) or "
+                    "--devices GPU:SLICE:PROFILE:DRA,...")
     try:
-        dra = _dra(args.dra)
-        ids = _ids(args.source, args.gpu, args.slice, args.profile)
-        found = holders([Wanted(ids=ids, dra=dra)], list_pods(args.socket))
+        if args.devices:
+            specs = [_spec(text) for text in args.devices.split(",")]
+        else:
+            specs = [(args.gpu, args.slice, args.profile, args.dra)]
+        wanted = [Wanted(ids=_ids(args.source, gpu, piece, profile), dra=_dra(dra))
+                  for gpu, piece, profile, dra in specs]
+        answer = list_pods(args.socket)
     except (ValueError, LookupError, InventoryError, PodResourcesError) as err:
         return fail("tidal holders", str(err))
-    if not found:
-        print(f"no pod holds GPU {args.gpu}" + (f" slice {args.slice + 1}"
-                                                 if args.slice >= 0 else ""))
-        return 0
-    for holder in found:
-        print(holder.describe())
-    return 1
+    held = False
+    texts = args.devices.split(",") if args.devices else [""]
+    for text, want, (gpu, piece, _, _) in zip(texts, wanted, specs):
+        found = holders([want], answer)
+        held = held or bool(found)
+        if args.devices:  # one line each: the device as asked, free or held, by whom
+            print(f"{text} held {found[0].describe()}" if found else f"{text} free")
+        elif not found:
+            print(f"no pod holds GPU {gpu}" + (f" slice {piece + 1}" if piece >= 0 else ""))
+        else:
+            for holder in found:
+                print(holder.describe())
+    return 1 if held else 0

@@ -457,3 +457,42 @@ def test_a_node_with_its_own_gres_conf_renders_it_from_the_state_the_move_wrote(
         assert site.api.taint_rules == {} and "DRAIN" not in site.slurm.state["h1"], mover.log
     finally:
         site.stop()
+
+
+def test_the_default_holders_command_asks_each_node_once_for_all_its_devices(tmp_path):
+    """{devices}: one run of `gpushare tidal holders --devices` per node answers for each
+    device asked; a device it leaves unanswered is an error, never free."""
+    import dataclasses
+
+    site = Site(tmp_path)
+    runs = tmp_path / "runs"
+    base = [sys.executable, "-m", "gpushare.cli", "tidal", "holders", "--devices", "{devices}",
+            "--socket", str(tmp_path / "kubelet.sock"), "--source", f"sim:{tmp_path / 'h1.json'}"]
+    counted = ["/bin/sh", "-c", f'echo run >> {runs} && exec "$0" "$@"', *base]
+    site.settings = dataclasses.replace(site.settings, holders_command=shlex.join(counted))
+    gpu1 = Device("h1", 1)
+    try:
+        site.kubelet.pods = [Pod("serving", "llm-0", ids=(site.uuid0,))]
+        mover = site.run(datetime.datetime(2026, 12, 5, 12, 0))  # day: no move
+        assert runs.read_text() == "run\n"  # one node asked, once
+        runs.unlink()
+        answers = mover.holders_on("h1", [GPU0, gpu1], "night")
+        assert runs.read_text() == "run\n"
+        assert answers[GPU0][0] == 1 and "pod serving/llm-0" in answers[GPU0][1]
+        assert answers[gpu1][0] == 0
+
+        mover = site.run(NIGHT)  # GPU 0 is held: not lent
+        assert load_state(site.state_path).lent == {}, mover.log
+        site.kubelet.pods = []
+        mover = site.run(NIGHT)
+        assert load_state(site.state_path).lent.keys() == {GPU0}, mover.log
+
+        # a holders command that answers for no device: counted busy, nothing lent
+        site.run(MORNING)
+        silent = ["/bin/sh", "-c", "exit 0", *base]
+        site.settings = dataclasses.replace(site.settings, holders_command=shlex.join(silent))
+        mover = site.run(NIGHT + datetime.timedelta(days=1))
+        assert load_state(site.state_path).lent == {}, mover.log
+        assert any("no answer for h1 GPU 0 (exit 0)" in line for line in mover.log), mover.log
+    finally:
+        site.stop()

@@ -125,3 +125,36 @@ def test_holders_says_which_pod_holds_the_gpu_and_exits_by_it(tmp_path, capsys):
         kubelet.stop()
     assert main(argv) == 2
     assert "did not answer List (UNAVAILABLE" in capsys.readouterr().err
+
+
+def test_holders_answers_for_several_devices_with_one_list_call(tmp_path, capsys):
+    import json
+
+    from gpushare.admin.plan import parse_plan
+    from gpushare.gpu.nvml_sim_plan import profile_from_plan
+    from kube_standin.kubelet import Kubelet, Pod
+
+    profile = profile_from_plan(parse_plan(PLAN), "k1")
+    (tmp_path / "k1.json").write_text(json.dumps(profile))
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock"))
+    kubelet.start()
+    try:
+        argv = ["tidal", "holders", "--socket", str(tmp_path / "kubelet.sock"), "--source",
+                f"sim:{tmp_path / 'k1.json'}", "--devices",
+                "2:-1:-:-,3:-1:-:gpu.nvidia.com/k1/gpu-3"]
+        assert main(argv) == 0
+        assert capsys.readouterr().out == "2:-1:-:- free\n3:-1:-:gpu.nvidia.com/k1/gpu-3 free\n"
+        kubelet.pods = [Pod("serving", "llm-0", ids=(profile["gpus"][2]["uuid"],))]
+        calls = kubelet.calls
+        assert main(argv) == 1
+        assert kubelet.calls == calls + 1
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith("2:-1:-:- held pod serving/llm-0 container main holds "
+                                   "nvidia.com/gpu GPU-"), lines
+        assert lines[1:] == ["3:-1:-:gpu.nvidia.com/k1/gpu-3 free"]
+        for bad in ("2:-1:-", "x:-1:-:-", "2:-1:-:-,9:-1:-:-"):
+            assert main([*argv[:-1], bad]) == 2
+            err = capsys.readouterr().err
+            assert "is not GPU:SLICE:PROFILE:DRA" in err or "NVML shows no GPU 9" in err, err
+    finally:
+        kubelet.stop()

@@ -59,7 +59,8 @@ __all__ = ["REASON_PREFIX", "MoveFailed", "Mover", "SlurmSide", "StillHeld", "Ti
 
 REASON_PREFIX = "gpushare tidal"
 HELD, FREE = 1, 0  # the holders command's exit status
-HOLDERS_PLACEHOLDERS = ("node", "gpu", "slice", "profile", "dra")
+HOLDERS_PLACEHOLDERS = ("node", "gpu", "slice", "profile", "dra", "devices")
+BATCH_PLACEHOLDER = "{devices}"  # every device of a node in one run (``device_spec``s)
 
 
 class MoveFailed(RuntimeError):
@@ -74,12 +75,17 @@ class StillHeld(MoveFailed):
 @dataclass
 class TidalSettings:
     slurm: Settings = field(default_factory=Settings)  # slurm.conf, gres.conf, timeouts
-    holders_command: str = ("ssh {node} gpushare tidal holders --gpu {gpu} --slice {slice} "
-                            "--profile {profile} --dra {dra}")
+    holders_command: str = "ssh {node} gpushare tidal holders --devices {devices}"
     release_timeout_s: float = 600.0
     # renders a node's own gres.conf on the node (where gres.conf is per node, not shared);
     # "": the shared one (slurm.cluster_gres_conf) alone
     node_gres_command: str = ""
+
+
+def device_spec(device: Device, values: dict[str, str]) -> str:
+    """One device as ``gpushare tidal holders --devices`` takes it: GPU:SLICE:PROFILE:DRA
+    (no field holds a ':' or ','), echoed back as the first word of its answer line."""
+    return ":".join((values["gpu"], values["slice"], values["profile"], values["dra"]))
 
 
 def _ours(node: Optional[SlurmNode]) -> bool:
@@ -175,26 +181,61 @@ class Mover:
         side.drain(f"{move.device.describe()} {move.source} -> {move.target} ({move.rule})")
 
     def holders(self, move: MoveEntry) -> tuple[int, str]:
-        rule = self.rules[move.rule]
+        """FREE or HELD and the first line the node said of ``move``'s device."""
+        return self.holders_on(move.device.node, [move.device], move.rule)[move.device]
+
+    def holders_on(self, node: str, devices: list[Device], rule_name: str
+                   ) -> dict[Device, tuple[int, str]]:
+        """The holders command for ``devices`` of one node under one rule: one run where the
+        template takes ``{devices}``, else one per device; MoveFailed when a run fails or
+        leaves a device unanswered."""
+        template = self.settings.holders_command
+        if BATCH_PLACEHOLDER not in template:
+            return {device: self._holders_run(node, device.describe(),
+                                              self._fill(device, rule_name))
+                    for device in devices}
+        specs = {device_spec(d, self._fill(d, rule_name)): d for d in devices}
+        code, lines = self._holders_lines(node, f"{len(devices)} device(s)",
+                                          devices=",".join(specs))
+        answers: dict[Device, tuple[int, str]] = {}
+        for line in lines:
+            spec, _, rest = line.partition(" ")
+            verdict, _, text = rest.partition(" ")
+            device = specs.get(spec)
+            if device is not None and verdict in ("free", "held"):
+                answers[device] = (FREE if verdict == "free" else HELD, text or line)
+        missing = [d.describe() for d in devices if d not in answers]
+        if missing:
+            raise MoveFailed(f"asking node {node} which pods hold its devices: no answer for "
+                             f"{', '.join(missing)} (exit {code})")
+        return answers
+
+    def _fill(self, device: Device, rule_name: str) -> dict[str, str]:
         dra = "-"
         if self.kube.settings.mode == "dra":
-            dra = "/".join(self.kube.dra_key(move.device))
-        argv = command_argv(self.settings.holders_command, HOLDERS_PLACEHOLDERS,
-                            node=move.device.node,
-                            gpu=str(move.device.gpu), slice=str(move.device.slice),
-                            profile=rule.profile or "-", dra=dra)
+            dra = "/".join(self.kube.dra_key(device))
+        return {"gpu": str(device.gpu), "slice": str(device.slice),
+                "profile": self.rules[rule_name].profile or "-", "dra": dra}
+
+    def _holders_run(self, node: str, what: str, values: dict[str, str]) -> tuple[int, str]:
+        code, lines = self._holders_lines(node, what, **values)
+        return code, lines[0] if lines else ""
+
+    def _holders_lines(self, node: str, what: str, **values: str) -> tuple[int, list[str]]:
+        argv = command_argv(self.settings.holders_command, HOLDERS_PLACEHOLDERS, node=node,
+                            **{name: values.get(name, "-") for name in HOLDERS_PLACEHOLDERS
+                               if name != "node"})
         try:
             done = proc.run(argv, timeout=self.settings.slurm.settle_timeout_s,
                             env=self.settings.slurm.env)
         except proc.ProcError as err:
-            raise MoveFailed(f"asking node {move.device.node} which pods hold "
-                             f"{move.device.describe()} failed: {err}") from None
+            raise MoveFailed(f"asking node {node} which pods hold {what} failed: "
+                             f"{err}") from None
         lines = done.output.strip().splitlines()
         if done.returncode not in (FREE, HELD):
-            raise MoveFailed(f"asking node {move.device.node} which pods hold "
-                             f"{move.device.describe()} failed (exit {done.returncode}): "
-                             f"{lines[-1] if lines else 'no output'}")
-        return done.returncode, lines[0] if lines else ""
+            raise MoveFailed(f"asking node {node} which pods hold {what} failed (exit "
+                             f"{done.returncode}): {lines[-1] if lines else 'no output'}")
+        return done.returncode, lines
 
     def _release(self, move: MoveEntry, side: SlurmSide) -> None:
         if move.source == K8S:

@@ -16,6 +16,7 @@ jobs, Kubernetes' unschedulable pods), unless the operator gives a figure (``--n
 from __future__ import annotations
 
 import datetime
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from gpushare.admin.plan.lending import Device, LendingRule
@@ -30,21 +31,28 @@ from gpushare.admin.tidal.waiting import Waiting, WaitingError
 
 __all__ = ["run_round"]
 
+HOLDERS_AT_ONCE = 16  # nodes asked at once which pods hold their devices
+
 
 def _busy(mover: Mover, rule: LendingRule, at_home: list[Device]) -> frozenset[Device]:
     busy = set()
+    nodes = sorted({d.node for d in at_home})
     if rule.home == K8S:
-        for device in at_home:
-            probe = MoveEntry(device, rule.name, K8S, SLURM, reclaim=False)
+        def ask(node: str) -> set[Device]:
+            mine = [d for d in at_home if d.node == node]
             try:
-                code, _ = mover.holders(probe)
+                answers = mover.holders_on(node, mine, rule.name)
             except (MoveFailed, KubeError) as err:
-                mover.log.append(f"{rule.name}: {device.describe()} counted busy: {err}")
-                code = 1
-            if code != FREE:
-                busy.add(device)
+                mover.log.append(f"{rule.name}: {node}'s devices counted busy: {err}")
+                return set(mine)
+            return {d for d, (code, _) in answers.items() if code != FREE}
+
+        # one holders run per node (each one ssh), the nodes at once
+        with ThreadPoolExecutor(max_workers=min(HOLDERS_AT_ONCE, len(nodes) or 1)) as pool:
+            for found in pool.map(ask, nodes):
+                busy |= found
     else:
-        for node_name in sorted({d.node for d in at_home}):
+        for node_name in nodes:
             node = mover.slurm.node(node_name)
             if node is None or not idle(node):
                 busy.update(d for d in at_home if d.node == node_name)
