@@ -50,6 +50,17 @@ SLURM_OF = {"bookworm": "22.05", "trixie": "24.11", "forky": "26.05"}
 # suite uses its base up to about +360, and the sanitized bed its own base).
 BED_PORT = {"bookworm": 18500, "trixie": 19000, "forky": 19500}
 SANITIZED_PORT_OFFSET = 420
+# Moves every root's beds to other ports, so that a second run (a subset while `make test`
+# runs, say) shares no port with the first: GPUSHARE_ROOT_PORT_SHIFT=3000.
+PORT_SHIFT_VARIABLE = "GPUSHARE_ROOT_PORT_SHIFT"
+
+
+def port_shift() -> int:
+    text = os.environ.get(PORT_SHIFT_VARIABLE, "0")
+    if not text.isdigit() or int(text) > 20000:
+        raise SystemExit(f"release_root: {PORT_SHIFT_VARIABLE}={text!r} must be a number of "
+                         "ports from 0 to 20000")
+    return int(text)
 # debootstrap has no script of its own for a release newer than it: that of sid fits.
 DEBOOTSTRAP_SCRIPT_FALLBACK = "sid"
 # Everything the build, the suite and the RPM test need in the root (slurmbed.APT_PACKAGES,
@@ -332,7 +343,7 @@ def suite_inside(codename: str, pytest_args: Sequence[str]) -> int:
         "{ cat /tmp/build.log; echo 'release_root: make build venv failed'; exit 2; }; "
         'exec .venv/bin/python -m pytest -p no:cacheprovider "$@"'
     )
-    port = BED_PORT[codename]
+    port = BED_PORT[codename] + port_shift()
     env = {"GPUSHARE_BED_ROOT": f"/tmp/gpushare-bed-{codename}",
            "GPUSHARE_BED_PORT": str(port), "GPUSHARE_BED_CGROUP": "no",
            "GPUSHARE_SANITIZED_BED_PORT": str(port + SANITIZED_PORT_OFFSET)}
