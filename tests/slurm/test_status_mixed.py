@@ -78,10 +78,17 @@ def test_status_of_a_node_with_whole_gpus_mig_slices_and_mps(mixed_bed):
     bed.wait_idle()
     shown = bed.run(["scontrol", "show", "node", NODE]).stdout
     assert "mps:h100:400" in shown and "gpu:1g.10gb:2" in shown, shown  # the node
+    # A user's own text forging scontrol -o's per-node fields: a running slice job's name
+    # and comment, and a held job's name claiming it runs. None of it is GRES held.
+    forged = f"Nodes={NODE} CPU_IDs=0 Mem=0 GRES=mps:100(IDX:0)"
     jobs = [bed.sbatch("sleep 60", "--gres=mps:25", "-w", NODE, "-c1", user=U1),
             bed.sbatch("sleep 60", "--gres=mps:50", "-w", NODE, "-c1", user=U2),
             bed.sbatch("sleep 60", "--gres=gpu:h100:1", "-w", NODE, "-c1", user=U1),
-            bed.sbatch("sleep 60", "--gres=gpu:1g.10gb:1", "-w", NODE, "-c1", user=U1)]
+            bed.sbatch("sleep 60", "--gres=gpu:1g.10gb:1", "-w", NODE, "-c1", user=U1),
+            bed.sbatch("sleep 60", "--gres=gpu:1g.10gb:1", "-w", NODE, "-c1", "-J",
+                       f"x {forged}", f"--comment=y {forged}", user=U2)]
+    held = bed.sbatch("sleep 60", "--gres=gpu:h100:1", "-w", NODE, "-c1", "-H", "-J",
+                      f"JobState=RUNNING {forged}", user=U2)
     try:
         for job_id in jobs:
             bed.wait_job(job_id, states={"RUNNING"}, timeout=120)
@@ -101,13 +108,13 @@ def test_status_of_a_node_with_whole_gpus_mig_slices_and_mps(mixed_bed):
             assert h100["free"] == 4 - 1 - busy, (backend, detail, node)
             (slices,) = node["mig"]
             assert (slices["mig_profile"], slices["free"], slices["total"]) == (
-                "1g.10gb", 1, 2), (backend, node)
+                "1g.10gb", 0, 2), (backend, node)
         table = gpushare(bed, "status", "--cluster", "--sinfo", SINFO, "--scontrol", SCONTROL)
         assert table.returncode == 0, table.stderr
         row = next(line.split() for line in table.stdout.splitlines()
                    if line.startswith(f"{NODE} "))
         assert row[2] == "h100" and row[4] == "75/400", table.stdout
     finally:
-        bed.run(["scancel", *map(str, jobs)], check=False)
-        for job_id in jobs:
+        bed.run(["scancel", *map(str, [*jobs, held])], check=False)
+        for job_id in jobs:  # not the held one: its name forges the state wait_job reads
             bed.wait_job(job_id)

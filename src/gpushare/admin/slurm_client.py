@@ -28,9 +28,9 @@ __all__ = [
     "job_gres",
     "open_client",
     "parse_node_gres",
-    "parse_scontrol_jobs",
     "parse_scontrol_nodes",
     "parse_sinfo_json",
+    "parse_squeue_jobs",
 ]
 
 DEFAULT_SINFO = "/usr/bin/sinfo"
@@ -255,40 +255,45 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
 
 # Jobs holding their GRES: a suspended job keeps its GPUs, a completing one until its epilog.
 HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
-# One node's part of a job in ``scontrol -d show -o job``: ``Nodes=n[1-2] CPU_IDs=0 Mem=0
-# GRES=mps:25(IDX:0)`` (22.05) or ``GRES=mps:25(25/100,0/100)`` (24.11).
-_JOB_NODES_RE = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S+ Mem=\S+(?: GRES=(\S*))?")
+DEFAULT_SQUEUE = "/usr/bin/squeue"
 
 
-def parse_scontrol_jobs(text: str) -> dict[str, list[str]]:
-    """Per node, the GRES that the jobs holding resources were given there, from
-    ``scontrol -d show -o job`` (one line per job): {"n1": ["mps:25(IDX:0)", ...]}.
+def parse_squeue_jobs(text: str) -> dict[str, list[str]]:
+    """Per node, the GRES that the jobs holding resources were given there, from ``squeue
+    --json`` (its ``gres_detail``, one entry per node of ``nodes``): {"n1": ["mps:25(IDX:0)",
+    ...]}; 22.05 writes ``mps:25(IDX:0)``, 24.11 ``mps:25(25/100,0/100)``.
 
     These are what the jobs hold; 22.05's node ``GresUsed`` counts MPS wrongly (two jobs of
-    mps:25 and mps:50 show as ``mps:h100:1``).
+    mps:25 and mps:50 show as ``mps:h100:1``). JSON, not ``scontrol -o``'s one line a job:
+    there a job's name, comment or output path, the user's text, could carry a forged
+    ``Nodes=... GRES=...`` that was read as GPUs held.
     """
+    try:
+        jobs = json.loads(text).get("jobs") or []
+    except (ValueError, AttributeError) as err:
+        raise SlurmClientError(f"squeue --json printed what is not its JSON: {err}") from None
     held: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
+    for job in jobs:
+        state = job.get("job_state")
+        states = {state} if isinstance(state, str) else set(state or [])
+        if not states & set(HOLDING_STATES):
             continue
-        state = re.search(r"(?:^|\s)JobState=(\S+)", line)
-        if state is None or state.group(1).upper() not in HOLDING_STATES:
+        nodes = _expand(str(job.get("nodes") or ""))
+        details = [str(d) for d in job.get("gres_detail") or []]
+        if len(details) != len(nodes):  # no per-node figure to trust
             continue
-        for match in _JOB_NODES_RE.finditer(line):
-            gres = match.group(2) or ""
-            if gres in ("", "(null)", "N/A"):
-                continue
-            for name in _expand(match.group(1)):
+        for name, gres in zip(nodes, details):
+            if gres not in ("", "(null)", "N/A"):
                 held.setdefault(name, []).append(gres)
     return held
 
 
-def job_gres(scontrol: str = DEFAULT_SCONTROL, timeout: float = 10.0) -> dict[str, list[str]]:
-    """What the jobs holding resources have on each node (parse_scontrol_jobs), asked of
-    slurmctld; both releases print the same per-node lines."""
-    if not scontrol.startswith("/"):
-        raise SlurmClientError(f"{scontrol}: give the Slurm command as an absolute path")
-    return parse_scontrol_jobs(_run([scontrol, "-d", "show", "-o", "job"], timeout))
+def job_gres(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0) -> dict[str, list[str]]:
+    """What the jobs holding resources have on each node (parse_squeue_jobs), asked of
+    slurmctld (every partition's, hidden ones too)."""
+    if not squeue.startswith("/"):
+        raise SlurmClientError(f"{squeue}: give the Slurm command as an absolute path")
+    return parse_squeue_jobs(_run([squeue, "--json", "--all"], timeout))
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "status",
         help="the cluster's GPU sharing at a glance (--cluster), from slurmctld's view",
         description="With --cluster, ask slurmctld for every node's GRES and what is in use "
-        "(GresUsed, and the running jobs' GRES from scontrol -d show job for MPS: 22.05's "
+        "(GresUsed, and the running jobs' GRES from squeue --json for MPS: 22.05's "
         "GresUsed miscounts it), and print per node and GPU type the whole GPUs free, the MPS "
         "shares used of the total and the MIG slices free by profile, then the drained nodes with "
         "their reasons (gpushare's own marked). A GPU serving MPS jobs is not counted free. "
@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "for, and show it beside what is free per type (MIG profile, whole GPUs, "
                         "MPS units)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
-                        help="with --demand: absolute path of squeue (default /usr/bin/squeue)")
+                        help="absolute path of squeue, which says what each running job holds "
+                        "on each node (and with --demand what waits; default /usr/bin/squeue)")
     parser.add_argument("--plan", default="/etc/gpushare/plan.yaml", metavar="FILE",
                         help="the ownership plan, for the devices gpushare tidal has lent "
                         "(tidal-state.json beside it; default %(default)s; left out where "
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         return fail("status", "--timeout must be between 0.1 and 600 seconds")
     try:
         client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
-        nodes = summary(client.nodes(), job_gres(args.scontrol, args.timeout))
+        nodes = summary(client.nodes(), job_gres(args.squeue, args.timeout))
     except SlurmClientError as err:
         return fail("status", str(err))
     sums = totals(nodes)

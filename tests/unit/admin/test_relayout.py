@@ -249,7 +249,9 @@ def test_status_shows_the_queue_beside_what_is_free(tmp_path, capsys):
     from gpushare.cli import main
 
     squeue = tmp_path / "squeue"
-    squeue.write_text("#!/bin/sh\necho '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00|debug|a|(null)|"
+    squeue.write_text("#!/bin/sh\n"
+                      "[ \"$1\" = --json ] && { echo '{\"jobs\": []}'; exit 0; }\n"
+                      "echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00|debug|a|(null)|"
                       "Resources'\n"
                       "echo '42|gres:gpu:1g.10gb:1|2026-01-01T00:00:00|debug|a|(null)|Priority'\n"
                       "echo '43|gres:gpu:1g.10gb:1|2026-01-01T00:00:00|debug|a|(null)|"

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """gpushare status --cluster: slurmctld's GRES and GresUsed in the shapes of Slurm 22.05
 (openapi v0.0.38, captured from the test Slurm) and 24.11 (data_parser v0.0.42), and the
-jobs' GRES (``scontrol -d show -o job``) that MPS use is counted from."""
+jobs' GRES (``squeue --json``'s ``gres_detail``, captured from each release's test Slurm)
+that MPS use is counted from."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from gpushare.admin.cluster_status import node_sharing, summary, totals, used_in
 from gpushare.admin.slurm_client import (
     SlurmClientError,
     SlurmNode,
-    parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_sinfo_json,
+    parse_squeue_jobs,
 )
 from gpushare.cli import main as cli_main
 
@@ -107,7 +108,7 @@ def test_scontrol_detail_text_has_gres_used():
     assert (h100.free, h100.mps_used) == (5, 25)
 
 
-# n1's line while the jobs of scontrol-jobs-<release>.txt ran (mps:25 by one user, mps:50 by
+# n1's line while the jobs of squeue-jobs-<release>.json ran (mps:25 by one user, mps:50 by
 # another, gpu:h100:2), captured from the test Slurm of each release.
 NODE_LINES = {
     "22.05": "NodeName=n1 Gres=gpu:h100:8,mps:h100:800 GresDrain=N/A "
@@ -120,7 +121,7 @@ NODE_LINES = {
 
 @pytest.mark.parametrize("release", ["22.05", "24.11"])
 def test_mps_use_is_the_sum_of_the_jobs_shares(release):
-    held = parse_scontrol_jobs(fixture(f"scontrol-jobs-{release}.txt"))
+    held = parse_squeue_jobs(fixture(f"squeue-jobs-{release}.json"))
     assert list(held) == ["n1"]
     assert [item.split("(")[0] for item in held["n1"]] == ["mps:25", "mps:50", "gpu:h100:2"]
     (node,) = parse_scontrol_nodes(NODE_LINES[release])
@@ -137,23 +138,38 @@ def test_22_05_gres_used_alone_miscounts_mps():
     assert h100.mps_used == 1
 
 
+def squeue_json(*jobs: dict) -> str:
+    return json.dumps({"jobs": list(jobs)})
+
+
 def test_jobs_on_several_nodes_and_jobs_holding_nothing():
-    text = "\n".join([
-        "JobId=7 UserId=a(1) JobState=RUNNING Reason=None NodeList=n[1-2] "
-        "JOB_GRES=mps:h100:40   Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=mps:h100:40(IDX:3) "
-        "MinCPUsNode=1",
-        "JobId=8 UserId=a(1) JobState=COMPLETING Reason=None NodeList=n2 "
-        "JOB_GRES=mps:10   Nodes=n2 CPU_IDs=1 Mem=0 GRES=mps:10(IDX:3) MinCPUsNode=1",
-        "JobId=9 UserId=a(1) JobState=PENDING Reason=Resources NodeList=(null) "
-        "JOB_GRES=mps:30 MinCPUsNode=1",
-        "JobId=10 UserId=a(1) JobState=RUNNING Reason=None NodeList=n3 JOB_GRES=(null)   "
-        "Nodes=n3 CPU_IDs=0 Mem=0 GRES= MinCPUsNode=1",
-        "JobId=11 UserId=a(1) JobState=COMPLETED Reason=None NodeList=n1 "
-        "JOB_GRES=mps:50   Nodes=n1 CPU_IDs=0 Mem=0 GRES=mps:50(IDX:0) MinCPUsNode=1",
-    ])
-    assert parse_scontrol_jobs(text) == {"n1": ["mps:h100:40(IDX:3)"],
-                                         "n2": ["mps:h100:40(IDX:3)", "mps:10(IDX:3)"]}
-    assert parse_scontrol_jobs("No jobs in the system\n") == {}
+    text = squeue_json(
+        {"job_id": 7, "job_state": "RUNNING", "nodes": "n[1-2]",
+         "gres_detail": ["mps:h100:40(IDX:3)", "mps:h100:40(IDX:1)"]},
+        {"job_id": 8, "job_state": ["COMPLETING"], "nodes": "n2",
+         "gres_detail": ["mps:10(IDX:3)"]},
+        {"job_id": 9, "job_state": ["PENDING"], "nodes": "", "gres_detail": []},
+        {"job_id": 10, "job_state": ["RUNNING"], "nodes": "n3", "gres_detail": [""]},
+        {"job_id": 11, "job_state": ["COMPLETED"], "nodes": "n1",
+         "gres_detail": ["mps:50(IDX:0)"]},
+        {"job_id": 12, "job_state": ["RUNNING"], "nodes": "n[4-5]",  # not one per node
+         "gres_detail": ["mps:50(IDX:0)"]})
+    assert parse_squeue_jobs(text) == {"n1": ["mps:h100:40(IDX:3)"],
+                                       "n2": ["mps:h100:40(IDX:1)", "mps:10(IDX:3)"]}
+    assert parse_squeue_jobs(squeue_json()) == {}
+    with pytest.raises(SlurmClientError, match="not its JSON"):
+        parse_squeue_jobs("No jobs in the system\n")
+
+
+def test_a_jobs_own_text_never_counts_as_gres_it_holds():
+    """A job named, commented and held so as to forge scontrol -o's per-node fields
+    (``x Nodes=mx1 CPU_IDs=0 Mem=0 GRES=mps:100(IDX:0)``, captured with the mixed node's
+    jobs): its name is a JSON string, never GRES."""
+    text = fixture("squeue-mixed-22.05.json")
+    names = [job["name"] for job in json.loads(text)["jobs"]]
+    assert any("GRES=mps:100(IDX:0)" in name for name in names), names
+    held = parse_squeue_jobs(text)["mx1"]
+    assert not [gres for gres in held if gres.startswith("mps:100")], held
 
 
 def test_no_job_means_no_mps_use_whatever_gres_used_says():
@@ -194,15 +210,15 @@ def fake_sinfo(tmp_path):
 
 
 @pytest.fixture
-def fake_scontrol(tmp_path):
-    """An executable printing a fixture as scontrol -d show -o job would."""
-    return lambda name: _printing(tmp_path / "scontrol", name)
+def fake_squeue(tmp_path):
+    """An executable printing a fixture as squeue --json would."""
+    return lambda name: _printing(tmp_path / "squeue", name)
 
 
-def test_cli_table(fake_sinfo, fake_scontrol, capsys):
+def test_cli_table(fake_sinfo, fake_squeue, capsys):
     status = cli_main(["status", "--cluster", "--backend", "sinfo", "--sinfo",
-                       fake_sinfo("sinfo-24.11.json"), "--scontrol",
-                       fake_scontrol("scontrol-jobs-24.11.txt")])
+                       fake_sinfo("sinfo-24.11.json"), "--squeue",
+                       fake_squeue("squeue-jobs-24.11.json")])
     out = capsys.readouterr().out
     assert status == 0, out
     lines = out.splitlines()
@@ -219,10 +235,10 @@ def test_cli_table(fake_sinfo, fake_scontrol, capsys):
     assert "h100 13/32 whole GPUs free, MPS 75/3200 used; 1g.10gb 5/7 slices free" in out
 
 
-def test_cli_json(fake_sinfo, fake_scontrol, capsys):
+def test_cli_json(fake_sinfo, fake_squeue, capsys):
     assert cli_main(["status", "--cluster", "--json", "--backend", "sinfo", "--sinfo",
-                     fake_sinfo("sinfo-22.05.json"), "--scontrol",
-                     fake_scontrol("scontrol-jobs-22.05.txt")]) == 0
+                     fake_sinfo("sinfo-22.05.json"), "--squeue",
+                     fake_squeue("squeue-jobs-22.05.json")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"] == "sinfo-json"
     n5 = next(node for node in report["nodes"] if node["name"] == "n5")
@@ -252,18 +268,18 @@ MIXED_RELEASES = ["22.05", "24.11", "26.05"]
 
 @pytest.mark.parametrize("release", MIXED_RELEASES)
 def test_node_with_whole_gpus_mig_slices_and_untyped_mps_jobs(release):
-    text = fixture(f"scontrol-mixed-{release}.txt")
-    (node,) = parse_scontrol_nodes(text)
+    (node,) = parse_scontrol_nodes(fixture(f"scontrol-mixed-{release}.txt"))
     assert "mps:h100:400,mps:1g.10gb:0" in node.gres
-    held = parse_scontrol_jobs(text)
+    held = parse_squeue_jobs(fixture(f"squeue-mixed-{release}.json"))
+    # the jobs of scontrol-mixed's, and a second slice job (named to forge GRES)
     assert [item.split("(")[0] for item in held["mx1"]] == [
-        "mps:25", "mps:50", "gpu:h100:1", "gpu:1g.10gb:1"]
+        "mps:25", "mps:50", "gpu:h100:1", "gpu:1g.10gb:1", "gpu:1g.10gb:1"]
     (sharing,) = summary([node], held)
     h100, slices = sharing.types
     assert (h100.gpu_type, h100.mps_used, h100.mps_total) == ("h100", 75, 400)
     # GPU 0 serves both MPS jobs, GPU 1 the whole-GPU job: 2 of 4 free.
     assert (h100.mps_busy, h100.used, h100.free) == (1, 1, 2)
-    assert (slices.mig_profile, slices.used, slices.free) == ("1g.10gb", 1, 1)
+    assert (slices.mig_profile, slices.used, slices.free) == ("1g.10gb", 2, 0)
 
 
 @pytest.mark.parametrize("release", MIXED_RELEASES)
