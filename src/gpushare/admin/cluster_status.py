@@ -10,7 +10,7 @@ allocations' ``IDX:`` are taken off the free count of the node's GPU type (MPS i
 configured per GPU, so each MPS index is one GPU of that type). 24.11 gives MPS use per GPU
 (``used/total`` in device order) instead of ``IDX:``; both are read.
 
-MPS use is taken from the jobs' allocations when they are given (``scontrol -d show job``):
+MPS use is taken from the jobs' allocations when they are given (``squeue --json``):
 22.05's ``GresUsed`` counts one unit for all of a GPU's MPS jobs (``mps:h100:1(IDX:0)`` while
 jobs of mps:25 and mps:50 run), so only the jobs tell how many shares are in use.
 
