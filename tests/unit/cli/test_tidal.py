@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpushare.cli import main
 
 PLAN = """version: 1
@@ -97,23 +99,34 @@ def test_apply_refuses_what_it_cannot_carry_out_before_touching_anything(tmp_pat
     assert not (tmp_path / "tidal-state.json").exists()
 
 
-def test_holders_says_which_pod_holds_the_gpu_and_exits_by_it(tmp_path, capsys):
+@pytest.fixture
+def node(tmp_path):
+    """A node's simulated NVML (the plan's k1) and a stand-in kubelet: (GPU UUIDs,
+    kubelet, the holders command's --socket and --source arguments)."""
     import json
 
     from gpushare.admin.plan import parse_plan
     from gpushare.gpu.nvml_sim_plan import profile_from_plan
-    from kube_standin.kubelet import Kubelet, Pod
+    from kube_standin.kubelet import Kubelet
 
     profile = profile_from_plan(parse_plan(PLAN), "k1")
     (tmp_path / "k1.json").write_text(json.dumps(profile))
     kubelet = Kubelet(str(tmp_path / "kubelet.sock"))
     kubelet.start()
+    yield ([gpu["uuid"] for gpu in profile["gpus"]], kubelet,
+           ["--socket", str(tmp_path / "kubelet.sock"), "--source", f"sim:{tmp_path / 'k1.json'}"])
+    kubelet.stop()
+
+
+def test_holders_says_which_pod_holds_the_gpu_and_exits_by_it(node, capsys):
+    from kube_standin.kubelet import Pod
+
+    uuids, kubelet, where = node
     try:
-        argv = ["tidal", "holders", "--gpu", "2", "--socket", str(tmp_path / "kubelet.sock"),
-                "--source", f"sim:{tmp_path / 'k1.json'}"]
+        argv = ["tidal", "holders", "--gpu", "2", *where]
         assert main(argv) == 0
         assert capsys.readouterr().out == "no pod holds GPU 2\n"
-        kubelet.pods = [Pod("serving", "llm-0", ids=(profile["gpus"][2]["uuid"],))]
+        kubelet.pods = [Pod("serving", "llm-0", ids=(uuids[2],))]
         assert main(argv) == 1
         assert capsys.readouterr().out.startswith("pod serving/llm-0 container main holds "
                                                   "nvidia.com/gpu GPU-")
@@ -127,24 +140,15 @@ def test_holders_says_which_pod_holds_the_gpu_and_exits_by_it(tmp_path, capsys):
     assert "did not answer List (UNAVAILABLE" in capsys.readouterr().err
 
 
-def test_holders_answers_for_several_devices_with_one_list_call(tmp_path, capsys):
-    import json
+def test_holders_answers_for_several_devices_with_one_list_call(node, capsys):
+    from kube_standin.kubelet import Pod
 
-    from gpushare.admin.plan import parse_plan
-    from gpushare.gpu.nvml_sim_plan import profile_from_plan
-    from kube_standin.kubelet import Kubelet, Pod
-
-    profile = profile_from_plan(parse_plan(PLAN), "k1")
-    (tmp_path / "k1.json").write_text(json.dumps(profile))
-    kubelet = Kubelet(str(tmp_path / "kubelet.sock"))
-    kubelet.start()
+    uuids, kubelet, where = node
     try:
-        argv = ["tidal", "holders", "--socket", str(tmp_path / "kubelet.sock"), "--source",
-                f"sim:{tmp_path / 'k1.json'}", "--devices",
-                "2:-1:-:-,3:-1:-:gpu.nvidia.com/k1/gpu-3"]
+        argv = ["tidal", "holders", *where, "--devices", "2:-1:-:-,3:-1:-:gpu.nvidia.com/k1/gpu-3"]
         assert main(argv) == 0
         assert capsys.readouterr().out == "2:-1:-:- free\n3:-1:-:gpu.nvidia.com/k1/gpu-3 free\n"
-        kubelet.pods = [Pod("serving", "llm-0", ids=(profile["gpus"][2]["uuid"],))]
+        kubelet.pods = [Pod("serving", "llm-0", ids=(uuids[2],))]
         calls = kubelet.calls
         assert main(argv) == 1
         assert kubelet.calls == calls + 1
