@@ -112,7 +112,11 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
     from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.relayout.remote import command_argv
     from gpushare.admin.relayout.settings import Settings
-    from gpushare.admin.tidal.apply import HOLDERS_PLACEHOLDERS, TidalSettings
+    from gpushare.admin.tidal.apply import (
+        BATCH_PLACEHOLDER,
+        HOLDERS_PLACEHOLDERS,
+        TidalSettings,
+    )
 
     if not args.cluster_gres_conf and not args.node_gres_command:
         raise ValueError("say where gres.conf is rendered with what is lent: "
@@ -125,7 +129,7 @@ def _settings(args: argparse.Namespace, plan: Any, state_dir: str) -> Any:
                           ("--settle-timeout", args.settle_timeout)):
         if not 1 <= value <= 86400:
             raise ValueError(f"{option} must be between 1 and 86400 seconds")
-    if "{devices}" in args.holders_command and any(
+    if BATCH_PLACEHOLDER in args.holders_command and any(
             f"{{{name}}}" in args.holders_command for name in ("gpu", "slice", "profile", "dra")):
         raise ValueError("--holders-command: give {devices} (every device of a node at once) "
                          "or {gpu}, {slice}, {profile} and {dra} (one device a run), not both")

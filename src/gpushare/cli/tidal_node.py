@@ -19,16 +19,17 @@ Exit status: 0 no pod holds it (any of them), 1 a pod holds it (the first line n
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from gpushare.cli import fail
+
+if TYPE_CHECKING:
+    from gpushare.gpu.inventory import Inventory
 
 __all__ = ["holders"]
 
 
-def _ids(source: str, gpu: int, piece: int, profile: str) -> frozenset[str]:
-    from gpushare.gpu.inventory import open_inventory
-
-    inventory = open_inventory(source)
+def _ids(inventory: Inventory, gpu: int, piece: int, profile: str) -> frozenset[str]:
     found = next((g for g in inventory.gpus if g.nvml_index == gpu), None)
     if found is None:
         raise LookupError(f"NVML shows no GPU {gpu} on this node (it has "
@@ -64,23 +65,22 @@ def holders(args: argparse.Namespace) -> int:
         holders,
         list_pods,
     )
-    from gpushare.gpu.inventory import InventoryError
+    from gpushare.gpu.inventory import InventoryError, open_inventory
 
     if args.gpu is None and not args.devices:
         return fail("tidal holders", "give --gpu N (the device's GPU, by NVML index) or "
                     "--devices GPU:SLICE:PROFILE:DRA,...")
     try:
-        if args.devices:
-            specs = [_spec(text) for text in args.devices.split(",")]
-        else:
-            specs = [(args.gpu, args.slice, args.profile, args.dra)]
-        wanted = [Wanted(ids=_ids(args.source, gpu, piece, profile), dra=_dra(dra))
+        texts = args.devices.split(",") if args.devices else [""]
+        specs = [_spec(text) for text in texts] if args.devices else \
+            [(args.gpu, args.slice, args.profile, args.dra)]
+        inventory = open_inventory(args.source, topology=False)  # once, for every device
+        wanted = [Wanted(ids=_ids(inventory, gpu, piece, profile), dra=_dra(dra))
                   for gpu, piece, profile, dra in specs]
         answer = list_pods(args.socket)
     except (ValueError, LookupError, InventoryError, PodResourcesError) as err:
         return fail("tidal holders", str(err))
     held = False
-    texts = args.devices.split(",") if args.devices else [""]
     for text, want, (gpu, piece, _, _) in zip(texts, wanted, specs):
         found = holders([want], answer)
         held = held or bool(found)
