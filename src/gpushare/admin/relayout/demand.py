@@ -27,15 +27,20 @@ from gpushare.admin.plan import Plan
 from gpushare.admin.relayout.decide import GpuState, Request
 from gpushare.admin.relayout.menu import NOT_SLURMS, Layout, layout_name
 from gpushare.admin.relayout.predict import LOOKBACK_S
-from gpushare.admin.slurm_client import GRES_ITEM_SPLIT, SlurmClientError, SlurmNode, gres_item
+from gpushare.admin.slurm_client import (
+    DEFAULT_SINFO,
+    DEFAULT_SQUEUE,
+    GRES_ITEM_SPLIT,
+    SlurmClientError,
+    SlurmNode,
+    gres_item,
+)
 from gpushare.common import proc
 
 __all__ = ["SQUEUE_FORMAT", "Queue", "parse_partitions", "parse_request", "parse_running",
            "parse_squeue", "parse_submitted", "parse_time_left", "partitions", "pending",
            "plan_layout", "read_queue", "recent", "running_ends", "supply"]
 
-DEFAULT_SQUEUE = "/usr/bin/squeue"
-DEFAULT_SINFO = "/usr/bin/sinfo"
 SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%l|%r"
 SINFO_FORMAT = "%R|%N"
 # Waiting for resources: Resources, Priority, and ReqNodeNotAvail, which Slurm 22.05 gives a
