@@ -25,7 +25,7 @@ until the jobs before it are gone from the node's gpushare state (their epilogs 
 "first on its GPU" job really starts the daemon and a joining job joins the holder's; a
 second table says, from the plugin's debug log, how the jobs of each case were set up.
 
-    python3 bench/bench_srun.py [--blocks 10] [--per-block 10]
+    python3 bench/bench_srun.py [--blocks 10] [--per-block 10] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -126,7 +126,12 @@ def main() -> int:
     parser.add_argument("--prolog-flags", default="", metavar="FLAGS",
                         help="slurm.conf PrologFlags= (default none, as docs/admin.md; e.g. "
                         "Alloc to see what it costs)")
+    parser.add_argument("--only", default="", metavar="TEXT",
+                        help="run only the cases whose name contains TEXT (e.g. 'first')")
     opts = parser.parse_args()
+    cases = [case for case in CASES if opts.only in case[0]]
+    if not cases:
+        parser.error(f"no case's name contains {opts.only!r}")
 
     bed = slurmbed.plan_bed(root=opts.root, port_base=opts.port, job_submit="lua",
                             job_submit_lua=LUA, prolog_flags=opts.prolog_flags)
@@ -134,7 +139,7 @@ def main() -> int:
     set_up: dict[str, dict[str, int]] = {}
     with bed:
         gpushare = bed.plugstack_line()
-        for name, without, with_, needs_holder, _goal, extra in CASES:
+        for name, without, with_, needs_holder, _goal, extra in cases:
             line = gpushare.rstrip("\n") + (f" {extra}\n" if extra else "\n")
             sides = (("without", "", without), ("with", line, with_ or without))
             held = None
@@ -169,14 +174,14 @@ def main() -> int:
           f"plan=, Lua hook, PrologFlags={opts.prolog_flags or '-'})")
     print(f"{'case':<46} {'without ms':>10} {'with ms':>9} {'added ms':>9} {'ratio':>7} "
           f"{'goal':>7}")
-    for name, _without, _with, _holder, goal, _extra in CASES:
+    for name, _without, _with, _holder, goal, _extra in cases:
         base = statistics.median(samples[(name, "without")])
         with_ = statistics.median(samples[(name, "with")])
         print(f"{name:<46} {base * 1000:>10.1f} {with_ * 1000:>9.1f} "
               f"{(with_ - base) * 1000:>9.1f} {with_ / base:>7.3f} {'<=' + str(goal):>7}")
     print(f"\nhow the timed jobs with gpushare were set up ({runs} per case)")
     print(f"{'case':<44} " + " ".join(f"{key:>15}" for key, _ in SET_UP))
-    for name, *_rest in CASES:
+    for name, *_rest in cases:
         counts = set_up.get(name, {})
         print(f"{name:<44} " + " ".join(f"{counts.get(key, 0):>15}" for key, _ in SET_UP))
     return 0
