@@ -80,6 +80,19 @@ def test_the_pool_is_the_one_the_resource_slice_names(server) -> None:
     assert kube.dra_key(Device("k8s-02", 0)) == ("gpu.nvidia.com", "rack7-k8s-02", "gpu-0")
 
 
+def test_a_nodes_resource_slices_are_listed_once_for_all_its_devices(server) -> None:
+    api, config = server
+    kube = fence(config, "dra")
+    keys = [kube.dra_key(device) for device in (GPU0, GPU1, SLICE, GPU0)]
+    assert [key[2] for key in keys] == ["gpu-0", "gpu-1", "gpu-2-mig-3", "gpu-0"]
+    listed = [path for method, path in api.requests
+              if method == "GET" and "/resourceslices" in path]
+    assert len(listed) == 1, listed
+    kube.fence(GPU1, "night-batch")  # the fence takes its pool from the same listing
+    assert len([path for method, path in api.requests
+                if method == "GET" and "/resourceslices" in path]) == 1
+
+
 def test_a_resource_version_the_cluster_does_not_serve_is_a_clear_error(server) -> None:
     _, config = server
     kube = fence(config, "dra", api_version="v1alpha3")

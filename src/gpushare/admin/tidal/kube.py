@@ -103,18 +103,26 @@ class KubeFence:
         self.settings = settings
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        # Each node's ResourceSlices of the driver, listed once per fence (one tidal run,
+        # one round): a round asks for the pools of every device of a node.
+        self._slices: dict[str, list[dict[str, Any]]] = {}
 
     # -- DRA ------------------------------------------------------------------------------
+    def _node_slices(self, node: str) -> list[dict[str, Any]]:
+        if node not in self._slices:
+            try:
+                found = self.custom.list_cluster_custom_object(
+                    GROUP, self.settings.api_version, "resourceslices",
+                    field_selector=f"spec.nodeName={node},spec.driver={self.settings.driver}")
+            except Exception as err:
+                raise _api_error(f"listing the ResourceSlices of node {node}", err) from None
+            self._slices[node] = list(found.get("items", []))
+        return self._slices[node]
+
     def _slice_pool(self, device: Device) -> str:
         """The pool that publishes the device on its node (refused when none does)."""
         name = self.settings.dra_device(device)
-        try:
-            slices = self.custom.list_cluster_custom_object(
-                GROUP, self.settings.api_version, "resourceslices",
-                field_selector=f"spec.nodeName={device.node},spec.driver={self.settings.driver}")
-        except Exception as err:
-            raise _api_error(f"listing the ResourceSlices of node {device.node}", err) from None
-        for item in slices.get("items", []):
+        for item in self._node_slices(device.node):
             spec = item.get("spec", {})
             if any(d.get("name") == name for d in spec.get("devices", [])):
                 return str(spec.get("pool", {}).get("name", device.node))
