@@ -3,7 +3,9 @@
 
 A local Slurm of the test plan's nodes (tests/plans/bed.yaml: four 8-GPU H100 nodes and a
 MIG node), configured as docs/admin.md says: the plugin with ``verify=strict`` and
-``plan=``, simulated NVML per node, the MPS stand-in, the Lua submit hook, no PrologFlags.
+``plan=``, simulated NVML per node, the MPS stand-in, the Lua submit hook, no PrologFlags,
+``state_dir=`` on a tmpfs as its default ``/run/gpushare`` is (``--state-on-disk``: on the
+bed's disk instead, where every record's sync costs a write to the disk).
 Every srun is a new job. The cases:
 
   srun true                  no GPU sharing: the plugin's fast path
@@ -126,6 +128,8 @@ def main() -> int:
     parser.add_argument("--prolog-flags", default="", metavar="FLAGS",
                         help="slurm.conf PrologFlags= (default none, as docs/admin.md; e.g. "
                         "Alloc to see what it costs)")
+    parser.add_argument("--state-on-disk", action="store_true",
+                        help="state_dir= on the bed's disk, not on a tmpfs")
     parser.add_argument("--only", default="", metavar="TEXT",
                         help="run only the cases whose name contains TEXT (e.g. 'first')")
     opts = parser.parse_args()
@@ -134,7 +138,8 @@ def main() -> int:
         parser.error(f"no case's name contains {opts.only!r}")
 
     bed = slurmbed.plan_bed(root=opts.root, port_base=opts.port, job_submit="lua",
-                            job_submit_lua=LUA, prolog_flags=opts.prolog_flags)
+                            job_submit_lua=LUA, prolog_flags=opts.prolog_flags,
+                            state_tmpfs=not opts.state_on_disk)
     samples: dict[tuple[str, str], list[float]] = {}
     set_up: dict[str, dict[str, int]] = {}
     with bed:
@@ -171,7 +176,8 @@ def main() -> int:
     runs = opts.blocks * opts.per_block
     print(f"what a user waits for, {runs} runs per side in {opts.blocks} alternating blocks "
           f"(cases of seconds: 1/{max(LONG_CASES.values())} of that), medians (verify=strict, "
-          f"plan=, Lua hook, PrologFlags={opts.prolog_flags or '-'})")
+          f"plan=, Lua hook, PrologFlags={opts.prolog_flags or '-'}, state_dir= on "
+          f"{'disk' if opts.state_on_disk else 'tmpfs'})")
     print(f"{'case':<46} {'without ms':>10} {'with ms':>9} {'added ms':>9} {'ratio':>7} "
           f"{'goal':>7}")
     for name, _without, _with, _holder, goal, _extra in cases:

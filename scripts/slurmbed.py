@@ -171,6 +171,9 @@ class SlurmBed:
     # A booted systemd_node.SystemdNode: each slurmd runs there as a service of its own, as
     # a site's slurmd.service (Delegate=yes, KillMode=process); None: a plain process.
     systemd: Any = None
+    # The plugin's state directories on a tmpfs of their own, as state_dir='s default
+    # (/run/gpushare) is on a node (the benchmarks); False: on the root's file system.
+    state_tmpfs: bool = False
     _pids: dict[str, int] = field(default_factory=dict, repr=False)
 
     # ---- layout ---------------------------------------------------------------------
@@ -251,10 +254,15 @@ class SlurmBed:
         for user in TEST_USERS:
             ensure_user(user)
         if os.path.exists(self.root):
+            self._unmount_state()
             shutil.rmtree(self.root)
         for sub in ("etc", "log", "run", "spool/ctld", "munge", "dev/nvidia-caps", "lib",
                     "nodes", "bin", "out"):
             os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
+        if self.state_tmpfs:
+            os.makedirs(self.state_dir, mode=0o755, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=256m",
+                            "gpushare-bed-state", self.state_dir], check=True)
         for node in self.nodes:
             os.makedirs(self.path("spool", node.name), exist_ok=True)
         os.chmod(self.root, 0o755)
@@ -527,7 +535,18 @@ class SlurmBed:
         self._kill_leftovers()
         self._remove_cgroups()
         if not self.keep:
+            self._unmount_state()
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def _unmount_state(self) -> None:
+        """Every mount at or below the state directories (the state_tmpfs, daemons' spaces
+        an epilog did not unmount), deepest first."""
+        top = os.path.realpath(self.state_dir)
+        with open("/proc/self/mountinfo") as handle:
+            points = [line.split()[4] for line in handle]
+        for point in sorted((p for p in points if p == top or p.startswith(top + "/")),
+                            key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], check=False)
 
     def _kill_leftovers(self) -> None:
         """slurmstepds and stand-in daemons that use a path inside this root (only ours).
