@@ -19,14 +19,21 @@ from typing import Any, Sequence
 __all__ = ["Accounting", "AccountingError"]
 
 APT_PACKAGES = ("slurmdbd", "mariadb-server")
-# Where the release's own slurmdbd runs against its own MariaDB. Debian 13's slurmdbd 24.11
-# (and forky's 26.05) stops at its start against its MariaDB 11.8.9: the client library
-# fails Slurm's own first query, `select @var := concat('');` in
-# _check_mysql_concat_is_sane, with error 5027 ("Number of columns in result (=1) set
-# exceeds maximum allowed number of columns (=0)"), with Debian's server defaults or
-# --no-defaults, and with the server's session tracking off. So there the packages are not
-# installed and the AdminComment test skips.
-RELEASES = ("bookworm",)
+# Debian 13's slurmdbd 24.11 (and forky's 26.05) stops at its start against its own
+# MariaDB 11.8.9 with that release's client library, libmariadb3 11.8.9: the library fails
+# Slurm's own first query, `select @var := concat('');` in _check_mysql_concat_is_sane,
+# with error 5027 ("Number of columns in result (=1) set exceeds maximum allowed number of
+# columns (=0)"), with Debian's server defaults or --no-defaults, and with the server's
+# session tracking off. The same slurmdbd starts and runs against the same server with
+# Debian 12's libmariadb3 (10.11). So on those releases the bed's slurmdbd, and only it,
+# loads Debian 12's client library, fetched once (apt-get download, into a directory of
+# its own: nothing is installed) into CLIENT_DIR: the release roots of `make test` get it
+# with the packages (tests/release_root.py). A Debian 13 machine's own `make deps` installs
+# neither, and there the AdminComment test skips.
+RELEASES = ("bookworm",)  # where `make deps` installs APT_PACKAGES on the machine itself
+CLIENT_FROM = {"trixie": "bookworm", "forky": "bookworm"}
+CLIENT_PACKAGE = "libmariadb3"
+CLIENT_DIR = "/var/cache/gpushare-test/libmariadb-bookworm"
 DB_USER = "slurm"
 DB_PASS = "gsbed"  # a throwaway database on 127.0.0.1, gone with the bed
 
@@ -90,7 +97,10 @@ class Accounting:
              f"--socket={self.path('db', 'db.sock')}", f"--port={self.db_port}",
              "--bind-address=127.0.0.1", f"--pid-file={self.path('db', 'mariadbd.pid')}",
              "--innodb-buffer-pool-size=32M", "--skip-log-bin",
-             "--innodb-lock-wait-timeout=900"],
+             "--innodb-lock-wait-timeout=900",
+             # MariaDB 11.6+ (Debian 13's 11.8): slurmdbd does not support it (it says
+             # so at its start); `loose-`: a 10.11 server without the option ignores it
+             "--loose-innodb-snapshot-isolation=OFF"],
             stdout=log, stderr=log, start_new_session=True)
         log.close()
         self._pids["mariadbd"] = proc.pid
@@ -111,7 +121,9 @@ class Accounting:
     def start_dbd(self, env: dict[str, str]) -> None:
         """slurmdbd, in the foreground of its own process (-D), until sacctmgr reaches it."""
         log = open(self.path("slurmdbd.out"), "ab")  # noqa: SIM115
-        proc = subprocess.Popen(["slurmdbd", "-D"], env=env, stdout=log, stderr=log,
+        library = client_library()
+        dbd_env = dict(env, LD_LIBRARY_PATH=library) if library else env
+        proc = subprocess.Popen(["slurmdbd", "-D"], env=dbd_env, stdout=log, stderr=log,
                                 start_new_session=True)
         log.close()
         self._pids["slurmdbd"] = proc.pid
@@ -192,3 +204,82 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
         os.kill(pid, 9)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+def codename(root: str = "/") -> str:
+    """The Debian release of the system at ``root`` (its /etc/os-release)."""
+    with contextlib.suppress(FileNotFoundError), \
+            open(os.path.join(root, "etc/os-release")) as handle:
+        for line in handle:
+            key, _, value = line.strip().partition("=")
+            if key == "VERSION_CODENAME":
+                return value.strip('"')
+    return ""
+
+
+def _unpacked_library(target: str) -> str:
+    """The directory below ``target`` holding libmariadb.so.3 ("" for none)."""
+    for top, _dirs, files in os.walk(target):
+        if "libmariadb.so.3" in files:
+            return top
+    return ""
+
+
+def client_library() -> str:
+    """The directory of the client library this release's slurmdbd loads instead of its
+    own ("" where it loads its own); AccountingError when it was not fetched."""
+    if codename() not in CLIENT_FROM:
+        return ""
+    found = _unpacked_library(CLIENT_DIR)
+    if not found:
+        raise AccountingError(f"{CLIENT_DIR} holds no libmariadb.so.3 (the release roots of "
+                              "`make test` get it: tests/release_root.py)")
+    return found
+
+
+def unusable_reason() -> str:
+    """Why accounting cannot run here ("" when it can)."""
+    missing = [name for name in ("mariadbd", "mariadb-install-db", "slurmdbd")
+               if not shutil.which(name)]
+    if missing:
+        return (f"accounting needs the {' and '.join(APT_PACKAGES)} packages "
+                f"({', '.join(missing)} missing)")
+    try:
+        client_library()
+    except AccountingError as err:
+        return str(err)
+    return ""
+
+
+def fetch_client_library(mirror: str, root: str = "/") -> None:
+    """Debian 12's libmariadb3 unpacked into CLIENT_DIR below ``root``, when the release at
+    ``root`` needs it (CLIENT_FROM) and it is not there yet. apt works in a directory of its
+    own (its own source list, lists and cache): this machine's apt sources, lists and
+    installed packages stay as they are."""
+    release = CLIENT_FROM.get(codename(root))
+    target = os.path.join(root, CLIENT_DIR.lstrip("/"))
+    if release is None or _unpacked_library(target):
+        return
+    work = target + ".apt"
+    shutil.rmtree(work, ignore_errors=True)
+    for sub in ("lists/partial", "cache/archives/partial", "parts", "prefs"):
+        os.makedirs(os.path.join(work, sub), exist_ok=True)
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    signed = f"[signed-by={keyring}] " if os.path.exists(keyring) else ""
+    with open(os.path.join(work, "sources.list"), "w") as handle:
+        handle.write(f"deb {signed}{mirror} {release} main\n")
+    options = [f"-o=Dir::Etc::SourceList={work}/sources.list",
+               f"-o=Dir::Etc::SourceParts={work}/parts",
+               f"-o=Dir::Etc::PreferencesParts={work}/prefs",
+               f"-o=Dir::State::Lists={work}/lists", f"-o=Dir::Cache={work}/cache",
+               "-o=Dir::State::status=/dev/null", "-o=APT::Get::List-Cleanup=0",
+               "-o=APT::Sandbox::User=root"]
+    subprocess.run(["apt-get", *options, "update", "-qq"], check=True)
+    subprocess.run(["apt-get", *options, "download", "-qq", CLIENT_PACKAGE], check=True,
+                   cwd=work)
+    debs = [name for name in os.listdir(work) if name.endswith(".deb")]
+    if len(debs) != 1:
+        raise AccountingError(f"apt-get download {CLIENT_PACKAGE} from {release} gave {debs}")
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(["dpkg-deb", "-x", os.path.join(work, debs[0]), target], check=True)
+    shutil.rmtree(work, ignore_errors=True)

@@ -70,9 +70,11 @@ PACKAGES = (
     "python3-cffi", "python3-dev", "python3-setuptools", "python3-jinja2", "python3-yaml",
     "python3-pip", "python3-venv", "python3-rpm", "lua5.1", "gcc", "libc6-dev", "make", "rpm",
     "ca-certificates", "procps",
+    # the AdminComment test's accounting (scripts/slurmdbd_bed.py)
+    "slurmdbd", "mariadb-server",
 )
 TEST_USERS = ("gpushare-u1", "gpushare-u2")
-RECIPE_VERSION = "2"  # bump when the build steps below change
+RECIPE_VERSION = "3"  # bump when the build steps below change
 
 
 class RootError(RuntimeError):
@@ -219,6 +221,11 @@ def build_root(codename: str, mirror: Mirror, wanted: str) -> None:
             _run(["chroot", new, "useradd", "--create-home", "--shell", "/bin/bash", user],
                  log, env=env)
         _run(["chroot", new, "apt-get", "clean"], log, env=env)
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import slurmdbd_bed
+
+    # the client library the release's slurmdbd needs, where its own fails (see there)
+    slurmdbd_bed.fetch_client_library(mirror.main, root=new)
     old = os.path.join(top, "root.old")
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(root_of(codename)):
