@@ -296,6 +296,23 @@ def job_gres(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0) -> dict[str, l
     return parse_squeue_jobs(_run([squeue, "--json", "--all"], timeout))
 
 
+def array_task_job_id(task: str, squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0) -> int:
+    """The job id of the array task ``task`` (``ARRAY_TASK``, as squeue prints it), which is
+    the id its node's records use; SlurmClientError when slurmctld knows no such task."""
+    if not squeue.startswith("/"):
+        raise SlurmClientError(f"{squeue}: give the Slurm command as an absolute path")
+    try:
+        said = _run([squeue, "--noheader", "--jobs", task, "--format", "%A"], timeout)
+    except SlurmClientError as err:
+        said = f"{err}"
+    words = said.split()
+    if len(words) != 1 or not (words[0].isascii() and words[0].isdigit()):
+        raise SlurmClientError(f"squeue knows no running or pending array task {task} "
+                               f"({said.strip() or 'it said nothing'}); give the task's job "
+                               "id, as `squeue --format %A` or sacct's JobIDRaw shows it")
+    return int(words[0])
+
+
 # --------------------------------------------------------------------------------------------
 # Backends
 

@@ -26,6 +26,7 @@ from gpushare.node.devices import is_uuid
 __all__ = ["DaemonProbe", "JobView", "format_view", "job_view", "probe_daemon", "register"]
 
 DEFAULT_MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+DEFAULT_SQUEUE = "/usr/bin/squeue"  # gpushare.admin.slurm_client's, not imported for it
 PROBE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 NOT_IN_JOB = ("not inside a Slurm job (SLURM_JOB_ID is unset); run it in the job, e.g. "
               "srun --gres=mps:25 gpushare job")
@@ -187,9 +188,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  gpushare job 4242        # on the job's node: its GPU use now, peak and means",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("job_id", nargs="?", type=int, metavar="JOB_ID",
+    parser.add_argument("job_id", nargs="?", type=_job_id_text, metavar="JOB_ID",
                         help="on a node, show only this job's GPU use as the node's sampler "
-                        "saw it (any job of the node; no need to run inside it)")
+                        "saw it (any job of the node; no need to run inside it); an array "
+                        "task as squeue prints it (4242_7) is asked of squeue for its own "
+                        "job id")
+    parser.add_argument("--squeue", default=DEFAULT_SQUEUE, metavar="PATH",
+                        help=f"squeue, for an array task's job id (default {DEFAULT_SQUEUE})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--mps-control", metavar="PATH",
                         help="the nvidia-cuda-mps-control program (default: the plugin's "
@@ -198,6 +203,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="how long to wait for the daemon's answer (default 5)")
     parser.set_defaults(func=_run)
+
+
+def _job_id_text(text: str) -> str:
+    """JOB_ID as typed: a job id (digits), or an array task's ARRAY_TASK (int() alone would
+    read 10_3 as 103, another job)."""
+    head, underscore, tail = text.partition("_")
+    if all(part.isascii() and part.isdigit() for part in ((head, tail) if underscore else (head,))):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a job id: give digits (4242), or an "
+                                     "array task as squeue prints it (4242_7)")
+
+
+def _job_id(args: argparse.Namespace) -> int:
+    """JOB_ID's job id; SlurmClientError when an array task's cannot be found."""
+    text = str(args.job_id)
+    if "_" not in text:
+        return int(text)
+    from gpushare.admin.slurm_client import array_task_job_id
+
+    return array_task_job_id(text, args.squeue)
 
 
 def _usage(args: argparse.Namespace, job_id: int) -> tuple[Any, list[tuple[str, str]]]:
@@ -217,13 +242,23 @@ def _run(args: argparse.Namespace) -> int:
         print("gpushare: --timeout must be between 0.1 and 600 seconds", file=sys.stderr)
         return 2
     view = job_view(os.environ)
-    if args.job_id is not None and args.job_id != view.job_id:
-        usage, rows = _usage(args, args.job_id)
+    job_id: Optional[int] = None
+    if args.job_id is not None:
+        from gpushare.admin.slurm_client import SlurmClientError
+
+        try:
+            job_id = _job_id(args)
+        except SlurmClientError as err:
+            print(f"gpushare job: {err}", file=sys.stderr)
+            return 2
+    if job_id is not None and job_id != view.job_id:
+        usage, rows = _usage(args, job_id)
         if args.json:
-            print(json.dumps({"job_id": args.job_id,
+            print(json.dumps({"job_id": job_id,
                               "usage": usage.to_dict() if usage else None}, indent=2))
         else:
-            rows = [("job", f"{args.job_id} on {nodeconf.this_node()}"), *rows]
+            shown = str(job_id) if str(job_id) == args.job_id else f"{job_id} ({args.job_id})"
+            rows = [("job", f"{shown} on {nodeconf.this_node()}"), *rows]
             width = max(len(name) for name, _ in rows)
             print("\n".join(f"{name.ljust(width)}  {value}" for name, value in rows))
         return 0 if usage is not None else 1

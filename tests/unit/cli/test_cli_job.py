@@ -215,3 +215,27 @@ def test_gpu_uuids_from_env_uuid_are_not_taken_for_indices():
     assert view.node_gpus == []
     assert view.visible_devices == uuids
     assert job_view(dict(env, SLURM_STEP_GPUS="2,5")).node_gpus == ["2", "5"]
+
+
+def test_an_array_task_is_not_read_as_another_job(tmp_path, capsys, monkeypatch):
+    """int("10_3") is 103: the task's own job id comes from squeue instead."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    squeue = tmp_path / "squeue"
+    squeue.write_text('#!/bin/sh\n[ "$*" = "--noheader --jobs 10_3 --format %A" ] && '
+                      'echo 13 && exit 0\n'
+                      'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
+    squeue.chmod(0o755)
+    state = tmp_path / "state"
+    (state / "usage").mkdir(parents=True)
+    plugstack = tmp_path / "plugstack.conf"
+    plugstack.write_text(f"required spank_gpushare.so state_dir={state}\n")
+    args = ["job", "--squeue", str(squeue), "--plugstack", str(plugstack), "--node", "n1"]
+    main([*args, "10_3"])
+    out = capsys.readouterr()
+    assert "13 (10_3) on" in out.out and "103" not in out.out, out
+    assert main([*args, "10_4"]) == 2
+    assert "squeue knows no running or pending array task 10_4" in capsys.readouterr().err
+    for bad in ("1_0_3", "12a", "_3", "3_", "１２", " 12"):
+        with pytest.raises(SystemExit):
+            main([*args, bad])
+        assert "is not a job id" in capsys.readouterr().err
