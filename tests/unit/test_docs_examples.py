@@ -123,9 +123,20 @@ def test_simulate_stdout_is_the_profile(capsys):
     assert json.loads(out) == profile_from_plan(load_plan(plan_path), "l40s-03")
 
 
+def test_simulate_makes_its_output_directory(capsys, tmp_path):
+    """As admin.md types it on a fresh machine: /tmp/nodes need not exist yet."""
+    nodes = tmp_path / "new" / "nodes"
+    rc, _, err = run(capsys, "simulate", "--plan", str(ETC / "plan.example.yaml"),
+                     "--output-dir", str(nodes))
+    assert rc == 0, err
+    assert json.loads((nodes / "l40s-03.json").read_text()) == profile_from_plan(
+        load_plan(str(ETC / "plan.example.yaml")), "l40s-03")
+
+
 @pytest.mark.parametrize("argv, message", [
     (("--node", "nowhere-01"), "node nowhere-01 is in no node group"),
-    (("--output-dir", "/nonexistent/dir"), "is not a directory; create it first"),
+    (("--output-dir", "/etc/hostname"), "--output-dir /etc/hostname: cannot make the "
+     "directory (File exists)"),
     (("--output-dir", "/tmp", "--output", "/tmp/x.json"), "--output goes with --node"),
 ])
 def test_simulate_says_what_is_wrong(capsys, argv, message):

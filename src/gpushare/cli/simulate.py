@@ -60,9 +60,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.node and not args.output:
         sys.stdout.write(json.dumps(profiles[args.node], indent=1) + "\n")
         return 0
-    if args.output_dir and not os.path.isdir(args.output_dir):
-        return fail("simulate", f"--output-dir {args.output_dir} is not a directory; create "
-                    "it first")
+    if args.output_dir:
+        try:
+            os.makedirs(args.output_dir, mode=0o755, exist_ok=True)
+        except OSError as err:
+            return fail("simulate", f"--output-dir {args.output_dir}: cannot make the "
+                        f"directory ({err.strerror}); give a directory")
     for node, profile in profiles.items():
         path = args.output or os.path.join(args.output_dir, f"{node}.json")
         if write_atomically(path, json.dumps(profile, indent=1) + "\n", "simulate") != 0:
