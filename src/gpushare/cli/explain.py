@@ -49,14 +49,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "would change, or why the job would be rejected; a --gres that sbatch/srun refuse "
         "themselves (before any submit hook runs) is reported with Slurm's own answer. "
         "Exit status: 0 accepted, 1 rejected, 2 bad flags or facts.",
-        epilog="example: gpushare explain -- -N 3 --gres=gpu:1g.10gb:1",
+        epilog="example: gpushare explain -- -N 3 --gres=gpu:1g.5gb:1",
     )
     parser.add_argument("--facts", default=None,
                         help=f"cluster facts file (default: ${FACTS_ENV} or {DEFAULT_FACTS_PATH})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--uid", type=int, default=None,
-                        help="the user the job would run as (default: the caller); "
-                        "MPS requests of root (0) are refused")
+                        help="the user the job would run as (default: the caller)")
     parser.add_argument("flags", nargs=argparse.REMAINDER, metavar="-- FLAGS",
                         help="the job's sbatch/srun flags, after --")
     parser.set_defaults(func=_run)
