@@ -120,7 +120,9 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
         return 0;
     }
     if (gs_parse_args(ac, av) < 0)
-        return -1;
+        /* In a prolog's or epilog's process the callback itself says so (gs_bad_line),
+         * with gpushare's reason instead of Slurm's bare "Prolog/Epilog error". */
+        return ctx == S_CTX_JOB_SCRIPT ? 0 : -1;
     if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE) {
         for (struct spank_option *opt = gs_options; opt->name; opt++) {
             if (spank_option_register(sp, opt) != ESPANK_SUCCESS) {
@@ -132,14 +134,26 @@ GS_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av)
     return 0;
 }
 
+/* The gpushare line of plugstack.conf cannot be parsed (gs_parse_args logged which
+ * argument): the node drains with that cause, named in full in slurmd's log. No state
+ * directory is known, so a job's daemon reference stays for the first prolog after the fix
+ * (or `gpushare mps --reap`) to give back, as any lost epilog's. */
+static int gs_bad_line(void)
+{
+    return gs_drain_node("bad gpushare line in plugstack.conf (slurmd's log names the "
+                         "argument)");
+}
+
 GS_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
     char lock[PATH_MAX + 32], env[PATH_MAX + 32], core[PATH_MAX], jobs[PATH_MAX];
     double started = gs_now();
     int fd, rc;
 
-    if (gs_parse_args(ac, av) < 0)
+    if (gs_parse_args(ac, av) < 0) {
+        (void)gs_bad_line(); /* the job must not start: Slurm's requeue and drain follow */
         return -1;
+    }
     gs_debug(sp, "cb=job_prolog begin");
     if (!gs_env_set("SLURM_JOB_GPUS") && !gs_env_set("CUDA_VISIBLE_DEVICES") &&
         !gs_env_set("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") && !gs_job_options_used(sp)) {
@@ -209,7 +223,7 @@ GS_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     int fd = -1, barrier[GS_EPILOG_LOCKS_MAX], held, rc, jobs_ok, sampled, undrained = 0;
 
     if (gs_parse_args(ac, av) < 0)
-        return -1;
+        return gs_bad_line() == 0 ? 0 : -1; /* drained with the cause, else Slurm drains */
     /* A state directory a user could change is refused (slurmd's log says why). */
     if (gs_check_state_dir(0) < 0 && errno != ENOENT)
         return -1;

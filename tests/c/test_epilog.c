@@ -71,11 +71,13 @@ double gs_now(void) { return 1000.0; }
 
 double gs_wait_limit(void) { return 24.0; }
 
+static int bad_line; /* the gpushare line of plugstack.conf cannot be parsed */
+
 int gs_parse_args(int ac, char **av)
 {
     (void)ac;
     (void)av;
-    return 0;
+    return bad_line ? -1 : 0;
 }
 
 int gs_check_state_dir(int create)
@@ -282,8 +284,23 @@ static void test_a_sampled_job_goes_to_the_worker(void)
     usage_exists = 0;
 }
 
+/* A line the plugin cannot parse: the node drains with gpushare's cause and the epilog
+ * succeeds, so Slurm's bare "Epilog error" does not replace it; nothing else is touched. */
+static void test_a_bad_plugstack_line_drains_with_its_cause(void)
+{
+    bad_line = 1;
+    CHECK_INT(epilog(0, 0, 1, 1), 0);
+    CHECK_INT(drains, 1);
+    CHECK(starts(drained_why, "bad gpushare line in plugstack.conf"));
+    CHECK(strlen(drained_why) + strlen("gpushare: ") <= 100); /* what sinfo -R shows */
+    CHECK_INT(detached + finished + in_place + fast_leaves, 0);
+    CHECK_INT(epilog(0, 1, 1, 1), -1); /* no drain made: Slurm's own */
+    bad_line = 0;
+}
+
 int main(void)
 {
+    test_a_bad_plugstack_line_drains_with_its_cause();
     test_a_sampled_job_goes_to_the_worker();
     test_a_finished_prolog();
     test_a_stuck_prolog_worker_is_drained_for_and_its_job_undone();

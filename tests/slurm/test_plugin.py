@@ -356,6 +356,29 @@ def test_unknown_plugstack_key_refuses_to_run(clean_bed):
     assert "accepted keys" in result.stderr
 
 
+def test_a_line_broken_before_an_epilog_drains_with_gpushares_cause(clean_bed):
+    """The line was fine at the job's start and is broken at its end: the epilog drains the
+    node with gpushare's cause, not Slurm's bare "Epilog error". Once the line is mended,
+    `gpushare mps --reap` gives back the job's share, and the node runs shared jobs again."""
+    good = clean_bed.plugstack_line()
+    job_id = clean_bed.sbatch("sleep 2", "--gres=mps:25", "-w", "n4", user=USER)
+    clean_bed.wait_job(job_id, states={"RUNNING"})
+    clean_bed.write_plugstack(good.rstrip() + " colour=blue\n")
+    clean_bed.wait_job(job_id)
+    _wait_for_log(clean_bed, "n4", r"unknown plugstack argument 'colour=blue'")
+    state = _wait_drained(clean_bed, "n4")
+    assert state.get("Reason", "").startswith(
+        "gpushare: bad gpushare line in plugstack.conf"), state
+    clean_bed.write_plugstack(good)
+    reaped = clean_bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node", "n4",
+                            "--reap"], env={"PYTHONPATH": clean_bed.path("lib", "python")},
+                           check=False)
+    assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+    clean_bed.resume("n4")
+    again = clean_bed.sbatch("true", "--gres=mps:25", "-w", "n4", user=USER)
+    assert clean_bed.wait_job(again)["JobState"] == "COMPLETED"
+
+
 def test_bad_plugstack_value_fails_gpu_job_with_a_named_key(clean_bed):
     clean_bed.write_plugstack(clean_bed.plugstack_line().rstrip() + " verify=maybe\n")
     job_id = clean_bed.sbatch("true", "--gres=mps:10", "-w", "n4", user=USER)
