@@ -249,6 +249,16 @@ def test_conffile_names_the_installed_plugin_and_core(installed):
         assert f"PYTHONPATH = ['{PYTHONDIR}']".encode() in handle.read()
 
 
+def test_example_plan_is_for_the_packaged_slurm(installed):
+    """Rendered from the example as it is, the facts speak this Slurm's request syntax."""
+    import yaml
+
+    major, minor, _micro = installed_slurm_version()
+    with open("/usr/share/gpushare/examples/plan.example.yaml") as handle:
+        plan = yaml.safe_load(handle)
+    assert plan["slurm"]["version"] == f"{major}.{minor:02d}"
+
+
 @pytest.fixture(scope="module")
 def deb_bed(installed):
     """A bed whose plugstack line is the installed conffile's with the bed's own arguments,
