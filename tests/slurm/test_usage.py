@@ -136,14 +136,15 @@ def test_two_users_jobs_on_one_mps_gpu_get_their_own_figures_and_a_named_hog(usa
     def logged() -> str:
         with open(bed.path("log", "slurmd-n1.log")) as f:
             text = f.read()
-        return text if all(f"job {job}: gpushare: GPU peak memory" in text
+        return text if all(f"job {job}: GPU peak memory" in text
                            for job in (one, two)) else ""
     slurmd_log = str(wait_until("both jobs' GPU use logged by their epilogs", logged, 60))
-    assert f"job {one}: gpushare: GPU peak memory 2.0 GiB, mean SM 30 % (measured)" \
+    assert f"job {one}: GPU peak memory 2.0 GiB, mean SM 30 % (measured)" \
         in slurmd_log
-    assert f"job {two}: gpushare: GPU peak memory 1.0 GiB, mean SM 50 % (measured)" \
+    assert f"job {two}: GPU peak memory 1.0 GiB, mean SM 50 % (measured)" \
         in slurmd_log
     assert f"job {one}: its GPU use is not in AdminComment (it needs slurmdbd)" in slurmd_log
+    assert f"job {one}: job {one}:" not in slurmd_log
     assert read(bed, f"{one}.json") is None and read(bed, f"{two}.json") is None
     usage_round(bed)
     assert read(bed, f"{one}.json") is None and read(bed, f"{two}.json") is None
@@ -187,8 +188,8 @@ def test_a_whole_gpu_job_that_shares_nothing_gets_its_use_logged_at_its_end(usag
     def logged() -> str:
         with open(bed.path("log", "slurmd-n1.log")) as f:
             text = f.read()
-        return text if f"job {job}: gpushare: GPU peak memory" in text else ""
+        return text if f"job {job}: GPU peak memory" in text else ""
     slurmd_log = str(wait_until("the job's GPU use logged by its epilog", logged, 60))
-    assert f"job {job}: gpushare: GPU peak memory 3.0 GiB, mean SM 80 % (measured)" \
+    assert f"job {job}: GPU peak memory 3.0 GiB, mean SM 80 % (measured)" \
         in slurmd_log
     wait_until("its figures removed", lambda: read(bed, f"{job}.json") is None, 60)

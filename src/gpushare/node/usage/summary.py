@@ -62,35 +62,33 @@ def record_end(state_dir: str, job_id: int, sacct: str = SACCT,
     try:
         usage = store.read_job(job_id)
     except (OSError, ValueError) as err:
-        LOG.warning("job %d: its GPU use cannot be read: %s", job_id, err)
+        LOG.warning("its GPU use cannot be read: %s", err)
         return None
     if usage is None:
         return None
     line = summary_line(usage)
-    LOG.info("job %d: %s", job_id, line)
+    LOG.info("%s", line.removeprefix("gpushare: "))  # the log says gpushare and the job
     try:
         store.remove_job(job_id)
     except OSError as err:
-        LOG.warning("job %d: its usage file stays for the sampler to remove: %s", job_id, err)
+        LOG.warning("its usage file stays for the sampler to remove: %s", err)
     current, why = _current(job_id, sacct)
     if current is None:
-        LOG.warning("job %d: its GPU use is not in AdminComment (it needs slurmdbd): %s",
-                    job_id, why)
+        LOG.warning("its GPU use is not in AdminComment (it needs slurmdbd): %s", why)
         return line
     if line in current:  # an epilog run twice
         return line
     if any(quote in current for quote in _QUOTES):
-        LOG.warning("job %d: its AdminComment holds a quote, which sacctmgr would alter; "
-                    "its GPU use is only in this log", job_id)
+        LOG.warning("its AdminComment holds a quote, which sacctmgr would alter; its GPU use "
+                    "is only in this log")
         return line
     text = f"{current}; {line}" if current else line
     if len(text) > ADMIN_COMMENT_MAX:
-        LOG.warning("job %d: AdminComment is full (%d characters); its GPU use is only in "
-                    "this log", job_id, len(current))
+        LOG.warning("its AdminComment is full (%d characters); its GPU use is only in this "
+                    "log", len(current))
         return line
     _done, why = _slurm([sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}", "set",
                          f"AdminComment={text}"])
     if why:
-        LOG.warning("job %d: its GPU use is not in AdminComment (it needs slurmdbd): %s",
-                    job_id, why)
+        LOG.warning("its GPU use is not in AdminComment (it needs slurmdbd): %s", why)
     return line
