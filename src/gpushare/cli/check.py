@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare the node's real gres.conf, its GPUs (NVML or a simulated profile) "
         "and the ownership plan; print each finding with where it is and how to fix it. Exit "
         "status: 0 all well, 1 warnings, 2 errors. As slurm.conf's HealthCheckProgram, "
-        "--drain drains the node with a readable reason when there is an error. Run as root "
+        "--drain drains the node with a readable reason when there is an error; with --drain "
+        "warnings alone exit 0, as slurmd logs every other status as a failed health check "
+        "(the warnings are in the output). Run as root "
         "on a node whose plugstack line names the same plan=, it also compiles the plan for "
         "the plugin's prologs (<state_dir>/owners-<node>.json), and where the line names the "
         "same inventory= source, it leaves NVML's answer for their GPU checks "
@@ -197,6 +199,13 @@ def _prepare_for_prologs(args: argparse.Namespace, node: str, inventory: Any,
 
 
 def _report(args: argparse.Namespace, node: str, findings: list[Any], source: str) -> int:
+    """Print the findings; the exit status (with --drain, warnings alone are 0)."""
+    status = _print_report(args, node, findings, source)
+    return 0 if args.drain and status == 1 else status
+
+
+def _print_report(args: argparse.Namespace, node: str, findings: list[Any],
+                  source: str) -> int:
     from gpushare.admin import check
 
     status = check.exit_status(findings)

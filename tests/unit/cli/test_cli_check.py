@@ -107,3 +107,20 @@ def test_the_check_leaves_nvmls_answer_for_the_prologs_of_the_node(site, capsys,
     (site / "etc" / "gres.conf").write_text("# edited\n")
     assert inventory_cache.load(config.state_dir, f"sim:{profile}",
                                 checked_files(config, os.environ), 60) is None
+
+
+@pytest.mark.parametrize("drain, severities, status", [
+    (False, ["warning"], 1), (True, ["warning"], 0), (True, [], 0),
+    (False, ["warning", "error"], 2)])
+def test_as_health_check_warnings_alone_are_no_failure(capsys, drain, severities, status):
+    """slurmd logs every non-zero HealthCheckProgram status as a failed health check."""
+    from gpushare.cli.check import _report
+    from gpushare.node.verify import Finding
+
+    args = argparse.Namespace(drain=drain, cluster=False, all_nodes=False, json=False,
+                              scontrol="/nonexistent/scontrol", timeout=1.0)
+    findings = [Finding(severity, f"{severity} found", "here", "mend it")
+                for severity in severities]
+    assert _report(args, NODE, findings, "none") == status
+    out = capsys.readouterr().out
+    assert all(f"{severity} found" in out for severity in severities)
