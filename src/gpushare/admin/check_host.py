@@ -114,9 +114,13 @@ def check_daemon_containment(setting: str, proc_root: str = "/proc") -> list[Fin
     below ``proc_root`` (``gpushare check --proc-root``)."""
     from gpushare.node.mps import isolation
 
+    fix = ("run the node with the cgroup v2 hierarchy mounted (systemd's unified mode; under "
+           "systemd mps_cgroup=auto gives each daemon a scope with its GPUs only)"
+           if setting == "auto" else
+           "set mps_cgroup=auto on a node with cgroup v2 (under systemd: a scope each, with "
+           "its GPUs only)")
     return [Finding(WARNING, gap, f"plugstack mps_cgroup={setting}",
-                    "set mps_cgroup=auto on a node with cgroup v2 (under systemd: a scope "
-                    "each, with its GPUs only)")
+                    f"{fix}, or accept it knowingly (docs/admin.md: On a cgroup v1 host)")
             for gap in isolation.containment_gaps(setting, proc_root)]
 
 
