@@ -224,7 +224,9 @@ def main() -> int:
         print("make demo runs as root (it starts a local Slurm)")
         return 1
     lua = os.path.join(HERE, "..", "submit_hooks", "job_submit.lua")
-    bed = slurmbed.plan_bed(root=ROOT, port_base=17500, job_submit="lua", job_submit_lua=lua)
+    # Its own ports, unless GPUSHARE_DEMO_PORT moves them (another Slurm on this host).
+    port = int(os.environ.get("GPUSHARE_DEMO_PORT", "17500"))
+    bed = slurmbed.plan_bed(root=ROOT, port_base=port, job_submit="lua", job_submit_lua=lua)
     print("Starting a local Slurm: munge, slurmctld and 5 slurmd with simulated GPUs "
           "(gres.conf, topology.conf and submit facts rendered from tests/plans/bed.yaml)")
     with bed:
