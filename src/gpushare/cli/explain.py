@@ -114,7 +114,9 @@ def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[s
     prefix = facts.gres_prefix
     job: dict[str, Any] = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL,
                            "req_switch": NO_VAL, "wait4switch": NO_VAL}
-    per_node = [f"{prefix}{item}" for gres in args.gres for item in gres.split(",") if item]
+    # sbatch/srun keep only the last --gres (each replaces the one before: 22.05 and 26.05)
+    ignored += [f"--gres={gres} (a later --gres replaces it)" for gres in args.gres[:-1]]
+    per_node = [f"{prefix}{item}" for gres in args.gres[-1:] for item in gres.split(",") if item]
     if args.gpus_per_node:
         per_node.append(_gpu_item(prefix, args.gpus_per_node, False))
     if per_node:
@@ -182,7 +184,7 @@ def client_refusal(flags: list[str], facts: Facts | None = None) -> str | None:
         return (f"error: gpushare: --gpu-share={args.gpu_share} is invalid: give a whole "
                 "percent of one GPU from 1 to 100, e.g. --gpu-share=25")
     items = []
-    for gres in args.gres:
+    for gres in args.gres[-1:]:  # the clients keep the last --gres only
         for part in gres.split(","):
             try:
                 items.extend(parse_field(part))

@@ -135,3 +135,16 @@ def test_explain_says_whether_an_untyped_gpu_gets_the_feature_or_is_refused(caps
     assert ("untyped GPU requests: whole (refused: Slurm owns several whole-GPU types, a node "
             "has both them and MIG slices here; the user must name the type)") in out
     assert "name the type, e.g. --gres=gpu:a100:4" in out
+
+
+def test_only_the_last_gres_counts_as_in_sbatch_and_srun(capsys):
+    """Two --gres flags are not one request: the clients keep the last (22.05 and 26.05:
+    --gres=gpu:1g.10gb:2 --gres=mps:10 is a job of mps:10 alone)."""
+    facts = load_facts(facts_path("h100-2205"))
+    job, ignored = flags_to_job(["--gres=gpu:1g.10gb:2", "--gres=mps:10"], facts)
+    assert job["tres_per_node"] == "gres:mps:10"
+    assert ignored == ["--gres=gpu:1g.10gb:2 (a later --gres replaces it)"]
+    path = facts_path("h100-2205")
+    main(["explain", "--facts", path, "--json", "--", "--gres=gpu:1g.10gb:2",
+          "--gres=mps:10"])
+    assert json.loads(capsys.readouterr().out)["client_refusal"] is None
