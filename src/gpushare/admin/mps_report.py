@@ -101,8 +101,9 @@ def _view(entry: dict[str, Any], job_ids: set[int], lost: set[int]) -> DaemonVie
         live = [job for job, _share in jobs if job not in stale and job not in gone]
         if live:
             problems.append(f"daemon pid {pid or 'unknown'} is gone while it serves "
-                            f"{_jobs(live)}: CUDA calls there fail until requeued; the next "
-                            "job on this device starts a new daemon")
+                            f"{_jobs(live)}: CUDA calls there fail until the job is requeued "
+                            "(`scontrol requeue <job>`, a batch job) or ends; the next job on "
+                            "this device starts a new daemon")
     if stale:
         problems.append(f"the daemon still counts {_jobs(stale)}, gone without a gpushare "
                         "record (no epilog ran); `gpushare mps --reap` drops such references "

@@ -332,9 +332,12 @@ def _run(argv: list[str], timeout: float) -> str:
         raise SlurmClientError(str(err)) from None
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
-        raise SlurmClientError(f"{' '.join(argv)} failed (exit {done.returncode}): "
-                               f"{detail[-1] if detail else 'no message'}; is slurmctld up? "
-                               "(scontrol ping)")
+        said = detail[-1] if detail else "no message"
+        hint = ("this needs slurmdbd (slurm.conf AccountingStorageType="
+                "accounting_storage/slurmdbd)" if "accounting storage is disabled" in said
+                else "is slurmctld up? (scontrol ping)")
+        raise SlurmClientError(f"{' '.join(argv)} failed (exit {done.returncode}): {said}; "
+                               f"{hint}")
     return done.stdout
 
 

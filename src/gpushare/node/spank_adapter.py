@@ -71,7 +71,9 @@ def configure(args: list[str]) -> PluginConfig:
         try:
             _config = parse_plugin_args(args).for_node(job.node_name(os.environ))
         except ValueError as err:
-            raise ConfigError(f"plugstack path arguments: {err}") from None
+            text = str(err)  # most name their argument already, as troubleshooting.md quotes
+            raise ConfigError(text if text.startswith("plugstack argument")
+                              else f"plugstack path arguments: {text}") from None
         gslog.install(_to_slurm, _config.debug_log)
     return _config
 
@@ -269,8 +271,8 @@ def _failed(name: str, spank: Spank, config: Optional[PluginConfig], reason: str
     else:
         logger.info("job %d not requeued: %s", job_id, why)
         then = "submit the job again"
-    _record(spank, config, f"could not set up this job on node {node}: {detail}. The node "
-            f"was drained; {then}")
+    _record(spank, config, f"could not set up this job on node {node}: "
+            f"{detail.removeprefix('gpushare: ')}. The node was drained; {then}")
 
 
 def _record(spank: Spank, config: PluginConfig, message: str) -> None:

@@ -68,6 +68,13 @@ def test_output_without_the_columns_is_refused_with_the_command_to_run():
         parse_sacct("JobID|Submit|ReqTRES\n1|2026-01-01T00:00:00|gres/gpu=1\n")
 
 
+@pytest.mark.parametrize("text", ["", "\n \n"])
+def test_empty_sacct_output_says_sacct_needs_slurmdbd(text):
+    """sacct without slurmdbd prints nothing on stdout: the file an admin wrote is empty."""
+    with pytest.raises(ValueError, match=r"sacct output is empty.*AccountingStorageType"):
+        parse_sacct(text)
+
+
 def test_sacct_is_asked_for_the_window_every_user_one_line_per_job():
     argv = sacct_argv("/usr/bin/sacct", 3, datetime.datetime(2026, 11, 20, 12, 0, 0))
     assert argv[0] == "/usr/bin/sacct" and "--allusers" in argv and "--allocations" in argv

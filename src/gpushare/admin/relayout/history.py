@@ -90,6 +90,10 @@ def parse_sacct(text: str) -> History:
     """Jobs from ``sacct --parsable2`` output with a header naming at least Submit, Start,
     End and ReqTRES (or AllocTRES); ValueError when the header lacks them."""
     lines = text.splitlines()
+    if not any(line.strip() for line in lines):
+        raise ValueError("the sacct output is empty: sacct printed not even its header, as it "
+                         "does without slurmdbd (slurm.conf AccountingStorageType="
+                         "accounting_storage/slurmdbd); sacct's own error went to stderr")
     header = lines[0].strip().split("|") if lines else []
     tres_field = "AllocTRES" if "AllocTRES" in header and "ReqTRES" not in header else "ReqTRES"
     missing = [f for f in ("Submit", "Start", "End", tres_field) if f not in header]
