@@ -85,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
     now_layouts = _current(group, cluster.nodes)
     today = simulate(history.jobs, now_layouts, False, cluster) if now_layouts else None
     per_node = spread(counts, cluster)
+    # The plan's own indices of the GPUs a relayout may change (a row holds those only).
+    indices = [gpu.index for gpu in group.gpus if gpu.changeable]
     if args.json:
         print(json.dumps({
             "group": cluster.name, "jobs": len(history.jobs), "skipped": history.skipped,
             "layout": {name: n for name, n in counts.items() if n},
-            "nodes": {node: [layout.name for layout in row]
+            "nodes": {node: {str(index): layout.name for index, layout in zip(indices, row)}
                       for node, row in zip(group.nodes, per_node)},
             "mig_wait_s": round(best.mig_wait(), 1), "mean_completion_s": round(best.mean_jct(), 1),
             "unfinished": best.unfinished,
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     print("best static layout: " + ", ".join(f"{n} GPUs {name}" for name, n in counts.items()
                                               if n))
     for node, row in zip(group.nodes, per_node):
-        print(f"  {node}: " + " ".join(f"GPU {i} {layout.name}" for i, layout in enumerate(row)))
+        print(f"  {node}: " + " ".join(f"GPU {index} {layout.name}"
+                                        for index, layout in zip(indices, row)))
     print(f"replayed with it: MIG jobs wait {best.mig_wait() / 60:.1f} min on average, jobs "
           f"complete in {best.mean_jct() / 60:.1f} min"
           + (f", {best.unfinished} never ran" if best.unfinished else ""))

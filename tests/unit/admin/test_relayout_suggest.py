@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
@@ -121,7 +122,8 @@ def test_suggest_replays_sacct_on_the_plans_group_and_proposes_a_layout(tmp_path
     assert proposal["plan_layout"]["unfinished"] == 12
     assert proposal["unfinished"] == 0 and proposal["layout"].get("2x3g.40gb", 0) >= 1
     assert set(proposal["nodes"]) == {"h1", "h2"}
-    assert all(len(gpus) == 2 for gpus in proposal["nodes"].values())
+    # By the plan's own indices: GPUs 0 and 1 are Kubernetes' or mixed, 2 and 3 Slurm's.
+    assert all(set(gpus) == {"2", "3"} for gpus in proposal["nodes"].values())
 
 
 def test_suggest_reads_a_saved_history_and_prints_the_layout(tmp_path, capsys):
@@ -132,7 +134,8 @@ def test_suggest_reads_a_saved_history_and_prints_the_layout(tmp_path, capsys):
     assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--history",
                  str(history)]) == 0
     out = capsys.readouterr().out
-    assert "12 GPU jobs" in out and "2x3g.40gb" in out and "h1: GPU 0" in out
+    assert "12 GPU jobs" in out and "2x3g.40gb" in out
+    assert re.search(r"h1: GPU 2 \S+ GPU 3 \S+$", out, re.MULTILINE), out
     assert "12 never ran" in out  # the plan's own layout
 
 
