@@ -40,7 +40,8 @@ def _error_name(nvml: Any, value: int) -> str:
 _ADVICE = (
     ("NVML_ERROR_LIBRARY_NOT_FOUND",
      "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); "
-     "on a node without GPUs use inventory=sim:<profile> only for tests"),
+     "for a test on a node without GPUs, give a simulated profile: --source sim:FILE "
+     "(gpushare commands) or inventory=sim:FILE (the plugstack line)"),
     ("NVML_ERROR_DRIVER_NOT_LOADED",
      "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded); "
      "load it (modprobe nvidia) and check dmesg for why it failed"),

@@ -48,8 +48,9 @@ def test_real_nvml_without_driver_says_so():
     with pytest.raises(InventoryError) as err:
         open_inventory("nvml")
     assert str(err.value) == (
-        "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); on a node without "
-        "GPUs use inventory=sim:<profile> only for tests")
+        "no NVIDIA driver/NVML on this node (libnvidia-ml.so.1 not found); for a test on a "
+        "node without GPUs, give a simulated profile: --source sim:FILE (gpushare commands) "
+        "or inventory=sim:FILE (the plugstack line)")
 
 
 def test_simulator_names_exist_in_pynvml():
@@ -93,8 +94,9 @@ def test_simulator_errors_behave_like_pynvml():
 
 @pytest.mark.parametrize("fn,error,message", [
     ("nvmlInit", "LIBRARY_NOT_FOUND", "no NVIDIA driver/NVML on this node "
-     "(libnvidia-ml.so.1 not found); on a node without GPUs use inventory=sim:<profile> "
-     "only for tests"),
+     "(libnvidia-ml.so.1 not found); for a test on a node without GPUs, give a simulated "
+     "profile: --source sim:FILE (gpushare commands) or inventory=sim:FILE (the plugstack "
+     "line)"),
     ("nvmlInit", "DRIVER_NOT_LOADED", "the NVIDIA kernel driver is not loaded"),
     ("nvmlDeviceGetHandleByIndex", "NO_PERMISSION",
      "no permission to get the handle of GPU 0 (NVML: Insufficient Permissions); run as root"),
