@@ -184,6 +184,8 @@ def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool =
                              f"change {v.cost_s:.0f} s" if first else
                              "made" if v.made else "refused"])
         lines += ["  " + row for row in text_table(rows)]
+    elif explain:
+        lines.append("predictions: none, as no change was a candidate this round (see why)")
     return "\n".join(lines)
 
 

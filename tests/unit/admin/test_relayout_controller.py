@@ -424,3 +424,15 @@ def test_the_dry_run_shows_each_candidates_prediction_and_verdict(site, tmp_path
     assert prediction["without"]["started"] == 0 and prediction["with"]["started"] == 1
     assert prediction["with"]["mig_wait_s"] < prediction["without"]["mig_wait_s"] - 60
     assert db.read_text() == before  # a dry run drains nothing
+
+
+def test_explain_says_so_when_no_change_was_a_candidate():
+    """--explain adds a line even when there is nothing to predict."""
+    from types import SimpleNamespace
+
+    from gpushare.cli.relayout import format_decision
+
+    quiet = SimpleNamespace(demand={"1g.10gb": 2}, supply={"1g.10gb": 3}, changes=[], drain=[],
+                            why=["the idle supply serves the queue"])
+    assert "predictions: none" in format_decision(quiet, (), explain=True)
+    assert "predictions" not in format_decision(quiet, (), explain=False)
