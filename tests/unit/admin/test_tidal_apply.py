@@ -206,8 +206,9 @@ def test_a_gpu_a_pod_holds_is_not_lent(site):
     mover = site.run(NIGHT)
     assert load_state(site.state_path).lent == {}
     assert site.api.taint_rules == {} and site.slurm.calls == []
-    assert any("no move (0 lent, 1 of 1 at home busy, kubernetes needs 1)" in line
-               for line in mover.log)
+    assert any("no move (0 lent, 1 of 1 at home busy, kubernetes needs 1): kubernetes "
+               "needs 1 of the 1 at home: none to spare" in line for line in mover.log), \
+        mover.log
 
 
 def test_a_pod_that_keeps_the_gpu_past_the_release_timeout_undoes_the_lend(site):

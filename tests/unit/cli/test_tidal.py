@@ -162,3 +162,17 @@ def test_holders_answers_for_several_devices_with_one_list_call(node, capsys):
             assert "is not GPU:SLICE:PROFILE:DRA" in err or "NVML shows no GPU 9" in err, err
     finally:
         kubelet.stop()
+
+
+def test_no_change_says_why(tmp_path, capsys):
+    """A rule that moves nothing says why: its home side needs all it holds, its window is
+    shut, or it has lent its most."""
+    rc, out, _ = run(tmp_path, capsys, "--at", "23:30", "--needs", "night=6", "--needs", "idle=1")
+    assert rc == 0
+    assert "no change: kubernetes needs 6 of the 6 at home: none to spare" in out
+    assert "no change: kubernetes needs 1 of its 1 (100 %, not under 50 %)" in out
+    rc, out, _ = run(tmp_path, capsys, "--at", "12:00", "--needs", "night=0")
+    assert "no change: outside its window 20:00-08:00" in out
+    rc, out, _ = run(tmp_path, capsys, "--at", "23:30", "--lent", "night=4", "--needs",
+                     "night=0")
+    assert "no change: 4 lent, its max_lent" in out

@@ -69,6 +69,20 @@ def fits(rule: LendingRule, minute_of_day: int, time_limit_minutes: float) -> bo
     return rule.demand is None or time_limit_minutes <= rule.reclaim_minutes
 
 
+def why_no_move(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
+                lent: frozenset[Device], state: RuleState) -> str:
+    """Why ``decide`` moved nothing this round, in words (the dry run and the round's log
+    say it)."""
+    ok, why = _may_lend(rule, minute_of_day, now, use, state)
+    if not ok:
+        return why
+    lent_here = [d for d in lent if d in rule.devices]
+    if len(lent_here) >= rule.max_lent:
+        return f"{len(lent_here)} lent, its max_lent"
+    at_home = len(rule.devices) - len(lent_here)
+    return f"{rule.home} needs {use.needs} of the {at_home} at home: none to spare"
+
+
 def _may_lend(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
               state: RuleState) -> tuple[bool, str]:
     if rule.window is not None:

@@ -22,7 +22,7 @@ from typing import Optional
 from gpushare.admin.plan.lending import Device, LendingRule
 from gpushare.admin.relayout.settings import idle
 from gpushare.admin.tidal.apply import FREE, MoveFailed, Mover
-from gpushare.admin.tidal.decide import HomeUse, RuleState, decide
+from gpushare.admin.tidal.decide import HomeUse, RuleState, decide, why_no_move
 from gpushare.admin.tidal.journal import MoveEntry
 from gpushare.admin.tidal.kube import KubeError
 from gpushare.admin.tidal.moves import K8S, SLURM
@@ -114,7 +114,8 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
         save_state(state)
         if not moves:
             mover.log.append(f"{rule.name}: no move ({len(lent)} lent, {len(busy)} of "
-                             f"{len(at_home)} at home busy, {rule.home} needs {wanted})")
+                             f"{len(at_home)} at home busy, {rule.home} needs {wanted}): "
+                             + why_no_move(rule, minute, now_minutes, use, lent, timer))
         for move in moves:
             mover.log.append(f"{rule.name}: {move.device.describe()} -> {move.to}: {move.why}")
             entry = mover.plan_move(move)
