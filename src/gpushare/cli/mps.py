@@ -90,6 +90,14 @@ def usage_lines(views: list[DaemonView], usages: dict[int, Any], node_usage: Any
     return lines
 
 
+def _cgroup(key: str, path: str) -> str:
+    """The daemon's cgroup; one gpushare made for it names its key (a scope or a child of
+    mps_cgroup=), any other it inherited (mps_cgroup=none, or a host without cgroup v2)."""
+    if not path:
+        return "-"
+    return path if key in path else f"none of its own (in {path})"
+
+
 def format_views(views: list[DaemonView], state_dir: str, source: str,
                  now: Optional[float] = None, usages: Optional[dict[int, Any]] = None,
                  node_usage: Any = None) -> str:
@@ -109,7 +117,7 @@ def format_views(views: list[DaemonView], state_dir: str, source: str,
             view.key, view.status, str(view.daemon_pid or "-"), _age(view.started_at, now),
             view.user or "-", view.mode or "-", ",".join(view.devices) or "-",
             " ".join(f"{job}:{share}%" for job, share in view.jobs) or "-", cap,
-            view.cgroup or "-",
+            _cgroup(view.key, view.cgroup),
         ])
     lines = [head, "", *text_table(rows)]
     for view in views:

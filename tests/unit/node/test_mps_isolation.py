@@ -383,3 +383,17 @@ def test_gpushare_check_says_when_a_daemon_gets_no_cgroup(monkeypatch):
     assert check_daemon_containment("/sys/fs/cgroup/mine") == []
     monkeypatch.setattr(isolation, "systemd_booted", lambda run_root="/run": True)
     assert check_daemon_containment("systemd") == []
+
+
+def test_a_daemon_without_a_cgroup_of_its_own_is_shown_so():
+    """Where gpushare made none (mps_cgroup=none, no cgroup v2), the path is the one the
+    daemon inherited, which the table must not pass off as the daemon's."""
+    from gpushare.cli.mps import _cgroup
+
+    key = "u1001-GPU-0a1b"
+    own = f"/sys/fs/cgroup/gpushare-mps/{key}"
+    assert _cgroup(key, own) == own
+    assert _cgroup(key, f"/gpushare.slice/gpushare-mps-{key}-1f2e.scope").endswith(".scope")
+    assert _cgroup(key, "/system.slice/slurmd.service") == \
+        "none of its own (in /system.slice/slurmd.service)"
+    assert _cgroup(key, "") == "-"
