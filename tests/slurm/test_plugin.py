@@ -361,8 +361,12 @@ def test_a_line_broken_before_an_epilog_drains_with_gpushares_cause(clean_bed):
     node with gpushare's cause, not Slurm's bare "Epilog error". Once the line is mended,
     `gpushare mps --reap` gives back the job's share, and the node runs shared jobs again."""
     good = clean_bed.plugstack_line()
-    job_id = clean_bed.sbatch("sleep 2", "--gres=mps:25", "-w", "n4", user=USER)
-    clean_bed.wait_job(job_id, states={"RUNNING"})
+    started = clean_bed.path("out", f"broken-line-started-{time.monotonic_ns()}")
+    job_id = clean_bed.sbatch(f"touch {started}; sleep 2", "--gres=mps:25", "-w", "n4",
+                              user=USER)
+    # The batch step itself must be running (its slurmstepd has read the good line): a line
+    # broken before it starts fails the step's own start instead.
+    slurmbed.wait_until("the job's script started", lambda: os.path.exists(started), 120)
     clean_bed.write_plugstack(good.rstrip() + " colour=blue\n")
     clean_bed.wait_job(job_id)
     _wait_for_log(clean_bed, "n4", r"unknown plugstack argument 'colour=blue'")
