@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
+from gpushare.admin.slurm_client import DEFAULT_SQUEUE
 from gpushare.cli import nodeconf
 from gpushare.common import proc
 from gpushare.node.config import ConfigError
@@ -26,7 +27,6 @@ from gpushare.node.devices import is_uuid
 __all__ = ["DaemonProbe", "JobView", "format_view", "job_view", "probe_daemon", "register"]
 
 DEFAULT_MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
-DEFAULT_SQUEUE = "/usr/bin/squeue"  # gpushare.admin.slurm_client's, not imported for it
 PROBE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 NOT_IN_JOB = ("not inside a Slurm job (SLURM_JOB_ID is unset); run it in the job, e.g. "
               "srun --gres=mps:25 gpushare job")
