@@ -18,7 +18,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
-from gpushare.admin.slurm_client import DEFAULT_SQUEUE
 from gpushare.cli import nodeconf
 from gpushare.common import proc
 from gpushare.node.config import ConfigError
@@ -193,8 +192,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "saw it (any job of the node; no need to run inside it); an array "
                         "task as squeue prints it (4242_7) is asked of squeue for its own "
                         "job id")
-    parser.add_argument("--squeue", default=DEFAULT_SQUEUE, metavar="PATH",
-                        help=f"squeue, for an array task's job id (default {DEFAULT_SQUEUE})")
+    parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
+                        help="squeue, for an array task's job id (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--mps-control", metavar="PATH",
                         help="the nvidia-cuda-mps-control program (default: the plugin's "
@@ -217,7 +216,7 @@ def _job_id_text(text: str) -> str:
 
 def _job_id(args: argparse.Namespace) -> int:
     """JOB_ID's job id; SlurmClientError when an array task's cannot be found."""
-    text = str(args.job_id)
+    text = args.job_id
     if "_" not in text:
         return int(text)
     from gpushare.admin.slurm_client import array_task_job_id
