@@ -68,12 +68,11 @@ class Spank:
 def configure(args: list[str]) -> PluginConfig:
     global _config
     if _config is None:
+        parsed = parse_plugin_args(args)  # its ConfigError names the argument already
         try:
-            _config = parse_plugin_args(args).for_node(job.node_name(os.environ))
+            _config = parsed.for_node(job.node_name(os.environ))
         except ValueError as err:
-            text = str(err)  # most name their argument already, as troubleshooting.md quotes
-            raise ConfigError(text if text.startswith("plugstack argument")
-                              else f"plugstack path arguments: {text}") from None
+            raise ConfigError(f"plugstack path arguments: {err}") from None
         gslog.install(_to_slurm, _config.debug_log)
     return _config
 
