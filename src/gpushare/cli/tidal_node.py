@@ -71,9 +71,11 @@ def holders(args: argparse.Namespace) -> int:
         return fail("tidal holders", "give --gpu N (the device's GPU, by NVML index) or "
                     "--devices GPU:SLICE:PROFILE:DRA,...")
     try:
-        texts = args.devices.split(",") if args.devices else [""]
-        specs = [_spec(text) for text in texts] if args.devices else \
-            [(args.gpu, args.slice, args.profile, args.dra)]
+        if args.devices:
+            texts = args.devices.split(",")
+            specs = [_spec(text) for text in texts]
+        else:
+            texts, specs = [""], [(args.gpu, args.slice, args.profile, args.dra)]
         inventory = open_inventory(args.source, topology=False)  # once, for every device
         wanted = [Wanted(ids=_ids(inventory, gpu, piece, profile), dra=_dra(dra))
                   for gpu, piece, profile, dra in specs]
