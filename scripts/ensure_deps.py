@@ -15,23 +15,11 @@ C_CHECK_PACKAGES = ("clang", "cppcheck")
 CLANG_RUNTIME = {"bookworm": "libclang-rt-14-dev", "trixie": "libclang-rt-19-dev"}
 
 
-def debian_codename() -> str:
-    try:
-        with open("/etc/os-release") as handle:
-            for line in handle:
-                key, _, value = line.strip().partition("=")
-                if key == "VERSION_CODENAME":
-                    return value.strip('"')
-    except FileNotFoundError:
-        pass
-    return ""
-
-
 def main() -> int:
     if os.geteuid() != 0:
         print("gpushare: run as root (it installs Debian packages and creates test users)")
         return 1
-    codename = debian_codename()
+    codename = slurmbed.debian_codename()
     runtime = CLANG_RUNTIME.get(codename)
     accounting = slurmdbd_bed.APT_PACKAGES if codename in slurmdbd_bed.RELEASES else ()
     slurmbed.ensure_packages((*slurmbed.APT_PACKAGES, *accounting,

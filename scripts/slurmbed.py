@@ -40,6 +40,17 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
+def debian_codename(root: str = "/") -> str:
+    """The Debian release of the system at ``root`` (its /etc/os-release); "" for none."""
+    with contextlib.suppress(FileNotFoundError), \
+            open(os.path.join(root, "etc/os-release")) as handle:
+        for line in handle:
+            key, _, value = line.strip().partition("=")
+            if key == "VERSION_CODENAME":
+                return value.strip('"')
+    return ""
+
+
 class BedError(RuntimeError):
     """The local Slurm could not be set up or did not behave."""
 

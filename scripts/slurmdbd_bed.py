@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from slurmbed import debian_codename as codename
+
 __all__ = ["Accounting", "AccountingError"]
 
 APT_PACKAGES = ("slurmdbd", "mariadb-server")
@@ -204,17 +206,6 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
         os.kill(pid, 9)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-
-
-def codename(root: str = "/") -> str:
-    """The Debian release of the system at ``root`` (its /etc/os-release)."""
-    with contextlib.suppress(FileNotFoundError), \
-            open(os.path.join(root, "etc/os-release")) as handle:
-        for line in handle:
-            key, _, value = line.strip().partition("=")
-            if key == "VERSION_CODENAME":
-                return value.strip('"')
-    return ""
 
 
 def _unpacked_library(target: str) -> str:
