@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -737,9 +738,21 @@ class Planter:
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+        # SIGKILL only asks: on a loaded machine a killed process may still run (and show
+        # the stand-in's argv) a while later, so each one is waited for until it has died.
+        pidfds = []
         for pid in self.spoofers():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                pidfds.append(os.pidfd_open(pid))
+                signal.pidfd_send_signal(pidfds[-1], signal.SIGKILL)
+        try:
+            for pidfd in pidfds:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                assert poller.poll(60_000), "an impostor outlived SIGKILL by 60 s"
+        finally:
+            for pidfd in pidfds:
+                os.close(pidfd)
 
 
 def runs_a_standin(pid: int, programs: dict[str, str]) -> bool:
@@ -749,6 +762,25 @@ def runs_a_standin(pid: int, programs: dict[str, str]) -> bool:
     except OSError:
         return False
     return exe in {os.path.realpath(program) for program in programs.values()}
+
+
+def describe(pid: int, token: str) -> str:
+    """What a left process is: its argv, state, parent, owner, cgroup, and whether it
+    carries this run's spoof marker (one of the hostile user's impostors)."""
+    facts = {}
+    for name in ("cmdline", "environ", "status", "cgroup"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as handle:
+                facts[name] = handle.read()
+        except OSError as error:
+            facts[name] = str(error).encode()
+    status = dict(line.split(b":", 1) for line in facts["status"].splitlines() if b":" in line)
+    fields = {key: status.get(key.encode(), b"?").strip().decode(errors="replace")
+              for key in ("State", "PPid", "Uid")}
+    spoof = f"GPUSHARE_SOAK_SPOOF={token}".encode() in facts["environ"].split(b"\0")
+    argv = facts["cmdline"].replace(b"\0", b" ").decode(errors="replace").strip()
+    return (f"  pid {pid}: {argv!r} {fields} impostor={spoof} "
+            f"cgroup={facts['cgroup'].decode(errors='replace').strip()}")
 
 
 def argv0(pid: int) -> Optional[bytes]:
@@ -816,7 +848,10 @@ def test_a_soak_with_faults_and_a_hostile_user_ends_clean(soak_bed):
         planter.end()
         assert_nothing_left(bed, timeout=180)
         left = {node: standin_processes(program) for node, program in programs.items()}
-        assert not any(left.values()), f"stand-in processes left: {left}"
+        assert not any(left.values()), (
+            f"stand-in processes left: {left}\n" + "\n".join(
+                describe(pid, planter.token) for pids in left.values() for pid in pids)
+            + f"\n{soak.summary()}")
         elapsed = time.monotonic() - started
         soak.poll()  # slurmctld's last word: nothing was requeued or failed after its end
         print(f"soak: {len(soak.tracked)} submissions "
