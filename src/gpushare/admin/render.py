@@ -400,16 +400,32 @@ def whole_gpu_nodes(plan: Plan) -> list[str]:
     return whole if slices else []
 
 
+def _node_gres_lines(plan: Plan) -> list[str]:
+    """Comments giving each group's NodeName ``Gres=`` and the ``GresTypes=`` they need: a
+    site keeps its own NodeName lines (CPUs, memory), so these are not keys."""
+    rows = [(group.nodes_expr, slurm_node_gres(group)) for group in plan.groups]
+    rows = [(nodes, gres) for nodes, gres in rows if gres]
+    if not rows:
+        return []
+    types = sorted({item.split(":", 1)[0] for _nodes, gres in rows for item in gres.split(",")},
+                   key=("gpu", "mps", "shard").index)
+    return [f"# Gres= of each group's NodeName lines (GresTypes= must name {','.join(types)});",
+            "# `gpushare check --cluster` compares them with slurmctld's:",
+            *(f"#   NodeName={nodes} ... Gres={gres}" for nodes, gres in rows)]
+
+
 def render_slurm_conf(plan: Plan) -> str:
     """The slurm.conf lines the plan implies: the topology plugin for its NVLink domains,
-    the IMEX channel allocation of multi-node NVLink jobs (slurm.imex), and the feature of
-    the nodes whose Slurm GPUs are all whole, for their own NodeName lines."""
+    the IMEX channel allocation of multi-node NVLink jobs (slurm.imex), and, for the site's
+    own NodeName lines, each group's ``Gres=`` and the feature of the nodes whose Slurm GPUs
+    are all whole."""
     lines = [f"# slurm.conf lines rendered by gpushare from {plan.path}"]
     if plan.domains or plan.domains_from_fabric:
         lines.append(f"TopologyPlugin=topology/{plan.slurm.topology}")
     if plan.slurm.imex:
         lines.append("# An IMEX channel per job for multi-node NVLink (Slurm 24.05 or later)")
         lines.append("SwitchType=switch/nvidia_imex")
+    lines += _node_gres_lines(plan)
     whole = whole_gpu_nodes(plan)
     if whole:
         lines += [

@@ -191,6 +191,11 @@ def test_nodes_with_only_whole_gpus_get_the_feature_where_slices_are_elsewhere()
     assert facts_from_dict(render_facts(plan)).whole_gpu_feature == "gpushare_whole"
     conf = render_slurm_conf(plan)
     assert "#   NodeName=h100-[01-08],l40s-[01-16] ... Features=gpushare_whole" in conf
+    # Each group's Gres= for its NodeName lines, as `check --cluster` wants it.
+    assert "(GresTypes= must name gpu,mps)" in conf
+    for group in plan.groups:
+        assert f"#   NodeName={group.nodes_expr} ... Gres={slurm_node_gres(group)}\n" in conf
+    assert "#   NodeName=l40s-[01-16] ... Gres=gpu:l40s:4,mps:400\n" in conf
     # The rendered lines other than comments are still only slurm.conf keys.
     assert lines(conf) == ["TopologyPlugin=topology/tree"]
 
