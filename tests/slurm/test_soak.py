@@ -847,7 +847,14 @@ def test_a_soak_with_faults_and_a_hostile_user_ends_clean(soak_bed):
         assert not named, f"records named an impostor as their daemon: {named}"
         planter.end()
         assert_nothing_left(bed, timeout=180)
-        left = {node: standin_processes(program) for node, program in programs.items()}
+        # A process that is ending (its stop sent as the last record went) is waited for;
+        # one that is left runs on.
+        deadline = time.monotonic() + 30
+        while True:
+            left = {node: standin_processes(program) for node, program in programs.items()}
+            if not any(left.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert not any(left.values()), (
             f"stand-in processes left: {left}\n" + "\n".join(
                 describe(pid, planter.token) for pids in left.values() for pid in pids)
