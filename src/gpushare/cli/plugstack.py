@@ -28,6 +28,11 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"gpushare: {err}")
         return 1
-    for key, value in values.items():
-        print(f"{key}={value}")
+    given = {token.partition("=")[0] for token in args.args}
+    for spec in ARG_SPECS:
+        if spec.built_default and spec.key not in given:
+            # Not a value to paste: the plugin decides it by how it was built.
+            print(f"# {spec.key}= not given: {spec.built_default}")
+        else:
+            print(f"{spec.key}={values[spec.key]}")
     return 0
