@@ -28,7 +28,9 @@ LEVEL_ERROR, LEVEL_INFO, LEVEL_VERBOSE, LEVEL_DEBUG, LEVEL_USER = range(5)
 # The standard logging's level numbers, so records handed to it keep their level.
 DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
 _NAMES = {DEBUG: "debug", INFO: "info", WARNING: "warning", ERROR: "error"}
-_TO_SLURM = {INFO: LEVEL_INFO, WARNING: LEVEL_ERROR, ERROR: LEVEL_ERROR}
+# Slurm has no warning level: its own warning() logs at info with "warning: " before the
+# text, so an admin's grep for "error:" finds errors only.
+_TO_SLURM = {INFO: LEVEL_INFO, WARNING: LEVEL_INFO, ERROR: LEVEL_ERROR}
 
 # debug_log= lines name users' jobs, GPUs and pids: root's, readable by its group (root, or
 # adm after an admin's chgrp) and by no one else; a file left 0644 by an earlier release is
@@ -107,6 +109,8 @@ def _emit(name: str, level: int, msg: str, args: tuple[object, ...],
     job = _current_job
     if level >= INFO:
         head = f"gpushare: job {job}: " if job else "gpushare: "
+        if level == WARNING:
+            head = "warning: " + head
         for line in text.splitlines():
             with contextlib.suppress(Exception):  # nor may a sink that fails
                 _sink(_TO_SLURM[level], head + line)

@@ -27,7 +27,7 @@ def test_levels_map_onto_slurms_and_debug_stays_out_of_its_log(sink):
     logger.warning("slow")
     logger.error("broken")
     assert sink == [(gslog.LEVEL_INFO, "gpushare: job 42: daemon u1-GPU-0 up"),
-                    (gslog.LEVEL_ERROR, "gpushare: job 42: slow"),
+                    (gslog.LEVEL_INFO, "warning: gpushare: job 42: slow"),
                     (gslog.LEVEL_ERROR, "gpushare: job 42: broken")]
 
 
