@@ -110,7 +110,7 @@ def _schedule(rule: LendingRule) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
-    from gpushare.admin.tidal.decide import HomeUse, RuleState, decide, why_no_move
+    from gpushare.admin.tidal.decide import HomeUse, RuleState, decide_why
 
     if args.action == "holders":
         from gpushare.cli.tidal_node import holders
@@ -156,11 +156,11 @@ def _run(args: argparse.Namespace) -> int:
             if rule.demand is not None:  # --needs says now; assume it held for the time asked
                 state.idle_since = -float(rule.demand.for_minutes)
             use = HomeUse(needs=needs.get(rule.name, 0))
-            moves = decide(rule, minute, 0.0, use, lent, state)
+            moves, why = decide_why(rule, minute, 0.0, use, lent, state)
             lend = [m for m in moves if m.to == rule.borrower]
             back = [m for m in moves if m.to == rule.home]
             verdict = (f"lend {len(lend)}" if lend else f"reclaim {len(back)}" if back
-                       else "no change: " + why_no_move(rule, minute, 0.0, use, lent, state))
+                       else "no change: " + why)
             details += [f"  {rule.name}: {m.device.describe()} → {m.to}: {m.why}"
                         for m in moves]
         window = "—" if rule.window is None else (

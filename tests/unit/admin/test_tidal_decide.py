@@ -5,7 +5,14 @@ idle time, never what the home side needs, reclaim at the window's end or on dem
 from __future__ import annotations
 
 from gpushare.admin.plan import parse_plan
-from gpushare.admin.tidal.decide import HomeUse, RuleState, decide, fits, lend_until
+from gpushare.admin.tidal.decide import (
+    HomeUse,
+    RuleState,
+    decide,
+    decide_why,
+    fits,
+    lend_until,
+)
 
 PLAN = """version: 1
 slurm: {version: "24.11"}
@@ -86,3 +93,23 @@ def test_lent_devices_take_only_work_that_is_gone_by_the_reclaim():
     night, idle = rules()
     assert fits(night, 22 * 60, 10 * 60) and not fits(night, 22 * 60, 10 * 60 + 1)
     assert fits(idle, 0, 10) and not fits(idle, 0, 11)  # demand: within reclaim_minutes
+
+
+def test_no_move_comes_with_the_reason_of_the_same_choice():
+    night = rules()[0]
+    lent = frozenset(night.devices)
+
+    def why(minute, use, lent_now=frozenset()):
+        moves, reason = decide_why(night, minute, 0.0, use, lent_now, RuleState())
+        assert moves == [] and reason
+        return reason
+
+    assert why(12 * 60, HomeUse(needs=0)) == "outside its window 20:00-08:00"
+    assert "ends in 20 min" in why(7 * 60 + 40, HomeUse(needs=0))
+    assert why(22 * 60, HomeUse(needs=0), lent) == "6 lent, its max_lent"
+    assert why(22 * 60, HomeUse(needs=6)) == "kubernetes needs 6 of the 6 at home: none to spare"
+    # Room to lend, but every device it could spare holds the home side's work.
+    assert why(22 * 60, HomeUse(needs=2, busy=frozenset(night.devices))) == \
+        "the 4 kubernetes could spare hold its work"
+    moves, reason = decide_why(night, 22 * 60, 0.0, HomeUse(needs=1), frozenset(), RuleState())
+    assert len(moves) == 5 and reason == ""

@@ -21,7 +21,7 @@ from typing import Optional
 
 from gpushare.admin.plan.lending import Device, LendingRule
 
-__all__ = ["HomeUse", "Move", "RuleState", "decide", "fits", "lend_until"]
+__all__ = ["HomeUse", "Move", "RuleState", "decide", "decide_why", "fits", "lend_until"]
 
 MINUTES_PER_DAY = 24 * 60
 
@@ -69,20 +69,6 @@ def fits(rule: LendingRule, minute_of_day: int, time_limit_minutes: float) -> bo
     return rule.demand is None or time_limit_minutes <= rule.reclaim_minutes
 
 
-def why_no_move(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
-                lent: frozenset[Device], state: RuleState) -> str:
-    """Why ``decide`` moved nothing this round, in words (the dry run and the round's log
-    say it)."""
-    ok, why = _may_lend(rule, minute_of_day, now, use, state)
-    if not ok:
-        return why
-    lent_here = [d for d in lent if d in rule.devices]
-    if len(lent_here) >= rule.max_lent:
-        return f"{len(lent_here)} lent, its max_lent"
-    at_home = len(rule.devices) - len(lent_here)
-    return f"{rule.home} needs {use.needs} of the {at_home} at home: none to spare"
-
-
 def _may_lend(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
               state: RuleState) -> tuple[bool, str]:
     if rule.window is not None:
@@ -111,6 +97,13 @@ def decide(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
            lent: frozenset[Device], state: RuleState) -> list[Move]:
     """The moves for ``rule`` this round (``now`` in minutes on any steady clock); updates
     ``state``'s demand timer."""
+    return decide_why(rule, minute_of_day, now, use, lent, state)[0]
+
+
+def decide_why(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
+               lent: frozenset[Device], state: RuleState) -> tuple[list[Move], str]:
+    """``decide``'s moves, and when there are none, why in words (the dry run and the
+    round's log say it): one choice, so the words cannot disagree with it."""
     if rule.demand is not None:
         under = 100.0 * use.needs / len(rule.devices) < rule.demand.idle_below_percent
         if not under:
@@ -121,15 +114,21 @@ def decide(rule: LendingRule, minute_of_day: int, now: float, use: HomeUse,
     ok, why = _may_lend(rule, minute_of_day, now, use, state)
     at_home = [d for d in rule.devices if d not in lent]
     if not ok and rule.window is not None and not rule.window.active(minute_of_day):
-        return [Move(d, rule.name, rule.home, f"reclaimed: {why}") for d in sorted(lent)]
+        return [Move(d, rule.name, rule.home, f"reclaimed: {why}") for d in sorted(lent)], why
     short = use.needs - len(at_home)
     if short > 0 and rule.demand is not None:
         # The home side needs more than it holds: its shortfall comes back, within the
         # promise (a window's devices are the borrower's until the window ends).
         return [Move(d, rule.name, rule.home, f"reclaimed: {rule.home} needs {use.needs} "
-                     f"and holds {len(at_home)}") for d in sorted(lent)[:short]]
+                     f"and holds {len(at_home)}") for d in sorted(lent)[:short]], why
     if not ok:
-        return []
+        return [], why
+    if len(lent) >= rule.max_lent:
+        return [], f"{len(lent)} lent, its max_lent"
     room = min(rule.max_lent - len(lent), len(at_home) - use.needs)
-    free = [d for d in at_home if d not in use.busy][:max(room, 0)]
-    return [Move(d, rule.name, rule.borrower, f"lent: {why}") for d in free]
+    if room <= 0:
+        return [], f"{rule.home} needs {use.needs} of the {len(at_home)} at home: none to spare"
+    free = [d for d in at_home if d not in use.busy][:room]
+    if not free:
+        return [], f"the {len(at_home) - use.needs} {rule.home} could spare hold its work"
+    return [Move(d, rule.name, rule.borrower, f"lent: {why}") for d in free], ""

@@ -22,7 +22,7 @@ from typing import Optional
 from gpushare.admin.plan.lending import Device, LendingRule
 from gpushare.admin.relayout.settings import idle
 from gpushare.admin.tidal.apply import FREE, MoveFailed, Mover
-from gpushare.admin.tidal.decide import HomeUse, RuleState, decide, why_no_move
+from gpushare.admin.tidal.decide import HomeUse, RuleState, decide_why
 from gpushare.admin.tidal.journal import MoveEntry
 from gpushare.admin.tidal.kube import KubeError
 from gpushare.admin.tidal.moves import K8S, SLURM
@@ -106,7 +106,7 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
             continue
         use = HomeUse(needs=wanted, busy=busy)
         timer = RuleState(idle_since=state.idle_since.get(rule.name))
-        moves = decide(rule, minute, now_minutes, use, lent, timer)
+        moves, why = decide_why(rule, minute, now_minutes, use, lent, timer)
         if timer.idle_since is None:
             state.idle_since.pop(rule.name, None)
         else:
@@ -115,7 +115,7 @@ def run_round(mover: Mover, when: datetime.datetime, needs: dict[str, int],
         if not moves:
             mover.log.append(f"{rule.name}: no move ({len(lent)} lent, {len(busy)} of "
                              f"{len(at_home)} at home busy, {rule.home} needs {wanted}): "
-                             + why_no_move(rule, minute, now_minutes, use, lent, timer))
+                             + why)
         for move in moves:
             mover.log.append(f"{rule.name}: {move.device.describe()} -> {move.to}: {move.why}")
             entry = mover.plan_move(move)
