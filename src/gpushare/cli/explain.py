@@ -106,17 +106,24 @@ def _gpu_item(prefix: str, value: str, eq: bool) -> str:
     return f"{prefix}gpu:{value}"
 
 
-def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[str]]:
-    """job_desc fields as slurmctld would give them to job_submit, and the flags ignored."""
+def _parse_flags(flags: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The flags as sbatch/srun read them, and those they ignore. They keep only the last
+    --gres (each replaces the one before: 22.05 and 26.05), so ``gres`` holds at most one."""
     # --gpu-mps takes its optional value only after "=" (getopt): the next word is the program
     flags = ["--gpu-mps=" if flag == "--gpu-mps" else flag for flag in flags]
     args, ignored = _flag_parser().parse_known_args(flags)
+    ignored += [f"--gres={gres} (a later --gres replaces it)" for gres in args.gres[:-1]]
+    args.gres = args.gres[-1:]
+    return args, ignored
+
+
+def flags_to_job(flags: list[str], facts: Facts) -> tuple[dict[str, Any], list[str]]:
+    """job_desc fields as slurmctld would give them to job_submit, and the flags ignored."""
+    args, ignored = _parse_flags(flags)
     prefix = facts.gres_prefix
     job: dict[str, Any] = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL,
                            "req_switch": NO_VAL, "wait4switch": NO_VAL}
-    # sbatch/srun keep only the last --gres (each replaces the one before: 22.05 and 26.05)
-    ignored += [f"--gres={gres} (a later --gres replaces it)" for gres in args.gres[:-1]]
-    per_node = [f"{prefix}{item}" for gres in args.gres[-1:] for item in gres.split(",") if item]
+    per_node = [f"{prefix}{item}" for gres in args.gres for item in gres.split(",") if item]
     if args.gpus_per_node:
         per_node.append(_gpu_item(prefix, args.gpus_per_node, False))
     if per_node:
@@ -178,13 +185,13 @@ def client_refusal(flags: list[str], facts: Facts | None = None) -> str | None:
     before the hooks ("Invalid Trackable RESource"), except an item without a name (``:1``),
     which reaches the hooks; gpu with mps is still refused by the clients.
     """
-    args, _ = _flag_parser().parse_known_args(flags)
+    args, _ = _parse_flags(flags)
     if args.gpu_share is not None and not _client_share_ok(args.gpu_share):
         # The SPANK plugin's option callback in sbatch/srun (gs_parse_share) refuses it.
         return (f"error: gpushare: --gpu-share={args.gpu_share} is invalid: give a whole "
                 "percent of one GPU from 1 to 100, e.g. --gpu-share=25")
     items = []
-    for gres in args.gres[-1:]:  # the clients keep the last --gres only
+    for gres in args.gres:
         for part in gres.split(","):
             try:
                 items.extend(parse_field(part))
