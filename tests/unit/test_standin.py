@@ -46,7 +46,8 @@ def wait_for(path):
 
 
 def _cmdline(pid: int) -> bytes:
-    """/proc/<pid>/cmdline, read again for up to 5 s while it is empty."""
+    """/proc/<pid>/cmdline, read again for up to 5 s while it is empty (a process in the
+    middle of its execve)."""
     deadline = time.monotonic() + 5
     while True:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -173,8 +174,10 @@ def test_the_daemon_and_its_servers_are_the_same_native_program(standin):
     server = int(run(standin, stdin=f"start_server -uid {os.getuid()}\n").stdout)
     for pid in (daemon, server):
         assert os.readlink(f"/proc/{pid}/exe") == os.path.realpath(standin.program)
-    # Read until the kernel shows its arguments: a loaded machine has been seen to give an
-    # empty cmdline of a server that was there and went on running (it is killed below).
+    # Read until the kernel shows its arguments: the daemon answers with the pid as soon as
+    # it forked, and within the server's execve the new program is its exe (begin_new_exec)
+    # before its argument pages are set up (create_elf_tables), a window in which cmdline
+    # reads empty; a loaded machine has been seen to land in it.
     assert _cmdline(server).split(b"\0")[1:] == [b"--server", b""]
     # stdio on /dev/null, and not the daemon's socket, lock or log pipe
     targets = fd_targets(server)
