@@ -250,3 +250,30 @@ def test_the_lookback_bounds_the_recent_submissions_read():
     assert len(read_queue(text, now, lookback_s=0.0).requests) == 2  # both still wait
     running = text.replace("Resources", "None").replace("Priority", "None")
     assert [r.job for _ago, r in parse_submitted(running, now, 7200.0)] == ["7", "8"]
+
+
+def test_an_idle_mps_gpu_takes_a_whole_gpu_job_in_the_forecast():
+    """No change to whole GPUs is needed for a whole-GPU job where a GPU with MPS units
+    is idle: Slurm gives it that GPU as gres/gpu (and no MPS job beside it)."""
+    cluster = default_cluster(1, 2, ("mps:100", "whole", "7x1g.10gb"))
+    mps, whole = (cluster.menu.item(name) for name in ("mps:100", "whole"))
+    assert mps is not None and whole is not None
+    gpus = [GpuState("n0", 0, "g", mps.layout, False, True),
+            GpuState("n0", 1, "g", whole.layout, True, True, None, {"whole": 1}, 3600.0)]
+    queue = [Request("w", "whole", 1, 600.0, limit_s=1800.0),
+             Request("m", "mps", 25, 0.0, limit_s=1800.0)]
+    ahead = forecast(queue, gpus)
+    assert ahead.started == 2
+    assert ahead.whole_wait_s == 0.0
+    # The MPS job waits for the whole-GPU job on the MPS GPU, not for the busy whole GPU.
+    assert ahead.mig_wait_s == 1800.0
+
+
+def test_an_mps_gpu_held_whole_has_no_units_free_until_its_job_ends():
+    cluster = default_cluster(1, 1, ("mps:100", "whole"))
+    mps = cluster.menu.item("mps:100")
+    assert mps is not None
+    held = GpuState("n0", 0, "g", mps.layout, True, True, None, {"whole": 1}, 1000.0)
+    assert held.idle() == {}
+    ahead = forecast([Request("m", "mps", 25, 0.0, limit_s=600.0)], [held])
+    assert ahead.started == 1 and ahead.mig_wait_s == 1000.0

@@ -115,3 +115,32 @@ def test_a_job_never_started_counts_with_its_wait_until_the_replays_end():
     assert result.censored_wait("mig") == 0.0
     assert result.censored_wait() == waited / 3
     assert result.censored_jct() == (600.0 + waited + 600.0 + 600.0) / 3
+
+
+def test_a_gpu_with_mps_units_is_given_whole_or_in_units_never_both():
+    """Slurm allocates a GPU with MPS units as gres/gpu or as gres/mps, not both at once: a
+    whole-GPU job starts on it when no unit is held, and MPS jobs wait while it runs."""
+    cluster = default_cluster(1, 1, ("mps:100", "whole"))
+    layouts = spread({"mps:100": 1}, cluster)
+    jobs = [Job(0, 0.0, 600.0, "whole", 1, "u"), Job(1, 10.0, 600.0, "mps", 25, "u"),
+            Job(2, 20.0, 600.0, "mps", 25, "u"), Job(3, 30.0, 600.0, "whole", 1, "u")]
+    result = simulate(jobs, layouts, False, cluster)
+    waits = {job: wait for job, _kind, wait, _ in result.finished}
+    assert waits[0] == 0.0
+    # The second whole-GPU job takes the GPU when the first ends (kinds are served in the
+    # order the replay met them); both MPS jobs wait for it, then run side by side.
+    assert waits[3] == 600.0 - 30.0
+    assert waits[1] == 1200.0 - 10.0 and waits[2] == 1200.0 - 20.0
+    assert result.unfinished == 0
+
+
+def test_an_idle_mps_gpu_is_counted_idle_once():
+    """An idle GPU with MPS units is free both whole and in units, and idle once."""
+    cluster = default_cluster(1, 2, ("whole", "mps:100"))
+    layouts = spread({"whole": 1, "mps:100": 1}, cluster)
+    # A whole-GPU job holds the whole GPU for 600 s; a job of two whole GPUs waits for it,
+    # beside the idle MPS GPU: one GPU idle for 600 s.
+    jobs = [Job(0, 0.0, 600.0, "whole", 1, "u"), Job(1, 0.0, 600.0, "whole", 2, "u")]
+    result = simulate(jobs, layouts, False, cluster)
+    assert sorted(w for _, _, w, _ in result.finished) == [0.0, 600.0]
+    assert abs(result.idle_waiting_gpu_h - 600.0 / 3600.0) < 1e-9

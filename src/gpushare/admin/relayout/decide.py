@@ -64,7 +64,10 @@ class GpuState:
     ends_in_s: Optional[float] = None  # its jobs' time limits end within this; None: unknown
 
     def idle(self) -> dict[str, int]:
-        """What of it no job holds (a busy MIG GPU may still have idle slices)."""
+        """What of it no job holds (a busy MIG GPU may still have idle slices; a GPU with
+        MPS units that a job holds whole has none)."""
+        if self.layout.mps and self.used.get("whole"):
+            return {}
         return {kind: count - self.used.get(kind, 0)
                 for kind, count in self.layout.offers().items()
                 if count > self.used.get(kind, 0)}

@@ -23,8 +23,8 @@ from typing import Any, Optional
 from gpushare.admin.mig_profiles import GpuModel, place_slices
 from gpushare.admin.plan.lines import Checker, YamlMap, YamlSeq, line_of
 
-__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_release",
-           "one_profile_per_node", "parse_layout", "parse_menu"]
+__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_release", "give_back",
+           "one_profile_per_node", "parse_layout", "parse_menu", "take"]
 
 DEFAULT_MIN_INTERVAL_S = 3600
 NOT_SLURMS = "kubernetes"  # the layout name of a GPU Slurm has nothing of
@@ -58,6 +58,37 @@ class Layout:
         for profile in self.slices:
             counts[profile] = counts.get(profile, 0) + 1
         return counts
+
+    def serves(self) -> dict[str, int]:
+        """What an idle GPU in this layout can give jobs: ``offers()``, and a GPU with MPS
+        units also whole, as Slurm gives it as gres/gpu or as gres/mps, never both at once
+        (``take`` and ``give_back`` keep the two apart)."""
+        counts = self.offers()
+        if self.mps:
+            counts["whole"] = 1
+        return counts
+
+
+def take(layout: Layout, free: dict[str, int], kind: str, units: int) -> None:
+    """Take ``units`` of ``kind`` from ``free``, one GPU's free units in ``layout``: a GPU
+    with MPS units taken whole has no units left, and one with units taken is no longer
+    whole."""
+    free[kind] = free.get(kind, 0) - units
+    if layout.mps and units:
+        if kind == "whole":
+            free["mps"] = 0
+        elif kind == "mps":
+            free["whole"] = 0
+
+
+def give_back(layout: Layout, free: dict[str, int], kind: str, units: int) -> None:
+    """``take``'s reverse: the GPU is whole again once every MPS unit is back."""
+    if layout.mps and kind == "whole" and units:
+        free["whole"], free["mps"] = 1, layout.mps
+        return
+    free[kind] = free.get(kind, 0) + units
+    if layout.mps and kind == "mps" and free[kind] >= layout.mps:
+        free["whole"] = 1
 
 
 @dataclass(frozen=True)

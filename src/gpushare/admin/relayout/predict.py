@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from gpushare.admin.relayout.decide import Change, Decision, GpuState, Request, decide
-from gpushare.admin.relayout.menu import Layout, Menu
+from gpushare.admin.relayout.menu import Layout, Menu, give_back, take
 
 __all__ = ["DEFAULT_LIMIT_S", "HORIZON_S", "LOOKBACK_S", "SAFETY", "Forecast", "Verdict",
            "change_seconds", "decide_guarded", "expected_arrivals", "forecast", "guard"]
@@ -137,6 +137,7 @@ class Verdict:
 class _Node:
     gpus: list[GpuState]
     free: list[dict[str, int]]
+    layouts: list[Layout] = field(default_factory=list)  # each GPU's, the new one once back
     up: bool = True
     busy: int = 0  # GPUs whose jobs have not ended yet
     new: dict[int, Layout] = field(default_factory=dict)  # the changed GPUs' layouts
@@ -153,7 +154,11 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
     for gpu in gpus:
         node = nodes.setdefault(gpu.node, _Node([], []))
         node.gpus.append(gpu)
-        node.free.append(gpu.idle())
+        node.layouts.append(gpu.layout)
+        free = gpu.idle()
+        if gpu.layout.mps and not gpu.used:
+            free["whole"] = 1  # Slurm gives it whole too (menu.take)
+        node.free.append(free)
     events: list[tuple[float, int, str, str, int]] = []  # time, seq, what, node, gpu or job
     seq = itertools.count()
     for name, node in nodes.items():
@@ -211,11 +216,11 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
                 continue
             need, taken = job.count, []
             for position, free in enumerate(node.free):
-                take = min(need, free.get(job.kind, 0))
-                if take:
-                    free[job.kind] -= take
-                    taken.append((position, take))
-                    need -= take
+                units = min(need, free.get(job.kind, 0))
+                if units:
+                    take(node.layouts[position], free, job.kind, units)
+                    taken.append((position, units))
+                    need -= units
                 if not need:
                     break
             starts[number], held[number] = now, taken
@@ -236,19 +241,19 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
         node = nodes[name]
         if what == "end":
             for position, units in held.pop(ident):
-                kind = jobs[ident].kind
-                node.free[position][kind] = node.free[position].get(kind, 0) + units
+                give_back(node.layouts[position], node.free[position], jobs[ident].kind, units)
         elif what == "free":
             node.busy -= 1
             gpu = node.gpus[ident]
             for kind, units in gpu.used.items():
-                node.free[ident][kind] = node.free[ident].get(kind, 0) + units
+                give_back(node.layouts[ident], node.free[ident], kind, units)
             if node.new and not node.busy:
                 heapq.heappush(events, (now + change_seconds(len(node.new)), next(seq),
                                         "back", name, 0))
         elif what == "back":
             for position, layout in node.new.items():
-                node.free[position] = dict(layout.offers())
+                node.free[position] = dict(layout.serves())
+                node.layouts[position] = layout
             node.up = True
         schedule(now)
     waits = [(horizon_s if start is None else start) - at

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
 from gpushare.admin.relayout.decide import GpuState, Request
-from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, parse_layout
+from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, give_back, parse_layout, take
 from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, decide_guarded
 
 if TYPE_CHECKING:
@@ -141,12 +141,17 @@ class _Node:
     drain_at: float = 0.0
     running: set[int] = field(default_factory=set)
     free: dict[str, int] = field(default_factory=dict)  # its GPUs' free units, summed
+    # Its idle GPUs with MPS units, in ``free`` both whole and as units: counted once idle.
+    whole_mps: int = 0
 
     def count_free(self) -> None:
         self.free = {}
+        self.whole_mps = 0
         for gpu in self.gpus:
             for kind, units in gpu.free.items():
                 self.free[kind] = self.free.get(kind, 0) + units
+            if gpu.layout.mps and gpu.free.get("whole"):
+                self.whole_mps += 1
 
 
 @dataclass
@@ -213,10 +218,10 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     decision ``gpushare relayout`` makes (a change only where predicted to gain)."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
-    nodes = [_Node([_Gpu(lay, dict(lay.offers())) for lay in node]) for node in layouts]
+    nodes = [_Node([_Gpu(lay, dict(lay.serves())) for lay in node]) for node in layouts]
     the_menu = cluster.menu
-    kinds = {kind for item in the_menu.items for kind in item.layout.offers()}
-    kinds |= {kind for node in layouts for lay in node for kind in lay.offers()}
+    kinds = {kind for item in the_menu.items for kind in item.layout.serves()}
+    kinds |= {kind for node in layouts for lay in node for kind in lay.serves()}
     share_of = {kind: cluster.share(kind) for kind in kinds | {j.kind for j in jobs}}
     share = share_of.__getitem__
     events: list[tuple[float, int, str, int]] = []  # (time, seq, what, id)
@@ -248,6 +253,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                 idle += len(node.gpus)
                 continue
             idle += sum(share_of[k] * n for k, n in node.free.items())
+            idle -= share_of["whole"] * node.whole_mps
         return idle
 
     def try_start(job: Job) -> bool:
@@ -256,17 +262,17 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                 continue
             if node.free.get(job.kind, 0) < job.count:
                 continue
-            node.free[job.kind] -= job.count
             need = job.count
             for index, gpu in enumerate(node.gpus):
-                take = min(need, gpu.free.get(job.kind, 0))
-                if take:
-                    gpu.free[job.kind] -= take
+                units = min(need, gpu.free.get(job.kind, 0))
+                if units:
+                    take(gpu.layout, gpu.free, job.kind, units)
                     gpu.jobs.add(job.id)
-                    job.held.append((index, job.kind, take))
-                    need -= take
+                    job.held.append((index, job.kind, units))
+                    need -= units
                 if not need:
                     break
+            node.count_free()
             if node.state == "draining":
                 result.landed_during_change += 1
             job.start, job.node = now, number
@@ -314,9 +320,9 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             job = by_id[ident]
             node = nodes[job.node]
             for index, kind, units in job.held:
-                node.gpus[index].free[kind] += units
-                node.free[kind] += units
+                give_back(node.gpus[index].layout, node.gpus[index].free, kind, units)
                 node.gpus[index].jobs.discard(job.id)
+            node.count_free()
             node.running.discard(job.id)
             done += 1
             started = now if job.start is None else job.start
@@ -334,7 +340,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                 if gpu.target is not None:
                     if gpu.jobs:
                         result.disturbed += 1
-                    gpu.layout, gpu.free = gpu.target, dict(gpu.target.offers())
+                    gpu.layout, gpu.free = gpu.target, dict(gpu.target.serves())
                     gpu.target, gpu.last_change = None, now
                     result.changes += 1
                     result.change_times.setdefault((ident, index), []).append(now)
