@@ -277,3 +277,13 @@ def test_an_mps_gpu_held_whole_has_no_units_free_until_its_job_ends():
     assert held.idle() == {}
     ahead = forecast([Request("m", "mps", 25, 0.0, limit_s=600.0)], [held])
     assert ahead.started == 1 and ahead.mig_wait_s == 1000.0
+
+
+def test_the_forecast_serves_an_mps_request_from_one_gpu():
+    cluster = default_cluster(1, 2, ("mps:100", "whole"))
+    mps = cluster.menu.item("mps:100")
+    assert mps is not None
+    gpus = [GpuState("n0", i, "g", mps.layout, True, True, None, {"mps": 50}, 1200.0)
+            for i in range(2)]
+    ahead = forecast([Request("m", "mps", 60, 0.0, limit_s=600.0)], gpus)
+    assert ahead.started == 1 and ahead.mig_wait_s == 1200.0  # not 0: 50 + 50 is not one GPU

@@ -144,3 +144,22 @@ def test_an_idle_mps_gpu_is_counted_idle_once():
     result = simulate(jobs, layouts, False, cluster)
     assert sorted(w for _, _, w, _ in result.finished) == [0.0, 600.0]
     assert abs(result.idle_waiting_gpu_h - 600.0 / 3600.0) < 1e-9
+
+
+def test_an_mps_request_is_served_by_one_gpu_of_its_node():
+    """Slurm satisfies a job's MPS units from one GPU per node: 60 units do not start on
+    two GPUs with 50 free each."""
+    cluster = default_cluster(1, 2, ("mps:100", "whole"))
+    layouts = spread({"mps:100": 2}, cluster)
+    jobs = [Job(0, 0.0, 600.0, "mps", 50, "u"), Job(1, 0.0, 600.0, "mps", 50, "u"),
+            Job(2, 10.0, 600.0, "mps", 60, "u")]
+    result = simulate(jobs, layouts, False, cluster)
+    waits = {job: wait for job, _kind, wait, _ in result.finished}
+    # The two 50-unit jobs share the first GPU; the 60-unit job takes the second at once.
+    assert waits == {0: 0.0, 1: 0.0, 2: 0.0}
+    jobs = [Job(0, 0.0, 600.0, "mps", 50, "u"), Job(1, 0.0, 600.0, "mps", 60, "u"),
+            Job(2, 10.0, 600.0, "mps", 60, "u")]
+    waits = {job: wait for job, _kind, wait, _ in simulate(jobs, layouts, False,
+                                                           cluster).finished}
+    # 50 free on one GPU and 40 on the other: the last 60-unit job waits for a GPU.
+    assert waits[0] == 0.0 and waits[1] == 0.0 and waits[2] == 590.0

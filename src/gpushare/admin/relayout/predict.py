@@ -214,8 +214,13 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
                 continue
             if room(node, job.kind) < job.count:
                 continue
+            frees = list(enumerate(node.free))
+            if job.kind == "mps":  # one GPU per node, as the replay (sim.simulate)
+                frees = [(p, f) for p, f in frees if f.get("mps", 0) >= job.count][:1]
+                if not frees:
+                    continue
             need, taken = job.count, []
-            for position, free in enumerate(node.free):
+            for position, free in frees:
                 units = min(need, free.get(job.kind, 0))
                 if units:
                     take(node.layouts[position], free, job.kind, units)

@@ -262,8 +262,13 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                 continue
             if node.free.get(job.kind, 0) < job.count:
                 continue
+            gpus = list(enumerate(node.gpus))
+            if job.kind == "mps":  # one GPU per node (Slurm's MPS without MULTIPLE_SHARING_GRES_PJ)
+                gpus = [(i, g) for i, g in gpus if g.free.get("mps", 0) >= job.count][:1]
+                if not gpus:
+                    continue
             need = job.count
-            for index, gpu in enumerate(node.gpus):
+            for index, gpu in gpus:
                 units = min(need, gpu.free.get(job.kind, 0))
                 if units:
                     take(gpu.layout, gpu.free, job.kind, units)
