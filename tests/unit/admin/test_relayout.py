@@ -304,3 +304,52 @@ def test_a_lookback_out_of_range_is_refused(tmp_path, capsys, value):
     plan.write_text(PLAN)
     assert main(["relayout", "--plan", str(plan), "--lookback", value]) != 0
     assert "--lookback must be between 0 and 604800 seconds" in capsys.readouterr().err
+
+
+MIXED_NODE_PLAN = """\
+version: 1
+slurm: {version: '24.11'}
+node_groups:
+  - name: infer
+    nodes: a[1-2]
+    gpu_model: a100-80gb
+    gpus: 4
+    layout:
+      0-1: {owner: kubernetes}
+      2: {owner: slurm, mig: [{profile: 1g.10gb, count: 2, owner: slurm},
+                              {profile: 2g.20gb, count: 2, owner: kubernetes}]}
+      3: {owner: slurm}
+    relayout:
+      menu:
+        - {layout: 7x1g.10gb}
+        - {layout: whole}
+"""
+
+
+def test_supply_numbers_a_nodes_gpus_type_after_type_as_its_gres_says():
+    """Slurm numbers a node's gpu devices type after type in its Gres= order (render puts
+    whole GPUs first): two 1g.10gb jobs on IDX 1-2 hold GPU 2's slices, not GPU 3."""
+    from gpushare.admin.relayout.demand import supply
+    from gpushare.admin.slurm_client import SlurmNode
+
+    plan = parse_plan(MIXED_NODE_PLAN)
+    node = SlurmNode("a1", ("MIXED",), gres="gpu:a100:1,gpu:1g.10gb:2",
+                     gres_used="gpu:a100:0(IDX:N/A),gpu:1g.10gb:2(IDX:1-2)")
+    state = {gpu.index: gpu for gpu in supply(plan, [node])}
+    assert state[2].busy and state[2].used == {"1g.10gb": 2} and state[2].idle() == {}
+    assert not state[3].busy and state[3].idle() == {"whole": 1}
+    # The whole GPU in use: IDX 0.
+    node = SlurmNode("a1", ("MIXED",), gres="gpu:a100:1,gpu:1g.10gb:2",
+                     gres_used="gpu:a100:1(IDX:0),gpu:1g.10gb:0(IDX:N/A)")
+    state = {gpu.index: gpu for gpu in supply(plan, [node])}
+    assert state[3].busy and not state[2].busy
+
+
+def test_supply_leaves_out_nodes_out_of_service():
+    from gpushare.admin.relayout.demand import supply
+    from gpushare.admin.slurm_client import SlurmNode
+
+    plan = parse_plan(MIXED_NODE_PLAN)
+    nodes = [SlurmNode("a1", ("IDLE", "DRAIN")), SlurmNode("a2", ("DOWN",))]
+    assert supply(plan, nodes) == []
+    assert {gpu.node for gpu in supply(plan, [SlurmNode("a2", ("IDLE",))])} == {"a2"}

@@ -148,3 +148,10 @@ def test_one_account_alone_is_not_held_back_as_a_whole():
     queue = [Request(str(j), "3g.40gb", 1, 600, None, f"u{j}", "everyone") for j in range(12)]
     values = request_values(queue, {"3g.40gb": 3})
     assert values == [3 / 7 * 2] * 12
+
+
+def test_the_24_11_description_of_req_node_not_avail_counts_as_waiting():
+    text = ("301|gres/gpu:1g.10gb:1|2026-01-02T11:50:00|gpu|bob|chem|UNLIMITED|Nodes required "
+            "for job are DOWN, DRAINED or reserved for jobs in higher priority partitions\n")
+    queue = read_queue(text, NOW, parse_partitions(SINFO))
+    assert [r.job for r in queue.requests] == ["301"] and queue.skipped == {}

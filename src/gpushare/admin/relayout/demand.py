@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 from gpushare.admin.cluster_status import used_indexes
 from gpushare.admin.plan import Plan
+from gpushare.admin.plan.model import GpuPlan
 from gpushare.admin.relayout.decide import GpuState, Request
 from gpushare.admin.relayout.menu import NOT_SLURMS, Layout, layout_name
 from gpushare.admin.relayout.predict import LOOKBACK_S
@@ -47,6 +48,8 @@ SINFO_FORMAT = "%R|%N"
 # job whose type only drained or down nodes offer (measured on 22.05.8: "ReqNodeNotAvail,
 # UnavailableNodes:rl[2-3]"), the very demand a new layout serves.
 WAITING_REASONS = frozenset({"Resources", "Priority", "ReqNodeNotAvail"})
+# squeue of 24.11 and later may print ReqNodeNotAvail's description instead of its name.
+_REASON_TEXTS = {"Nodes required for job are DOWN, DRAINED or reserved": "ReqNodeNotAvail"}
 _REASON_NAMES = {"JobHeldUser": "held", "JobHeldAdmin": "held", "Dependency": "dependency",
                  "BeginTime": "--begin in the future"}
 _MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
@@ -101,7 +104,8 @@ def read_queue(text: str, now: datetime.datetime,
         if parts is None:
             continue
         job, gres, submitted, parts_text, user, account, limit, reason = parts
-        reason = reason.split(",", 1)[0].strip()
+        reason = next((name for text, name in _REASON_TEXTS.items()
+                       if reason.startswith(text)), reason.split(",", 1)[0].strip())
         if reason not in WAITING_REASONS:
             queue.skip(_REASON_NAMES.get(reason, f"reason {reason or 'none'}"))
             continue
@@ -271,11 +275,37 @@ def plan_layout(slices: Sequence[str], mps: int) -> Layout:
     return Layout(layout_name(ordered, mps), ordered, mps)
 
 
+def _device_order(node: SlurmNode, whole_type: str, gpus: Sequence[GpuPlan],
+                  current: dict[int, Layout]) -> list[tuple[int, str]]:
+    """(GPU index, "whole" or profile) of each of the node's gpu devices in Slurm's index
+    order, which ``IDX:`` names: type after type in the order of the node's ``Gres=``
+    (render puts whole GPUs first), each type's devices in gres.conf's GPU order."""
+    devices: list[tuple[int, str, str]] = []
+    for gpu in gpus:
+        offers = current[gpu.index].offers()
+        if "whole" in offers or "mps" in offers:
+            devices.append((gpu.index, "whole", whole_type))
+        else:
+            devices.extend((gpu.index, p, p) for p in current[gpu.index].slices)
+    types = [gres_item(item.split("(", 1)[0].strip())[1].lower()
+             for item in GRES_ITEM_SPLIT.split(node.gres or "") if item.strip()
+             and gres_item(item.split("(", 1)[0].strip())[0] == "gpu"]
+
+    def rank(device: tuple[int, str, str]) -> tuple[int, bool]:
+        kind = device[2].lower()
+        found = next((i for i, t in enumerate(types) if t == kind or t.endswith("_" + kind)),
+                     len(types))
+        return found, device[1] != "whole"
+
+    return [(index, kind) for index, kind, _type in sorted(devices, key=rank)]
+
+
 def supply(plan: Plan, nodes: Sequence[SlurmNode],
            layouts: Optional[dict[tuple[str, int], Layout]] = None,
            last_change_s: Optional[dict[tuple[str, int], float]] = None,
            ends: Optional[dict[str, Optional[float]]] = None) -> list[GpuState]:
-    """Every GPU of the nodes slurmctld knows in a group with a menu: its layout (the plan's,
+    """Every GPU of the nodes slurmctld knows in a group with a menu, in service (not
+    drained, down or unregistered): its layout (the plan's,
     or ``layouts`` where a relayout changed it), what jobs hold of it, when it last changed
     and, from ``ends`` (running_ends), when its node's jobs' time limits end."""
     gpus: list[GpuState] = []
@@ -283,6 +313,9 @@ def supply(plan: Plan, nodes: Sequence[SlurmNode],
         group = plan.group_of(node.name)
         if group is None or group.relayout is None:
             continue
+        if node.draining or node.down or not node.registered or \
+                {"FAIL", "UNKNOWN", "NOT_RESPONDING"} & set(node.states):
+            continue  # out of service: no job starts there, and it is not changed
         current: dict[int, Layout] = {}
         for gpu in group.gpus:
             layout = (layouts or {}).get((node.name, gpu.index))
@@ -291,14 +324,7 @@ def supply(plan: Plan, nodes: Sequence[SlurmNode],
             elif layout is None:
                 layout = plan_layout([s.profile for s in gpu.slices_of("slurm")], gpu.mps)
             current[gpu.index] = layout
-        # gres.conf order: per GPU, its gpu devices (one per Slurm slice, or the GPU).
-        gpu_devices: list[tuple[int, str]] = []
-        for gpu in group.gpus:
-            offers = current[gpu.index].offers()
-            if "whole" in offers or "mps" in offers:
-                gpu_devices.append((gpu.index, "whole"))
-            else:
-                gpu_devices.extend((gpu.index, p) for p in current[gpu.index].slices)
+        gpu_devices = _device_order(node, group.model.gres_type, group.gpus, current)
         mps_gpus = [i for i in sorted(current) if current[i].mps]
         used: dict[int, dict[str, int]] = {}
         for item in GRES_ITEM_SPLIT.split(node.gres_used or ""):
