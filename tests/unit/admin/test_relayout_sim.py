@@ -163,3 +163,14 @@ def test_an_mps_request_is_served_by_one_gpu_of_its_node():
                                                            cluster).finished}
     # 50 free on one GPU and 40 on the other: the last 60-unit job waits for a GPU.
     assert waits[0] == 0.0 and waits[1] == 0.0 and waits[2] == 590.0
+
+
+def test_the_best_static_layout_is_ranked_by_jobs_never_run_then_completion():
+    """Requests of two whole GPUs cannot start on a node of one GPU whatever its layout:
+    the search still finds the layout that runs the rest, not the first one it tried."""
+    cluster = default_cluster(2, 1, ("mps:100", "7x1g.10gb", "whole"))
+    jobs = [Job(0, 0.0, 600.0, "whole", 2, "u")]
+    jobs += [Job(n, 10.0 * n, 600.0, "1g.10gb", 1, "u") for n in range(1, 15)]
+    counts, best = best_static(jobs, cluster)
+    assert best.unfinished == 1  # the two-GPU request, on any layout
+    assert counts["7x1g.10gb"] == 2, counts

@@ -413,8 +413,11 @@ def even_split(cluster: Cluster) -> dict[str, int]:
     return {name: total // len(names) + (i < total % len(names)) for i, name in enumerate(names)}
 
 
-def score(result: Result) -> float:
-    return statistics.fmean(result.jct) if result.jct and not result.unfinished else 1e18
+def score(result: Result) -> tuple[int, float]:
+    """A static layout's rank, lower better: the jobs it never starts, then the mean
+    completion time of those it runs (a history with requests no layout can hold still
+    ranks its layouts, instead of tying them all)."""
+    return result.unfinished, statistics.fmean(result.jct) if result.jct else 0.0
 
 
 def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
