@@ -300,6 +300,9 @@ def _run(args: argparse.Namespace) -> int:
         return _run_node(args)
     if args.suggest:
         return relayout_suggest.run(args)
+    misplaced = relayout_suggest.misplaced(args)
+    if misplaced:
+        return fail("relayout", f"{', '.join(misplaced)} only with --suggest")
     from gpushare.admin.plan import PlanError, load_plan
 
     if not 0 <= args.max_changes <= 1000:

@@ -15,6 +15,13 @@ from typing import Any, Optional
 from gpushare.cli import fail, plan_problems
 
 MAX_DAYS = 366.0
+DEFAULT_DAYS = 14.0
+
+
+def misplaced(args: argparse.Namespace) -> list[str]:
+    """The --suggest options given without --suggest (a dry run would ignore them)."""
+    return [flag for flag, value in (("--days", args.days), ("--history", args.history),
+                                     ("--group", args.group)) if value is not None]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,14 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--suggest", action="store_true",
                        help="propose the best static layout for the last --days of sacct "
                        "history, replayed on the plan's node group with a relayout menu")
-    group.add_argument("--days", type=float, default=14.0, metavar="N",
+    group.add_argument("--days", type=float, metavar="N",
                        help="with --suggest: how much history (default 14 days)")
     group.add_argument("--sacct", default="/usr/bin/sacct", metavar="PATH",
                        help="absolute path of sacct (default /usr/bin/sacct)")
     group.add_argument("--history", metavar="FILE",
-                       help="with --suggest: read this saved `sacct --parsable2 --allocations "
-                       "--format JobID,Submit,Start,End,ReqTRES,User,State` output instead "
-                       "of running sacct")
+                       help="with --suggest: read this saved `sacct --allusers --parsable2 "
+                       "--allocations --format JobID,Submit,Start,End,ReqTRES,User,State` "
+                       "output instead of running sacct")
     group.add_argument("--group", metavar="NAME",
                        help="with --suggest: the node group (when several have a menu)")
 
@@ -58,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from gpushare.admin.relayout.sim import best_static, cluster_from_plan, simulate, spread
     from gpushare.admin.slurm_client import SlurmClientError
 
+    if args.days is None:
+        args.days = DEFAULT_DAYS
     if not 0 < args.days <= MAX_DAYS:
         return fail("relayout", f"--days must be more than 0 and at most {MAX_DAYS:.0f}")
     try:
@@ -78,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SlurmClientError) as err:
         return fail("relayout", str(err))
     if not history.jobs:
+        more = "a longer history in --history" if args.history else "a longer --days?"
         return fail("relayout", "no GPU job ran in that history; nothing to learn a layout "
-                    "from (a longer --days?)")
+                    f"from ({more})")
     counts, best = best_static(history.jobs, cluster)
     group = next(g for g in plan.groups if g.name == cluster.name)
     now_layouts = _current(group, cluster.nodes)

@@ -159,10 +159,20 @@ def test_suggest_without_gpu_jobs_says_so(tmp_path, capsys):
                        "2026-11-20T08:01:00|cpu=1,node=1|u|COMPLETED\n")
     assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--history",
                  str(history)]) == 2
-    assert "no GPU job ran" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no GPU job ran" in err and "a longer history in --history" in err
 
 
 def test_alloctres_serves_where_reqtres_was_not_asked_for():
     history = parse_sacct("Submit|Start|End|AllocTRES\n2026-11-20T08:00:00|"
                           "2026-11-20T08:00:00|2026-11-20T08:10:00|gres/gpu:3g.40gb=2,node=1\n")
     assert [(j.kind, j.count, j.run) for j in history.jobs] == [("3g.40gb", 2, 600.0)]
+
+
+@pytest.mark.parametrize("argv", [["--days", "3"], ["--history", "h.txt"], ["--group", "g"]])
+def test_suggest_options_without_suggest_are_refused(tmp_path, capsys, argv):
+    """A dry run would ignore them: the admin meant --suggest."""
+    from gpushare.cli import main
+
+    assert main(["relayout", "--plan", _plan(tmp_path), *argv]) == 2
+    assert f"{argv[0]} only with --suggest" in capsys.readouterr().err
