@@ -407,8 +407,11 @@ def _node_gres_lines(plan: Plan) -> list[str]:
     rows = [(nodes, gres) for nodes, gres in rows if gres]
     if not rows:
         return []
-    types = sorted({item.split(":", 1)[0] for _nodes, gres in rows for item in gres.split(",")},
-                   key=("gpu", "mps", "shard").index)
+    names = {item.split(":", 1)[0] for _nodes, gres in rows for item in gres.split(",")}
+    if any(group.relayout is not None and any(item.layout.mps for item in group.relayout.items)
+           for group in plan.groups):
+        names.add("mps")  # a relayout may give a GPU MPS units later
+    types = sorted(names, key=("gpu", "mps", "shard").index)
     return [f"# Gres= of each group's NodeName lines (GresTypes= must name {','.join(types)});",
             "# `gpushare check --cluster` compares them with slurmctld's:",
             *(f"#   NodeName={nodes} ... Gres={gres}" for nodes, gres in rows)]

@@ -137,8 +137,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.add_argument("--explain", action="store_true",
-                        help="also print each candidate change's predicted MIG wait and "
-                        "completion time with and without it, and the verdict")
+                        help="also print each candidate change's predicted waits (all jobs, "
+                        "MIG and MPS, whole-GPU) and completion time with and without it, "
+                        "and the verdict")
     relayout_suggest.add_arguments(parser)
     add_slurm_arguments(parser)
     parser.set_defaults(func=_run)
