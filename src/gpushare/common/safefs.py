@@ -368,12 +368,19 @@ def trash_entries_at(parent_fd: int) -> list[str]:
 
 
 def _open_trash(parent_fd: int) -> int:
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(TRASH, 0o700, dir_fd=parent_fd)
-    fd = open_dir_at(parent_fd, TRASH, TRASH, root_owned=True)
-    if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-        os.fchmod(fd, 0o700)
-    return fd
+    """``<parent>/.trash``, made when absent. Another discard that emptied the trash may
+    remove it between the mkdir and the open (``_purge_then_tidy``): made again then."""
+    for _ in range(3):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(TRASH, 0o700, dir_fd=parent_fd)
+        try:
+            fd = open_dir_at(parent_fd, TRASH, TRASH, root_owned=True)
+        except FileNotFoundError:
+            continue
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o700)
+        return fd
+    raise FileNotFoundError(errno.ENOENT, f"{TRASH} removed as often as it was made")
 
 
 def _trash_name(name: str) -> str:

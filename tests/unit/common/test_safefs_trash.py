@@ -192,3 +192,23 @@ def test_the_trash_must_be_roots(base, base_fd):
     with pytest.raises(safefs.UnsafePathError):
         safefs.discard_tree_at(base_fd, "tree")
     assert os.path.isdir(os.path.join(base, "tree"))
+
+
+def test_a_trash_another_discard_removes_before_it_is_opened_is_made_again(
+        base, base_fd, monkeypatch):
+    """Two epilogs discard records in one directory: one tidies the emptied trash away
+    between the other's mkdir and its open. The second discard makes it again."""
+    os.mkdir(os.path.join(base, "tree"))
+    real = safefs.open_dir_at
+    raced = []
+
+    def tidied_meanwhile(parent_fd, name, *args, **kwargs):
+        if name == safefs.TRASH and not raced:
+            raced.append(name)
+            os.rmdir(safefs.TRASH, dir_fd=parent_fd)  # the other discard's tidy
+        return real(parent_fd, name, *args, **kwargs)
+
+    monkeypatch.setattr(safefs, "open_dir_at", tidied_meanwhile)
+    assert safefs.discard_tree_at(base_fd, "tree")
+    assert raced and not os.path.exists(os.path.join(base, "tree"))
+    assert not os.path.exists(os.path.join(base, safefs.TRASH))
