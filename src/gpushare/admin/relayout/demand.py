@@ -35,6 +35,7 @@ from gpushare.admin.slurm_client import (
     SlurmClientError,
     SlurmNode,
     gres_item,
+    parse_node_gres,
 )
 from gpushare.common import proc
 
@@ -287,9 +288,8 @@ def _device_order(node: SlurmNode, whole_type: str, gpus: Sequence[GpuPlan],
             devices.append((gpu.index, "whole", whole_type))
         else:
             devices.extend((gpu.index, p, p) for p in current[gpu.index].slices)
-    types = [gres_item(item.split("(", 1)[0].strip())[1].lower()
-             for item in GRES_ITEM_SPLIT.split(node.gres or "") if item.strip()
-             and gres_item(item.split("(", 1)[0].strip())[0] == "gpu"]
+    types = [gres_type.lower() for name, gres_type in parse_node_gres(node.gres)
+             if name == "gpu"]
 
     def rank(device: tuple[int, str, str]) -> tuple[int, bool]:
         kind = device[2].lower()

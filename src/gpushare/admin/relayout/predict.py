@@ -155,10 +155,8 @@ def forecast(requests: Sequence[Request], gpus: Sequence[GpuState],
         node = nodes.setdefault(gpu.node, _Node([], []))
         node.gpus.append(gpu)
         node.layouts.append(gpu.layout)
-        free = gpu.idle()
-        if gpu.layout.mps and not gpu.used:
-            free["whole"] = 1  # Slurm gives it whole too (menu.take)
-        node.free.append(free)
+        # An idle GPU gives what its layout serves (one with MPS units also whole).
+        node.free.append(gpu.idle() if gpu.used else gpu.layout.serves())
     events: list[tuple[float, int, str, str, int]] = []  # time, seq, what, node, gpu or job
     seq = itertools.count()
     for name, node in nodes.items():
