@@ -49,3 +49,15 @@ def gpushare_py_dispatch(callback, host_ptr, ac, av):
         for line in [f"gpushare: {name}: internal error:", *traceback_lines()]:
             host.log(0, line.encode("utf-8", "replace"))
         return -1
+
+
+@ffi.def_extern()
+def gpushare_py_prefork(state_dir, code, ac, av):
+    """prefork=yes: fork the node's prefork server off this interpreter, once the core is
+    imported; a failure leaves this worker and the next ones running in place."""
+    try:
+        args = [ffi.string(av[i]).decode("utf-8", "replace") for i in range(ac)]
+        adapter = load_adapter(_pythonpath(args))
+        adapter.spawn_prefork(ffi.string(state_dir).decode(), ffi.string(code).decode())
+    except BaseException:
+        pass

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import gpushare  # noqa: E402
-from gpushare.node import counters, drain, faults, job, phases, state, ticket  # noqa: E402
+from gpushare.node import counters, drain, faults, job, phases, prefork, state, ticket  # noqa: E402
 from gpushare.node.config import ARG_SPECS, PluginConfig  # noqa: E402
 from gpushare.node.mps import record  # noqa: E402
 
@@ -60,6 +60,7 @@ IMPORT_FAILED = -2
 EMBEDDING_API = """
 int gpushare_py_alive(void);
 int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
+void gpushare_py_prefork(const char *state_dir, const char *code, int ac, char **av);
 """
 
 
@@ -67,7 +68,7 @@ int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
 # parsers (gs_ticket.c, gs_envfile.c, gs_parse.c) include no Slurm header.
 PLUGIN_SOURCES = ("gpushare_spank.c", "gs_args.c", "gs_core.c", "gs_worker.c", "gs_fastpath.c",
                   "gs_taskenv.c", "gs_safefs.c", "gs_log.c", "gs_ticket.c", "gs_envfile.c",
-                  "gs_parse.c", "gs_drain.c", "gs_deadline.c")
+                  "gs_parse.c", "gs_drain.c", "gs_deadline.c", "gs_prefork.c")
 
 
 def _printf_format(python_format: str, *fields: tuple[str, str]) -> str:
@@ -127,6 +128,8 @@ def constants(pythonpath: str = "") -> dict[str, str]:
         "GS_SCONTROL": embedbuild.c_string(drain.SCONTROL),
         "GS_DRAIN_PREFIX": embedbuild.c_string(drain.PREFIX),
         "GS_DRAIN_REASON_MAX": str(drain.DRAIN_REASON_MAX),
+        "GS_PREFORK_SOCKET": embedbuild.c_string(prefork.SOCKET),
+        "GS_PREFORK_PROTOCOL": embedbuild.c_string(prefork.PROTOCOL.decode()),
         "GS_STATE_DIR_FULL_FMT": embedbuild.c_string(_printf_format(
             faults.STATE_DIR_FULL, ("state_dir", "%s"))),
     }

@@ -18,6 +18,7 @@
 /* Defined by cffi from build.py's embedding_api (the Python side). */
 int gpushare_py_alive(void);
 int gpushare_py_dispatch(const char *callback, void *host, int ac, char **av);
+void gpushare_py_prefork(const char *state_dir, const char *code, int ac, char **av);
 
 /* Start Python and import the core; 0 when ready, -1 with the reason logged. */
 GS_EXPORT int gpushare_core_start(void)
@@ -37,4 +38,10 @@ GS_EXPORT int gpushare_core_dispatch(const char *callback, struct gs_host *host,
                                      char **av)
 {
     return gpushare_py_dispatch(callback, (void *)host, ac, av);
+}
+
+/* prefork=yes: fork the node's prefork server off this interpreter (gpushare.node.prefork). */
+GS_EXPORT void gpushare_core_prefork(const char *state_dir, const char *code, int ac, char **av)
+{
+    gpushare_py_prefork(state_dir, code, ac, av);
 }

@@ -20,6 +20,7 @@ char gs_debug_log[PATH_MAX] = "";
 char gs_pythonpath[PATH_MAX] = GS_DEFAULT_PYTHONPATH;
 char gs_imex_dir[PATH_MAX] = "";
 double gs_timeout = GS_DEFAULT_TIMEOUT;
+int gs_prefork = 0;
 
 static int gs_args_parsed = 0;
 static int gs_args_ok = 0;
@@ -139,6 +140,9 @@ int gs_parse_args(int ac, char **av)
         } else if (strncmp(av[i], "imex_channels=", 14) == 0) {
             if (gs_copy_path(gs_imex_dir, eq + 1, "imex_channels") < 0)
                 return -1;
+        } else if (strncmp(av[i], "prefork=", 8) == 0) {
+            /* yes or no, as the core checks it (a bad value fails the job's worker) */
+            gs_prefork = strcmp(eq + 1, "yes") == 0;
         } else if (strncmp(av[i], "timeout=", 8) == 0) {
             char *end = NULL;
             double value = strtod(eq + 1, &end);

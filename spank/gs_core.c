@@ -27,7 +27,30 @@
 #define GS_TREE_MAX_ENTRIES 20000
 
 static gs_core_dispatch_f gs_core_dispatch = NULL;
+static gs_core_prefork_f gs_core_prefork = NULL;
 static int gs_core_failed = 0;
+
+char gs_code_print[17] = "";
+int gs_prefork_here = 0;
+static uint64_t gs_code_sum;
+
+/* One file's part of gs_code_print: FNV-1a of its name and what stat says of its content,
+ * summed over the files (the walk's order does not count). */
+static void gs_code_add(const char *path, const struct stat *st)
+{
+    uint64_t hash = 14695981039346656037ULL;
+    uint64_t facts[5] = {(uint64_t)st->st_ino, (uint64_t)st->st_size,
+                         (uint64_t)st->st_mtim.tv_sec, (uint64_t)st->st_mtim.tv_nsec,
+                         (uint64_t)st->st_mode};
+    const unsigned char *byte = (const unsigned char *)path;
+
+    for (; *byte; byte++)
+        hash = (hash ^ *byte) * 1099511628211ULL;
+    byte = (const unsigned char *)facts;
+    for (size_t i = 0; i < sizeof(facts); i++)
+        hash = (hash ^ byte[i]) * 1099511628211ULL;
+    gs_code_sum += hash;
+}
 
 /* Why the core cannot be loaded or imported, the drain's reason without its prefix: the
  * setting and the path first, the cause last (cut first when too long). */
@@ -93,6 +116,7 @@ static int gs_tree_entry(const char *path, const struct stat *st, int type, stru
     if (gs_untrusted(st, 0))
         return gs_refuse(gs_tree_what, path, st, "chown -R root and chmod -R go-w the "
                          "pythonpath= directory");
+    gs_code_add(path, st);
     return 0;
 }
 
@@ -147,6 +171,7 @@ static int gs_check_core(const char *path)
         gs_core_cannot("cannot load its Python core %s (not a regular file)", real);
         return -1;
     }
+    gs_code_add(real, &st);
     if (gs_untrusted(&st, 0))
         rc = gs_refuse("the Python core", real, &st, "chown root and chmod go-w it");
     else
@@ -165,8 +190,11 @@ int gs_core_trusted(char *path, size_t size)
         gs_core_cannot("cannot load its Python core (no directory for spank_gpushare.so)");
         return -1;
     }
+    gs_code_sum = 0;
+    gs_code_print[0] = '\0';
     if (gs_check_core(path) < 0 || gs_check_pythonpath() < 0)
         return -1;
+    snprintf(gs_code_print, sizeof(gs_code_print), "%016llx", (unsigned long long)gs_code_sum);
     return 0;
 }
 
@@ -203,6 +231,7 @@ static int gs_load_core(spank_t sp)
     }
     start = (gs_core_start_f)dlsym(gs_core_handle, "gpushare_core_start");
     gs_core_dispatch = (gs_core_dispatch_f)dlsym(gs_core_handle, "gpushare_core_dispatch");
+    gs_core_prefork = (gs_core_prefork_f)dlsym(gs_core_handle, "gpushare_core_prefork");
     if (!start || !gs_core_dispatch) {
         slurm_error("gpushare: %s is not gpushare's core (missing symbols)", path);
         gs_core_cannot("cannot load its Python core %s (not gpushare's core)", path);
@@ -248,10 +277,23 @@ double gs_python_deadline = 0.0;
 int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
     struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt, gs_python_deadline};
+    char path[PATH_MAX];
     double started = gs_now();
     int rc = GS_CORE_IMPORT_FAILED;
 
+    /* prefork=yes: the server runs it, for the code checked now, when it is there; no
+     * pythonpath= leaves nothing to check the server's code against. */
+    if (gs_prefork_here && gs_pythonpath[0] && gs_core_trusted(path, sizeof(path)) == 0 &&
+        gs_prefork_call(callback, sp, ac, av, gs_code_print, &rc) == 0) {
+        gs_debug(sp, "cb=%s prefork rc=%d", callback, rc);
+        return rc == GS_CORE_IMPORT_FAILED ? -1 : rc;
+    }
     if (gs_load_core(sp) == 0) {
+        if (gs_prefork_here && gs_pythonpath[0] && gs_code_print[0] && gs_core_prefork) {
+            /* for the next workers: forked off this interpreter before it runs a job */
+            gs_core_prefork(gs_state_dir, gs_code_print, ac, av);
+            gs_prefork_here = 0;
+        }
         rc = gs_core_dispatch(callback, &host, ac, av);
         gs_debug(sp, "cb=%s python rc=%d", callback, rc);
         if (rc != GS_CORE_IMPORT_FAILED)

@@ -38,13 +38,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gs_internal.h"
+
+#define GS_RW (PROT_READ | PROT_WRITE)
 
 double gs_worker_deadline(void)
 {
@@ -96,43 +101,126 @@ static double gs_kill_until(double until)
     return until < soon ? until : soon;
 }
 
-/*
- * End the worker and what it runs: stopped first, so that it starts nothing more and
- * reaps none of its children (their pids stay theirs), then each direct child killed (the
- * commands it runs each lead a session of their own; a process they started stays, as a
- * daemon started is the user's), then the worker's own process group. 0 when it ended;
- * -1 when it still has not at gs_kill_until(until): stuck in the kernel, where a kill
- * takes effect only once the kernel lets it go, and then it runs nothing more.
- */
-static int gs_kill_worker(pid_t worker, double until)
+/* The worker's child in the prefork server (gs_prefork.c), while it is the same process the
+ * worker named: else 0. */
+static pid_t gs_live_delegate(void)
+{
+    char start[sizeof(gs_delegate->start)];
+    pid_t pid = gs_delegate ? gs_delegate->pid : 0;
+
+    if (pid <= 1 || gs_proc_start(pid, start, sizeof(start)) < 0 ||
+        strcmp(start, gs_delegate->start) != 0)
+        return 0;
+    return pid;
+}
+
+/* Wait until `pid`, not a child of ours, has ended (a zombie has), or until `until`: 0 when
+ * it ended. A pidfd says so at once; without one (Linux < 5.3), /proc is looked at. */
+static int gs_wait_other(pid_t pid, double until)
+{
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    struct pollfd watch = {.fd = fd, .events = POLLIN};
+    char text[1024];
+    double left;
+
+    for (;;) {
+        if (fd < 0 && (gs_read_proc_stat(pid, text, sizeof(text)) < 0 ||
+                       strstr(text, ") Z ") || strstr(text, ") X ")))
+            return 0;
+        left = until - gs_now();
+        if (left <= 0)
+            break;
+        if (fd >= 0) {
+            if (poll(&watch, 1, (int)(left * 1000) + 1) > 0) {
+                close(fd);
+                return 0;
+            }
+        } else {
+            usleep(10000);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* SIGKILL every process whose parent is `parent` or `also` (0: none). */
+static void gs_kill_children(pid_t parent, pid_t also)
 {
     char text[1024];
     struct dirent *entry;
     long ppid, pgrp, pid;
     DIR *proc;
+
+    if (!(proc = opendir("/proc")))
+        return;
+    while ((entry = readdir(proc))) {
+        if (!isdigit((unsigned char)entry->d_name[0]))
+            continue;
+        pid = strtol(entry->d_name, NULL, 10);
+        if (gs_read_proc_stat(pid, text, sizeof(text)) < 0)
+            continue;
+        if (gs_parse_proc_parent(text, &ppid, &pgrp) == 0 && pid > 1 &&
+            (ppid == parent || (also > 0 && ppid == also)))
+            (void)kill((pid_t)pid, SIGKILL);
+    }
+    closedir(proc);
+}
+
+/*
+ * End the worker and what it runs: stopped first, so that it starts nothing more and
+ * reaps none of its children (their pids stay theirs), then each direct child killed (the
+ * commands it runs each lead a session of their own; a process they started stays, as a
+ * daemon started is the user's), then the worker's own process group. With prefork=, the
+ * worker's child in the prefork server, which runs its callback, goes the same way. 0 when
+ * they ended; else the pid of the one still there at gs_kill_until(until): stuck in the
+ * kernel, where a kill takes effect only once the kernel lets it go, and then it runs
+ * nothing more.
+ */
+static pid_t gs_kill_worker(pid_t worker, double until)
+{
+    pid_t delegate = gs_live_delegate();
     int status;
 
     (void)kill(-worker, SIGSTOP);
     (void)kill(worker, SIGSTOP);
-    if ((proc = opendir("/proc"))) {
-        while ((entry = readdir(proc))) {
-            if (!isdigit((unsigned char)entry->d_name[0]))
-                continue;
-            pid = strtol(entry->d_name, NULL, 10);
-            if (gs_read_proc_stat(pid, text, sizeof(text)) < 0)
-                continue;
-            if (gs_parse_proc_parent(text, &ppid, &pgrp) == 0 && ppid == worker && pid > 1)
-                (void)kill((pid_t)pid, SIGKILL);
-        }
-        closedir(proc);
-    }
+    if (delegate)
+        (void)kill(delegate, SIGSTOP);
+    gs_kill_children(worker, delegate);
     (void)kill(-worker, SIGKILL);
     (void)kill(worker, SIGKILL);
-    if (gs_wait_child(worker, gs_kill_until(until), &status) == 0)
+    if (delegate)
+        (void)kill(delegate, SIGKILL);
+    if (gs_wait_child(worker, gs_kill_until(until), &status) != 0) {
+        slurm_error("gpushare: worker %d does not die when killed: stuck in the kernel (a "
+                    "driver call?); going on without it", (int)worker);
+        return worker;
+    }
+    if (delegate && gs_wait_other(delegate, gs_kill_until(until)) != 0) {
+        slurm_error("gpushare: worker %d (in the prefork server) does not die when killed: "
+                    "stuck in the kernel (a driver call?); going on without it",
+                    (int)delegate);
+        return delegate;
+    }
+    return 0;
+}
+
+/* A worker that died by a signal while its child in the prefork server runs on: that child
+ * goes too, and what it runs; 0 when nothing of it is left at gs_kill_until(until). */
+static pid_t gs_kill_delegate(double until)
+{
+    pid_t delegate = gs_live_delegate();
+
+    if (!delegate)
         return 0;
-    slurm_error("gpushare: worker %d does not die when killed: stuck in the kernel (a "
-                "driver call?); going on without it", (int)worker);
-    return -1;
+    (void)kill(delegate, SIGSTOP);
+    gs_kill_children(delegate, 0);
+    (void)kill(delegate, SIGKILL);
+    if (gs_wait_other(delegate, gs_kill_until(until)) == 0)
+        return 0;
+    slurm_error("gpushare: worker %d (in the prefork server) does not die when killed: "
+                "stuck in the kernel (a driver call?); going on without it", (int)delegate);
+    return delegate;
 }
 
 /* Release the job's lock that a stuck worker holds: the lock belongs to the open file
@@ -268,14 +356,20 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
     double started = gs_now(), limit = gs_worker_deadline(), deadline = started + limit;
     double until = started + gs_wait_limit(); /* the supervisor's own, one deadline */
     sigset_t chld, mask;
-    int status = 0, rc, stuck = 0;
-    pid_t worker;
+    int status = 0, rc;
+    pid_t worker, stuck = 0;
 
     /* Children are waited for here: never reaped behind our back (SIGCHLD ignored). */
     (void)signal(SIGCHLD, SIG_DFL);
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     sigprocmask(SIG_BLOCK, &chld, &mask);
+    /* Where a worker with prefork= names its child in the prefork server (gs_prefork.c). */
+    /* an anonymous mapping takes fd -1, which cppcheck's mmap() model does not know */
+    /* cppcheck-suppress invalidFunctionArg */
+    gs_delegate = mmap(NULL, sizeof(*gs_delegate), GS_RW, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (gs_delegate == MAP_FAILED)
+        gs_delegate = NULL;
     worker = fork();
     if (worker < 0) {
         sigprocmask(SIG_SETMASK, &mask, NULL);
@@ -292,11 +386,13 @@ int gs_supervise(const char *callback, spank_t sp, int ac, char **av, const char
         return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 
     gs_read_board(sp, doing, sizeof(doing));
-    if (rc != 0 && gs_kill_worker(worker, until) < 0) {
+    stuck = rc != 0 ? gs_kill_worker(worker, until) : gs_kill_delegate(until);
+    if (gs_delegate)
+        gs_delegate->pid = 0; /* dealt with: the fault path's own kill is of its own */
+    if (rc != 0 && stuck) {
         /* The cause and the pid first: a drain reason keeps only its first 90 bytes. */
-        stuck = 1;
         snprintf(why, sizeof(why), "%s worker stuck unkillable (pid %d) after %g s%s%.80s",
-                 what, (int)worker, limit, *doing ? " while " : "", doing);
+                 what, (int)stuck, limit, *doing ? " while " : "", doing);
     } else if (rc != 0) {
         snprintf(why, sizeof(why), "%s worker timed out after %g s%s%.96s", what, limit,
                  *doing ? " while " : "", doing);

@@ -27,5 +27,6 @@ struct gs_host {
 /* Exported by the core. */
 typedef int (*gs_core_start_f)(void);
 typedef int (*gs_core_dispatch_f)(const char *callback, struct gs_host *host, int ac, char **av);
+typedef void (*gs_core_prefork_f)(const char *state_dir, const char *code, int ac, char **av);
 
 #endif

@@ -25,6 +25,7 @@ extern char gs_debug_log[PATH_MAX]; /* debug_log=: "" when none */
 extern char gs_pythonpath[PATH_MAX]; /* pythonpath=, else GS_DEFAULT_PYTHONPATH; "" if none */
 extern char gs_imex_dir[PATH_MAX]; /* imex_channels=: "" when not checked */
 extern double gs_timeout;          /* timeout=; its range is checked by Python */
+extern int gs_prefork;             /* prefork=yes */
 int gs_parse_args(int ac, char **av);
 const char *gs_node_name(void); /* NULL when not a plain host name */
 
@@ -63,6 +64,11 @@ const char *gs_requeue_job(uint32_t job_id);
 
 /* ---- gs_core.c: the Python core, loaded lazily, never in slurmd --------------------- */
 int gs_core_trusted(char *path, size_t size);
+/* What gs_core_trusted saw of the core and of everything below pythonpath= (names, inodes,
+ * sizes, times), as hex: the prefork server runs only for the code it was born with. */
+extern char gs_code_print[17];
+/* Set in a detached worker with prefork=yes: gs_call_python tries the prefork server. */
+extern int gs_prefork_here;
 /* The deadline (gs_now's clock) gs_call_python hands the Python in this process: its waits
  * take the time left until then (gpushare.node.phases). 0: its own, from timeout=. */
 extern double gs_python_deadline;
@@ -89,6 +95,17 @@ int gs_in_place(const char *callback, spank_t sp, int ac, char **av, const char 
 int gs_call_detached(const char *callback, spank_t sp, int ac, char **av,
                      const char *lock_at_end);
 int gs_wait_for_prolog(spank_t sp);
+
+/* ---- gs_prefork.c: a worker's callback run by the node's prefork server ------------- */
+/* The prefork server's child that runs a worker's callback, in a page the worker shares
+ * with its supervisor, which kills that child with the worker. pid 0: none. */
+struct gs_delegate {
+    volatile pid_t pid;
+    char start[32]; /* its start time (/proc/<pid>/stat), against a pid used again */
+};
+extern struct gs_delegate *gs_delegate;
+int gs_prefork_call(const char *callback, spank_t sp, int ac, char **av, const char *code,
+                    int *rc);
 
 /* ---- gs_fastpath.c: join and leave without an interpreter -------------------------- */
 /* /proc/<pid>/stat's text into text (NUL-terminated, at most size - 1 bytes): 0, or -1. */

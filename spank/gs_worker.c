@@ -204,7 +204,10 @@ int gs_in_place(const char *callback, spank_t sp, int ac, char **av, const char 
  * word if it failed before its Python could give it, then the epilog's lock. */
 int gs_run_worker(const char *callback, spank_t sp, int ac, char **av, const char *lock_at_end)
 {
-    int rc = gs_call_python(callback, sp, ac, av);
+    int rc;
+
+    gs_prefork_here = gs_prefork;
+    rc = gs_call_python(callback, sp, ac, av);
 
     /* Slurm no longer waits for this worker: the drain and the requeue are its own. */
     if (rc == GS_CORE_IMPORT_FAILED)

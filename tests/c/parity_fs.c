@@ -122,6 +122,19 @@ const char *gs_node_name(void)
     return NULL;
 }
 
+/* No prefork server here: every callback runs in place. */
+int gs_prefork_call(const char *callback, spank_t sp, int ac, char **av, const char *code,
+                    int *rc)
+{
+    (void)callback;
+    (void)sp;
+    (void)ac;
+    (void)av;
+    (void)code;
+    (void)rc;
+    return -1;
+}
+
 /* The next tab-separated field of *at ("" when none is left). */
 static char *field(char **at)
 {

@@ -65,6 +65,22 @@ class Spank:
         return None if value == _ffi.NULL else _ffi.string(value).decode("utf-8", "replace")
 
 
+class SnapshotSpank(Spank):
+    """A worker's SPANK handle as its C glue read it, for a callback run in a child of
+    the prefork server (``gpushare.node.prefork``), where no handle is."""
+
+    def __init__(self, host: Any, ids: tuple[int, int, int], options: dict[str, str]) -> None:
+        super().__init__(host)
+        self._ids = ids
+        self._options = options
+
+    def ids(self) -> tuple[int, int, int]:
+        return self._ids
+
+    def option(self, name: str) -> Optional[str]:
+        return self._options.get(name)
+
+
 def configure(args: list[str]) -> PluginConfig:
     global _config
     if _config is None:
@@ -173,7 +189,24 @@ CALLBACKS: dict[str, Callable[[Spank, PluginConfig], int]] = {
 }
 
 
-def dispatch(name: str, host: Any, args: list[str]) -> int:
+def run_prefork_request(request: Any, host: Any) -> int:
+    """One callback a worker handed the prefork server (``gpushare.node.prefork.Request``),
+    in the server's child: as ``dispatch`` runs it in a worker of its own, less the
+    imports, which the server made once."""
+    global _IMPORT_SECONDS
+    _IMPORT_SECONDS = None
+    spank = SnapshotSpank(host, (request.job_id, request.uid, request.gid), request.options)
+    return dispatch(request.callback, host, request.args, spank)
+
+
+def spawn_prefork(state_dir: str, code: str) -> None:
+    """Fork the node's prefork server off this worker's interpreter (``prefork=yes``)."""
+    from gpushare.node import prefork
+
+    prefork.spawn(state_dir, code, run_prefork_request)
+
+
+def dispatch(name: str, host: Any, args: list[str], spank: Optional[Spank] = None) -> int:
     """Run one callback; node problems and internal errors are logged and return -1.
 
     The cyclic garbage collector waits until the callback is done: a callback makes few
@@ -185,7 +218,7 @@ def dispatch(name: str, host: Any, args: list[str]) -> int:
     gc.disable()
     counters.begin()
     try:
-        return counters.count(name, _dispatch(name, Spank(host), args), _config)
+        return counters.count(name, _dispatch(name, spank or Spank(host), args), _config)
     finally:
         _host = None
         if collecting:

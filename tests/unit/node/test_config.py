@@ -30,7 +30,7 @@ def test_every_key_is_accepted_with_a_good_value():
             "show": "yes", "mps_cgroup": "/sys/fs/cgroup/mps.slice/%n",
             "mps_space": "32m,1024", "usage_interval": "5", "hog_bw_pct": "70",
             "hog_seconds": "30", "dcgm_mapping_dir": "/run/dcgm-job-map/%n",
-            "dcgm_mapping_names": "uuid"}
+            "dcgm_mapping_names": "uuid", "prefork": "yes"}
     assert set(good) == {spec.key for spec in ARG_SPECS}
     config = parse_plugin_args(f"{k}={v}" for k, v in good.items())
     assert config.mem_limit == "16G" and config.verify == "warn"

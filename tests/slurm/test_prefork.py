@@ -1,0 +1,191 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""prefork=yes inside the real local Slurm: the first worker starts the node's prefork
+server and runs in place; the jobs after it are set up and undone by the server's children,
+with the same outcome; a server whose code changed on disk is never used again; a user
+cannot reach it; and a worker of the server's that passes its deadline is killed with its
+child there, the node drained and the job requeued as without prefork."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import stat
+import subprocess
+
+import pytest
+from tests.slurm.test_hostile import release_and_run, set_nvml_hang
+from tests.slurm.test_mps import (
+    FAULT_NODE,
+    NODE,
+    U1,
+    U2,
+    assert_nothing_left,
+    wait_drained,
+)
+from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
+
+from mps_standin.harness import running as alive
+from slurmbed import wait_until
+
+pytestmark = pytest.mark.slurm
+
+SOCKET = "prefork.sock"
+LOCK = "prefork.lock"
+
+
+def server_running(bed, node: str) -> bool:
+    """Whether a server holds the node's prefork lock."""
+    path = os.path.join(bed.state_of(node), LOCK)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def server_pids(bed, node: str) -> list[int]:
+    """The processes that hold the node's prefork lock open."""
+    lock = os.path.join(bed.state_of(node), LOCK)
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == lock:
+                    found.append(int(pid))
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def stop_servers(bed) -> None:
+    """Each node's server ends once its socket is gone."""
+    for node in (NODE, FAULT_NODE):
+        path = os.path.join(bed.state_of(node), SOCKET)
+        if os.path.lexists(path):
+            os.unlink(path)
+        wait_until(f"{node}'s prefork server gone",
+                   lambda node=node: not server_running(bed, node), 30)
+
+
+@pytest.fixture
+def prefork_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
+    """The MPS bed with prefork=yes, every job asking NVML (so that each is set up by a
+    worker); the line and no server left afterwards."""
+    bed = _mps_bed
+    line = bed.plugstack_line()
+    bed.write_plugstack(line.rstrip("\n") + " prefork=yes verify_reuse=0\n")
+    try:
+        yield bed
+    finally:
+        bed.write_plugstack(line)
+        stop_servers(bed)
+
+
+def job_lines(bed, job_id: int) -> list[str]:
+    return [line for line in bed.debug_lines() if f" job={job_id} " in line]
+
+
+def run_shared(bed, user: str = U1, node: str = NODE) -> tuple[int, str]:
+    job_id = bed.sbatch("echo PIPE=$CUDA_MPS_PIPE_DIRECTORY PCT=$CUDA_MPS_ACTIVE_THREAD_"
+                        "PERCENTAGE", "--gres=mps:25", "-w", node, "-c1", user=user)
+    info = bed.wait_job(job_id, timeout=180)
+    assert info["JobState"] == "COMPLETED", info
+    return job_id, bed.output(job_id)
+
+
+def test_jobs_after_the_first_are_set_up_and_undone_by_the_prefork_server(prefork_bed):
+    bed = prefork_bed
+    first, output = run_shared(bed)
+    assert "PCT=25" in output, output
+    assert any("python=start" in line for line in job_lines(bed, first)), job_lines(bed, first)
+    wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
+    info = os.lstat(os.path.join(bed.state_of(NODE), SOCKET))
+    assert stat.S_ISSOCK(info.st_mode) and info.st_uid == 0
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    (server,) = server_pids(bed, NODE)
+    assert os.stat(f"/proc/{server}").st_uid == 0
+    assert_nothing_left(bed)
+    for user in (U1, U2):
+        job_id, output = run_shared(bed, user)
+        assert f"PIPE={bed.state_of(NODE)}/mps/u" in output and "PCT=25" in output, output
+        lines = job_lines(bed, job_id)
+        # Both the prolog and the epilog went to the server; no worker started Python.
+        assert sum("cb=job_prolog prefork rc=0" in line for line in lines) == 1, lines
+        assert sum("cb=job_epilog prefork rc=0" in line for line in lines) == 1, lines
+        assert not any("python=start" in line for line in lines), lines
+        assert_nothing_left(bed)
+    assert server_pids(bed, NODE) == [server]
+
+
+def test_a_server_whose_code_changed_is_not_used_again(prefork_bed):
+    """A package upgrade (here: one file of the bed's pythonpath= touched) makes the running
+    server refuse and end; the job runs in place, and a server of the new code follows."""
+    bed = prefork_bed
+    run_shared(bed)
+    wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
+    (old,) = server_pids(bed, NODE)
+    os.utime(os.path.join(bed.path("lib", "python"), "gpushare", "node", "job.py"))
+    job_id, output = run_shared(bed)
+    assert "PCT=25" in output, output
+    lines = job_lines(bed, job_id)
+    assert any("prefork refused: the code on disk changed" in line for line in lines), lines
+    assert any("python=start" in line for line in lines), lines
+    wait_until("the old server gone", lambda: not alive(old), 60)
+    wait_until("a server of the new code", lambda: server_pids(bed, NODE) not in ([], [old]),
+               60)
+    job_id, _output = run_shared(bed)
+    assert any("cb=job_prolog prefork rc=0" in line for line in job_lines(bed, job_id))
+    assert_nothing_left(bed)
+
+
+def test_a_user_cannot_reach_the_server(prefork_bed):
+    bed = prefork_bed
+    run_shared(bed)
+    wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
+    path = os.path.join(bed.state_of(NODE), SOCKET)
+    probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
+             "try:\n s.connect(sys.argv[1]); print('CONNECTED')\n"
+             "except OSError as e: print('REFUSED', e.errno)\n")
+    result = subprocess.run(["runuser", "-u", U1, "--", "/usr/bin/python3", "-c", probe, path],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("REFUSED 13"), (result.stdout, result.stderr)
+
+
+def test_a_prefork_worker_past_its_deadline_goes_with_its_child(prefork_bed):
+    """NVML hangs in the server's child: at the worker's deadline (13 s here) the supervisor
+    kills the worker and that child, drains the node with the cause and requeues the batch
+    job held, as for a worker of its own."""
+    bed = prefork_bed
+    run_shared(bed, node=FAULT_NODE)
+    wait_until("the prefork server", lambda: server_running(bed, FAULT_NODE), 60)
+    line = bed.plugstack_line().rstrip("\n") + " prefork=yes verify_reuse=0\n"
+    bed.write_plugstack(re.sub(r" timeout=\S+", " timeout=2", line))
+    set_nvml_hang(bed, FAULT_NODE, ["nvmlInit", "nvmlInitWithFlags"])
+    try:
+        job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w",
+                            FAULT_NODE, "-c1", user=U1)
+        child_line = wait_until("the server's child", lambda: next(
+            (x for x in job_lines(bed, job_id) if "cb=job_prolog prefork child=" in x), None),
+            60)
+        child = int(re.search(r"prefork child=(\d+)", str(child_line))[1])  # type: ignore
+        reason = wait_drained(bed, FAULT_NODE, timeout=120)
+        assert reason.startswith("gpushare: prolog worker timed out after 13 s while "
+                                 "checking the GPUs"), reason
+        bed.wait_requeued_held(job_id)
+        assert not alive(child), f"the server's child {child} outlived its worker"
+    finally:
+        set_nvml_hang(bed, FAULT_NODE, [])
+        bed.write_plugstack(line)
+    release_and_run(bed, job_id)
