@@ -321,8 +321,8 @@ node_groups:
       3: {owner: slurm}
     relayout:
       menu:
-        - {layout: 7x1g.10gb}
         - {layout: whole}
+        - {layout: "mps:100"}
 """
 
 

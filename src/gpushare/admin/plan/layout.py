@@ -246,11 +246,14 @@ def node_group(c: Checker, raw: Any, line: int, position: int, units_default: in
         return None
     menu = None
     if "relayout" in section:
-        from gpushare.admin.relayout.menu import parse_menu
+        from gpushare.admin.relayout.menu import check_mig_mode, parse_menu
 
         changeable = sum(gpu.changeable for gpu in gpus) * len(nodes)
         menu = parse_menu(c, section["relayout"], line_of(section, "relayout"), where, model,
                           changeable)
+        if menu is not None:
+            check_mig_mode(c, where, model, menu,
+                           {gpu.index: (gpu.mig, gpu.line) for gpu in gpus if gpu.changeable})
     return NodeGroup(name, expr, nodes, model, tuple(gpus), section.line, menu)
 
 

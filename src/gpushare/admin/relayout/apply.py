@@ -8,7 +8,8 @@ at a time, with explicit placements, so it drives a real GPU and the simulated N
 1. the plan must give the GPU wholly to Slurm and list the layout on its group's menu;
 2. no process may run on the GPU;
 3. destroy its compute instances, then its GPU instances; switch MIG mode if the layout needs
-   it (Hopper and later apply that at once; an A100/A30 needs a reset, which is refused);
+   it (Hopper and later apply that at once; an A100/A30 needs a reset: such a change is
+   refused before anything is touched, in a dry run too);
 4. create the target's GPU instances at the placements NVIDIA's rules give, each with one
    compute instance spanning it, and read the result back from NVML;
 5. on any failure, or when the time limit passes, restore the old layout the same way and say
@@ -310,6 +311,13 @@ def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
             raise ApplyError(f"GPU {index} of node {node} is in use (processes "
                              f"{', '.join(map(str, pids))}); it changes layout only when idle")
         old = gpu.read()
+        if group.model.mode_change_needs_reset and old.mig != target.mig:
+            raise ApplyError(
+                f"GPU {index} of node {node}: {old.name} -> {layout.name} switches MIG "
+                f"{'on' if target.mig else 'off'}, which {group.model.a_name} applies only "
+                "after a GPU reset; gpushare does not reset GPUs, so "
+                + ("--apply would refuse it" if dry_run else "it is refused")
+                + "; on this model a relayout menu keeps one MIG mode")
         _check_one_profile(nvml, plan, group, node, index, layout, deadline, clock,
                            round_layouts or {})
         result = ApplyResult(node, index, old.name, layout.name, old != target, steps)

@@ -23,8 +23,9 @@ from typing import Any, Optional
 from gpushare.admin.mig_profiles import GpuModel, place_slices
 from gpushare.admin.plan.lines import Checker, YamlMap, YamlSeq, line_of
 
-__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_release", "give_back",
-           "one_profile_per_node", "parse_layout", "parse_menu", "take"]
+__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_mig_mode",
+           "check_release", "give_back", "one_profile_per_node", "parse_layout", "parse_menu",
+           "take"]
 
 DEFAULT_MIN_INTERVAL_S = 3600
 NOT_SLURMS = "kubernetes"  # the layout name of a GPU Slurm has nothing of
@@ -246,3 +247,30 @@ def check_release(c: Checker, version: str, where: str, menu: Menu) -> None:
             c.error(item.line, f"{where}: relayout.menu: {item.layout.name} mixes MIG "
                     f"profiles; Slurm {version} with AutoDetect=off indexes only one MIG "
                     "profile per node: keep one profile per layout, or upgrade Slurm")
+
+
+def check_mig_mode(c: Checker, where: str, model: GpuModel, menu: Menu,
+                   modes: dict[int, tuple[bool, int]]) -> None:
+    """On an A100 or A30 every menu layout must keep the MIG mode of the group's Slurm-only
+    GPUs (``modes``: index -> (MIG on in the plan, line)): a layout needing the other mode
+    could only be laid out after a GPU reset, so relayout could never apply it."""
+    if not model.mode_change_needs_reset or not menu.items:
+        return
+    mig = [item.layout.name for item in menu.items if item.layout.mig]
+    off = [item.layout.name for item in menu.items if not item.layout.mig]
+    why = (f"{model.a_name} switches MIG mode only after a GPU reset, which gpushare does not "
+           "do")
+    if mig and off:
+        c.error(menu.line, f"{where}: relayout.menu mixes MIG layouts ({', '.join(mig)}) with "
+                f"MIG-off ones ({', '.join(off)}); {why}: keep the MIG layouts only, or "
+                "whole and mps:N only")
+        return
+    wrong = sorted(index for index, (on, _line) in modes.items() if on != bool(mig))
+    if wrong:
+        gpus = ", ".join(str(index) for index in wrong)
+        plural = "s" if len(wrong) > 1 else ""
+        c.error(menu.line, f"{where}: relayout.menu holds {'MIG' if mig else 'MIG-off'} "
+                f"layouts only, but the plan gives Slurm's GPU{plural} {gpus} (line "
+                f"{modes[wrong[0]][1]}) MIG {'off' if mig else 'on'}; {why}: lay "
+                f"{'them' if plural else 'it'} out {'with MIG' if mig else 'whole'} in the "
+                f"plan, or keep {'whole and mps:N' if mig else 'MIG'} layouts on the menu")
