@@ -174,3 +174,13 @@ def test_the_best_static_layout_is_ranked_by_jobs_never_run_then_completion():
     counts, best = best_static(jobs, cluster)
     assert best.unfinished == 1  # the two-GPU request, on any layout
     assert counts["7x1g.10gb"] == 2, counts
+
+
+def test_a_menu_of_mig_layouts_only_replays():
+    """An A100's menu holds MIG layouts only: with no kind "whole" anywhere the replay still
+    counts the idle GPUs while jobs wait."""
+    cluster = default_cluster(1, 1, ("7x1g.10gb", "2x3g.40gb"))
+    jobs = _jobs((0, 600, "3g.40gb", 1), (10, 600, "1g.10gb", 1))
+    result = simulate(jobs, spread({"2x3g.40gb": 1}, cluster), False, cluster)
+    # The 1g.10gb job never starts, while the second 3g.40gb slice stays idle.
+    assert result.unfinished == 1 and result.idle_waiting_gpu_h > 0
