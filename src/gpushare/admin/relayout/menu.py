@@ -141,7 +141,7 @@ def parse_layout(text: str, model: GpuModel) -> tuple[Optional[Layout], str]:
             return None, f"mps:N needs a whole number of units from 1 to 100000, not {units!r}"
         return Layout(f"mps:{int(units)}", (), int(units)), ""
     if not model.mig_capable:
-        return None, f"a {model.name} has no MIG; its menu holds whole and mps:N only"
+        return None, f"{model.a_name} has no MIG; its menu holds whole and mps:N only"
     slices: list[str] = []
     for part in text.split("+"):
         part = part.strip()
@@ -149,14 +149,14 @@ def parse_layout(text: str, model: GpuModel) -> tuple[Optional[Layout], str]:
         if not sep or not count_text.isdigit():
             count_text, profile = "1", part
         if model.profile(profile) is None:
-            return None, (f"a {model.name} has no MIG profile {profile!r}; it has "
+            return None, (f"{model.a_name} has no MIG profile {profile!r}; it has "
                           + ", ".join(p.name for p in model.profiles))
         count = int(count_text)
         if not 1 <= count <= model.compute_slices:
             return None, f"{count} × {profile} cannot fit on one GPU"
         slices.extend([profile] * count)
     if place_slices(model, slices, [None] * len(slices)) is None:
-        return None, (f"a {model.name} cannot hold {' + '.join(slices)} under NVIDIA's "
+        return None, (f"{model.a_name} cannot hold {' + '.join(slices)} under NVIDIA's "
                       "placement rules")
     ordered = tuple(sorted(slices, key=lambda p: (-_size(p), p)))
     return Layout(layout_name(ordered), ordered), ""
