@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.cli import fail, text_table
 
@@ -62,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "repeatable. Without it a rule with a demand is not judged")
     parser.add_argument("--lent", action="append", default=[], metavar="RULE=N",
                         help="how many of RULE's devices are lent now, the first N in the "
-                        "rule's order (default 0; with --apply the state file says); repeatable")
+                        "rule's order, at most its max_lent (default 0; with --apply the "
+                        "state file says); repeatable")
     from gpushare.cli.tidal_apply import register_options
 
     register_options(parser)
@@ -96,6 +97,16 @@ def _counts(option: str, values: list[str], names: set[str]) -> dict[str, int]:
     return found
 
 
+def _within_max_lent(rules: Sequence[LendingRule], lent: dict[str, int]) -> None:
+    """A rule never has more lent than its max_lent: a larger --lent is a state that
+    cannot be, and the dry run would reclaim devices that were never lent."""
+    for rule in rules:
+        if lent.get(rule.name, 0) > rule.max_lent:
+            raise ValueError(f"--lent {rule.name}={lent[rule.name]}: rule {rule.name} lends "
+                             f"at most {rule.max_lent} of its {len(rule.devices)} devices "
+                             "(max_lent)")
+
+
 def _clock(minute: int) -> str:
     return f"{minute // 60:02d}:{minute % 60:02d}"
 
@@ -125,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         when = _when(args.at)
         needs = _counts("--needs", args.needs, names)
         lent_counts = _counts("--lent", args.lent, names)
+        _within_max_lent(plan.lending, lent_counts)
     except ValueError as err:
         return fail("tidal", str(err))
     if not plan.lending:

@@ -67,6 +67,11 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
     assert rc == 2 and "--at '25:00' is not HH:MM" in err
     rc, _, err = run(tmp_path, capsys, "--lent", "night=x")
     assert rc == 2 and "--lent 'night=x' must be RULE=N" in err
+    rc, out, err = run(tmp_path, capsys, "--at", "23:30", "--lent", "night=99")
+    assert (rc, out) == (2, "")
+    assert "--lent night=99: rule night lends at most 4 of its 6 devices (max_lent)" in err
+    rc, _, err = run(tmp_path, capsys, "--at", "23:30", "--lent", "night=4", "--needs", "night=0")
+    assert rc == 0
 
 
 def test_a_plan_without_rules_moves_nothing(tmp_path, capsys):
