@@ -41,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`gpushare tidal holders --gpu N` runs on a node: which pods the kubelet's "
         "PodResources API lists holding the device; exit 0 none, 1 held, 2 unknown.",
         epilog="examples:\n  gpushare tidal --plan /etc/gpushare/plan.yaml\n"
-        "  gpushare tidal --at 23:30 --needs night-batch=2\n"
-        "  gpushare tidal --at '2026-12-24 07:45' --lent night-batch=6\n"
+        "  gpushare tidal --at 23:30 --needs night-batch=0                       # a lend\n"
+        "  gpushare tidal --at 23:30 --lent night-batch=6 --needs night-batch=8  # a reclaim\n"
         "  gpushare tidal --apply --cluster-gres-conf /etc/slurm/gres.conf\n"
         "  gpushare tidal holders --gpu 0\n"
         "  gpushare tidal --metrics > /var/lib/node_exporter/textfile/gpushare_tidal.prom",
