@@ -227,11 +227,18 @@ def _run_node(args: argparse.Namespace) -> int:
         if not gpu_text.strip().isdigit() or not layout_text.strip():
             return fail("relayout node", f"--round: {item!r} is not N=LAYOUT")
         round_layouts[int(gpu_text)] = layout_text.strip()
+    from gpushare.admin.relayout.state import StateError, load_state
+
+    try:
+        applied = load_state(state_path).gpus.get((node, args.gpu)) if state_path else None
+    except StateError as err:
+        return fail("relayout node", str(err))
     try:
         nvml = load_nvml(args.source)
         result = apply_layout(nvml, plan, node, args.gpu, args.layout,
                               timeout_s=args.step_timeout, dry_run=not args.apply,
-                              round_layouts=round_layouts)
+                              round_layouts=round_layouts,
+                              recorded=applied.layout if applied else None)
     except ApplyError as err:
         code = fail("relayout node", str(err))
         return EXIT_UNKNOWN if err.unknown else code

@@ -283,16 +283,28 @@ def _describe(state: _State) -> str:
     return ", ".join(f"{i.profile}@{i.start}" for i in state.instances) or "no MIG instances"
 
 
+def _slurm_name(state: _State, planned: GpuPlan, recorded: Optional[str]) -> str:
+    """The GPU's layout as Slurm has it: NVML's, and for a GPU with MIG off the MPS units
+    NVML cannot show (``recorded`` by an earlier step, else the plan's)."""
+    if state.mig:
+        return state.name
+    if recorded is not None and (recorded == "whole" or recorded.startswith("mps:")):
+        return recorded
+    return f"mps:{planned.mps}" if planned.mps and not planned.mig else "whole"
+
+
 def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
                  timeout_s: float = 60.0, dry_run: bool = True,
                  clock: Callable[[], float] = time.monotonic,
-                 round_layouts: Optional[dict[int, str]] = None) -> ApplyResult:
-    """Lay GPU ``index`` of ``node`` out as ``layout_text`` (a layout of its group's menu).
+                 round_layouts: Optional[dict[int, str]] = None,
+                 recorded: Optional[str] = None) -> ApplyResult:
+    """Lay GPU ``index`` of ``node`` out as ``layout_text`` (a layout of its group's menu);
+    ``recorded``: the layout the state file holds for it (whole and mps:N are one to NVML).
 
     Raises ApplyError when refused, or when the change failed (the message says whether the old
     layout was restored, or what the GPU shows now).
     """
-    group, _gpu, layout = _check_plan(plan, node, index, layout_text)
+    group, planned, layout = _check_plan(plan, node, index, layout_text)
     starts = place_slices(group.model, layout.slices) if layout.mig else []
     assert starts is not None  # the menu parser placed it
     target = _State(layout.mig, tuple(sorted(
@@ -320,7 +332,13 @@ def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
                 + "; on this model a relayout menu keeps one MIG mode")
         _check_one_profile(nvml, plan, group, node, index, layout, deadline, clock,
                            round_layouts or {})
-        result = ApplyResult(node, index, old.name, layout.name, old != target, steps)
+        slurm_old = _slurm_name(old, planned, recorded)
+        result = ApplyResult(node, index, slurm_old, layout.name,
+                             old != target or slurm_old != layout.name, steps)
+        if old == target and result.changed:  # whole <-> mps:N: the GPU itself stays
+            steps.append(f"{'would change' if dry_run else 'changed'} only what Slurm is "
+                         f"told (gres.conf, the node's Gres=): {slurm_old} -> {layout.name}; "
+                         "NVML has nothing to change (MIG stays off)")
         if old == target or dry_run:
             if old != target:
                 steps.append(f"would change {_describe(old)} to {_describe(target)}")
