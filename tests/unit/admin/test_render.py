@@ -138,6 +138,16 @@ def test_mig_parted_config_is_valid_v1_and_matches_data():
     assert "gpushare-train" not in data["mig-configs"]  # all whole, all Slurm's
 
 
+def test_mig_parted_config_without_mig_is_an_empty_mapping():
+    """A plan whose GPUs are all whole and Slurm's gives the MIG manager nothing: an empty
+    mapping, which mig-parted reads, not a null."""
+    plan = load_plan(os.path.join(os.path.dirname(EXAMPLE), "plan.nvl72.example.yaml"))
+    text = render_mig_parted(plan)
+    assert yaml.safe_load(text) == {"version": "v1", "mig-configs": {}} == \
+        mig_parted_config(plan)
+    assert "nothing to lay out" in text
+
+
 def test_plugstack_line():
     text = render_plugstack(parse_plan(MIXED))
     assert lines(text) == ["required /usr/lib64/slurm/spank_gpushare.so verify=warn"]
