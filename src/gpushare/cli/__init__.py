@@ -96,7 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # As parse_args, but from the sub-command's parser (its usage), with its hint for
+        # what a stray word usually means there (``unknown_hint``).
+        (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        owner = action.choices.get(getattr(args, "command", None) or "", parser)
+        hint = getattr(args, "unknown_hint", "")
+        owner.error(f"unrecognized arguments: {' '.join(extra)}" + (f"; {hint}" if hint else ""))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
