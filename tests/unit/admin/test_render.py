@@ -250,3 +250,16 @@ def test_env_uuid_is_rendered_only_for_a_release_that_has_it():
         if not rendered:
             assert f"Slurm {installed} has no gres.conf Flags=env_uuid" in text
     assert "env_uuid" not in render_gres_conf(parse_plan(MIXED))
+
+
+@pytest.mark.parametrize("target", ["slurm-conf", "mig-parted", "plugstack", "topology",
+                                    "facts"])
+def test_node_is_refused_where_it_would_be_ignored(capsys, target):
+    from gpushare.cli import main
+
+    assert main(["render", target, "--plan", EXAMPLE, "--node", "h100-01"]) == 2
+    err = capsys.readouterr().err
+    assert "--node renders one node's lines of gres only" in err
+    assert f"{target} is rendered for the whole plan: drop --node" in err
+    assert main(["render", "gres", "--plan", EXAMPLE, "--node", "h100-01"]) == 0
+    assert "h100-01" in capsys.readouterr().out
