@@ -14,12 +14,17 @@ import argparse
 import datetime
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from gpushare.cli import fail, text_table
+from gpushare.cli import StepHelp, fail, step_word, text_table
 
 if TYPE_CHECKING:
     from gpushare.admin.plan.lending import LendingRule
 
 __all__ = ["register"]
+
+
+HOLDERS_STEP = (
+    "`gpushare tidal holders --gpu N` runs on a node: which pods the kubelet's "
+    "PodResources API lists holding the device; exit 0 none, 1 held, 2 unknown.")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,8 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the shared gres.conf, `scontrol reconfigure`), the other side is unfenced. A run "
         "first finishes or undoes what a killed run left. Exit status: 0 every move made, "
         "1 one was undone or left for the next run, 2 nothing could start.\n\n"
-        "`gpushare tidal holders --gpu N` runs on a node: which pods the kubelet's "
-        "PodResources API lists holding the device; exit 0 none, 1 held, 2 unknown.",
+        + HOLDERS_STEP,
         epilog="examples:\n  gpushare tidal --plan /etc/gpushare/plan.yaml\n"
         "  gpushare tidal --at 23:30 --needs night-batch=0                       # a lend\n"
         "  gpushare tidal --at 23:30 --lent night-batch=6 --needs night-batch=8  # a reclaim\n"
@@ -47,9 +51,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  gpushare tidal holders --gpu 0\n"
         "  gpushare tidal --metrics > /var/lib/node_exporter/textfile/gpushare_tidal.prom",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
+    from gpushare.cli.tidal_apply import HOLDERS_GROUP
+
+    parser.add_argument("-h", "--help", action=StepHelp, steps={"holders": (
+        HOLDERS_STEP, "examples:\n  gpushare tidal holders --gpu 0\n"
+        "  gpushare tidal holders --devices 0:-1:-:-,1:2:1g.5gb:-", (HOLDERS_GROUP,), ())},
+        help="show this help and exit (after holders: the node's holders query's)")
     parser.add_argument("action", nargs="?", choices=["holders"], metavar="holders",
-                        help="on a node: which pods hold a device")
+                        type=step_word("tidal", "holders", "on a node: which pods hold a "
+                                       "device"),
+                        help="the word holders: on a node, which pods hold a device "
+                        "(gpushare tidal holders --help)")
     parser.add_argument("--plan", default="/etc/gpushare/plan.yaml", metavar="FILE",
                         help="the ownership plan (default: %(default)s)")
     parser.add_argument("--at", metavar="TIME",
