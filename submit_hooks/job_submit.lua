@@ -977,7 +977,7 @@ local function check(job, facts, constrain, running)
       if not string.match(share_text, "^%d+$") or #share_text > 6
          or tonumber(share_text) == 0 then
          reject("--gpu-share=" .. share_text, "is not a share of one GPU",
-                "give a percentage from 1 to 100, e.g. --gpu-share=25")
+                "give a whole percent of one GPU from 1 to 100, e.g. --gpu-share=25")
       end
       share_pct = tonumber(share_text)
       if share_pct > 100 then
@@ -1116,9 +1116,11 @@ local function check(job, facts, constrain, running)
    if is_share and (#gpu_items > 0 or #shard_items > 0) then
       local other = gpu_items[1] or shard_items[1]
       local what = (other[2].name == "gpu") and "whole GPUs" or "shards"
+      -- The user's own whole-GPU request is the example: it keeps the type they chose.
+      local whole = (other[2].name == "gpu") and user_item(other[1], other[2]) or "--gres=gpu:1"
       reject(share_flag(mps_items, share_text), "is a share of one GPU and cannot be combined "
              .. "with " .. what .. " (" .. user_item(other[1], other[2]) .. ")",
-             "ask for the share alone, or for whole GPUs alone, e.g. --gres=gpu:1")
+             "ask for the share alone, or for whole GPUs alone, e.g. " .. whole)
    end
    if mps_total > units then
       local flag

@@ -190,3 +190,54 @@ def test_the_full_example_line_spells_out_every_default():
             continue
         assert spec.key in args, spec.key
         assert spec.check(args[spec.key]) == spec.check(spec.default), spec.key  # none is ""
+
+
+def _uncommented_menu(text: str) -> str:
+    """plan.example.yaml with its commented ``# relayout:`` block taken in, one ``# `` off
+    each of its lines, as an admin uncomments it."""
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.strip() == "# relayout:")
+    end = start
+    while end < len(lines) and lines[end].startswith("    #"):
+        end += 1
+    block = [line.replace("# ", "", 1) for line in lines[start:end]]
+    return "".join(lines[:start] + block + lines[end:])
+
+
+@pytest.mark.parametrize("release, extra", [("22.05", False), ("24.11", False),
+                                            ("24.11", True)])
+def test_the_example_plans_relayout_menu_holds_once_uncommented(tmp_path, capsys, release,
+                                                                extra):
+    """As shipped (22.05, the RPM's) and as the .deb renders it (its Slurm release), and
+    there with the menu's second-level comment, the 23.11+ layout, taken in too."""
+    text = (ETC / "plan.example.yaml").read_text()
+    assert '  version: "22.05" ' in text
+    text = _uncommented_menu(text.replace('  version: "22.05" ', f'  version: "{release}" '))
+    if extra:
+        text = text.replace("    # - {layout: 3g.20gb+2g.10gb+1g.5gb}",
+                            "    - {layout: 3g.20gb+2g.10gb+1g.5gb}")
+    plan = parse_plan(text)
+    menu = plan.group_of("a100-01").relayout
+    assert menu is not None
+    assert [item.layout.name for item in menu.items] == \
+        ["7x1g.5gb", "2x3g.20gb", "7g.40gb"] + (["3g.20gb+2g.10gb+1g.5gb"] if extra else [])
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    for target in ("gres", "slurm-conf", "facts"):
+        rc, out, err = run(capsys, "render", target, "--plan", str(path))
+        assert rc == 0 and out, (target, err)
+
+
+def test_admin_md_shows_the_example_plans_menu():
+    """docs/admin.md's menu is etc/plan.example.yaml's, so that it holds as shipped."""
+    import re
+
+    doc = (REPO / "docs" / "admin.md").read_text()
+    section = doc.split("### MIG layouts that follow the queue", 1)[1].split("```", 2)[1]
+    example = _uncommented_menu((ETC / "plan.example.yaml").read_text())
+
+    def items(text: str) -> list[str]:
+        return re.findall(r"^\s*(#? ?- \{layout: [^}]*\})", text, re.MULTILINE)
+
+    assert items(section) == items(example.split("    relayout:", 1)[1].split("\n\n", 1)[0])
+    assert len(items(section)) == 4

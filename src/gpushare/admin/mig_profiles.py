@@ -50,10 +50,18 @@ class GpuModel:
     compute_slices: int = 0  # 0: no MIG
     memory_slices: int = 0
     profiles: tuple[MigProfile, ...] = ()
+    # An Ampere GPU (A100, A30) applies a MIG mode change only at its next reset, which
+    # gpushare never does: its layouts change only within one MIG mode.
+    mode_change_needs_reset: bool = False
 
     @property
     def mig_capable(self) -> bool:
         return bool(self.profiles)
+
+    @property
+    def a_name(self) -> str:
+        """The name with its article, as read aloud: "an a100-40gb", "a b200-180gb"."""
+        return f"{'an' if self.name[:1] in 'aefhilmnorsx' else 'a'} {self.name}"
 
     def profile(self, name: str) -> Optional[MigProfile]:
         for profile in self.profiles:
@@ -86,13 +94,13 @@ def _eight_slice(mem_1g: int, mem_2: int, mem_4: int, mem_7: int) -> tuple[MigPr
 
 
 def _mig_model(name: str, gres_type: str, match: tuple[str, ...], memory_gb: int,
-               sizes: tuple[int, int, int, int]) -> GpuModel:
-    return GpuModel(name, gres_type, match, memory_gb, 7, 8, _eight_slice(*sizes))
+               sizes: tuple[int, int, int, int], reset: bool = False) -> GpuModel:
+    return GpuModel(name, gres_type, match, memory_gb, 7, 8, _eight_slice(*sizes), reset)
 
 
 GPU_MODELS: tuple[GpuModel, ...] = (
-    _mig_model("a100-40gb", "a100", ("A100",), 40, (5, 10, 20, 40)),
-    _mig_model("a100-80gb", "a100", ("A100",), 80, (10, 20, 40, 80)),
+    _mig_model("a100-40gb", "a100", ("A100",), 40, (5, 10, 20, 40), reset=True),
+    _mig_model("a100-80gb", "a100", ("A100",), 80, (10, 20, 40, 80), reset=True),
     GpuModel(
         "a30-24gb", "a30", ("A30",), 24, 4, 4,
         (
@@ -102,6 +110,7 @@ GPU_MODELS: tuple[GpuModel, ...] = (
             MigProfile("2g.12gb+me", 2, 2, (0, 2), 1),
             MigProfile("4g.24gb", 4, 4, (0,), 1),
         ),
+        mode_change_needs_reset=True,
     ),
     _mig_model("h100-80gb", "h100", ("H100", "H800"), 80, (10, 20, 40, 80)),
     _mig_model("h100-94gb", "h100", ("H100 NVL",), 94, (12, 24, 47, 94)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gpushare import __version__
 
@@ -80,6 +80,58 @@ def write_atomically(path: str, text: str, command: str) -> int:
     return 0
 
 
+class StepHelp(argparse.Action):
+    """``-h`` of a command with a step word (``relayout node``, ``tidal holders``): after
+    the word, the step's own help (its description, its option groups and ``shared``
+    options), else the command's."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 help: str | None = None,
+                 steps: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] | None
+                 = None) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+        self.steps = steps or {}  # word -> (description, epilog, group titles, shared)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        word = next((getattr(namespace, dest, None) for dest in ("step", "action")
+                     if getattr(namespace, dest, None) in self.steps), None)
+        if word is None:
+            parser.print_help()
+            parser.exit()
+        description, epilog, titles, shared = self.steps[word]
+        import textwrap
+
+        wrapped = "\n\n".join(textwrap.fill(part, 79) for part in description.split("\n\n"))
+        helper = argparse.ArgumentParser(
+            prog=f"{parser.prog} {word}", description=wrapped, epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+        helper._add_action(self)
+        for option in shared:
+            helper._add_action(parser._option_string_actions[option])
+        for group in parser._action_groups:
+            if group.title in titles:
+                copy = helper.add_argument_group(group.title)
+                for action in group._group_actions:
+                    copy._add_action(action)
+        helper.print_help()
+        parser.exit()
+
+
+def step_word(command: str, word: str, what: str) -> Callable[[str], str]:
+    """The type of a step-word positional: anything but ``word`` is refused with what to
+    type (a node or GPU name there is the usual slip)."""
+
+    def check(value: str) -> str:
+        if value != word:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a sub-command; the only one is the word {word!r} "
+                f"({what}), e.g. `gpushare {command} {word} --help`")
+        return value
+
+    return check
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare",
@@ -96,7 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # As parse_args, but from the sub-command's parser (its usage), with its hint for
+        # what a stray word usually means there (``unknown_hint``).
+        (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        owner = action.choices.get(getattr(args, "command", None) or "", parser)
+        hint = getattr(args, "unknown_hint", "")
+        owner.error(f"unrecognized arguments: {' '.join(extra)}" + (f"; {hint}" if hint else ""))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--plan", default=DEFAULT_PLAN, metavar="FILE",
                         help=f"the ownership plan (default {DEFAULT_PLAN})")
     parser.add_argument("--gres-conf", default=DEFAULT_GRES_CONF, metavar="FILE",
-                        help=f"the node's gres.conf (default {DEFAULT_GRES_CONF}; 'none' skips)")
+                        help=f"the node's gres.conf (default {DEFAULT_GRES_CONF}; 'none' skips "
+                        "it; --all-nodes needs one)")
     parser.add_argument("--source", default="nvml", metavar="nvml|sim:PATH|none",
                         help="where the node's GPU facts come from (default nvml)")
     parser.add_argument("--node", metavar="NAME",
@@ -87,18 +88,23 @@ def _run(args: argparse.Namespace) -> int:
             return fail("check", f"{option} must be an absolute path, not {path!r}")
     if not 0.1 <= args.timeout <= 600:
         return fail("check", "--timeout must be between 0.1 and 600 seconds")
+    if args.all_nodes and args.gres_conf == "none":
+        return fail("check", "--all-nodes checks a cluster-wide gres.conf against the plan: "
+                    f"give it with --gres-conf FILE (default {DEFAULT_GRES_CONF}), not none")
     node = args.node or nodeconf.this_node()
+    # What a plan or state problem is reported for: the scope asked about, not this host.
+    scope = "cluster" if args.cluster else "all nodes" if args.all_nodes else node
     try:
         plan = load_plan(args.plan)
     except PlanError as err:
         findings = [check.Finding(check.ERROR, p.split(": ", 1)[-1], p.split(": ", 1)[0],
                                   "fix the plan") for p in err.problems]
-        return _report(args, node, findings, "plan")
+        return _report(args, scope, findings, "plan")
     try:
         plan = as_applied(plan, args.state)
     except StateError as err:
         where, _sep, what = str(err).partition(": ")
-        return _report(args, node, [check.Finding(
+        return _report(args, scope, [check.Finding(
             check.ERROR, what, where, "fix or remove the relayout state file")], "state")
     release = check.check_release(plan, installed_release(args.sinfo, args.timeout),
                                   controller=args.cluster or args.all_nodes)

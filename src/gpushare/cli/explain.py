@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the user the job would run as (default: the caller)")
     parser.add_argument("flags", nargs=argparse.REMAINDER, metavar="-- FLAGS",
                         help="the job's sbatch/srun flags, after --")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, unknown_hint="put the job's sbatch/srun flags after --, "
+                        "e.g. gpushare explain -- --gres=mps:25")
 
 
 def _flag_parser() -> argparse.ArgumentParser:
@@ -236,6 +237,11 @@ def _shown(field: str, value: Any) -> str:
     return str(value)
 
 
+def _unset_as_null(fields: dict[str, Any]) -> dict[str, Any]:
+    """Slurm's NO_VAL (unset) as null: the number means nothing to a reader."""
+    return {key: None if value == NO_VAL else value for key, value in fields.items()}
+
+
 def _run(args: argparse.Namespace) -> int:
     flags = list(args.flags)
     if flags and flags[0] == "--":
@@ -251,9 +257,11 @@ def _run(args: argparse.Namespace) -> int:
     refused = client_refusal(flags, facts)
     decision = apply(job, facts)
     if args.json:
-        print(json.dumps({"facts": path, "job": job, "ignored": ignored,
+        result = decision.to_dict()
+        result["changes"] = _unset_as_null(result["changes"])
+        print(json.dumps({"facts": path, "job": _unset_as_null(job), "ignored": ignored,
                           "client_refusal": refused, "untyped_gpu": untyped_policy(facts),
-                          "decision": decision.to_dict()}, indent=2, sort_keys=True))
+                          "decision": result}, indent=2, sort_keys=True))
         return 1 if decision.reject or refused else 0
     print(f"facts: {path}")
     print(f"untyped GPU requests: {untyped_policy(facts)}")

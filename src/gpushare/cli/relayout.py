@@ -12,9 +12,30 @@ import sys
 from typing import Any, Sequence
 
 from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
-from gpushare.cli import add_slurm_arguments, fail, plan_problems, relayout_suggest, text_table
+from gpushare.cli import (
+    StepHelp,
+    add_slurm_arguments,
+    fail,
+    plan_problems,
+    relayout_suggest,
+    step_word,
+    text_table,
+)
 
 EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
+
+
+NODE_GROUP = "the node's step (gpushare relayout node)"
+NODE_STEP = (
+    "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
+    "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
+    "its group's menu and that no process uses the GPU, then (with --apply) destroys its "
+    "MIG instances and creates L's through NVML, verifies them, restores the old layout "
+    "on any failure or after --step-timeout, rewrites this node's gres.conf and records "
+    "the layout in the state file beside the plan. Exit status 0: changed (or nothing "
+    "to change), 2: refused, or failed with the old layout laid back, 3: failed and the "
+    "old layout could not be laid back, or gres.conf was not rewritten (keep the node "
+    "drained).")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,27 +64,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "configless copy, a symlink only to root's file) before anything is drained; a "
         "journal beside the state file records each step first, and the next run finishes "
         "or rolls back a run that was killed; nodes change --parallel at once.\n\n"
-        "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
-        "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
-        "its group's menu and that no process uses the GPU, then (with --apply) destroys its "
-        "MIG instances and creates L's through NVML, verifies them, restores the old layout "
-        "on any failure or after --step-timeout, rewrites this node's gres.conf and records "
-        "the layout in the state file beside the plan. Exit status 0: changed (or nothing "
-        "to change), 2: refused, or failed with the old layout laid back, 3: failed and the "
-        "old layout could not be laid back, or gres.conf was not rewritten (keep the node "
-        "drained).",
+        + NODE_STEP,
         epilog="examples:\n  gpushare relayout --plan /etc/gpushare/plan.yaml\n"
         "  gpushare relayout --apply --node-command 'ssh {node} gpushare relayout node "
         "--node {node} --gpu {gpu} --layout {layout} --decision {decision} --apply'\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb --apply",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
+    parser.add_argument("-h", "--help", action=StepHelp, steps={"node": (
+        NODE_STEP, "examples:\n  gpushare relayout node --gpu 2 --layout 2x3g.40gb\n"
+        "  gpushare relayout node --gpu 2 --layout 2x3g.40gb --apply",
+        (NODE_GROUP,), ("--plan", "--apply", "--state"))},
+        help="show this help and exit (after node: the node's step's)")
     parser.add_argument("step", nargs="?", choices=["node"], metavar="node",
-                        help="lay one GPU of this node out anew (the node's step)")
+                        type=step_word("relayout", "node", "the node's step, run on the node; "
+                                       "its node is --node NAME"),
+                        help="the word node: lay one GPU of this node out anew (the node's "
+                        "step; gpushare relayout node --help)")
     parser.add_argument("--plan", default="/etc/gpushare/plan.yaml", metavar="FILE",
                         help="the ownership plan (default /etc/gpushare/plan.yaml)")
-    node = parser.add_argument_group("the node's step (gpushare relayout node)")
+    node = parser.add_argument_group(NODE_GROUP)
     node.add_argument("--gpu", type=int, metavar="N", help="NVML index of the GPU to change")
     node.add_argument("--layout", metavar="L",
                       help="the new layout, one of the group's menu (e.g. 2x3g.40gb, whole)")
@@ -227,11 +249,18 @@ def _run_node(args: argparse.Namespace) -> int:
         if not gpu_text.strip().isdigit() or not layout_text.strip():
             return fail("relayout node", f"--round: {item!r} is not N=LAYOUT")
         round_layouts[int(gpu_text)] = layout_text.strip()
+    from gpushare.admin.relayout.state import StateError, load_state
+
+    try:
+        applied = load_state(state_path).gpus.get((node, args.gpu)) if state_path else None
+    except StateError as err:
+        return fail("relayout node", str(err))
     try:
         nvml = load_nvml(args.source)
         result = apply_layout(nvml, plan, node, args.gpu, args.layout,
                               timeout_s=args.step_timeout, dry_run=not args.apply,
-                              round_layouts=round_layouts)
+                              round_layouts=round_layouts,
+                              recorded=applied.layout if applied else None)
     except ApplyError as err:
         code = fail("relayout node", str(err))
         return EXIT_UNKNOWN if err.unknown else code

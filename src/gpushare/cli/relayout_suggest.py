@@ -18,6 +18,11 @@ MAX_DAYS = 366.0
 DEFAULT_DAYS = 14.0
 
 
+def counted(number: int, noun: str) -> str:
+    """``1 GPU``, ``2 GPUs``: the lines read as sentences."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def misplaced(args: argparse.Namespace) -> list[str]:
     """The --suggest options given without --suggest (a dry run would ignore them)."""
     return [flag for flag, value in (("--days", args.days), ("--history", args.history),
@@ -113,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(history.skipped.items()))
     print(f"history: {len(history.jobs)} GPU jobs"
           + (f" ({skipped}: left out)" if skipped else "")
-          + f"; replayed on node group {cluster.name}: {cluster.nodes} nodes of "
-          f"{cluster.gpus_per_node} Slurm GPUs ({cluster.model.name})")
-    print("best static layout: " + ", ".join(f"{n} GPUs {name}" for name, n in counts.items()
-                                              if n))
+          + f"; replayed on node group {cluster.name}: {counted(cluster.nodes, 'node')} "
+          f"with {counted(cluster.gpus_per_node, 'Slurm GPU')} each ({cluster.model.name})")
+    print("best static layout: " + ", ".join(f"{counted(n, 'GPU')} {name}"
+                                              for name, n in counts.items() if n))
     for node, row in zip(group.nodes, per_node):
         print(f"  {node}: " + " ".join(f"GPU {index} {layout.name}"
                                         for index, layout in zip(indices, row)))

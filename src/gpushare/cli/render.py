@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("target", choices=TARGETS, help="what to render")
     parser.add_argument("--plan", required=True, metavar="FILE", help="the ownership plan")
     parser.add_argument("--node", metavar="NAME",
-                        help="gres: render only this node's lines")
+                        help="gres: render only this node's lines (topology and facts: the "
+                        "node whose --source this is; refused for the other targets)")
     parser.add_argument("--source", metavar="nvml|sim:PATH",
                         help="gres/topology/facts for --node: take device files (or the fabric "
                         "clique) from this node's inventory instead of the standard numbering")
@@ -71,6 +72,11 @@ def _run(args: argparse.Namespace) -> int:
     from gpushare.admin.topology import TopologyError
     from gpushare.gpu.nvml import InventoryError
 
+    if args.node and args.target != "gres" and not (
+            args.source and args.target in ("topology", "facts")):
+        return fail("render", f"--node renders one node's lines of gres only (with --source "
+                    f"it also names the inventory's node for topology and facts); "
+                    f"{args.target} is rendered for the whole plan: drop --node")
     if args.device_root is not None and not args.device_root.startswith("/"):
         return fail("render", "--device-root must be an absolute directory, not "
                     f"{args.device_root!r}")

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from gpushare.cli import fail, text_table
+from gpushare.cli import StepHelp, fail, step_word, text_table
 
 if TYPE_CHECKING:
     from gpushare.admin.plan.lending import LendingRule
 
 __all__ = ["register"]
+
+
+HOLDERS_STEP = (
+    "`gpushare tidal holders --gpu N` runs on a node: which pods the kubelet's "
+    "PodResources API lists holding the device; exit 0 none, 1 held, 2 unknown.")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,18 +43,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the shared gres.conf, `scontrol reconfigure`), the other side is unfenced. A run "
         "first finishes or undoes what a killed run left. Exit status: 0 every move made, "
         "1 one was undone or left for the next run, 2 nothing could start.\n\n"
-        "`gpushare tidal holders --gpu N` runs on a node: which pods the kubelet's "
-        "PodResources API lists holding the device; exit 0 none, 1 held, 2 unknown.",
+        + HOLDERS_STEP,
         epilog="examples:\n  gpushare tidal --plan /etc/gpushare/plan.yaml\n"
-        "  gpushare tidal --at 23:30 --needs night-batch=2\n"
-        "  gpushare tidal --at '2026-12-24 07:45' --lent night-batch=6\n"
+        "  gpushare tidal --at 23:30 --needs night-batch=0                       # a lend\n"
+        "  gpushare tidal --at 23:30 --lent night-batch=6 --needs night-batch=8  # a reclaim\n"
         "  gpushare tidal --apply --cluster-gres-conf /etc/slurm/gres.conf\n"
         "  gpushare tidal holders --gpu 0\n"
         "  gpushare tidal --metrics > /var/lib/node_exporter/textfile/gpushare_tidal.prom",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
+    from gpushare.cli.tidal_apply import HOLDERS_GROUP
+
+    parser.add_argument("-h", "--help", action=StepHelp, steps={"holders": (
+        HOLDERS_STEP, "examples:\n  gpushare tidal holders --gpu 0\n"
+        "  gpushare tidal holders --devices 0:-1:-:-,1:2:1g.5gb:-", (HOLDERS_GROUP,), ())},
+        help="show this help and exit (after holders: the node's holders query's)")
     parser.add_argument("action", nargs="?", choices=["holders"], metavar="holders",
-                        help="on a node: which pods hold a device")
+                        type=step_word("tidal", "holders", "on a node: which pods hold a "
+                                       "device"),
+                        help="the word holders: on a node, which pods hold a device "
+                        "(gpushare tidal holders --help)")
     parser.add_argument("--plan", default="/etc/gpushare/plan.yaml", metavar="FILE",
                         help="the ownership plan (default: %(default)s)")
     parser.add_argument("--at", metavar="TIME",
@@ -62,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "repeatable. Without it a rule with a demand is not judged")
     parser.add_argument("--lent", action="append", default=[], metavar="RULE=N",
                         help="how many of RULE's devices are lent now, the first N in the "
-                        "rule's order (default 0; with --apply the state file says); repeatable")
+                        "rule's order, at most its max_lent (default 0; with --apply the "
+                        "state file says); repeatable")
     from gpushare.cli.tidal_apply import register_options
 
     register_options(parser)
@@ -96,6 +111,16 @@ def _counts(option: str, values: list[str], names: set[str]) -> dict[str, int]:
     return found
 
 
+def _within_max_lent(rules: Sequence[LendingRule], lent: dict[str, int]) -> None:
+    """A rule never has more lent than its max_lent: a larger --lent is a state that
+    cannot be, and the dry run would reclaim devices that were never lent."""
+    for rule in rules:
+        if lent.get(rule.name, 0) > rule.max_lent:
+            raise ValueError(f"--lent {rule.name}={lent[rule.name]}: rule {rule.name} lends "
+                             f"at most {rule.max_lent} of its {len(rule.devices)} devices "
+                             "(max_lent)")
+
+
 def _clock(minute: int) -> str:
     return f"{minute // 60:02d}:{minute % 60:02d}"
 
@@ -125,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
         when = _when(args.at)
         needs = _counts("--needs", args.needs, names)
         lent_counts = _counts("--lent", args.lent, names)
+        _within_max_lent(plan.lending, lent_counts)
     except ValueError as err:
         return fail("tidal", str(err))
     if not plan.lending:

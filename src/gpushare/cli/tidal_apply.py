@@ -15,6 +15,9 @@ from gpushare.cli.relayout_apply import restart_command, slurm_version
 __all__ = ["apply", "metrics", "register_options"]
 
 
+HOLDERS_GROUP = "which pods hold a device (gpushare tidal holders, on the node)"
+
+
 def register_options(parser: argparse.ArgumentParser) -> None:
     ctl = parser.add_argument_group("moving devices (gpushare tidal --apply, on the controller)")
     ctl.add_argument("--apply", action="store_true",
@@ -90,8 +93,7 @@ def register_options(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--sinfo", default="/usr/bin/sinfo", metavar="PATH",
                      help="absolute path of sinfo, which maps partitions to nodes (default "
                      "%(default)s)")
-    node = parser.add_argument_group("which pods hold a device (gpushare tidal holders, on "
-                                     "the node)")
+    node = parser.add_argument_group(HOLDERS_GROUP)
     node.add_argument("--gpu", type=int, metavar="N", help="NVML index of the GPU")
     node.add_argument("--devices", metavar="GPU:SLICE:PROFILE:DRA,...",
                       help="several devices at once (what the controller sends), answered a "

@@ -329,7 +329,8 @@ def _check(job: dict[str, Any], facts: Facts, constrain: bool = True,
         if (not (share_text.isdigit() and share_text.isascii()) or len(share_text) > 6
                 or int(share_text) == 0):
             raise reject(f"--gpu-share={share_text}", "is not a share of one GPU",
-                          "give a percentage from 1 to 100, e.g. --gpu-share=25")
+                          "give a whole percent of one GPU from 1 to 100, e.g. "
+                          "--gpu-share=25")
         share_pct = int(share_text)
         if share_pct > 100:
             raise reject(f"--gpu-share={share_text}",
@@ -423,10 +424,12 @@ def _check(job: dict[str, Any], facts: Facts, constrain: bool = True,
     if is_share and (gpu_items or shard_items):
         other_field, other = (gpu_items or shard_items)[0]
         what = "whole GPUs" if other.name == "gpu" else "shards"
+        # The user's own whole-GPU request is the example: it keeps the type they chose.
+        whole = user_item(other_field, other) if other.name == "gpu" else "--gres=gpu:1"
         raise reject(_share_flag(mps_items, share_text),
                       f"is a share of one GPU and cannot be combined with {what} "
                       f"({user_item(other_field, other)})",
-                      "ask for the share alone, or for whole GPUs alone, e.g. --gres=gpu:1")
+                      f"ask for the share alone, or for whole GPUs alone, e.g. {whole}")
     if mps_total > units:
         flag = (user_item(*mps_items[0]) if len(mps_items) == 1
                 else user_form(mps_items[0][0], [it for _, it in mps_items]))

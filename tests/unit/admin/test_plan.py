@@ -64,7 +64,7 @@ def test_slice_owned_twice_names_both_lines():
 def test_layout_the_gpu_cannot_hold(slices, reason):
     text = plan_text(f"all: {{owner: slurm, mig: {slices}}}")
     (problem,) = problems(text)
-    assert "a a100-40gb cannot hold" in problem and reason in problem
+    assert "an a100-40gb cannot hold" in problem and reason in problem
     assert problem.startswith("plan.yaml:8:")
 
 
@@ -151,7 +151,7 @@ def test_sharing_rules():
     found = problems(plan_text("all: {owner: slurm, mps: 50, shard: 4}", model="l40s"))
     assert any("mps or shard, not both" in p for p in found)
     found = problems(plan_text("all: {owner: slurm, mig: [{profile: 1g.5gb}]}", model="l40s"))
-    assert any("a l40s has no MIG" in p for p in found)
+    assert any("an l40s has no MIG" in p for p in found)
     plan = parse_plan(plan_text("all: {owner: slurm, mps: true}", model="l40s"))
     assert plan.groups[0].gpus[0].mps == 100
 

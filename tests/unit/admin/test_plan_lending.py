@@ -131,7 +131,7 @@ def test_a_device_has_one_rule():
 def test_a_gpu_is_lent_or_relaid_out_not_both():
     text = GROUPS.replace("      all: {owner: slurm}\n", "      all: {owner: slurm}\n"
                           "    relayout:\n      menu:\n        - {layout: whole}\n"
-                          "        - {layout: 7x1g.5gb}\n")
+                          "        - {layout: \"mps:100\"}\n")
     with pytest.raises(PlanError, match="b1 GPU 0 may be relaid out"):
         parse_plan(text + "lending:\n" + DAY)
 

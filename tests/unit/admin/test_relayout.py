@@ -42,7 +42,7 @@ def test_every_menu_problem_is_reported_with_its_line():
         parse_plan(bad, "p.yaml")
     assert err.value.problems == [
         "p.yaml:19: nodes h[1-2]: relayout.menu[2]: max must be between 0 and 4, not 9",
-        "p.yaml:20: nodes h[1-2]: relayout.menu[3]: layout '4g.40gb+4g.40gb': a h100-80gb "
+        "p.yaml:20: nodes h[1-2]: relayout.menu[3]: layout '4g.40gb+4g.40gb': an h100-80gb "
         "cannot hold 4g.40gb + 4g.40gb under NVIDIA's placement rules",
         "p.yaml:21: nodes h[1-2]: relayout.menu[4]: layout 7x1g.10gb is on the menu twice "
         "(line 17 and line 21)",
@@ -321,8 +321,8 @@ node_groups:
       3: {owner: slurm}
     relayout:
       menu:
-        - {layout: 7x1g.10gb}
         - {layout: whole}
+        - {layout: "mps:100"}
 """
 
 

@@ -300,3 +300,44 @@ def test_the_command_holds_a_plan_without_a_release_to_the_installed_one(
                  "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
                  "--state", "none", "--apply"]) == code
     assert ("one MIG profile per node" in capsys.readouterr().err) == (code == 2)
+
+
+def test_whole_and_mps_are_different_slurm_layouts_of_one_nvml_state(tmp_path):
+    """NVML shows a GPU with MIG off alike whether Slurm has it whole or in MPS units: the
+    step compares Slurm's layout (the state file's, else the plan's) and says that only
+    gres.conf and Gres= change."""
+    plan = parse_plan(mig_plan(["7x1g.10gb", "whole", '"mps:100"']))
+    path = write_profile(tmp_path, plan)
+    apply_layout(fresh(path), plan, "h1", 3, "whole", dry_run=False)
+    result = apply_layout(fresh(path), plan, "h1", 3, "mps:100", recorded="whole")
+    assert result.changed and (result.old, result.new) == ("whole", "mps:100")
+    assert result.steps == ["would change only what Slurm is told (gres.conf, the node's "
+                            "Gres=): whole -> mps:100; NVML has nothing to change (MIG stays "
+                            "off)"]
+    again = apply_layout(fresh(path), plan, "h1", 3, "mps:100", recorded="mps:100")
+    assert not again.changed and again.old == "mps:100"
+
+
+def test_the_command_says_what_changes_from_whole_to_mps(tmp_path, capsys):
+    from gpushare.cli import main
+
+    text = mig_plan(["7x1g.10gb", "whole", '"mps:100"'])
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(text)
+    path = write_profile(tmp_path, parse_plan(text))
+    gres = tmp_path / "gres.conf"
+    gres.write_text("old\n")
+    argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "3",
+            "--source", "sim:" + path, "--gres-conf", str(gres)]
+    assert main([*argv, "--layout", "whole", "--apply"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--layout", "mps:100"]) == 0
+    out = capsys.readouterr().out
+    assert "already has" not in out
+    assert "GPU 3 of node h1: whole -> mps:100 (dry run; --apply changes it)" in out
+    assert "only what Slurm is told (gres.conf, the node's Gres=)" in out
+    assert main([*argv, "--layout", "mps:100", "--apply"]) == 0
+    assert "GPU 3 of node h1: whole -> mps:100" in capsys.readouterr().out
+    assert "Name=mps" in gres.read_text()
+    assert main([*argv, "--layout", "mps:100"]) == 0
+    assert "GPU 3 of node h1 already has layout mps:100" in capsys.readouterr().out

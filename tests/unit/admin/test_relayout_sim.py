@@ -17,18 +17,18 @@ from gpushare.admin.relayout.sim import (
     spread,
 )
 
-A100_PLAN = """\
+H200_PLAN = """\
 version: 1
 node_groups:
   - name: small
     nodes: a[1-3]
-    gpu_model: a100-40gb
+    gpu_model: h200-141gb
     gpus: 2
     layout:
-      all: {owner: slurm, mig: [{profile: 1g.5gb, count: 7}]}
+      all: {owner: slurm, mig: [{profile: 1g.18gb, count: 7}]}
     relayout:
       menu:
-        - {layout: 7x1g.5gb}
+        - {layout: 7x1g.18gb}
         - {layout: whole}
 """
 
@@ -38,11 +38,11 @@ def _jobs(*rows: tuple[float, float, str, int]) -> list[Job]:
 
 
 def test_the_cluster_is_the_plans_group_model_menu_and_node_shape():
-    cluster = cluster_from_plan(parse_plan(A100_PLAN))
+    cluster = cluster_from_plan(parse_plan(H200_PLAN))
     assert (cluster.model.name, cluster.nodes, cluster.gpus_per_node, cluster.name) == \
-        ("a100-40gb", 3, 2, "small")
-    assert cluster.names == ["7x1g.5gb", "whole"]
-    assert cluster_from_plan(parse_plan(A100_PLAN), nodes=8).nodes == 8
+        ("h200-141gb", 3, 2, "small")
+    assert cluster.names == ["7x1g.18gb", "whole"]
+    assert cluster_from_plan(parse_plan(H200_PLAN), nodes=8).nodes == 8
     # Only the Slurm GPUs of a node take part: the shared plan's nodes have 2 of 4.
     from tests.unit.admin.relayout_plans import mig_plan
 
@@ -52,19 +52,19 @@ def test_the_cluster_is_the_plans_group_model_menu_and_node_shape():
 
 
 def test_a_history_replays_on_the_plans_cluster_not_the_default_one():
-    # A100-40GB slices: the plan's menu offers 1g.5gb, the default H100 menu does not.
-    jobs = _jobs((0, 600, "1g.5gb", 1), (10, 600, "1g.5gb", 2), (20, 900, "whole", 2))
-    cluster = cluster_from_plan(parse_plan(A100_PLAN))
+    # H200 slices: the plan's menu offers 1g.18gb, the default H100 menu does not.
+    jobs = _jobs((0, 600, "1g.18gb", 1), (10, 600, "1g.18gb", 2), (20, 900, "whole", 2))
+    cluster = cluster_from_plan(parse_plan(H200_PLAN))
     counts, result = best_static(jobs, cluster)
     assert result.unfinished == 0 and sum(counts.values()) == 6
-    assert counts["whole"] >= 2 and counts["7x1g.5gb"] >= 1
+    assert counts["whole"] >= 2 and counts["7x1g.18gb"] >= 1
     default = default_cluster(3, 2)
     stuck = simulate(jobs, spread(even_split(default), default), False, default)
-    assert "1g.5gb" not in stuck.waits and stuck.unfinished >= 2  # none on H100s
+    assert "1g.18gb" not in stuck.waits and stuck.unfinished >= 2  # none on H100s
 
 
 def test_a_request_must_fit_one_node_of_the_plans_shape():
-    cluster = cluster_from_plan(parse_plan(A100_PLAN))  # 2 GPUs a node
+    cluster = cluster_from_plan(parse_plan(H200_PLAN))  # 2 GPUs a node
     layouts = spread({"whole": 6}, cluster)
     assert [len(row) for row in layouts] == [2, 2, 2]
     assert simulate(_jobs((0, 60, "whole", 2)), layouts, False, cluster).unfinished == 0
@@ -84,10 +84,10 @@ def test_shares_follow_the_model():
 
 
 def test_a_plan_without_one_menu_to_replay_is_refused_with_what_to_do():
-    no_menu = A100_PLAN.split("    relayout:")[0]
+    no_menu = H200_PLAN.split("    relayout:")[0]
     with pytest.raises(ValueError, match="no node group has a relayout menu"):
         cluster_from_plan(parse_plan(no_menu))
-    two = A100_PLAN + A100_PLAN.split("node_groups:\n")[1].replace("small", "other") \
+    two = H200_PLAN + H200_PLAN.split("node_groups:\n")[1].replace("small", "other") \
         .replace("a[1-3]", "b[1-2]")
     with pytest.raises(ValueError, match="name one with --group"):
         cluster_from_plan(parse_plan(two))
@@ -174,3 +174,13 @@ def test_the_best_static_layout_is_ranked_by_jobs_never_run_then_completion():
     counts, best = best_static(jobs, cluster)
     assert best.unfinished == 1  # the two-GPU request, on any layout
     assert counts["7x1g.10gb"] == 2, counts
+
+
+def test_a_menu_of_mig_layouts_only_replays():
+    """An A100's menu holds MIG layouts only: with no kind "whole" anywhere the replay still
+    counts the idle GPUs while jobs wait."""
+    cluster = default_cluster(1, 1, ("7x1g.10gb", "2x3g.40gb"))
+    jobs = _jobs((0, 600, "3g.40gb", 1), (10, 600, "1g.10gb", 1))
+    result = simulate(jobs, spread({"2x3g.40gb": 1}, cluster), False, cluster)
+    # The 1g.10gb job never starts, while the second 3g.40gb slice stays idle.
+    assert result.unfinished == 1 and result.idle_waiting_gpu_h > 0

@@ -176,3 +176,18 @@ def test_suggest_options_without_suggest_are_refused(tmp_path, capsys, argv):
 
     assert main(["relayout", "--plan", _plan(tmp_path), *argv]) == 2
     assert f"{argv[0]} only with --suggest" in capsys.readouterr().err
+
+
+def test_suggest_counts_in_words_one_node_one_gpu(tmp_path, capsys):
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"  # one node whose GPU 2 alone is Slurm's
+    plan.write_text(mig_plan(["{layout: 7x1g.10gb}", "{layout: 2x3g.40gb}"])
+                    .replace("nodes: h[1-2]", "nodes: h1").replace("gpus: 4", "gpus: 3"))
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs())
+    assert main(["relayout", "--plan", str(plan), "--suggest", "--history",
+                 str(history)]) == 0
+    out = capsys.readouterr().out
+    assert "replayed on node group mig: 1 node with 1 Slurm GPU each (h100-80gb)" in out, out
+    assert re.search(r"^best static layout: 1 GPU \S+$", out, re.MULTILINE), out

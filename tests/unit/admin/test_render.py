@@ -138,6 +138,16 @@ def test_mig_parted_config_is_valid_v1_and_matches_data():
     assert "gpushare-train" not in data["mig-configs"]  # all whole, all Slurm's
 
 
+def test_mig_parted_config_without_mig_is_an_empty_mapping():
+    """A plan whose GPUs are all whole and Slurm's gives the MIG manager nothing: an empty
+    mapping, which mig-parted reads, not a null."""
+    plan = load_plan(os.path.join(os.path.dirname(EXAMPLE), "plan.nvl72.example.yaml"))
+    text = render_mig_parted(plan)
+    assert yaml.safe_load(text) == {"version": "v1", "mig-configs": {}} == \
+        mig_parted_config(plan)
+    assert "nothing to lay out" in text
+
+
 def test_plugstack_line():
     text = render_plugstack(parse_plan(MIXED))
     assert lines(text) == ["required /usr/lib64/slurm/spank_gpushare.so verify=warn"]
@@ -240,3 +250,16 @@ def test_env_uuid_is_rendered_only_for_a_release_that_has_it():
         if not rendered:
             assert f"Slurm {installed} has no gres.conf Flags=env_uuid" in text
     assert "env_uuid" not in render_gres_conf(parse_plan(MIXED))
+
+
+@pytest.mark.parametrize("target", ["slurm-conf", "mig-parted", "plugstack", "topology",
+                                    "facts"])
+def test_node_is_refused_where_it_would_be_ignored(capsys, target):
+    from gpushare.cli import main
+
+    assert main(["render", target, "--plan", EXAMPLE, "--node", "h100-01"]) == 2
+    err = capsys.readouterr().err
+    assert "--node renders one node's lines of gres only" in err
+    assert f"{target} is rendered for the whole plan: drop --node" in err
+    assert main(["render", "gres", "--plan", EXAMPLE, "--node", "h100-01"]) == 0
+    assert "h100-01" in capsys.readouterr().out

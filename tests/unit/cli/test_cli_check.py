@@ -124,3 +124,24 @@ def test_as_health_check_warnings_alone_are_no_failure(capsys, drain, severities
     assert _report(args, NODE, findings, "none") == status
     out = capsys.readouterr().out
     assert all(f"{severity} found" in out for severity in severities)
+
+
+def test_all_nodes_without_a_gres_conf_says_what_it_needs(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.read_text())
+    assert main(["check", "--plan", str(plan), "--all-nodes", "--gres-conf", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read none" not in err
+    assert "--all-nodes checks a cluster-wide gres.conf against the plan: give it with " \
+        "--gres-conf FILE" in err
+
+
+@pytest.mark.parametrize("scope, argv", [("all nodes", ["--all-nodes"]),
+                                         ("cluster", ["--cluster"])])
+def test_a_plan_error_names_the_scope_asked_about_not_this_host(tmp_path, capsys, scope, argv):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("version: 1\nnode_groups: []\n")
+    assert main(["check", "--plan", str(plan), "--node", "here", *argv,
+                 "--gres-conf", str(tmp_path / "gres.conf")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith(f"gpushare check: {scope}: 1 error(s)"), out

@@ -148,3 +148,37 @@ def test_only_the_last_gres_counts_as_in_sbatch_and_srun(capsys):
     main(["explain", "--facts", path, "--json", "--", "--gres=gpu:1g.10gb:2",
           "--gres=mps:10"])
     assert json.loads(capsys.readouterr().out)["client_refusal"] is None
+
+
+def test_flags_before_the_separator_get_a_hint(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["explain", "--facts", facts_path("h100-2205"), "--gres=mps:25"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: gpushare explain")
+    assert ("gpushare explain: error: unrecognized arguments: --gres=mps:25; put the job's "
+            "sbatch/srun flags after --, e.g. gpushare explain -- --gres=mps:25") in err
+    with pytest.raises(SystemExit):
+        main(["render", "gres", "--plan", "p.yaml", "--bogus"])
+    assert "gpushare render: error: unrecognized arguments: --bogus\n" in capsys.readouterr().err
+
+
+def test_json_shows_unset_fields_as_null(capsys):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--json", "--", "--gres=mps:25"]) == 0
+    job = json.loads(capsys.readouterr().out)["job"]
+    assert job["min_nodes"] is None and job["wait4switch"] is None
+    assert NO_VAL not in job.values()
+    assert main(["explain", "--facts", path, "--json", "--", "-N", "3",
+                 "--gres=gpu:h100:8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["job"]["min_nodes"] == 3 and result["job"]["req_switch"] is None
+    assert result["decision"]["changes"]["req_switch"] == 2
+
+
+def test_a_share_beside_typed_whole_gpus_keeps_the_type_in_the_example(capsys):
+    path = facts_path("h100-2205")
+    assert main(["explain", "--facts", path, "--", "--gpu-share=30",
+                 "--gres=gpu:h100:1"]) == 1
+    assert ("ask for the share alone, or for whole GPUs alone, e.g. --gres=gpu:h100:1"
+            in capsys.readouterr().out)

@@ -67,6 +67,11 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
     assert rc == 2 and "--at '25:00' is not HH:MM" in err
     rc, _, err = run(tmp_path, capsys, "--lent", "night=x")
     assert rc == 2 and "--lent 'night=x' must be RULE=N" in err
+    rc, out, err = run(tmp_path, capsys, "--at", "23:30", "--lent", "night=99")
+    assert (rc, out) == (2, "")
+    assert "--lent night=99: rule night lends at most 4 of its 6 devices (max_lent)" in err
+    rc, _, err = run(tmp_path, capsys, "--at", "23:30", "--lent", "night=4", "--needs", "night=0")
+    assert rc == 0
 
 
 def test_a_plan_without_rules_moves_nothing(tmp_path, capsys):
@@ -176,3 +181,40 @@ def test_no_change_says_why(tmp_path, capsys):
     rc, out, _ = run(tmp_path, capsys, "--at", "23:30", "--lent", "night=4", "--needs",
                      "night=0")
     assert "no change: 4 lent, its max_lent" in out
+
+
+def _documented_commands():
+    """The tidal dry runs docs/admin.md and `tidal --help` show, with the rule admin.md
+    gives, on etc/plan.example.yaml's nodes."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from gpushare.cli import build_parser
+
+    repo = Path(__file__).resolve().parents[3]
+    doc = (repo / "docs" / "admin.md").read_text()
+    section = doc.split("### Lending devices between the schedulers", 1)[1]
+    rule = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    plan = (repo / "etc" / "plan.example.yaml").read_text() + "\n" + rule
+    spans = re.findall(r"`(gpushare tidal --at [^`]*)`", section.split("####", 1)[0])
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    epilog = sub.choices["tidal"].epilog
+    spans += [line.split("#")[0].strip() for line in epilog.splitlines()
+              if "tidal --at" in line]
+    return plan, [shlex.split(span)[1:] for span in spans]
+
+
+def test_the_documented_dry_runs_show_a_move(tmp_path, capsys):
+    plan_text, commands = _documented_commands()
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text)
+    verdicts = []
+    for argv in commands:
+        assert main([*argv, "--plan", str(plan)]) == 0, argv
+        row = next(line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("night-batch"))
+        verdicts.append(row.split(")  ")[-1].strip())
+    assert len(commands) == 4  # two in admin.md, two in the help
+    assert sorted(verdicts) == ["lend 6", "lend 6", "reclaim 6", "reclaim 6"], verdicts

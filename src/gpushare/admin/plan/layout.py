@@ -92,7 +92,7 @@ def _gpu_plan(c: Checker, raw: Any, line: int, where: str, index: int, model: Gp
             c.error(line_of(spec, key), f"{where} GPU {index}: {key} applies to whole GPUs; "
                     "a MIG GPU is shared through its slices")
     if not model.mig_capable:
-        c.error(line_of(spec, "mig"), f"{where} GPU {index}: a {model.name} has no MIG; "
+        c.error(line_of(spec, "mig"), f"{where} GPU {index}: {model.a_name} has no MIG; "
                 "give it as a whole GPU (owner: ...)")
         return None
     raw_slices = spec["mig"]
@@ -112,7 +112,7 @@ def _gpu_plan(c: Checker, raw: Any, line: int, where: str, index: int, model: Gp
             continue
         profile = c.string(entry["profile"], line_of(entry, "profile"), f"{what}: profile")
         if profile is not None and model.profile(profile) is None:
-            c.error(line_of(entry, "profile"), f"{what}: a {model.name} has no MIG profile "
+            c.error(line_of(entry, "profile"), f"{what}: {model.a_name} has no MIG profile "
                     f"{profile!r}; it has " + ", ".join(p.name for p in model.profiles))
             profile = None
         slice_owner = owner
@@ -154,7 +154,7 @@ def _gpu_plan(c: Checker, raw: Any, line: int, where: str, index: int, model: Gp
         cache[cache_key] = place_slices(model, cache_key[1], cache_key[2])
     placements = cache[cache_key]
     if placements is None:
-        c.error(slice_line, f"{where} GPU {index}: a {model.name} cannot hold "
+        c.error(slice_line, f"{where} GPU {index}: {model.a_name} cannot hold "
                 f"{' + '.join(s[0] for s in slices)}: {_why_not(model, slices)}")
         return None
     mig_slices = tuple(MigSlice(s[0], s[1], start, s[2] is not None, s[3])
@@ -246,11 +246,14 @@ def node_group(c: Checker, raw: Any, line: int, position: int, units_default: in
         return None
     menu = None
     if "relayout" in section:
-        from gpushare.admin.relayout.menu import parse_menu
+        from gpushare.admin.relayout.menu import check_mig_mode, parse_menu
 
         changeable = sum(gpu.changeable for gpu in gpus) * len(nodes)
         menu = parse_menu(c, section["relayout"], line_of(section, "relayout"), where, model,
                           changeable)
+        if menu is not None:
+            check_mig_mode(c, where, model, menu,
+                           {gpu.index: (gpu.mig, gpu.line) for gpu in gpus if gpu.changeable})
     return NodeGroup(name, expr, nodes, model, tuple(gpus), section.line, menu)
 
 

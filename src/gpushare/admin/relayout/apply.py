@@ -8,7 +8,8 @@ at a time, with explicit placements, so it drives a real GPU and the simulated N
 1. the plan must give the GPU wholly to Slurm and list the layout on its group's menu;
 2. no process may run on the GPU;
 3. destroy its compute instances, then its GPU instances; switch MIG mode if the layout needs
-   it (Hopper and later apply that at once; an A100/A30 needs a reset, which is refused);
+   it (Hopper and later apply that at once; an A100/A30 needs a reset: such a change is
+   refused before anything is touched, in a dry run too);
 4. create the target's GPU instances at the placements NVIDIA's rules give, each with one
    compute instance spanning it, and read the result back from NVML;
 5. on any failure, or when the time limit passes, restore the old layout the same way and say
@@ -282,16 +283,28 @@ def _describe(state: _State) -> str:
     return ", ".join(f"{i.profile}@{i.start}" for i in state.instances) or "no MIG instances"
 
 
+def _slurm_name(state: _State, planned: GpuPlan, recorded: Optional[str]) -> str:
+    """The GPU's layout as Slurm has it: NVML's, and for a GPU with MIG off the MPS units
+    NVML cannot show (``recorded`` by an earlier step, else the plan's)."""
+    if state.mig:
+        return state.name
+    if recorded is not None and (recorded == "whole" or recorded.startswith("mps:")):
+        return recorded
+    return f"mps:{planned.mps}" if planned.mps and not planned.mig else "whole"
+
+
 def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
                  timeout_s: float = 60.0, dry_run: bool = True,
                  clock: Callable[[], float] = time.monotonic,
-                 round_layouts: Optional[dict[int, str]] = None) -> ApplyResult:
-    """Lay GPU ``index`` of ``node`` out as ``layout_text`` (a layout of its group's menu).
+                 round_layouts: Optional[dict[int, str]] = None,
+                 recorded: Optional[str] = None) -> ApplyResult:
+    """Lay GPU ``index`` of ``node`` out as ``layout_text`` (a layout of its group's menu);
+    ``recorded``: the layout the state file holds for it (whole and mps:N are one to NVML).
 
     Raises ApplyError when refused, or when the change failed (the message says whether the old
     layout was restored, or what the GPU shows now).
     """
-    group, _gpu, layout = _check_plan(plan, node, index, layout_text)
+    group, planned, layout = _check_plan(plan, node, index, layout_text)
     starts = place_slices(group.model, layout.slices) if layout.mig else []
     assert starts is not None  # the menu parser placed it
     target = _State(layout.mig, tuple(sorted(
@@ -310,9 +323,22 @@ def apply_layout(nvml: Any, plan: Plan, node: str, index: int, layout_text: str,
             raise ApplyError(f"GPU {index} of node {node} is in use (processes "
                              f"{', '.join(map(str, pids))}); it changes layout only when idle")
         old = gpu.read()
+        if group.model.mode_change_needs_reset and old.mig != target.mig:
+            raise ApplyError(
+                f"GPU {index} of node {node}: {old.name} -> {layout.name} switches MIG "
+                f"{'on' if target.mig else 'off'}, which {group.model.a_name} applies only "
+                "after a GPU reset; gpushare does not reset GPUs, so "
+                + ("--apply would refuse it" if dry_run else "it is refused")
+                + "; on this model a relayout menu keeps one MIG mode")
         _check_one_profile(nvml, plan, group, node, index, layout, deadline, clock,
                            round_layouts or {})
-        result = ApplyResult(node, index, old.name, layout.name, old != target, steps)
+        slurm_old = _slurm_name(old, planned, recorded)
+        result = ApplyResult(node, index, slurm_old, layout.name,
+                             old != target or slurm_old != layout.name, steps)
+        if old == target and result.changed:  # whole <-> mps:N: the GPU itself stays
+            steps.append(f"{'would change' if dry_run else 'changed'} only what Slurm is "
+                         f"told (gres.conf, the node's Gres=): {slurm_old} -> {layout.name}; "
+                         "NVML has nothing to change (MIG stays off)")
         if old == target or dry_run:
             if old != target:
                 steps.append(f"would change {_describe(old)} to {_describe(target)}")

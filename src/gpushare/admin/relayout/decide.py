@@ -13,7 +13,8 @@ whose change lets the most of that weighted work start, as long as the gain beat
 bounds hold, and fewer than ``max_changes`` GPUs changed this round. A GPU with a job on it
 never changes; a GPU on a node with other busy GPUs changes only for a gain of twice the
 hysteresis, because Slurm takes the whole node out of service until it is idle, and only
-when its jobs' time limits end within ``max_drain_s``.
+when its jobs' time limits end within ``max_drain_s``. A GPU whose MIG mode changes only at a
+reset (A100, A30) never changes to a layout of the other mode: that could not be applied.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class GpuState:
     last_change_s: Optional[float] = None  # seconds ago; None: never
     used: dict[str, int] = field(default_factory=dict, compare=False)  # held units by kind
     ends_in_s: Optional[float] = None  # its jobs' time limits end within this; None: unknown
+    mode_fixed: bool = False  # its MIG mode changes only at a GPU reset (A100, A30)
 
     def idle(self) -> dict[str, int]:
         """What of it no job holds (a busy MIG GPU may still have idle slices; a GPU with
@@ -301,7 +303,8 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                        for item in menus[gpu.group].items}
             for name, item in layouts.items():
                 movable = [gpu for gpu in node_gpus if (gpu.node, gpu.index) not in changed
-                           and gpu.layout.name != name and item in menus[gpu.group].items]
+                           and gpu.layout.name != name and item in menus[gpu.group].items
+                           and not (gpu.mode_fixed and gpu.layout.mig != item.layout.mig)]
                 trial = {n: dict(units) for n, units in free.items()}
                 moved: list[GpuState] = []
                 left_in = dict(counts)

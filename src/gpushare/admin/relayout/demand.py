@@ -351,5 +351,6 @@ def supply(plan: Plan, nodes: Sequence[SlurmNode],
             gpus.append(GpuState(node.name, gpu.index, group.name, current[gpu.index],
                                  bool(held), gpu.changeable,
                                  (last_change_s or {}).get((node.name, gpu.index)), held,
-                                 (ends or {}).get(node.name)))
+                                 (ends or {}).get(node.name),
+                                 group.model.mode_change_needs_reset))
     return gpus

@@ -23,8 +23,9 @@ from typing import Any, Optional
 from gpushare.admin.mig_profiles import GpuModel, place_slices
 from gpushare.admin.plan.lines import Checker, YamlMap, YamlSeq, line_of
 
-__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_release", "give_back",
-           "one_profile_per_node", "parse_layout", "parse_menu", "take"]
+__all__ = ["DEFAULT_MIN_INTERVAL_S", "Layout", "Menu", "MenuItem", "check_mig_mode",
+           "check_release", "give_back", "one_profile_per_node", "parse_layout", "parse_menu",
+           "take"]
 
 DEFAULT_MIN_INTERVAL_S = 3600
 NOT_SLURMS = "kubernetes"  # the layout name of a GPU Slurm has nothing of
@@ -140,7 +141,7 @@ def parse_layout(text: str, model: GpuModel) -> tuple[Optional[Layout], str]:
             return None, f"mps:N needs a whole number of units from 1 to 100000, not {units!r}"
         return Layout(f"mps:{int(units)}", (), int(units)), ""
     if not model.mig_capable:
-        return None, f"a {model.name} has no MIG; its menu holds whole and mps:N only"
+        return None, f"{model.a_name} has no MIG; its menu holds whole and mps:N only"
     slices: list[str] = []
     for part in text.split("+"):
         part = part.strip()
@@ -148,14 +149,14 @@ def parse_layout(text: str, model: GpuModel) -> tuple[Optional[Layout], str]:
         if not sep or not count_text.isdigit():
             count_text, profile = "1", part
         if model.profile(profile) is None:
-            return None, (f"a {model.name} has no MIG profile {profile!r}; it has "
+            return None, (f"{model.a_name} has no MIG profile {profile!r}; it has "
                           + ", ".join(p.name for p in model.profiles))
         count = int(count_text)
         if not 1 <= count <= model.compute_slices:
             return None, f"{count} × {profile} cannot fit on one GPU"
         slices.extend([profile] * count)
     if place_slices(model, slices, [None] * len(slices)) is None:
-        return None, (f"a {model.name} cannot hold {' + '.join(slices)} under NVIDIA's "
+        return None, (f"{model.a_name} cannot hold {' + '.join(slices)} under NVIDIA's "
                       "placement rules")
     ordered = tuple(sorted(slices, key=lambda p: (-_size(p), p)))
     return Layout(layout_name(ordered), ordered), ""
@@ -246,3 +247,30 @@ def check_release(c: Checker, version: str, where: str, menu: Menu) -> None:
             c.error(item.line, f"{where}: relayout.menu: {item.layout.name} mixes MIG "
                     f"profiles; Slurm {version} with AutoDetect=off indexes only one MIG "
                     "profile per node: keep one profile per layout, or upgrade Slurm")
+
+
+def check_mig_mode(c: Checker, where: str, model: GpuModel, menu: Menu,
+                   modes: dict[int, tuple[bool, int]]) -> None:
+    """On an A100 or A30 every menu layout must keep the MIG mode of the group's Slurm-only
+    GPUs (``modes``: index -> (MIG on in the plan, line)): a layout needing the other mode
+    could only be laid out after a GPU reset, so relayout could never apply it."""
+    if not model.mode_change_needs_reset or not menu.items:
+        return
+    mig = [item.layout.name for item in menu.items if item.layout.mig]
+    off = [item.layout.name for item in menu.items if not item.layout.mig]
+    why = (f"{model.a_name} switches MIG mode only after a GPU reset, which gpushare does not "
+           "do")
+    if mig and off:
+        c.error(menu.line, f"{where}: relayout.menu mixes MIG layouts ({', '.join(mig)}) with "
+                f"MIG-off ones ({', '.join(off)}); {why}: keep the MIG layouts only, or "
+                "whole and mps:N only")
+        return
+    wrong = sorted(index for index, (on, _line) in modes.items() if on != bool(mig))
+    if wrong:
+        gpus = ", ".join(str(index) for index in wrong)
+        plural = "s" if len(wrong) > 1 else ""
+        c.error(menu.line, f"{where}: relayout.menu holds {'MIG' if mig else 'MIG-off'} "
+                f"layouts only, but the plan gives Slurm's GPU{plural} {gpus} (line "
+                f"{modes[wrong[0]][1]}) MIG {'off' if mig else 'on'}; {why}: lay "
+                f"{'them' if plural else 'it'} out {'with MIG' if mig else 'whole'} in the "
+                f"plan, or keep {'whole and mps:N' if mig else 'MIG'} layouts on the menu")

@@ -222,7 +222,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     the_menu = cluster.menu
     kinds = {kind for item in the_menu.items for kind in item.layout.serves()}
     kinds |= {kind for node in layouts for lay in node for kind in lay.serves()}
-    share_of = {kind: cluster.share(kind) for kind in kinds | {j.kind for j in jobs}}
+    # "whole" too: the idle count weighs MPS GPUs taken whole even where no layout is whole.
+    share_of = {kind: cluster.share(kind) for kind in kinds | {j.kind for j in jobs} | {"whole"}}
     share = share_of.__getitem__
     events: list[tuple[float, int, str, int]] = []  # (time, seq, what, id)
     seq = itertools.count()

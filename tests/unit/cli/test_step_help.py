@@ -1,0 +1,45 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""``gpushare relayout node`` and ``gpushare tidal holders`` have help of their own, and a
+word in the step's place that is not the step says what to type."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.cli import main
+
+
+def _help(capsys, *argv):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, own, left_out", [
+    (["relayout", "node"], "--step-timeout SECONDS", ("--node-command CMD", "--suggest",
+                                                      "--max-changes N")),
+    (["tidal", "holders"], "--socket PATH", ("--holders-command CMD", "--needs RULE=N",
+                                             "--lent RULE=N")),
+])
+def test_a_step_prints_its_own_help(capsys, argv, own, left_out):
+    out = _help(capsys, *argv)
+    assert out.startswith(f"usage: gpushare {' '.join(argv)} [-h]")
+    assert own in out
+    for option in left_out:
+        assert option not in out, option
+    whole = _help(capsys, argv[0])
+    assert whole.startswith(f"usage: gpushare {argv[0]} [-h]")
+    assert all(option in whole for option in left_out)
+
+
+@pytest.mark.parametrize("argv, word", [(["relayout", "a100-01"], "node"),
+                                        (["tidal", "k1"], "holders")])
+def test_a_name_in_the_steps_place_says_what_to_type(capsys, argv, word):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{argv[1]!r} is not a sub-command; the only one is the word {word!r}" in err
+    assert f"e.g. `gpushare {argv[0]} {word} --help`" in err
+    assert "invalid choice" not in err
