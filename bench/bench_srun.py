@@ -15,6 +15,8 @@ Every srun is a new job. The cases:
                              comes within seconds of the last), and stopped by the epilog
   ... NVML asked             the same with verify_reuse=0: every job asks NVML, as on a
                              node whose last job ended more than verify_reuse= s before
+  ... prefork=yes            the same two, the worker forked by the node's prefork server
+                             (its core imported), which the warm-up runs start
   ... joining                another job of the same user holds the GPU's daemon: the
                              prolog only joins it
   srun --gpu-share=25 true   the same share through gpushare's option (the hook turns it
@@ -57,6 +59,11 @@ CASES = (
     ("... first on its GPU, NVML asked",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
      "verify_reuse=0"),
+    ("... first on its GPU, prefork=yes",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10, "prefork=yes"),
+    ("... first on its GPU, NVML asked, prefork=yes",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
+     "verify_reuse=0 prefork=yes"),
     ("srun --gres=mps:25 true, joining a daemon",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, True, 1.02, ""),
     ("srun --gpu-share=25 true, first on its GPU",
@@ -77,11 +84,16 @@ LONG_CASES = {"srun --gres=mps:25 sleep 2, first on its GPU": 5,
 
 
 def settle(bed: slurmbed.SlurmBed, jobs_left: int) -> None:
-    """Wait (untimed) until only ``jobs_left`` gpushare job records are left on the node:
-    the epilogs of the jobs before are done, and with them any daemon they alone held."""
+    """Wait (untimed) until only ``jobs_left`` gpushare job records are left on the node
+    (the epilogs of the jobs before are done, and with them any daemon they alone held) and
+    Slurm lists only that many jobs there (none still completing): both sides start each
+    run on a node that has finished the run before, with gpushare or without."""
     records = os.path.join(bed.state_of(NODE), "jobs", "*.json")
     deadline = time.monotonic() + 30
     while len(glob.glob(records)) > jobs_left and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while time.monotonic() < deadline and len(bed.run(
+            ["squeue", "-h", "-w", NODE, "-o", "%i"]).stdout.split()) > jobs_left:
         time.sleep(0.01)
 
 
@@ -96,10 +108,11 @@ def timed(bed: slurmbed.SlurmBed, argv: list[str], count: int, jobs_left: int) -
     return samples
 
 
-SET_UP = (("NVML asked", re.compile(r" debug timing .* nvml=")),
-          ("NVML reused", re.compile(r" debug timing .* nvml-reused=")),
-          ("check reused", re.compile(r" debug timing .* check-reused=")),
+SET_UP = (("NVML asked", re.compile(r" debug timing (.* )?nvml=")),
+          ("NVML reused", re.compile(r" debug timing (.* )?nvml-reused=")),
+          ("check reused", re.compile(r" debug timing (.* )?check-reused=")),
           ("worker started", re.compile(r" debug timing .*daemon-start=")),
+          ("by prefork", re.compile(r"cb=job_prolog prefork rc=")),
           ("joined by a worker", re.compile(r" debug timing (?!.*daemon-start=).*verify=")),
           ("joined in C", re.compile(r"cb=job_prolog python=skip reason=joined")),
           ("epilog in C", re.compile(r"cb=job_epilog python=skip reason=left-daemon")))

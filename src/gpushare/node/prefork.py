@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import signal
 import socket
@@ -36,6 +37,8 @@ PROTOCOL = b"gpushare-prefork 1"
 SOCKET = "prefork.sock"
 LOCK = "prefork.lock"
 IDLE_SECONDS = 600.0
+NAME = b"gs-prefork"  # the server's process name (ps, pgrep); its children keep it
+PR_SET_NAME = 15
 REQUEST_MAX = 1 << 20  # a request is a job's environment and a few fields
 STALE_EXIT = 3  # a child's exit status that ends the server: its code changed on disk
 
@@ -299,6 +302,31 @@ def _fd_limit() -> int:
     return min(soft if soft > 0 else 65536, 1 << 20)
 
 
+def in_a_job_cgroup(cgroups: str) -> bool:
+    """Whether a line of /proc/self/cgroup puts this process inside a Slurm job's cgroup
+    (``.../job_<id>/...``, v1 or v2). A server there would share that job's limits and be
+    killed, with the jobs its children are setting up, when that job ends: it does not
+    serve, and every worker runs in place."""
+    return any(re.search(r"/job_\d+(/|$)", line.partition(":")[2].partition(":")[2])
+               for line in cgroups.splitlines())
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def name_process(name: bytes) -> None:
+    """The name ps, top and pgrep show (a fork of slurmd's prolog would show "slurmd")."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
 def preimport(packages: tuple[str, ...]) -> None:
     """Every module of ``packages``; one that fails is left to the child that needs it,
     which imports it again and reports why."""
@@ -322,6 +350,9 @@ def spawn(state_dir: str, code: str, run: Callable[[Request, Any], int]) -> None
         return
     status = 0
     try:
+        if in_a_job_cgroup(_read("/proc/self/cgroup")):
+            return  # finally: _exit
+        name_process(NAME)
         preimport(HOT_PACKAGES)
         server = Server(state_dir, code, run)
         if server.bind():

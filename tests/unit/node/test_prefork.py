@@ -244,3 +244,15 @@ def test_a_server_whose_socket_is_removed_ends(server):
 def test_parse_request_says_what_is_wrong(data, why):
     with pytest.raises(prefork.RequestError, match=why):
         prefork.parse_request(data)
+
+
+@pytest.mark.parametrize("cgroups, inside", [
+    ("0::/system.slice/slurmd.service\n", False),
+    ("9:name=systemd:/\n4:memory:/process_api/fe35\n0::/\n", False),
+    ("0::/system.slice/slurmstepd.scope/job_42/step_extern/slurm\n", True),
+    ("4:memory:/slurm/uid_1001/job_7\n0::/\n", True),
+    ("0::/system.slice/job_runner.service\n", False),
+])
+def test_a_server_inside_a_jobs_cgroup_does_not_serve(cgroups, inside):
+    """There it would be killed with that job, and the jobs its children set up with it."""
+    assert prefork.in_a_job_cgroup(cgroups) is inside
