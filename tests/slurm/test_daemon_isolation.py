@@ -384,6 +384,8 @@ def test_a_user_who_fills_their_own_mps_space_fails_nobody_else_and_drains_nothi
             room = os.statvfs(key_dir)
             return room.f_bavail == 0 or room.f_favail == 0
         wait_until("user 1's MPS space full", full, 90)
+        # Full as soon as head's last write fails; its status is echoed just after.
+        wait_until("the filler's write status", lambda: "WRITE=" in bed.output(filler, ""), 60)
         assert "WRITE=1" in bed.output(filler, ""), bed.output(filler, "")
         holder = bed.sbatch("sleep 60", "--gres=mps:25", "-w", node, "-c1", user=U2)
         bed.wait_job(holder, states={"RUNNING"}, timeout=120)

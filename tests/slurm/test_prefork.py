@@ -21,6 +21,7 @@ from tests.slurm.test_mps import (
     U1,
     U2,
     assert_nothing_left,
+    standin_pids,
     wait_drained,
 )
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
@@ -161,6 +162,43 @@ def test_a_user_cannot_reach_the_server(prefork_bed):
     result = subprocess.run(["runuser", "-u", U1, "--", "/usr/bin/python3", "-c", probe, path],
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.startswith("REFUSED 13"), (result.stdout, result.stderr)
+
+
+def fd_targets(pid: int) -> set[str]:
+    """What the process's descriptors point at (``socket:[inode]``, paths)."""
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_users_daemon_holds_nothing_of_the_server(prefork_bed):
+    """A user's MPS daemon started by the server's child (a root process forked off the
+    server) holds none of the server's descriptors: not its socket, not its lock, not the
+    connection its worker talks through."""
+    bed = prefork_bed
+    run_shared(bed)
+    wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
+    (server,) = server_pids(bed, NODE)
+    job_id = bed.sbatch("sleep 60", "--gres=mps:25", "-w", NODE, "-c1", user=U2)
+    bed.wait_job(job_id, states={"RUNNING"})
+    wait_until("its daemon", lambda: standin_pids(bed), 60)
+    assert any("cb=job_prolog prefork rc=0" in line for line in job_lines(bed, job_id))
+    theirs = {t for t in fd_targets(server) if t.startswith("socket:") or "prefork" in t}
+    assert theirs, fd_targets(server)
+    for pid in standin_pids(bed):
+        assert not fd_targets(pid) & theirs, (pid, fd_targets(pid), theirs)
+        assert not any("prefork" in target for target in fd_targets(pid)), fd_targets(pid)
+    bed.run(["scancel", str(job_id)])
+    bed.wait_job(job_id)
+    assert_nothing_left(bed)
 
 
 def test_a_prefork_worker_past_its_deadline_goes_with_its_child(prefork_bed):
