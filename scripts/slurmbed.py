@@ -549,6 +549,32 @@ class SlurmBed:
             self._unmount_state()
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def prefork_running(self, node: str) -> bool:
+        """Whether a prefork server (``prefork=yes``) holds the node's lock."""
+        import fcntl
+
+        try:
+            fd = os.open(os.path.join(self.state_of(node), "prefork.lock"),
+                         os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def stop_prefork(self, timeout: float = 30.0) -> None:
+        """End every node's prefork server: each ends within a second of its socket's
+        removal, and lets go of its lock."""
+        for node in self.nodes:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.state_of(node.name), "prefork.sock"))
+            wait_until(f"{node.name}'s prefork server gone",
+                       lambda name=node.name: not self.prefork_running(name), timeout)
+
     def _unmount_state(self) -> None:
         """Every mount at or below the state directories (the state_tmpfs, daemons' spaces
         an epilog did not unmount), deepest first."""

@@ -102,25 +102,12 @@ static int gs_prefork_connect(void)
     return fd;
 }
 
-static int gs_write_all(int fd, const char *data, size_t len)
+/* All of `len` bytes sent (`out`, never raising SIGPIPE) or read: 0, or -1 at an error or
+ * the end of the stream first. */
+static int gs_all(int fd, char *data, size_t len, int out)
 {
     while (len > 0) {
-        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        data += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-static int gs_read_all(int fd, char *data, size_t len)
-{
-    while (len > 0) {
-        ssize_t n = read(fd, data, len);
+        ssize_t n = out ? send(fd, data, len, MSG_NOSIGNAL) : read(fd, data, len);
 
         if (n < 0 && errno == EINTR)
             continue;
@@ -168,7 +155,7 @@ static int gs_send_request(int fd, const char *callback, spank_t sp, int ac, cha
     for (char **env = environ; env && *env; env++)
         gs_field(&req, "env=%s", *env);
     gs_field(&req, "%s", "");
-    rc = req.failed ? -1 : gs_write_all(fd, req.data, req.len);
+    rc = req.failed ? -1 : gs_all(fd, req.data, req.len, 1);
     free(req.data);
     return rc;
 }
@@ -202,10 +189,10 @@ int gs_prefork_call(const char *callback, spank_t sp, int ac, char **av, const c
         return -1;
     if ((fd = gs_prefork_connect()) < 0 || gs_send_request(fd, callback, sp, ac, av, code) < 0)
         goto out;
-    while (gs_read_all(fd, header, sizeof(header)) == 0) {
+    while (gs_all(fd, header, sizeof(header), 0) == 0) {
         len = (uint32_t)(unsigned char)header[1] << 24 | (uint32_t)(unsigned char)header[2] << 16 |
               (uint32_t)(unsigned char)header[3] << 8 | (uint32_t)(unsigned char)header[4];
-        if (len > GS_FRAME_MAX || gs_read_all(fd, payload, len) < 0)
+        if (len > GS_FRAME_MAX || gs_all(fd, payload, len, 0) < 0)
             break;
         payload[len] = '\0';
         if (header[0] == 'P') {

@@ -7,7 +7,6 @@ child there, the node drained and the job requeued as without prefork."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import stat
@@ -36,19 +35,7 @@ LOCK = "prefork.lock"
 
 
 def server_running(bed, node: str) -> bool:
-    """Whether a server holds the node's prefork lock."""
-    path = os.path.join(bed.state_of(node), LOCK)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    return bed.prefork_running(node)
 
 
 def server_pids(bed, node: str) -> list[int]:
@@ -70,16 +57,6 @@ def server_pids(bed, node: str) -> list[int]:
     return found
 
 
-def stop_servers(bed) -> None:
-    """Each node's server ends once its socket is gone."""
-    for node in (NODE, FAULT_NODE):
-        path = os.path.join(bed.state_of(node), SOCKET)
-        if os.path.lexists(path):
-            os.unlink(path)
-        wait_until(f"{node}'s prefork server gone",
-                   lambda node=node: not server_running(bed, node), 30)
-
-
 @pytest.fixture
 def prefork_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
     """The MPS bed with prefork=yes, every job asking NVML (so that each is set up by a
@@ -91,7 +68,7 @@ def prefork_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
         yield bed
     finally:
         bed.write_plugstack(line)
-        stop_servers(bed)
+        bed.stop_prefork()
 
 
 def job_lines(bed, job_id: int) -> list[str]:

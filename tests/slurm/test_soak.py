@@ -794,10 +794,11 @@ def argv0(pid: int) -> Optional[bytes]:
 # ---------------------------------------------------------------------------- the test
 
 
-@pytest.fixture
-def soak_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
+@pytest.fixture(params=["prefork=no", "prefork=yes"])
+def soak_bed(_mps_bed, request):  # noqa: F811  (the fixture imported above)
     """test_mps.py's bed with a hostile third user and a stand-in of its own per node
-    (``mps_control=<root>/bin/soak/%n/...``), each with its node's faults."""
+    (``mps_control=<root>/bin/soak/%n/...``), each with its node's faults; the same run
+    with each node's prefork server setting up and undoing the jobs after its first."""
     bed = _mps_bed
     slurmbed.ensure_user(U3)
     programs = {}
@@ -810,19 +811,20 @@ def soak_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
     line = bed.plugstack_line().replace(f"mps_control={standin_program(bed)}",
                                         f"mps_control={per_node}")
     assert per_node in line, line
-    bed.write_plugstack(line)
+    bed.write_plugstack(line.rstrip("\n") + f" {request.param}\n")
     try:
-        yield bed, programs
+        yield bed, programs, request.param == "prefork=yes"
     finally:
         for user in (U3, "root"):
             bed.run(["scancel", "-u", user], check=False)
         for node in bed.nodes:
             set_node_faults(bed, node.name)
+        bed.stop_prefork()
 
 
 @pytest.mark.slurm
 def test_a_soak_with_faults_and_a_hostile_user_ends_clean(soak_bed):
-    bed, programs = soak_bed
+    bed, programs, prefork = soak_bed
     seed = int(os.environ.get("GPUSHARE_SOAK_SEED", str(random.SystemRandom().randrange(10**6))))
     count = int(os.environ.get("GPUSHARE_SOAK_JOBS", str(DEFAULT_JOBS)))
     plan = make_plan(seed, count)
@@ -866,6 +868,10 @@ def test_a_soak_with_faults_and_a_hostile_user_ends_clean(soak_bed):
               f"planted pid files {report['planted']}, {len(spoofers)} impostors, daemons "
               f"killed {soak.killed}\n{soak.summary()}")
         check_outcomes(soak, report, slurmds)
+        if prefork:  # the servers set up (and undid) jobs under the same attacks
+            lines = bed.debug_lines()
+            assert any("cb=job_prolog prefork rc=" in line for line in lines), lines[-20:]
+            assert any("cb=job_epilog prefork rc=" in line for line in lines), lines[-20:]
     finally:
         soak.teardown()
         planter.end()
