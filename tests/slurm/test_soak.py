@@ -357,7 +357,8 @@ class Soak:
             complete = data[:data.rfind(b"\n") + 1]
             self.debug_at += len(complete)
             for line in complete.decode("utf-8", "replace").splitlines():
-                found = re.search(r" job=(\d+) cb=job_prolog (detached|python rc=)", line)
+                found = re.search(r" job=(\d+) cb=job_prolog (detached|python rc=|prefork rc=)",
+                                  line)
                 if found:
                     (self.detached if found[2] == "detached" else self.answered).add(
                         int(found[1]))
