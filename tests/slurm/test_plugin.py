@@ -50,7 +50,7 @@ def test_plugin_exports_only_spank_symbols():
     assert names - allowed, "no SPANK callback exported"
     assert all(n in allowed or n.startswith("slurm_spank_") for n in names), names
     core = defined_symbols(os.path.join(slurmbed.BUILD, "spank_gpushare_core.so"))
-    assert core == {"gpushare_core_start", "gpushare_core_dispatch"}, core
+    assert core == {"gpushare_core_start", "gpushare_core_dispatch", "gpushare_core_prefork"}, core
 
 
 def test_plugin_links_no_python_and_its_core_the_system_libpython():
