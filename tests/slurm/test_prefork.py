@@ -92,6 +92,8 @@ def test_jobs_after_the_first_are_set_up_and_undone_by_the_prefork_server(prefor
     info = os.lstat(os.path.join(bed.state_of(NODE), SOCKET))
     assert stat.S_ISSOCK(info.st_mode) and info.st_uid == 0
     assert stat.S_IMODE(info.st_mode) == 0o600
+    # A server a second worker started while the first imported ends at once: one is left.
+    wait_until("one server", lambda: len(server_pids(bed, NODE)) == 1, 60)
     (server,) = server_pids(bed, NODE)
     assert os.stat(f"/proc/{server}").st_uid == 0
     assert_nothing_left(bed)
@@ -113,6 +115,7 @@ def test_a_server_whose_code_changed_is_not_used_again(prefork_bed):
     bed = prefork_bed
     run_shared(bed)
     wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
+    wait_until("one server", lambda: len(server_pids(bed, NODE)) == 1, 60)
     (old,) = server_pids(bed, NODE)
     os.utime(os.path.join(bed.path("lib", "python"), "gpushare", "node", "job.py"))
     job_id, output = run_shared(bed)
@@ -121,8 +124,12 @@ def test_a_server_whose_code_changed_is_not_used_again(prefork_bed):
     assert any("prefork refused: the code on disk changed" in line for line in lines), lines
     assert any("python=start" in line for line in lines), lines
     wait_until("the old server gone", lambda: not alive(old), 60)
-    wait_until("a server of the new code", lambda: server_pids(bed, NODE) not in ([], [old]),
-               60)
+    sock = os.path.join(bed.state_of(NODE), SOCKET)
+
+    def new_server_listens() -> bool:
+        pids = server_pids(bed, NODE)
+        return len(pids) == 1 and pids != [old] and os.path.exists(sock)
+    wait_until("a server of the new code", new_server_listens, 60)
     job_id, _output = run_shared(bed)
     assert any("cb=job_prolog prefork rc=0" in line for line in job_lines(bed, job_id))
     assert_nothing_left(bed)
@@ -163,6 +170,7 @@ def test_a_users_daemon_holds_nothing_of_the_server(prefork_bed):
     bed = prefork_bed
     run_shared(bed)
     wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
+    wait_until("one server", lambda: len(server_pids(bed, NODE)) == 1, 60)
     (server,) = server_pids(bed, NODE)
     job_id = bed.sbatch("sleep 60", "--gres=mps:25", "-w", NODE, "-c1", user=U2)
     bed.wait_job(job_id, states={"RUNNING"})

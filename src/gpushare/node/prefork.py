@@ -133,9 +133,11 @@ class _ChildHost:
             self.conn.sendall(frame(LOG, bytes([level & 0xFF]) + text))
 
 
-def _run_child(conn: socket.socket, code: str, run: Callable[[Request, Any], int]) -> int:
-    """In the forked child: read the request, refuse it when the code changed, else run it;
-    the exit status (STALE_EXIT tells the server to end)."""
+def _run_child(conn: socket.socket, code: str, run: Callable[[Request, Any], int],
+               retire: Callable[[], None] = lambda: None) -> int:
+    """In the forked child: read the request, refuse it when the code changed (``retire``
+    ends the server first, so that the worker, running in place, can start one of the new
+    code), else run it; the exit status (STALE_EXIT tells the server to end)."""
     conn.settimeout(10.0)
     try:
         request = parse_request(read_request(conn))
@@ -143,6 +145,7 @@ def _run_child(conn: socket.socket, code: str, run: Callable[[Request, Any], int
         _send(conn, REFUSED, f"bad request: {err}")
         return 1
     if request.code != code:
+        retire()
         _send(conn, REFUSED, "the code on disk changed since the server started")
         return STALE_EXIT
     conn.settimeout(None)
@@ -183,10 +186,19 @@ class Server:
         self.listener: Optional[socket.socket] = None
         self.children: set[int] = set()
         self.stale = False
+        self.pid = os.getpid()
 
     def bind(self) -> bool:
         """Take the node's server lock and the socket; False when another server holds
         them (that one serves)."""
+        if not self.lock():
+            return False
+        self.listen()
+        return True
+
+    def lock(self) -> bool:
+        """The node's server lock, held for the server's life: False when another server
+        holds it (it serves, or is about to)."""
         import fcntl
 
         lock = os.open(os.path.join(self.state_dir, LOCK),
@@ -197,6 +209,10 @@ class Server:
             os.close(lock)
             return False
         self.lock_fd = lock
+        return True
+
+    def listen(self) -> None:
+        """The socket, root's alone, in place of any a server before left."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -209,7 +225,6 @@ class Server:
         listener.listen(64)
         self.inode = os.stat(self.path).st_ino
         self.listener = listener
-        return True
 
     def still_ours(self) -> bool:
         try:
@@ -222,6 +237,7 @@ class Server:
         import time
 
         assert self.listener is not None
+        self.pid = os.getpid()  # the process whose children retire() may end
         last = time.monotonic()
         while not self.stale:
             ready, _, _ = select.select([self.listener], [], [], 1.0)
@@ -251,10 +267,20 @@ class Server:
                     self.listener.close()
                     os.close(self.lock_fd)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    status = _run_child(conn, self.code, self.run)
+                    status = _run_child(conn, self.code, self.run, self.retire)
                 finally:
                     os._exit(status)
             self.children.add(pid)
+
+    def retire(self) -> None:
+        """From a child: end the server now (its socket first; SIGKILL lets go of its lock
+        at once). Its other children run on."""
+        if self.still_ours():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        if os.getppid() == self.pid:  # still the server, never whoever adopted this child
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def reap(self) -> None:
         for pid in list(self.children):
@@ -353,9 +379,12 @@ def spawn(state_dir: str, code: str, run: Callable[[Request, Any], int]) -> None
         if in_a_job_cgroup(_read("/proc/self/cgroup")):
             return  # finally: _exit
         name_process(NAME)
-        preimport(HOT_PACKAGES)
         server = Server(state_dir, code, run)
-        if server.bind():
+        # The lock first: the workers that come while this one imports run in place, and
+        # the servers they start end at once.
+        if server.lock():
+            preimport(HOT_PACKAGES)
+            server.listen()
             server.serve()
     except BaseException:
         status = 1
