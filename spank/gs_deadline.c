@@ -106,7 +106,7 @@ static double gs_kill_until(double until)
 static pid_t gs_live_delegate(void)
 {
     char start[sizeof(gs_delegate->start)];
-    pid_t pid = gs_delegate ? gs_delegate->pid : 0;
+    pid_t pid = gs_delegate ? __atomic_load_n(&gs_delegate->pid, __ATOMIC_ACQUIRE) : 0;
 
     if (pid <= 1 || gs_proc_start(pid, start, sizeof(start)) < 0 ||
         strcmp(start, gs_delegate->start) != 0)

@@ -100,7 +100,7 @@ int gs_wait_for_prolog(spank_t sp);
 /* The prefork server's child that runs a worker's callback, in a page the worker shares
  * with its supervisor, which kills that child with the worker. pid 0: none. */
 struct gs_delegate {
-    volatile pid_t pid;
+    pid_t pid; /* written and read with __atomic, after and before start */
     char start[32]; /* its start time (/proc/<pid>/stat), against a pid used again */
 };
 extern struct gs_delegate *gs_delegate;

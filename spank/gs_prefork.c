@@ -170,7 +170,8 @@ static void gs_note_delegate(const char *text)
         return;
     if (gs_proc_start(pid, gs_delegate->start, sizeof(gs_delegate->start)) < 0)
         return;
-    gs_delegate->pid = (pid_t)pid;
+    /* the start time first: the supervisor reads the pid, then the start time */
+    __atomic_store_n(&gs_delegate->pid, (pid_t)pid, __ATOMIC_RELEASE);
 }
 
 /*

@@ -40,6 +40,7 @@ IDLE_SECONDS = 600.0
 NAME = b"gs-prefork"  # the server's process name (ps, pgrep); its children keep it
 PR_SET_NAME = 15
 REQUEST_MAX = 1 << 20  # a request is a job's environment and a few fields
+LOG_MAX = 16384  # a log line's bytes sent to the worker (its frames: GS_FRAME_MAX, 64 KiB)
 STALE_EXIT = 3  # a child's exit status that ends the server: its code changed on disk
 
 # Frames the child sends: a type byte, a 4-byte big-endian length, the payload.
@@ -129,6 +130,8 @@ class _ChildHost:
         self.deadline = deadline
 
     def log(self, level: int, text: bytes) -> None:
+        if len(text) > LOG_MAX:  # the worker reads frames of at most 64 KiB
+            text = text[:LOG_MAX] + b" [cut]"
         with contextlib.suppress(OSError):  # the worker is gone: its supervisor kills this
             self.conn.sendall(frame(LOG, bytes([level & 0xFF]) + text))
 

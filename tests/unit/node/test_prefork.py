@@ -256,3 +256,16 @@ def test_parse_request_says_what_is_wrong(data, why):
 def test_a_server_inside_a_jobs_cgroup_does_not_serve(cgroups, inside):
     """There it would be killed with that job, and the jobs its children set up with it."""
     assert prefork.in_a_job_cgroup(cgroups) is inside
+
+
+def test_a_log_line_too_long_for_the_workers_frames_is_cut():
+    """The worker reads frames of at most 64 KiB and counts a longer one as a broken
+    server: a huge traceback must never turn into a killed worker and a drained node."""
+    left, right = socket.socketpair()
+    with left, right:
+        prefork._ChildHost(left, 0.0).log(0, b"x" * 200000)
+        left.shutdown(socket.SHUT_WR)
+        got = frames(right)
+    assert len(got) == 1 and got[0][0] == prefork.LOG
+    assert len(got[0][1]) <= 1 + prefork.LOG_MAX + len(b" [cut]") < 65536
+    assert got[0][1].endswith(b" [cut]")
