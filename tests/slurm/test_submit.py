@@ -132,7 +132,7 @@ def test_gpus_per_node_stays_one_request(hooked):
     assert gpushare_lines(refused.stderr) == [
         "sbatch: error: gpushare: --gpu-share=25 is a share of one GPU and cannot be combined "
         "with whole GPUs (--gres=gpu:h100:1); ask for the share alone, or for whole GPUs "
-        "alone, e.g. --gres=gpu:1"]
+        "alone, e.g. --gres=gpu:h100:1"]
 
 
 def test_gpus_per_node_beside_gres_gpu_by_release(hooked):
