@@ -269,3 +269,17 @@ def test_a_log_line_too_long_for_the_workers_frames_is_cut():
     assert len(got) == 1 and got[0][0] == prefork.LOG
     assert len(got[0][1]) <= 1 + prefork.LOG_MAX + len(b" [cut]") < 65536
     assert got[0][1].endswith(b" [cut]")
+
+
+def test_the_snapshot_holds_every_option_the_core_asks_for():
+    """The C glue sends the options spank/gs_prefork.c names; an option the core asks for
+    beyond them would read as not given in the server's child. Both lists are held alike."""
+    import re as regex
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    asked = set(regex.findall(r'\.option\("([\w-]+)"\)',
+                              (root / "src/gpushare/node/spank_adapter.py").read_text()))
+    c_text = (root / "spank/gs_prefork.c").read_text()
+    sent = set(regex.findall(r'"([\w-]+)"', regex.search(
+        r"options\[\] = \{([^}]*)\}", c_text)[1]))  # type: ignore[index]
+    assert asked and asked == sent, (asked, sent)
