@@ -10,13 +10,15 @@ Every srun is a new job. The cases:
 
   srun true                  no GPU sharing: the plugin's fast path
   srun --gres=mps:25 true    the first job on its GPU: the user's MPS daemon is started
-                             by the job's worker, which verifies the GPU on the layout NVML
-                             gave a job at most verify_reuse= seconds before (every job here
-                             comes within seconds of the last), and stopped by the epilog
+                             by the job's worker (forked by the node's prefork server, its
+                             core imported: prefork=yes, the default, which the warm-up runs
+                             start), which verifies the GPU on the layout NVML gave a job at
+                             most verify_reuse= seconds before (every job here comes within
+                             seconds of the last), and stopped by the epilog
   ... NVML asked             the same with verify_reuse=0: every job asks NVML, as on a
                              node whose last job ended more than verify_reuse= s before
-  ... prefork=yes            the same two, the worker forked by the node's prefork server
-                             (its core imported), which the warm-up runs start
+  ... prefork=no             the same two, each worker starting its own interpreter (as the
+                             node's first job, and the first after 10 idle minutes, does)
   ... joining                another job of the same user holds the GPU's daemon: the
                              prolog only joins it
   srun --gpu-share=25 true   the same share through gpushare's option (the hook turns it
@@ -59,11 +61,11 @@ CASES = (
     ("... first on its GPU, NVML asked",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
      "verify_reuse=0"),
-    ("... first on its GPU, prefork=yes",
-     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10, "prefork=yes"),
-    ("... first on its GPU, NVML asked, prefork=yes",
+    ("... first on its GPU, prefork=no",
+     ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10, "prefork=no"),
+    ("... first on its GPU, NVML asked, prefork=no",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, False, 1.10,
-     "verify_reuse=0 prefork=yes"),
+     "verify_reuse=0 prefork=no"),
     ("srun --gres=mps:25 true, joining a daemon",
      ["srun", "-N1", "-w", NODE, "--gres=mps:25", "true"], None, True, 1.02, ""),
     ("srun --gpu-share=25 true, first on its GPU",

@@ -940,6 +940,17 @@ def requeued_held(info: dict[str, str]) -> bool:
         info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
 
 
+def worker_ended(line: str, callback: str, rc: str = "0") -> bool:
+    """Whether a debug line says a job worker's ``callback`` ended with ``rc`` ("": any),
+    run in the worker's own interpreter (``python rc=``) or by a child of the node's prefork
+    server (``prefork rc=``, the default after a node's first worker)."""
+    return any(f"cb={callback} {how} rc={rc}" in line for how in ("python", "prefork"))
+
+
+WORKER_STARTED = re.compile(r" pid=(\d+) .*(?:python=start|cb=\S+ prefork child=\d+)")
+"""A worker's first debug line, either way it runs its callback; ``pid=`` is the worker's."""
+
+
 def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
     """``check()``'s first true value, polled until ``timeout``; AssertionError naming
     ``what`` after that."""

@@ -20,7 +20,7 @@ char gs_debug_log[PATH_MAX] = "";
 char gs_pythonpath[PATH_MAX] = GS_DEFAULT_PYTHONPATH;
 char gs_imex_dir[PATH_MAX] = "";
 double gs_timeout = GS_DEFAULT_TIMEOUT;
-int gs_prefork = 0;
+int gs_prefork = 1;
 
 static int gs_args_parsed = 0;
 static int gs_args_ok = 0;

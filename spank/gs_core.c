@@ -202,7 +202,9 @@ int gs_core_trusted(char *path, size_t size)
  * failed to start, as Python cannot be unloaded. */
 static void *gs_core_handle = NULL;
 
-static int gs_load_core(spank_t sp)
+/* `checked`: the core's path when gs_core_trusted has just walked it in this call (a
+ * worker that tried its prefork server first), so the tree is walked once per job. */
+static int gs_load_core(spank_t sp, const char *checked)
 {
     char path[PATH_MAX];
     gs_core_start_f start;
@@ -216,7 +218,9 @@ static int gs_load_core(spank_t sp)
         return -1;
     }
     gs_core_failed = 1; /* until it has loaded */
-    if (gs_core_trusted(path, sizeof(path)) < 0)
+    if (checked)
+        snprintf(path, sizeof(path), "%s", checked);
+    else if (gs_core_trusted(path, sizeof(path)) < 0)
         return -1;
     /* RTLD_GLOBAL: libpython's symbols must resolve for extension modules. */
     gs_core_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
@@ -278,17 +282,24 @@ int gs_call_python(const char *callback, spank_t sp, int ac, char **av)
 {
     struct gs_host host = {(void *)sp, gs_log, gs_job_ids, gs_getopt, gs_python_deadline};
     char path[PATH_MAX];
+    const char *checked = NULL;
     double started = gs_now();
     int rc = GS_CORE_IMPORT_FAILED;
 
     /* prefork=yes: the server runs it, for the code checked now, when it is there; no
      * pythonpath= leaves nothing to check the server's code against. */
-    if (gs_prefork_here && gs_pythonpath[0] && gs_core_trusted(path, sizeof(path)) == 0 &&
-        gs_prefork_call(callback, sp, ac, av, gs_code_print, &rc) == 0) {
-        gs_debug(sp, "cb=%s prefork rc=%d", callback, rc);
-        return rc == GS_CORE_IMPORT_FAILED ? -1 : rc;
+    if (gs_prefork_here && gs_pythonpath[0] && !gs_core_dispatch && !gs_core_failed) {
+        if (gs_core_trusted(path, sizeof(path)) < 0) {
+            gs_core_failed = 1; /* the walk said why; gs_load_core must not walk again */
+        } else {
+            checked = path;
+            if (gs_prefork_call(callback, sp, ac, av, gs_code_print, &rc) == 0) {
+                gs_debug(sp, "cb=%s prefork rc=%d", callback, rc);
+                return rc == GS_CORE_IMPORT_FAILED ? -1 : rc;
+            }
+        }
     }
-    if (gs_load_core(sp) == 0) {
+    if (gs_load_core(sp, checked) == 0) {
         if (gs_prefork_here && gs_pythonpath[0] && gs_code_print[0] && gs_core_prefork) {
             /* for the next workers: forked off this interpreter before it runs a job */
             gs_core_prefork(gs_state_dir, gs_code_print, ac, av);

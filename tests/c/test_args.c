@@ -113,9 +113,23 @@ static void test_default_pythonpath(void)
     CHECK_STR(gs_pythonpath, "");
 }
 
+/* prefork= is yes unless the line says no (the core's default, config.py, is the same). */
+static void test_default_prefork(void)
+{
+    char *off[] = {"prefork=no"};
+    char *on[] = {"prefork=yes"};
+
+    CHECK_INT(gs_prefork, 1);
+    CHECK_INT(parse(1, off), 0);
+    CHECK_INT(gs_prefork, 0);
+    CHECK_INT(parse(1, on), 0);
+    CHECK_INT(gs_prefork, 1);
+}
+
 int main(void)
 {
-    test_default_pythonpath(); /* first: the value a fresh process starts with */
+    test_default_pythonpath(); /* first: the values a fresh process starts with */
+    test_default_prefork();
     test_expand();
     test_parse_args();
     return gs_check_done("test_args");

@@ -280,18 +280,29 @@ def debug_lines_for(bed, job_id: int) -> list[str]:
 
 
 def test_installed_plugin_runs_a_shared_job(deb_bed):
-    result = deb_bed.run(["srun", "--gres=mps:25", "bash", "-c",
-                          "echo JOB=$SLURM_JOB_ID PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
-                          "PIPE=$CUDA_MPS_PIPE_DIRECTORY"], user=USER)
+    """The packaged core sets up and undoes a shared job; by default (prefork=yes) the
+    first worker leaves the node a prefork server of the package's code, which sets up the
+    next job."""
+    command = ["srun", "--gres=mps:25", "bash", "-c",
+               "echo JOB=$SLURM_JOB_ID NODE=$SLURMD_NODENAME "
+               "PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE PIPE=$CUDA_MPS_PIPE_DIRECTORY"]
+    result = deb_bed.run(command, user=USER)
     values = dict(re.findall(r"(\w+)=(\S*)", result.stdout))
     assert values["PCT"] == "25", result.stdout
     assert values["PIPE"].startswith(deb_bed.state_dir), result.stdout
-    # The packaged core ran the job's prolog and epilog (the worker's last word is logged
-    # when it ends, which may be after the task ran).
+    # The worker's last word is logged when it ends, which may be after the task ran.
     job_id = int(values["JOB"])
-    for done in ("cb=job_prolog python rc=0", "cb=job_epilog python rc=0"):
-        slurmbed.wait_until(f"job {job_id}: {done}", lambda done=done: any(
-            done in line for line in debug_lines_for(deb_bed, job_id)), 120)
+    for callback in ("job_prolog", "job_epilog"):
+        slurmbed.wait_until(f"job {job_id}: {callback} done", lambda cb=callback: any(
+            slurmbed.worker_ended(line, cb) for line in debug_lines_for(deb_bed, job_id)), 120)
+    node = values["NODE"]
+    slurmbed.wait_until(f"{node}'s prefork server", lambda: deb_bed.prefork_running(node), 60)
+    again = dict(re.findall(r"(\w+)=(\S*)", deb_bed.run(
+        [command[0], "-w", node, *command[1:]], user=USER).stdout))
+    assert again["PCT"] == "25", again
+    slurmbed.wait_until(f"job {again['JOB']}: set up by the server", lambda: any(
+        "cb=job_prolog prefork rc=0" in line
+        for line in debug_lines_for(deb_bed, int(again["JOB"]))), 120)
 
 
 def test_installed_hook_keeps_a_multi_node_job_in_one_domain(deb_bed):
@@ -351,7 +362,7 @@ def test_a_line_without_pythonpath_takes_the_packages_own(own_line):
     assert result.returncode == 0, (result.stdout, result.stderr)
     job_id = int(re.search(r"JOB=(\d+)", result.stdout).group(1))
     slurmbed.wait_until(f"job {job_id}: its prolog's Python ran", lambda: any(
-        "cb=job_prolog python rc=0" in line for line in debug_lines_for(bed, job_id)), 120)
+        slurmbed.worker_ended(line, "job_prolog") for line in debug_lines_for(bed, job_id)), 120)
     assert "DRAIN" not in bed.node_state(node)["State"], bed.node_state(node)
 
 

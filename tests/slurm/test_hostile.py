@@ -29,7 +29,7 @@ from tests.slurm.test_mps import (
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
 from mps_standin.harness import running as alive
-from slurmbed import wait_until
+from slurmbed import WORKER_STARTED, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -214,10 +214,23 @@ def with_timeout(bed, seconds: int) -> str:
     return line
 
 
-def worker_pid(bed, job_id: int, callback: str = "") -> int:
-    started = wait_until(f"job {job_id}'s worker", lambda: next(
-        (line for line in bed.debug_lines() if f"job={job_id} python=start" in line), None), 60)
-    return int(re.search(r" pid=(\d+) ", str(started))[1])  # type: ignore[index]
+def _worker_started(bed, job_id: int) -> str:
+    return str(wait_until(f"job {job_id}'s worker", lambda: next(
+        (line for line in bed.debug_lines()
+         if f"job={job_id} " in line and WORKER_STARTED.search(line)), None), 60))
+
+
+def worker_pid(bed, job_id: int) -> int:
+    """The job's worker: the process Slurm's prolog supervises."""
+    return int(re.search(r" pid=(\d+) ", _worker_started(bed, job_id))[1])  # type: ignore[index]
+
+
+def python_pid(bed, job_id: int) -> int:
+    """The process running the job's Python: the worker, or its child in the node's
+    prefork server (prefork=yes, the default, after the node's first worker)."""
+    started = _worker_started(bed, job_id)
+    child = re.search(r" prefork child=(\d+)", started)
+    return int(child[1]) if child else int(re.search(r" pid=(\d+) ", started)[1])  # type: ignore[index]
 
 
 def release_and_run(bed, job_id: int) -> None:
@@ -241,7 +254,7 @@ def test_a_hung_nvml_meets_the_workers_one_deadline(hostile_bed):
     try:
         job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w",
                             FAULT_NODE, "-c1", user=U1)
-        pid = worker_pid(bed, job_id)
+        pid = python_pid(bed, job_id)
         reason = wait_drained(bed, FAULT_NODE, timeout=120)
         assert reason.startswith("gpushare: prolog worker timed out after 13 s while "
                                  "checking the GPUs (NVML)"), reason
@@ -299,7 +312,7 @@ def test_an_unkillable_prolog_worker_is_waited_for_with_a_bound(hostile_bed, fre
     try:
         job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w",
                             FAULT_NODE, "-c1", user=U1)
-        pid = worker_pid(bed, job_id)
+        pid = python_pid(bed, job_id)
         wait_until("the worker frozen", lambda: _cgroup_pids(freezer), 60)
         set_nvml_hang(bed, FAULT_NODE, [])  # the epilog's worker and the next jobs' answer
         reason = wait_drained(bed, FAULT_NODE, timeout=120)
@@ -310,7 +323,8 @@ def test_an_unkillable_prolog_worker_is_waited_for_with_a_bound(hostile_bed, fre
         # Undone while the killed worker still lives, frozen: really unkillable.
         assert alive(pid) and _cgroup_pids(freezer), f"the worker {pid} died of its kill"
         log = slurmd_log(bed, FAULT_NODE)
-        assert f"worker {pid} does not die when killed" in log, log[-3000:]
+        assert re.search(rf"worker {pid} (\(in the prefork server\) )?does not die when killed",
+                         log), log[-3000:]
         assert "job_prolog: prolog worker stuck unkillable" in log, log[-3000:]
         assert f"job {job_id}: epilog: the job's prolog worker still runs" not in log, \
             log[-3000:]
@@ -333,7 +347,7 @@ def test_a_killed_prolog_worker_is_a_node_fault_its_supervisor_reports(hostile_b
     set_fault(bed, "slow_start")
     job_id = bed.sbatch("echo RAN=$SLURM_RESTART_COUNT", "--gres=mps:25", "-w", FAULT_NODE,
                         "-c1", user=U1)
-    pid = worker_pid(bed, job_id)
+    pid = python_pid(bed, job_id)
     wait_until("the daemon's record names the job", lambda: any(
         str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
     os.kill(pid, signal.SIGKILL)

@@ -91,7 +91,8 @@ def test_job_without_gpus_never_starts_python(clean_bed):
     lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python=skip")
     assert any("cb=job_prolog python=skip" in line for line in lines), lines
     assert any("cb=task_init_privileged skip" in line for line in lines), lines
-    assert not any("python=start" in line or " py " in line for line in lines), lines
+    assert not any(word in line for word in ("python=start", "prefork", " py ")
+               for line in lines), lines
 
 
 def test_plain_gpu_job_skips_python_in_the_task(clean_bed):
@@ -116,8 +117,8 @@ def test_share_job_runs_each_context_and_sets_task_env(clean_bed):
     assert values["LOGD"].startswith(clean_bed.state_dir)
     # The job's own streams are left as they are: no gpushare line unless the site asks.
     assert "gpushare:" not in result.stderr and "gpushare:" not in result.stdout
-    lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog python rc=0")
-    assert any("ctx=job_script" in line and "cb=job_prolog python rc=0" in line
+    lines = wait_for_line(clean_bed, job_id, r"cb=job_epilog (?:python|prefork) rc=0")
+    assert any("ctx=job_script" in line and slurmbed.worker_ended(line, "job_prolog")
                for line in lines), lines
     # The task's environment is applied by the C glue: Python never runs in slurmstepd.
     assert any("ctx=remote" in line and "cb=task_init_privileged env-file" in line
@@ -145,7 +146,7 @@ def test_record_written_at_prolog_and_removed_at_epilog(clean_bed):
     assert record["share_percent"] == 25
     assert record["slurm_gpus"] and record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert clean_bed.wait_job(job_id)["JobState"] == "COMPLETED"
-    wait_for_line(clean_bed, job_id, r"cb=job_epilog python rc=0")
+    wait_for_line(clean_bed, job_id, r"cb=job_epilog (?:python|prefork) rc=0")
     assert not os.path.exists(path)
 
 
@@ -497,7 +498,7 @@ def test_python_exception_is_logged_with_job_and_traceback(clean_bed):
         assert clean_bed.run(["scontrol", "ping"]).returncode == 0
         # The epilog's worker fails on the same path, and drains the node again.
         slurmbed.wait_until("the epilog's worker", lambda: any(
-            f"job={job_id} cb=job_epilog python rc=" in line
+            f"job={job_id} " in line and slurmbed.worker_ended(line, "job_epilog", "")
             for line in clean_bed.debug_lines()))
     finally:
         clean_bed.run(["scancel", str(job_id)], check=False)

@@ -59,11 +59,14 @@ def server_pids(bed, node: str) -> list[int]:
 
 @pytest.fixture
 def prefork_bed(_mps_bed):  # noqa: F811  (the fixture imported above)
-    """The MPS bed with prefork=yes, every job asking NVML (so that each is set up by a
-    worker); the line and no server left afterwards."""
+    """The MPS bed as it is (prefork=yes is the default), every job asking NVML (so that
+    each is set up by a worker), and no server running at first (earlier tests' jobs may
+    have left one); the line and no server left afterwards."""
     bed = _mps_bed
     line = bed.plugstack_line()
-    bed.write_plugstack(line.rstrip("\n") + " prefork=yes verify_reuse=0\n")
+    assert "prefork=" not in line, line
+    bed.write_plugstack(line.rstrip("\n") + " verify_reuse=0\n")
+    bed.stop_prefork()
     try:
         yield bed
     finally:
@@ -111,6 +114,28 @@ def test_jobs_after_the_first_are_set_up_and_undone_by_the_prefork_server(prefor
         assert not any("python=start" in line for line in lines), lines
         assert_nothing_left(bed)
     assert server_pids(bed, NODE) == [server]
+
+
+def test_prefork_no_runs_every_worker_in_place_and_starts_no_server(prefork_bed):
+    """The site's way out: with prefork=no on the line, each worker starts its own
+    interpreter, none leaves a server behind, and the job's outcome is the same."""
+    bed = prefork_bed
+    line = bed.plugstack_line()
+    bed.write_plugstack(line.rstrip("\n") + " verify_reuse=0 prefork=no\n")
+    try:
+        for _ in range(2):
+            job_id, output = run_shared(bed)
+            assert "PCT=25" in output, output
+            wait_until(f"job {job_id}'s epilog done", lambda job_id=job_id: any(
+                "cb=job_epilog python rc=0" in line for line in job_lines(bed, job_id)), 60)
+            lines = job_lines(bed, job_id)
+            assert sum("python=start" in line for line in lines) == 2, lines
+            assert not any("prefork" in line for line in lines), lines
+            assert not server_running(bed, NODE)
+            assert not os.path.exists(os.path.join(bed.state_of(NODE), SOCKET))
+        assert_nothing_left(bed)
+    finally:
+        bed.write_plugstack(line.rstrip("\n") + " verify_reuse=0\n")
 
 
 def test_a_server_whose_code_changed_is_not_used_again(prefork_bed):

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from tests.slurm.test_hostile import with_timeout, worker_pid
+from tests.slurm.test_hostile import python_pid, with_timeout, worker_pid
 from tests.slurm.test_mps import (
     FAULT_NODE,
     U1,
@@ -150,7 +150,9 @@ def test_a_prolog_whose_supervisor_hangs_is_undone_by_its_epilog(_mps_bed):  # n
             str(job_id) in record["jobs"] for record in mps_records(bed)), 60)
         supervisor = _parent(worker)
         os.kill(supervisor, signal.SIGSTOP)
-        os.kill(worker, signal.SIGKILL)
+        # What runs the job's Python: the worker, or its child in the prefork server (whose
+        # end without a result ends the worker too).
+        os.kill(python_pid(bed, job_id), signal.SIGKILL)
         info = bed.wait_job(job_id, timeout=120)
         assert info["JobState"] != "COMPLETED" and "RAN" not in bed.output(job_id, ""), info
         reason = wait_drained(bed, FAULT_NODE, timeout=120)

@@ -237,7 +237,7 @@ def test_installed_plugin_runs_a_shared_job(rpm_bed):
     assert values["PIPE"].startswith(rpm_bed.state_dir), result.stdout
     assert "gpushare:" not in result.stderr, result.stderr  # show=no: output untouched
     lines = debug_lines_for(rpm_bed, int(values["JOB"]))
-    assert any("cb=job_prolog python rc=0" in line for line in lines), lines
+    assert any(slurmbed.worker_ended(line, "job_prolog") for line in lines), lines
 
 
 def test_installed_plugin_and_hook_run_a_mig_job(rpm_bed):

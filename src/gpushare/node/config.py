@@ -214,7 +214,7 @@ ARG_SPECS: tuple[ArgSpec, ...] = (
             "NVML, and a job of the same user, GPU and share joining a running daemon is set "
             "up by the plugin without Python; 0: every job asks NVML and is set up by a "
             "worker"),
-    ArgSpec("prefork", "no", _choice("yes", "no"), "yes or no",
+    ArgSpec("prefork", "yes", _choice("yes", "no"), "yes or no",
             "keep one root process per node with the core imported (started by the first "
             "job worker that needs it, ended after 10 idle minutes or when gpushare's files "
             "change), and fork each job's worker from it instead of starting Python: a "
@@ -266,7 +266,7 @@ class PluginConfig(NamedTuple):
     debug_log: str = ""
     imex_channels: str = ""
     verify_reuse: float = 60.0
-    prefork: bool = False
+    prefork: bool = True
     show: bool = False
     usage_interval: float = 10.0
     hog_bw_pct: float = 80.0

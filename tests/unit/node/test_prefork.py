@@ -283,3 +283,19 @@ def test_the_snapshot_holds_every_option_the_core_asks_for():
     sent = set(regex.findall(r'"([\w-]+)"', regex.search(
         r"options\[\] = \{([^}]*)\}", c_text)[1]))  # type: ignore[index]
     assert asked and asked == sent, (asked, sent)
+
+
+def test_the_c_glue_and_the_core_take_the_same_default():
+    """prefork= left out means the same to the plugin (gs_args.c) and to the core
+    (config.py): both on, or a worker would try a server the core does not run."""
+    import re as regex
+
+    from gpushare.node.config import ARG_SPECS, PluginConfig
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    c_default = regex.search(r"^int gs_prefork = ([01]);", (root / "spank/gs_args.c").read_text(),
+                             regex.M)
+    assert c_default, "gs_args.c no longer initialises gs_prefork"
+    (spec,) = [spec for spec in ARG_SPECS if spec.key == "prefork"]
+    assert spec.default == "yes" and PluginConfig().prefork is True
+    assert c_default[1] == "1"
