@@ -552,6 +552,45 @@ def test_a_run_killed_after_the_destroy_is_finished_by_the_next(fresh):
         assert info["JobState"] == "COMPLETED" and info["NodeList"] == NODE, info
 
 
+def test_a_run_killed_after_the_drain_is_rolled_back_by_the_next(fresh):
+    """The controller dies (SIGKILL) once rl1 is drained, while a running job keeps it from
+    going idle: no GPU has changed. The next run finds the journal, resumes rl1 with its
+    layout as it was, and then decides afresh: the waiting jobs run."""
+    bed = fresh
+    holder = bed.sbatch("sleep 600", "--gres=gpu:h100:1", "-w", NODE, "--time=10")
+    bed.wait_job(holder, states={"RUNNING"})
+    waiting = queue_large(bed)
+    killed = relayout(bed, "--drain-timeout", "300", popen=True)
+    try:
+        slurmbed.wait_until("rl1 drained by the run", lambda: "DRAIN" in bed.node_state(
+            NODE)["State"] and os.path.exists(bed.path("etc", "relayout-state.json.journal")),
+            120)
+    finally:
+        killed.kill()
+        killed.communicate(timeout=60)
+    assert killed.returncode == -9
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+    assert "DRAIN" in bed.node_state(NODE)["State"], bed.node_state(NODE)
+    bed.run(["scancel", str(holder)])
+    bed.wait_job(holder)
+    slurmbed.wait_until("rl1 without jobs", lambda: set(bed.node_state(NODE)["State"].split(
+        "+")) & {"IDLE", "DRAINED"} and "COMPLETING" not in bed.node_state(NODE)["State"], 60)
+    done = relayout(bed)
+    assert done.returncode == 0, (done.stdout, done.stderr[:4000])
+    assert "the interrupted run had changed none of its GPUs" in done.stderr, done.stderr
+    assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+    state = bed.node_state(NODE)
+    assert "DRAIN" not in state["State"] and "INVAL" not in state["State"], state
+    # The run that rolled back may decide its own round on the node as it saw it drained;
+    # the run after it decides on the node in service.
+    if sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7:
+        again = relayout(bed)
+        assert again.returncode == 0, (again.stdout, again.stderr[:4000])
+    for job in waiting:
+        info = bed.wait_job(job)
+        assert info["JobState"] == "COMPLETED" and info["NodeList"] == NODE, info
+
+
 def test_a_second_run_at_once_changes_nothing(fresh):
     bed = fresh
     from gpushare.admin.relayout.journal import run_lock
