@@ -84,16 +84,19 @@ START_LINE = ('echo "SOAK-START job=$SLURM_JOB_ID restart=${SLURM_RESTART_COUNT:
               'pipe=$CUDA_MPS_PIPE_DIRECTORY share=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"\n')
 
 
+# True when the daemon's space is out of inodes or blocks.
+SPACE_FULL = ("python3 -c 'import os, sys; s = [os.statvfs(os.environ[v]) for v in "
+              "(\"CUDA_MPS_LOG_DIRECTORY\", \"CUDA_MPS_PIPE_DIRECTORY\")]; "
+              "sys.exit(0 if any(v.f_favail == 0 or v.f_bavail == 0 for v in s) else 1)'")
+
+
 def planting(body: str) -> str:
     """A hostile job's plant: SOAK-PLANTED when ``body`` (one ``&&`` chain) succeeds;
     SOAK-SPACE-FULL when it stopped because its daemon's space is out of inodes or blocks
     (the space is the user's own, ``mps_space=``, and their earlier plants on the same
     daemon may have used it: their own job meets it); else the job fails."""
     return (f"if {body}; then echo SOAK-PLANTED\n"
-            "elif python3 -c 'import os, sys; s = [os.statvfs(os.environ[v]) for v in "
-            "(\"CUDA_MPS_LOG_DIRECTORY\", \"CUDA_MPS_PIPE_DIRECTORY\")]; "
-            "sys.exit(0 if any(v.f_favail == 0 or v.f_bavail == 0 for v in s) else 1)'; "
-            "then echo SOAK-SPACE-FULL\nelse exit 1\nfi\n")
+            f"elif {SPACE_FULL}; then echo SOAK-SPACE-FULL\nelse exit 1\nfi\n")
 
 
 PLANT_DEEP = planting(
@@ -467,8 +470,11 @@ class Soak:
         body = {"plant_deep": PLANT_DEEP, "plant_many": PLANT_MANY,
                 "fill": FILL.replace("{fill}", str(self.fill))}.get(spec.fate, "")
         if spec.fate == "plant_control":
+            # No control left to move (control_taken_before) still runs the job's script;
+            # a plant that met the user's own space full says so (own_space_full_before).
             body = (f'cd "$CUDA_MPS_PIPE_DIRECTORY" && mv control "control.moved.$SLURM_JOB_ID"'
-                    f" && {PLANT_CONTROL[spec.control]} && echo SOAK-PLANTED\n")
+                    f" && {{ {PLANT_CONTROL[spec.control]} && echo SOAK-PLANTED || "
+                    f"{{ {SPACE_FULL} && echo SOAK-SPACE-FULL; }}; }}\n")
         if release:
             body = f"while [ ! -e {release} ]; do sleep 0.2; done\n"
         return START_LINE + body + f"sleep {spec.sleep}\necho SOAK-END\n"
@@ -991,8 +997,10 @@ def control_taken_before(soak: Soak, tracked: Tracked, output: str) -> bool:
 
 def own_space_full_before(soak: Soak, tracked: Tracked, output: str) -> bool:
     """A plant that met its daemon's space full: the same user's other plants on the node
-    used it (each daemon's space is its user's own, ``mps_space``)."""
-    return (tracked.spec.fate in SPACE_FILLERS and "SOAK-SPACE-FULL" in output
+    used it (each daemon's space is its user's own, ``mps_space``); a fake control too
+    needs an inode, and a file one a block."""
+    return (tracked.spec.fate in (*SPACE_FILLERS, "plant_control")
+            and "SOAK-SPACE-FULL" in output
             and same_users_plant_before(soak, tracked, SPACE_FILLERS))
 
 
