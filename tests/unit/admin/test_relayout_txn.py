@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import replace
 
 import pytest
 from tests.unit.admin.relayout_site import Clock, decision, layout_of, make_site, run
@@ -114,6 +115,48 @@ def test_a_run_killed_after_the_drain_is_rolled_back_by_the_next(site):
     assert "DRAIN" not in slurm.state["h1"] and slurm.calls[-1] == "resume h1"
     assert layout_of(profile, 2) == WHOLE_1G and outcome.failed is None
     assert load_journal(settings.state_path) is None
+
+
+def test_a_rolled_back_node_is_waited_for_until_slurmctld_hears_from_it(site):
+    """Slurm may show a resumed node NOT_RESPONDING until its ping answers: the run that rolled
+    it back waits for that (bounded), so the round it decides next sees the node in service."""
+    plan, settings, profile, slurm = site
+    polls = []
+    node = slurm.node
+
+    def killed_on_first_poll(name):
+        polls.append(name)
+        if len(polls) == 2:
+            raise Killed()
+        return node(name)
+
+    slurm.node = killed_on_first_poll
+    with pytest.raises(Killed):
+        run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    away = {"polls": 3}
+
+    def pinged_late(name):
+        found = node(name)
+        if "resume h1" in slurm.calls and away["polls"] > 0:
+            away["polls"] -= 1
+            return replace(found, states=(*found.states, "NOT_RESPONDING"))
+        return found
+
+    slurm.node = pinged_late
+    [outcome] = repair(plan, settings, slurm)
+    assert away["polls"] == 0 and outcome.failed is None
+    assert "NOT_RESPONDING" not in slurm.node("h1").states
+    assert not any("still shows" in line for line in outcome.log), outcome.log
+    # A node that never answers within --settle-timeout is only said: the roll-back stands.
+    slurm.node = killed_on_first_poll
+    polls.clear()
+    with pytest.raises(Killed):
+        run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    slurm.node = lambda name: replace(node(name), states=("IDLE", "NOT_RESPONDING"))
+    [outcome] = repair(plan, settings, slurm)
+    assert outcome.failed is None and load_journal(settings.state_path) is None
+    assert any("not in service, after" in line for line in outcome.log), outcome.log
+    assert layout_of(profile, 2) == WHOLE_1G
 
 
 def _destroy_all(profile, index):

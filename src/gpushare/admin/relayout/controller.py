@@ -210,6 +210,7 @@ def recover(plan: Plan, journal: Journal, slurm: Slurm, settings: Settings,
                 if ours(now):
                     slurm.resume(entry.node)
                     node.say("resumed: the interrupted run had changed none of its GPUs")
+                    node.await_service()
                 node.mark(phase="done")
                 continue
             if ours(now) or node.start():

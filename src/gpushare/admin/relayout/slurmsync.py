@@ -163,6 +163,17 @@ class SlurmSync:
                 if attempt == 2:
                     raise
 
+    def await_service(self) -> None:
+        """After a resume: until slurmctld has heard from the node again (Slurm may show a
+        resumed node NOT_RESPONDING until its ping answers), so that a round decided next
+        sees it in service. Bounded by --settle-timeout; a node still away is only said."""
+        away = {"NOT_RESPONDING", "DOWN", "UNKNOWN"}
+        try:
+            self._settle(self.clock() + self.settings.settle_timeout_s, "in service",
+                         lambda node: not away & set(node.states))
+        except RelayoutError as err:
+            self.say(str(err))
+
     def _settle(self, deadline: float, what: str, ready: Callable[[SlurmNode], bool]) -> None:
         """Poll slurmctld until the node is ``ready``, through a slurmctld briefly away."""
         seen = ""
