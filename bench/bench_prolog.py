@@ -16,7 +16,9 @@ detached prolog and epilog workers ran (what the job's first task, and the next 
 prolog worker, may wait for), and where each worker's time went: the interpreter's start,
 the imports, and the phases of its ``timing`` line (NVML, gres.conf, the plan, the records,
 the wait for earlier epilogs, the daemon's start, its control socket, the caps). Prints
-medians and what gpushare adds.
+medians and what gpushare adds. Every worker here starts its own interpreter
+(``prefork=no``), so that its start and imports are timed; ``bench_srun.py`` times the
+default, in which a prefork server's child runs the worker's Python.
 
     python3 bench/bench_prolog.py [--rounds 5] [--per-round 6]
 """
@@ -167,7 +169,9 @@ def main() -> int:
     names = ("no plugin", "gpushare", "gpushare, joins")
     jobs: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
     with bed:
-        gpushare = bed.plugstack_line()
+        # Each worker starts its own interpreter (prefork=no), whose start and imports this
+        # bench times; bench_srun.py times the default, a prefork server's children.
+        gpushare = bed.plugstack_line().rstrip("\n") + " prefork=no\n"
         for name in names:  # warm-up (page cache, first Python start)
             bed.write_plugstack("" if name == "no plugin" else gpushare)
             run_jobs(bed, node, 1)
