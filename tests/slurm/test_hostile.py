@@ -222,7 +222,7 @@ def _worker_started(bed, job_id: int) -> str:
 
 def worker_pid(bed, job_id: int) -> int:
     """The job's worker: the process Slurm's prolog supervises."""
-    return int(re.search(r" pid=(\d+) ", _worker_started(bed, job_id))[1])  # type: ignore[index]
+    return int(WORKER_STARTED.search(_worker_started(bed, job_id))[1])  # type: ignore[index]
 
 
 def python_pid(bed, job_id: int) -> int:
@@ -230,7 +230,7 @@ def python_pid(bed, job_id: int) -> int:
     prefork server (prefork=yes, the default, after the node's first worker)."""
     started = _worker_started(bed, job_id)
     child = re.search(r" prefork child=(\d+)", started)
-    return int(child[1]) if child else int(re.search(r" pid=(\d+) ", started)[1])  # type: ignore[index]
+    return int((child or WORKER_STARTED.search(started))[1])  # type: ignore[index]
 
 
 def release_and_run(bed, job_id: int) -> None:

@@ -26,7 +26,7 @@ from tests.slurm.test_mps import (
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
 from mps_standin.harness import running as alive
-from slurmbed import wait_until
+from slurmbed import wait_until, worker_ended
 
 pytestmark = pytest.mark.slurm
 
@@ -105,8 +105,7 @@ def test_jobs_after_the_first_are_set_up_and_undone_by_the_prefork_server(prefor
         assert f"PIPE={bed.state_of(NODE)}/mps/u" in output and "PCT=25" in output, output
         # The epilog's worker runs after Slurm has the job completed: its line is waited for.
         wait_until(f"job {job_id}'s epilog done", lambda job_id=job_id: any(
-            "cb=job_epilog prefork rc=" in line or "cb=job_epilog python rc=" in line
-            for line in job_lines(bed, job_id)), 60)
+            worker_ended(line, "job_epilog", "") for line in job_lines(bed, job_id)), 60)
         lines = job_lines(bed, job_id)
         # Both the prolog and the epilog went to the server; no worker started Python.
         assert sum("cb=job_prolog prefork rc=0" in line for line in lines) == 1, lines

@@ -574,8 +574,10 @@ def test_a_run_killed_after_the_drain_is_rolled_back_by_the_next(fresh):
     assert "DRAIN" in bed.node_state(NODE)["State"], bed.node_state(NODE)
     bed.run(["scancel", str(holder)])
     bed.wait_job(holder)
-    slurmbed.wait_until("rl1 without jobs", lambda: set(bed.node_state(NODE)["State"].split(
-        "+")) & {"IDLE", "DRAINED"} and "COMPLETING" not in bed.node_state(NODE)["State"], 60)
+    def without_jobs() -> bool:
+        states = set(bed.node_state(NODE)["State"].split("+"))
+        return bool(states & {"IDLE", "DRAINED"}) and "COMPLETING" not in states
+    slurmbed.wait_until("rl1 without jobs", without_jobs, 60)
     done = relayout(bed)
     assert done.returncode == 0, (done.stdout, done.stderr[:4000])
     assert "the interrupted run had changed none of its GPUs" in done.stderr, done.stderr

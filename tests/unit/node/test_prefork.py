@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import socket
 import stat
@@ -21,6 +22,7 @@ import pytest
 from gpushare.node import prefork
 
 CODE = "0123456789abcdef"
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def request_bytes(callback: str = "job_prolog", code: str = CODE, env: Optional[dict] = None,
@@ -274,13 +276,10 @@ def test_a_log_line_too_long_for_the_workers_frames_is_cut():
 def test_the_snapshot_holds_every_option_the_core_asks_for():
     """The C glue sends the options spank/gs_prefork.c names; an option the core asks for
     beyond them would read as not given in the server's child. Both lists are held alike."""
-    import re as regex
-
-    root = pathlib.Path(__file__).resolve().parents[3]
-    asked = set(regex.findall(r'\.option\("([\w-]+)"\)',
-                              (root / "src/gpushare/node/spank_adapter.py").read_text()))
-    c_text = (root / "spank/gs_prefork.c").read_text()
-    sent = set(regex.findall(r'"([\w-]+)"', regex.search(
+    asked = set(re.findall(r'\.option\("([\w-]+)"\)',
+                           (ROOT / "src/gpushare/node/spank_adapter.py").read_text()))
+    c_text = (ROOT / "spank/gs_prefork.c").read_text()
+    sent = set(re.findall(r'"([\w-]+)"', re.search(
         r"options\[\] = \{([^}]*)\}", c_text)[1]))  # type: ignore[index]
     assert asked and asked == sent, (asked, sent)
 
@@ -288,13 +287,10 @@ def test_the_snapshot_holds_every_option_the_core_asks_for():
 def test_the_c_glue_and_the_core_take_the_same_default():
     """prefork= left out means the same to the plugin (gs_args.c) and to the core
     (config.py): both on, or a worker would try a server the core does not run."""
-    import re as regex
-
     from gpushare.node.config import ARG_SPECS, PluginConfig
 
-    root = pathlib.Path(__file__).resolve().parents[3]
-    c_default = regex.search(r"^int gs_prefork = ([01]);", (root / "spank/gs_args.c").read_text(),
-                             regex.M)
+    c_default = re.search(r"^int gs_prefork = ([01]);", (ROOT / "spank/gs_args.c").read_text(),
+                          re.M)
     assert c_default, "gs_args.c no longer initialises gs_prefork"
     (spec,) = [spec for spec in ARG_SPECS if spec.key == "prefork"]
     assert spec.default == "yes" and PluginConfig().prefork is True
