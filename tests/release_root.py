@@ -348,7 +348,9 @@ def suite_inside(codename: str, pytest_args: Sequence[str]) -> int:
     script = (
         "set -o pipefail; flock /src/gpushare make -s build venv >/tmp/build.log 2>&1 || "
         "{ cat /tmp/build.log; echo 'release_root: make build venv failed'; exit 2; }; "
-        'exec .venv/bin/python -m pytest -p no:cacheprovider "$@"'
+        # Not exec'd: this bash stays the namespace's init and reaps the daemons and steps
+        # the tests orphan, as the machine's init would (pytest as pid 1 reaps none).
+        '.venv/bin/python -m pytest -p no:cacheprovider "$@"; exit $?'
     )
     port = BED_PORT[codename] + port_shift()
     env = {"GPUSHARE_BED_ROOT": f"/tmp/gpushare-bed-{codename}",

@@ -127,7 +127,7 @@ def bed():
         cluster.stop()
 
 
-SAVED = ("nodes/rl1.json", "etc/gres.conf", "etc/slurm.conf")
+SAVED = ("nodes/rl1.json", "nodes/rl3.json", "etc/gres.conf", "etc/slurm.conf", "etc/plan.yaml")
 
 
 @pytest.fixture
@@ -645,3 +645,110 @@ def test_a_symlinked_slurm_conf_is_written_through_and_stays_a_link(fresh):
     finally:
         os.unlink(bed.conf)
         os.replace(real, bed.conf)  # the reset writes the saved text into a plain file
+
+
+def test_a_run_killed_between_nodes_settles_the_other_on_the_next(fresh):
+    """Two nodes change, one after the other (--parallel 1): rl3, the spare, gets a relayout
+    menu too, and eight 3g.40gb jobs of two users wait, more than rl1 alone can start. A job
+    without a GPU keeps rl3 from going idle. The controller dies (SIGKILL) once rl1 is changed
+    and back while rl3 is drained and untouched. The next run rolls rl3 back (resumed, its
+    layout as it was), leaves rl1 as it is, and goes on; every waiting job runs."""
+    bed = fresh
+    from gpushare.admin.relayout.journal import load_journal
+
+    plan = bed.path("etc", "plan.yaml")
+    with open(plan) as handle:
+        text = handle.read()
+    spare = "  - name: small\n    nodes: rl3\n"
+    assert spare in text, text
+    menu = ("    relayout:\n      min_interval_s: 0\n      menu:\n        - 7x1g.10gb\n"
+            "        - 2x3g.40gb\n")
+    head, _sep, tail = text.partition(spare)
+    with open(plan, "w") as handle:
+        handle.write(head + spare + menu + tail)
+    bed.resume("rl3")
+    try:
+        slurmbed.wait_until("rl3 idle", lambda: bed.node_state("rl3")["State"] == "IDLE")
+        holder = bed.sbatch("sleep 600", "-w", "rl3", "--time=10")
+        bed.wait_job(holder, states={"RUNNING"})
+        # Two users' jobs: one user alone moves at most a few GPUs' worth a round.
+        waiting = [bed.sbatch("true", "--gres=gpu:3g.40gb:1", "--time=30", user=user)
+                   for user in slurmbed.TEST_USERS for _ in range(4)]
+        state_path = bed.path("etc", "relayout-state.json")
+
+        def phases() -> list[tuple[str, str]]:
+            journal = load_journal(state_path)
+            return [] if journal is None else [(e.node, e.phase) for e in journal.nodes]
+
+        killed = relayout(bed, "--parallel", "1", "--max-changes", "8", "--drain-timeout",
+                          "600", popen=True)
+        try:
+            slurmbed.wait_until("rl1 changed and back, rl3 drained and waiting", lambda: phases()
+                                == [(NODE, "done"), ("rl3", "planned")], 300)
+        finally:
+            killed.kill()
+            out, err = killed.communicate(timeout=60)
+            bed.adopt_slurmctld()
+        assert killed.returncode == -9, (out, err[-4000:])
+        assert phases() == [(NODE, "done"), ("rl3", "planned")], phases()
+        assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["3g.40gb", "3g.40gb"]
+        assert "DRAIN" not in bed.node_state(NODE)["State"], bed.node_state(NODE)
+        assert "DRAIN" in bed.node_state("rl3")["State"], bed.node_state("rl3")
+        with open(bed.path("nodes", "rl3.json")) as handle:
+            assert json.load(handle)["gpus"][0]["mig_devices"][0]["profile"] == "1g.10gb"
+        bed.run(["scancel", str(holder)])
+        bed.wait_job(holder)
+        done = relayout(bed)
+        assert done.returncode == 0, (done.stdout, done.stderr[-4000:])
+        recovered = json.loads(done.stderr[done.stderr.index('{\n  "recovered"'):])
+        assert [n["node"] for n in recovered["nodes"]] == ["rl3"], recovered
+        assert "rl3: resumed: the interrupted run had changed none of its GPUs" in \
+            recovered["nodes"][0]["log"], recovered
+        assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+        assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["3g.40gb", "3g.40gb"]
+        for name in (NODE, "rl3"):
+            state = bed.node_state(name)
+            assert "DRAIN" not in state["State"] and "INVAL" not in state["State"], state
+        for job in waiting:
+            info = bed.wait_job(job)
+            assert info["JobState"] == "COMPLETED", info
+    finally:
+        bed.run(["scancel", "--quiet", "--full", "-u", slurmbed.TEST_USERS[1]], check=False)
+        bed.run(["scontrol", "update", "NodeName=rl3", "State=DRAIN", "Reason=spare"])
+
+
+def test_a_configless_slurm_is_changed_through_slurmctlds_file_and_never_slurmds_copy(fresh):
+    """slurmctld serves slurm.conf to the nodes (SlurmctldParameters=enable_configless, read
+    from the live slurmctld). A --slurm-conf naming slurmd's cached copy, or a file that is
+    not there, is refused before anything is drained; the file slurmctld reads is changed."""
+    bed = fresh
+    with open(bed.conf, "a") as handle:
+        handle.write("SlurmctldParameters=enable_configless\n")
+    bed.restart_slurmctld()
+    slurmbed.wait_until("slurmctld serves its configuration", lambda: "enable_configless" in
+                        bed.run(["scontrol", "show", "config"], check=False).stdout)
+    slurmbed.wait_until("slurmctld hears from rl1 again", lambda: registered(bed) and
+                        bed.node_state(NODE)["State"] == "IDLE")
+    # Where a configless slurmd keeps what slurmctld sent it.
+    cache = bed.path("spool", NODE, "conf-cache", "slurm.conf")
+    os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+    with open(bed.conf) as source, open(cache, "w") as handle:
+        handle.write(source.read())
+    waiting = queue_large(bed)
+    copy = relayout(bed, "--slurm-conf", cache)
+    assert copy.returncode == 2, (copy.stdout, copy.stderr)
+    assert f"--slurm-conf {cache} is slurmd's copy of a configless slurm.conf" in copy.stderr
+    assert "name the file slurmctld reads" in copy.stderr, copy.stderr
+    absent = bed.path("etc", "absent", "slurm.conf")
+    missing = relayout(bed, "--slurm-conf", absent)
+    assert missing.returncode == 2, (missing.stdout, missing.stderr)
+    assert f"--slurm-conf {absent} does not exist: this Slurm is configless" in missing.stderr
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+    assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+    done = relayout(bed)
+    assert done.returncode == 0, (done.stdout, done.stderr[-4000:])
+    with open(bed.conf) as handle:
+        assert "3g.40gb" in handle.read()
+    for job in waiting:
+        assert bed.wait_job(job)["JobState"] == "COMPLETED"
