@@ -166,12 +166,50 @@ static void gs_note_delegate(const char *text)
 {
     long pid = strtol(text, NULL, 10);
 
-    if (!gs_delegate || pid <= 1)
-        return;
+    if (!gs_delegate || pid <= 1 || (long)(pid_t)pid != pid)
+        return; /* never one that pid_t would turn into another, such as 1 */
     if (gs_proc_start(pid, gs_delegate->start, sizeof(gs_delegate->start)) < 0)
         return;
     /* the start time first: the supervisor reads the pid, then the start time */
     __atomic_store_n(&gs_delegate->pid, (pid_t)pid, __ATOMIC_RELEASE);
+}
+
+/*
+ * The server's answer, frame after frame: a kind byte, a big-endian length of at most
+ * GS_FRAME_MAX, the payload (read into `payload`, GS_FRAME_MAX + 1 bytes). P names the
+ * child that runs the callback, L is a log line (its level, its text), R the result, N a
+ * refusal. GS_FRAMES_RESULT with *rc at R; GS_FRAMES_REFUSED at N; GS_FRAMES_ENDED when the
+ * stream ends, or breaks off, first. *started is set once a P came.
+ */
+enum { GS_FRAMES_RESULT = 0, GS_FRAMES_REFUSED = -1, GS_FRAMES_ENDED = -2 };
+
+static int gs_read_frames(int fd, char *payload, const char *callback, spank_t sp, int *rc,
+                          int *started)
+{
+    char header[5];
+    uint32_t len;
+
+    while (gs_all(fd, header, sizeof(header), 0) == 0) {
+        len = (uint32_t)(unsigned char)header[1] << 24 | (uint32_t)(unsigned char)header[2] << 16 |
+              (uint32_t)(unsigned char)header[3] << 8 | (uint32_t)(unsigned char)header[4];
+        if (len > GS_FRAME_MAX || gs_all(fd, payload, len, 0) < 0)
+            break;
+        payload[len] = '\0';
+        if (header[0] == 'P') {
+            *started = 1;
+            gs_note_delegate(payload);
+            gs_debug(sp, "cb=%s prefork child=%s", callback, payload);
+        } else if (header[0] == 'L' && len > 0) {
+            gs_log((unsigned char)payload[0], payload + 1);
+        } else if (header[0] == 'R') {
+            *rc = atoi(payload);
+            return GS_FRAMES_RESULT;
+        } else if (header[0] == 'N') {
+            gs_debug(sp, "cb=%s prefork refused: %s", callback, payload);
+            return GS_FRAMES_REFUSED;
+        }
+    }
+    return GS_FRAMES_ENDED;
 }
 
 /*
@@ -182,43 +220,22 @@ static void gs_note_delegate(const char *text)
 int gs_prefork_call(const char *callback, spank_t sp, int ac, char **av, const char *code,
                     int *rc)
 {
-    char header[5], *payload = malloc(GS_FRAME_MAX + 1);
-    int fd = -1, started = 0, done = -1;
-    uint32_t len;
+    /* Before the request: once it is sent, a child may run the callback, and this worker
+     * must not fall back to running it too. */
+    char *payload = malloc(GS_FRAME_MAX + 1);
+    int fd = -1, started = 0, got = GS_FRAMES_REFUSED;
 
     if (!payload)
         return -1;
-    if ((fd = gs_prefork_connect()) < 0 || gs_send_request(fd, callback, sp, ac, av, code) < 0)
-        goto out;
-    while (gs_all(fd, header, sizeof(header), 0) == 0) {
-        len = (uint32_t)(unsigned char)header[1] << 24 | (uint32_t)(unsigned char)header[2] << 16 |
-              (uint32_t)(unsigned char)header[3] << 8 | (uint32_t)(unsigned char)header[4];
-        if (len > GS_FRAME_MAX || gs_all(fd, payload, len, 0) < 0)
-            break;
-        payload[len] = '\0';
-        if (header[0] == 'P') {
-            started = 1;
-            gs_note_delegate(payload);
-            gs_debug(sp, "cb=%s prefork child=%s", callback, payload);
-        } else if (header[0] == 'L' && len > 0) {
-            gs_log((unsigned char)payload[0], payload + 1);
-        } else if (header[0] == 'R') {
-            *rc = atoi(payload);
-            done = 0;
-            goto out;
-        } else if (header[0] == 'N') {
-            gs_debug(sp, "cb=%s prefork refused: %s", callback, payload);
-            goto out;
-        }
-    }
-    if (started) {
+    if ((fd = gs_prefork_connect()) >= 0 && gs_send_request(fd, callback, sp, ac, av, code) == 0)
+        got = gs_read_frames(fd, payload, callback, sp, rc, &started);
+    if (fd >= 0)
+        close(fd);
+    free(payload);
+    if (got == GS_FRAMES_ENDED && started) {
         slurm_error("gpushare: %s: its worker in the prefork server (pid %d) ended without a "
                     "result", callback, gs_delegate ? (int)gs_delegate->pid : -1);
         raise(SIGKILL); /* as that worker was: its supervisor reports a killed worker */
     }
-out:
-    if (fd >= 0)
-        close(fd);
-    free(payload);
-    return done;
+    return got == GS_FRAMES_RESULT ? 0 : -1;
 }

@@ -15,7 +15,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char *gs_fuzz_text(const uint8_t *data, size_t size)
+__attribute__((unused)) static char *gs_fuzz_text(const uint8_t *data, size_t size)
 {
     char *text = malloc(size + 1);
 

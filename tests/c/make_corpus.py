@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 
 from gpushare.node import ticket  # noqa: E402
 from gpushare.node.job import describe  # noqa: E402
+from gpushare.node.prefork import LOG, PID, REFUSED, RESULT, frame  # noqa: E402
 from gpushare.node.request import task_environment  # noqa: E402
 from gpushare.node.state import JobRecord  # noqa: E402
 
@@ -88,9 +89,14 @@ def rendered() -> dict[str, dict[str, bytes]]:
         "rendered-error": refused.to_env_file(),
         "rendered-ticket-section": tickets["rendered-join"].decode().split("\n--env\n")[1],
     }
+    answer = frame(PID, b"4242") + frame(LOG, bytes([6]) + b"cb=task_init gpus=0") + \
+        frame(RESULT, b"0")
     return {"ticket": tickets,
             "envfile": {name: text.encode() for name, text in env_files.items()},
-            "share": {"rendered-25": b"25\n", "rendered-100": b"100\n"}}
+            "share": {"rendered-25": b"25\n", "rendered-100": b"100\n"},
+            "prefork": {"rendered-answer": answer,
+                        "rendered-refusal": frame(REFUSED, b"code differs"),
+                        "rendered-failed": frame(PID, b"4242") + frame(RESULT, b"1")}}
 
 
 def nasty(base: dict[str, dict[str, bytes]]) -> dict[str, dict[str, bytes]]:
@@ -168,8 +174,27 @@ def nasty(base: dict[str, dict[str, bytes]]) -> dict[str, dict[str, bytes]]:
                 "uuid-then-index": b"GPU-a,1", "bare-prefix": b"GPU-"}
     percent = {**common, "25": b"25", "1": b"1", "100": b"100", "0": b"0", "101": b"101",
                "float": b"25.0", "sign": b"+25", "space": b" 25", "overflow": b"9" * 30}
+    child = frame(PID, b"4242")
+    prefork = {**common,
+               "nasty-too-long": b"L\x00\x01\x00\x01" + b"x" * 70,  # 65537 > GS_FRAME_MAX
+               "nasty-longest": frame(LOG, bytes([3]) + b"y" * 65535) + frame(RESULT, b"0"),
+               "nasty-cut-header": child + b"R\x00\x00",
+               "nasty-cut-payload": child + b"L\x00\x00\x00\x10short",
+               "nasty-empty-log": child + frame(LOG, b"") + frame(RESULT, b"0"),
+               "nasty-pid-one": frame(PID, b"1") + frame(RESULT, b"0"),
+               "nasty-pid-wraps-to-one": frame(PID, b"4294967297") + frame(RESULT, b"0"),
+               "nasty-pid-negative": frame(PID, b"-4242") + frame(RESULT, b"0"),
+               "nasty-pid-huge": frame(PID, b"9" * 40) + frame(RESULT, b"0"),
+               "nasty-pid-text": frame(PID, b"x42") + frame(RESULT, b"0"),
+               "nasty-two-children": child + frame(PID, b"4343") + frame(RESULT, b"0"),
+               "nasty-unknown-kind": child + frame(b"Z", b"?") + frame(RESULT, b"0"),
+               "nasty-result-text": child + frame(RESULT, b"ok"),
+               "nasty-result-overflow": child + frame(RESULT, b"9" * 30),
+               "nasty-refused-after-child": child + frame(REFUSED, b"late"),
+               "nasty-child-then-end": child,
+               "nasty-nul-in-log": child + frame(LOG, b"\x06a\x00b") + frame(RESULT, b"0")}
     return {"ticket": tickets, "envfile": env_files, "share": share, "proc_stat": proc_stat,
-            "gpu_list": gpu_list, "percent": percent}
+            "gpu_list": gpu_list, "percent": percent, "prefork": prefork}
 
 
 def corpus() -> dict[str, dict[str, bytes]]:
