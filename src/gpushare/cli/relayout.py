@@ -190,7 +190,8 @@ def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool =
         future = (f"the last {lookback_s / 3600:g} h's submissions repeated" if lookback_s
                   else "no submission")
         lines.append(f"predictions (the next {HORIZON_S / 3600:g} h from the live queue, each "
-                     f"job run for its time limit, {future}; a change is made when both the "
+                     f"job run for its time limit, {future}, a MIG or MPS job not started "
+                     "counted on past them at its kind's pace; a change is made when both the "
                      f"wait and completion fall by more than {SAFETY:g} x its duration and "
                      "neither class waits longer):")
         rows = [["node", "gpus", "to", "", "wait", "MIG wait", "whole wait", "completion",

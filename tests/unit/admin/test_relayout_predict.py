@@ -11,6 +11,7 @@ from gpushare.admin.relayout.decide import Change, Decision, GpuState, Request, 
 from gpushare.admin.relayout.demand import parse_submitted, read_queue
 from gpushare.admin.relayout.predict import (
     HORIZON_S,
+    TAIL_CAP_S,
     change_seconds,
     decide_guarded,
     expected_arrivals,
@@ -51,9 +52,11 @@ def test_a_change_that_lets_waiting_jobs_start_is_made():
     decision, [verdict] = decide_guarded(queue, gpus, MENUS)
     assert [(c.node, c.index, c.new) for c in decision.changes] == [("n1", 0, "7x1g.10gb")]
     assert verdict.made
-    # The prediction it rests on: without the change no 1g job starts within the horizon;
-    # with it they start once n1's last job ends and the change is done.
-    assert verdict.without.started == 0 and verdict.without.mig_wait_s == HORIZON_S
+    # The prediction it rests on: without the change no 1g job starts within the horizon
+    # (none of its kind does: each counts as waiting a day past it); with it they start
+    # once n1's last job ends and the change is done.
+    assert verdict.without.started == 0
+    assert verdict.without.mig_wait_s == HORIZON_S + TAIL_CAP_S
     assert verdict.with_it.started == 12
     assert verdict.with_it.mig_wait_s < verdict.without.mig_wait_s - verdict.cost_s
     assert verdict.with_it.completion_s < verdict.without.completion_s - verdict.cost_s
@@ -236,7 +239,7 @@ def test_a_refusal_says_what_fell_short():
     assert made.made and made.refusal == "" and alone.changes == proposed.changes
     assert made.quiet_without is None  # one future only: no submission
     # A change refused for too small a gain says by how much the wait fell.
-    _short, [small] = guard(proposed, queue, gpus, MENUS, safety=1000.0, lookback_s=0.0)
+    _short, [small] = guard(proposed, queue, gpus, MENUS, safety=10000.0, lookback_s=0.0)
     assert not small.made and small.refusal.startswith("the wait falls by "), small.refusal
 
 
@@ -287,3 +290,46 @@ def test_the_forecast_serves_an_mps_request_from_one_gpu():
             for i in range(2)]
     ahead = forecast([Request("m", "mps", 60, 0.0, limit_s=600.0)], gpus)
     assert ahead.started == 1 and ahead.mig_wait_s == 1200.0  # not 0: 50 + 50 is not one GPU
+
+
+def test_a_backlog_longer_than_the_horizon_shows_what_a_change_gains(monkeypatch):
+    # n1 serves 2g.20gb jobs, a hundred of half an hour wait: a backlog of most of a day.
+    # Changing n0's idle GPU to a layout with a 2g slice drains n0 until its other GPU's
+    # job ends in 3.5 hours: within the horizon the new slices serve half an hour. Counted
+    # until the horizon only, that reads as 17 s less wait, under twice the change's
+    # duration, and the change was refused; with the jobs left waiting told at
+    # their kind's pace past the horizon, the day's backlog drains faster, and it is made.
+    gpus = [_gpu("n0", 0, "7x1g.10gb", {"1g.10gb": 7}, 3.5 * 3600.0),
+            _gpu("n0", 1, "7x1g.10gb"),
+            _gpu("n1", 0, "3g.40gb+2g.20gb+1g.10gb"), _gpu("n1", 1, "7x1g.10gb")]
+    queue = _jobs("2g.20gb", 100, limit_s=1800.0)
+    proposed = Decision([Change("n0", 1, "7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", 1.0,
+                                True)], [])
+    _kept, [verdict] = guard(proposed, queue, gpus, MENUS, lookback_s=0.0)
+    without, with_it = verdict.without, verdict.with_it
+    assert 0 < without.started < with_it.started < 100
+    assert without.mig_wait_s > HORIZON_S  # most of them wait past the horizon
+    within = forecast(queue, gpus, horizon_s=HORIZON_S)
+    assert within.started == without.started
+    assert verdict.made, verdict.refusal
+    assert without.mig_wait_s - with_it.mig_wait_s > 1800.0
+    # Every job left waiting counted until the horizon only: refused for a small gain.
+    from gpushare.admin.relayout import predict
+
+    monkeypatch.setattr(predict, "_waits", lambda starts, submitted, jobs, horizon_s: [
+        (horizon_s if start is None else start) - at for start, at in zip(starts, submitted)])
+    _kept, [censored] = guard(proposed, queue, gpus, MENUS, lookback_s=0.0)
+    assert not censored.made and censored.refusal.startswith("the wait falls by "), \
+        censored.refusal
+
+
+def test_a_job_left_waiting_is_told_at_its_kinds_pace_and_a_whole_gpu_one_until_the_horizon():
+    from gpushare.admin.relayout.predict import _waits
+
+    jobs = [Request(str(n), kind, 1, 0.0) for n, kind in enumerate(
+        ["1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "3g.40gb", "whole"])]
+    starts = [0.0, 3600.0, None, None, None, None]
+    waits = _waits(starts, [0.0, 0.0, 0.0, 600.0, 0.0, 0.0], jobs, HORIZON_S)
+    # two 1g jobs started within the horizon: each left waits half a horizon more per place
+    assert waits == [0.0, 3600.0, HORIZON_S * 1.5, HORIZON_S * 2 - 600.0,
+                     HORIZON_S + TAIL_CAP_S, HORIZON_S]
