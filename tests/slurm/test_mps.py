@@ -57,13 +57,22 @@ def mps_entries(bed) -> list[str]:
     for path in mps_dirs(bed):
         node = os.path.basename(os.path.dirname(path))
         where = os.path.basename(path)
-        for entry in os.listdir(path):
+        for entry in _listed(path):
             if entry not in ("tickets", ".trash"):
                 entries.append(f"{node}:{where}/{entry}")
                 continue
             entries += [f"{node}:{where}/{entry}/{name}"
-                        for name in os.listdir(os.path.join(path, entry))]
+                        for name in _listed(os.path.join(path, entry))]
     return sorted(entries)
+
+
+def _listed(path: str) -> list[str]:
+    """The directory's entries; none once it is gone: an epilog may remove it between one
+    read and the next, the cleanup the callers wait for."""
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
 
 
 def daemon_jobs(record_path: str) -> dict[str, dict]:
