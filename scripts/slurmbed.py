@@ -940,6 +940,17 @@ def requeued_held(info: dict[str, str]) -> bool:
         info.get("Priority") == "0" or "held" in info.get("Reason", "").lower())
 
 
+def eligible_in(info: dict[str, str]) -> float:
+    """Seconds until slurmctld may start the job (``scontrol show job``'s EligibleTime, in
+    local time): a requeued batch job waits Slurm's requeue delay (about two minutes) after
+    its requeue, held or not; 0 when it may start now."""
+    try:
+        at = time.mktime(time.strptime(info.get("EligibleTime", ""), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return 0.0
+    return max(0.0, at - time.time())
+
+
 def worker_ended(line: str, callback: str, rc: str = "0") -> bool:
     """Whether a debug line says a job worker's ``callback`` ended with ``rc`` ("": any),
     run in the worker's own interpreter (``python rc=``) or by a child of the node's prefork

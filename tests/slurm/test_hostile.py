@@ -29,7 +29,7 @@ from tests.slurm.test_mps import (
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
 from mps_standin.harness import running as alive
-from slurmbed import WORKER_STARTED, wait_until
+from slurmbed import WORKER_STARTED, eligible_in, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -237,7 +237,8 @@ def release_and_run(bed, job_id: int) -> None:
     """The node fixed and resumed, the held job released: it runs there, once requeued."""
     bed.resume(FAULT_NODE)
     bed.run(["scontrol", "release", str(job_id)])
-    info = bed.wait_job(job_id, timeout=180)
+    # Three minutes from when Slurm lets the requeued job start, not from its release.
+    info = bed.wait_job(job_id, timeout=180 + eligible_in(bed.job(job_id)))
     assert info["JobState"] == "COMPLETED", info
     assert "RAN=1" in bed.output(job_id), bed.output(job_id)
     assert_in_service_and_clean(bed, FAULT_NODE)

@@ -633,7 +633,9 @@ class Soak:
         self.fault_drain_allowed = False
         self.bed.run(["scontrol", "release", str(victim.job_id)])
         victim.actions.append("released after the node was resumed")
-        victim.deadline = time.monotonic() + 180
+        # Three minutes from when Slurm lets the requeued job start, not from its release.
+        victim.deadline = time.monotonic() + 180 + slurmbed.eligible_in(
+            self.bed.job(victim.job_id))
         self.reserved.discard(node)
 
     def run(self) -> None:
