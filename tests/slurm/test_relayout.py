@@ -201,8 +201,8 @@ def gres_of(bed) -> dict[str, int]:
     return counts
 
 
-def sim_layout(bed, index: int) -> Any:
-    with open(bed.path("nodes", f"{NODE}.json")) as handle:
+def sim_layout(bed, index: int, node: str = NODE) -> Any:
+    with open(bed.path("nodes", f"{node}.json")) as handle:
         gpu = json.load(handle)["gpus"][index]
     if not gpu.get("mig", {}).get("current"):
         return "whole"
@@ -698,8 +698,7 @@ def test_a_run_killed_between_nodes_settles_the_other_on_the_next(fresh):
                                for gpu in changed), changed
         assert "DRAIN" not in bed.node_state(NODE)["State"], bed.node_state(NODE)
         assert "DRAIN" in bed.node_state("rl3")["State"], bed.node_state("rl3")
-        with open(bed.path("nodes", "rl3.json")) as handle:
-            assert json.load(handle)["gpus"][0]["mig_devices"][0]["profile"] == "1g.10gb"
+        assert sim_layout(bed, 0, "rl3") == ["1g.10gb"] * 7
         bed.run(["scancel", str(holder)])
         bed.wait_job(holder)
         done = relayout(bed)
