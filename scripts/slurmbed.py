@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+import procfs
 from mps_standin.harness import install_standin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -500,7 +501,7 @@ class SlurmBed:
         pid_file = self.path("run", "slurmctld.pid")
         self._pids.pop("slurmctld", None)
         with contextlib.suppress(FileNotFoundError, ValueError), open(pid_file) as handle:
-            _terminate(int(handle.read().strip()))
+            procfs.terminate(int(handle.read().strip()))
         self._spawn("slurmctld", ["slurmctld", "-i"], pid_file)
 
     def slurmctld_restart_command(self) -> str:
@@ -521,7 +522,7 @@ class SlurmBed:
         """SIGKILL a slurmd (as a crash would); its jobs' slurmstepds live on."""
         pid = self._pids.pop(f"slurmd-{node}")
         os.kill(pid, signal.SIGKILL)
-        _wait_gone(pid, 10)
+        procfs.wait_gone(pid, 10)
 
     def wait_idle(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -541,7 +542,7 @@ class SlurmBed:
             for user in TEST_USERS:
                 self.run(["scancel", "--quiet", "-u", user], check=False, timeout=10)
         for name in sorted(self._pids, key=lambda n: (n == "munged", n == "slurmctld")):
-            _terminate(self._pids[name])
+            procfs.terminate(self._pids[name])
         self._pids.clear()
         self._kill_leftovers()
         self._remove_cgroups()
@@ -565,6 +566,13 @@ class SlurmBed:
             return True
         finally:
             os.close(fd)
+
+    def prefork_serving(self, node: str) -> bool:
+        """Whether the node's prefork server takes jobs: it holds the lock and its socket
+        listens. It takes the lock, imports, and only then listens; a job that comes in
+        between runs in place."""
+        return self.prefork_running(node) and procfs.unix_listening(
+            os.path.join(self.state_of(node), "prefork.sock"))
 
     def stop_prefork(self, timeout: float = 30.0) -> None:
         """End every node's prefork server: each ends within a second of its socket's
@@ -591,10 +599,10 @@ class SlurmBed:
         The test runner and its ancestors are spared even when their environment names the
         root (a ``GPUSHARE_BED_ROOT`` setting, a wrapper such as ``timeout``).
         """
-        spared = _ancestors(os.getpid())
-        for pid in _pids_mentioning(self.root.rstrip("/") + "/"):
+        spared = procfs.ancestors(os.getpid())
+        for pid in procfs.pids_mentioning(self.root.rstrip("/") + "/"):
             if pid not in spared:
-                _terminate(pid, grace=2.0)
+                procfs.terminate(pid, grace=2.0)
 
     def _remove_cgroups(self) -> None:
         tops = [self.daemon_cgroups] if self.daemon_cgroups else []
@@ -728,58 +736,6 @@ class SlurmBed:
             return []
         with open(self.debug_log) as handle:
             return handle.read().splitlines()
-
-
-def _terminate(pid: int, grace: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(pid, grace):
-            os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 5)
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                if handle.read().split(") ")[-1].startswith("Z"):
-                    return True
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _ancestors(pid: int) -> set[int]:
-    """``pid`` and every process above it."""
-    found = set()
-    while pid > 1 and pid not in found:
-        found.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                pid = int(handle.read().rsplit(") ", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return found
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    """Processes whose command line or environment names ``text`` (our root)."""
-    found = []
-    needle = text.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        for source in ("cmdline", "environ"):
-            try:
-                with open(f"/proc/{entry}/{source}", "rb") as handle:
-                    if needle in handle.read():
-                        found.append(int(entry))
-                        break
-            except OSError:
-                continue
-    return found
 
 
 def _glob_dirs(top: str, name: str) -> list[str]:

@@ -296,7 +296,7 @@ def test_installed_plugin_runs_a_shared_job(deb_bed):
         slurmbed.wait_until(f"job {job_id}: {callback} done", lambda cb=callback: any(
             slurmbed.worker_ended(line, cb) for line in debug_lines_for(deb_bed, job_id)), 120)
     node = values["NODE"]
-    slurmbed.wait_until(f"{node}'s prefork server", lambda: deb_bed.prefork_running(node), 60)
+    slurmbed.wait_until(f"{node}'s prefork server", lambda: deb_bed.prefork_serving(node), 60)
     again = dict(re.findall(r"(\w+)=(\S*)", deb_bed.run(
         [command[0], "-w", node, *command[1:]], user=USER).stdout))
     assert again["PCT"] == "25", again

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import procfs
 import slurmbed
 
 pytestmark = pytest.mark.slurm
@@ -558,7 +559,7 @@ def test_bed_stops_without_leftovers(bed):
         pids = dict(small._pids)
     for name, pid in pids.items():
         assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), name
-    assert not slurmbed._pids_mentioning(small.root + "/")
+    assert not procfs.pids_mentioning(small.root + "/")
     for node in small.nodes:
         assert not slurmbed._glob_dirs("/sys/fs/cgroup", f"slurm_{node.name}")
     assert not os.path.exists(small.root)

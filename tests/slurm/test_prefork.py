@@ -35,7 +35,9 @@ LOCK = "prefork.lock"
 
 
 def server_running(bed, node: str) -> bool:
-    return bed.prefork_running(node)
+    """The node's server takes jobs (not merely holds its lock: it listens after its
+    imports, and a job before that runs in place)."""
+    return bed.prefork_serving(node)
 
 
 def server_pids(bed, node: str) -> list[int]:
@@ -130,7 +132,7 @@ def test_prefork_no_runs_every_worker_in_place_and_starts_no_server(prefork_bed)
             lines = job_lines(bed, job_id)
             assert sum("python=start" in line for line in lines) == 2, lines
             assert not any("prefork" in line for line in lines), lines
-            assert not server_running(bed, NODE)
+            assert not bed.prefork_running(NODE)  # no lock held, let alone a socket
             assert not os.path.exists(os.path.join(bed.state_of(NODE), SOCKET))
         assert_nothing_left(bed)
     finally:
@@ -152,11 +154,10 @@ def test_a_server_whose_code_changed_is_not_used_again(prefork_bed):
     assert any("prefork refused: the code on disk changed" in line for line in lines), lines
     assert any("python=start" in line for line in lines), lines
     wait_until("the old server gone", lambda: not alive(old), 60)
-    sock = os.path.join(bed.state_of(NODE), SOCKET)
 
     def new_server_listens() -> bool:
         pids = server_pids(bed, NODE)
-        return len(pids) == 1 and pids != [old] and os.path.exists(sock)
+        return len(pids) == 1 and pids != [old] and server_running(bed, NODE)
     wait_until("a server of the new code", new_server_listens, 60)
     job_id, _output = run_shared(bed)
     assert any("cb=job_prolog prefork rc=0" in line for line in job_lines(bed, job_id))

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import pytest
 
 from gpushare.node import prefork
+from procfs import unix_listening
 
 CODE = "0123456789abcdef"
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -91,7 +92,7 @@ def server(tmp_path):
         pids.append(pid)
         # Listening, not merely there: the server sets the socket's mode between its bind
         # and its listen, and a test that changes the mode must come after.
-        wait_for(lambda: listening(state / prefork.SOCKET), "the socket listening")
+        wait_for(lambda: unix_listening(str(state / prefork.SOCKET)), "the socket listening")
         return pid
 
     yield start, state, out
@@ -102,18 +103,6 @@ def server(tmp_path):
         except (ProcessLookupError, ChildProcessError):
             pass
     shutil.rmtree(base)
-
-
-def listening(path: pathlib.Path) -> bool:
-    """Whether a socket listens at ``path`` (/proc/net/unix: __SO_ACCEPTCON, 0x10000, in
-    its flags)."""
-    with open("/proc/net/unix") as handle:
-        next(handle)
-        for line in handle:
-            fields = line.split()
-            if len(fields) >= 8 and fields[7] == str(path) and int(fields[3], 16) & 0x10000:
-                return True
-    return False
 
 
 def wait_for(check, what: str, limit: float = 30.0) -> None:
