@@ -187,6 +187,7 @@ class SlurmBed:
     # (/run/gpushare) is on a node (the benchmarks); False: on the root's file system.
     state_tmpfs: bool = False
     _pids: dict[str, int] = field(default_factory=dict, repr=False)
+    _made: list[str] = field(default_factory=list, repr=False)  # empty dirs outside root
 
     # ---- layout ---------------------------------------------------------------------
 
@@ -467,7 +468,15 @@ class SlurmBed:
             check=True, timeout=30)
         self._pids["munged"] = self._read_pid(pid_file)
 
-    def start_slurmd(self, node: str) -> None:
+    def start_slurmd(self, node: str, conf_server: str = "") -> None:
+        """The node's slurmd; with ``conf_server`` ("host:port") configless: no SLURM_CONF,
+        it fetches slurm.conf and the rest from slurmctld and keeps them in
+        ``<SlurmdSpoolDir>/conf-cache``."""
+        if conf_server:
+            self._spawn(f"slurmd-{node}", self._configless(node, conf_server),
+                        self.path("run", f"slurmd-{node}.pid"),
+                        env={k: v for k, v in self.env.items() if k != "SLURM_CONF"})
+            return
         if self.systemd is not None:  # stopped with the systemd node, or by _kill_leftovers
             self.systemd.run(["systemd-run", f"--unit=slurmd-{node}.service",
                               "--property=Delegate=yes", "--property=KillMode=process",
@@ -479,10 +488,25 @@ class SlurmBed:
         self._spawn(f"slurmd-{node}", ["slurmd", "-N", node],
                     self.path("run", f"slurmd-{node}.pid"))
 
-    def _spawn(self, name: str, argv: list[str], pid_file: str) -> None:
+    def _configless(self, node: str, conf_server: str) -> list[str]:
+        """A configless slurmd's command. It asks slurmctld for its configuration before it
+        has read AuthInfo=, so through munge's default socket: in a mount namespace of its
+        own, /run/munge is a tmpfs whose munge.socket.2 leads to the bed's munged. The empty
+        /run/munge it mounts on, where this machine had none, goes with the bed."""
+        if not os.path.isdir("/run/munge"):
+            os.makedirs("/run/munge", mode=0o755)
+            self._made.append("/run/munge")
+        script = ("mount -t tmpfs -o mode=0755 gsbed-munge /run/munge && "
+                  f"ln -s {shlex.quote(self.path('munge', 'munge.socket'))} "
+                  "/run/munge/munge.socket.2 && exec slurmd \"$@\"")
+        return ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script,
+                "slurmd", "-N", node, "--conf-server", conf_server]
+
+    def _spawn(self, name: str, argv: list[str], pid_file: str,
+               env: Optional[dict[str, str]] = None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(pid_file)
-        subprocess.run(argv, check=True, env=self.env, timeout=60,
+        subprocess.run(argv, check=True, env=self.env if env is None else env, timeout=60,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._pids[name] = self._read_pid(pid_file)
 
@@ -524,6 +548,15 @@ class SlurmBed:
         os.kill(pid, signal.SIGKILL)
         procfs.wait_gone(pid, 10)
 
+    def stop_slurmd(self, node: str) -> None:
+        """Stop a slurmd as its service's stop does (SIGTERM): whichever process its pid file
+        names (from 23.11 a reconfigure starts slurmd anew, under another pid)."""
+        pid = self._pids.pop(f"slurmd-{node}")
+        with contextlib.suppress(FileNotFoundError, ValueError), \
+                open(self.path("run", f"slurmd-{node}.pid")) as handle:
+            pid = int(handle.read().strip())
+        procfs.terminate(pid)
+
     def wait_idle(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
@@ -546,6 +579,10 @@ class SlurmBed:
         self._pids.clear()
         self._kill_leftovers()
         self._remove_cgroups()
+        for made in self._made:
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+        self._made.clear()
         if not self.keep:
             self._unmount_state()
             shutil.rmtree(self.root, ignore_errors=True)

@@ -722,36 +722,53 @@ def test_a_run_killed_between_nodes_settles_the_other_on_the_next(fresh):
 
 def test_a_configless_slurm_is_changed_through_slurmctlds_file_and_never_slurmds_copy(fresh):
     """slurmctld serves slurm.conf to the nodes (SlurmctldParameters=enable_configless, read
-    from the live slurmctld). A --slurm-conf naming slurmd's cached copy, or a file that is
-    not there, is refused before anything is drained; the file slurmctld reads is changed."""
+    from the live slurmctld) and rl1's slurmd runs configless (``--conf-server``, no
+    SLURM_CONF), keeping what slurmctld sent it in its spool's conf-cache. A --slurm-conf
+    naming that copy, or a file that is not there, is refused before anything is drained;
+    the file slurmctld reads is changed, and the configless slurmd follows it."""
     bed = fresh
     with open(bed.conf, "a") as handle:
         handle.write("SlurmctldParameters=enable_configless\n")
     bed.restart_slurmctld()
     slurmbed.wait_until("slurmctld serves its configuration", lambda: "enable_configless" in
                         bed.run(["scontrol", "show", "config"], check=False).stdout)
-    slurmbed.wait_until("slurmctld hears from rl1 again", lambda: registered(bed) and
-                        bed.node_state(NODE)["State"] == "IDLE")
-    # Where a configless slurmd keeps what slurmctld sent it.
     cache = bed.path("spool", NODE, "conf-cache", "slurm.conf")
-    os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
-    with open(bed.conf) as source, open(cache, "w") as handle:
-        handle.write(source.read())
-    waiting = queue_large(bed)
-    copy = relayout(bed, "--slurm-conf", cache)
-    assert copy.returncode == 2, (copy.stdout, copy.stderr)
-    assert f"--slurm-conf {cache} is slurmd's copy of a configless slurm.conf" in copy.stderr
-    assert "name the file slurmctld reads" in copy.stderr, copy.stderr
-    absent = bed.path("etc", "absent", "slurm.conf")
-    missing = relayout(bed, "--slurm-conf", absent)
-    assert missing.returncode == 2, (missing.stdout, missing.stderr)
-    assert f"--slurm-conf {absent} does not exist: this Slurm is configless" in missing.stderr
-    assert "DRAIN" not in bed.node_state(NODE)["State"]
-    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
-    assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
-    done = relayout(bed)
-    assert done.returncode == 0, (done.stdout, done.stderr[-4000:])
-    with open(bed.conf) as handle:
-        assert "3g.40gb" in handle.read()
-    for job in waiting:
-        assert bed.wait_job(job)["JobState"] == "COMPLETED"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(cache)
+    bed.stop_slurmd(NODE)
+    bed.start_slurmd(NODE, conf_server=f"127.0.0.1:{bed.ctld_port}")
+    try:
+        slurmbed.wait_until("rl1's configless slurmd fetched its configuration",
+                            lambda: os.path.exists(cache), 90)
+        slurmbed.wait_until("slurmctld hears from rl1 again", lambda: registered(bed) and
+                            bed.node_state(NODE)["State"] == "IDLE")
+        with open(bed.path("run", f"slurmd-{NODE}.pid")) as handle:
+            pid = int(handle.read())
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            assert b"SLURM_CONF=" not in handle.read()
+        waiting = queue_large(bed)
+        copy = relayout(bed, "--slurm-conf", cache)
+        assert copy.returncode == 2, (copy.stdout, copy.stderr)
+        assert f"--slurm-conf {cache} is slurmd's copy of a configless slurm.conf" in \
+            copy.stderr, copy.stderr
+        assert "name the file slurmctld reads" in copy.stderr, copy.stderr
+        absent = bed.path("etc", "absent", "slurm.conf")
+        missing = relayout(bed, "--slurm-conf", absent)
+        assert missing.returncode == 2, (missing.stdout, missing.stderr)
+        assert f"--slurm-conf {absent} does not exist: this Slurm is configless" in \
+            missing.stderr
+        assert "DRAIN" not in bed.node_state(NODE)["State"]
+        assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+        assert not os.path.exists(bed.path("etc", "relayout-state.json.journal"))
+        done = relayout(bed)
+        assert done.returncode == 0, (done.stdout, done.stderr[-4000:])
+        with open(bed.conf) as handle:
+            assert "3g.40gb" in handle.read()
+        for job in waiting:
+            assert bed.wait_job(job)["JobState"] == "COMPLETED"
+        # The copy the configless slurmd runs on came from slurmctld's changed file.
+        with open(cache) as handle:
+            assert "3g.40gb" in handle.read()
+    finally:
+        bed.stop_slurmd(NODE)
+        bed.start_slurmd(NODE)
