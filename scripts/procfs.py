@@ -17,14 +17,19 @@ def terminate(pid: int, grace: float = 10.0) -> None:
             wait_gone(pid, 5)
 
 
+def ended(pid: int) -> bool:
+    """Whether ``pid`` has ended: no such process, a zombie (Z), or one being reaped (X)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(") ", 1)[-1][:1] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                if handle.read().split(") ")[-1].startswith("Z"):
-                    return True
-        except (FileNotFoundError, ProcessLookupError):
+        if ended(pid):
             return True
         time.sleep(0.05)
     return False

@@ -558,19 +558,11 @@ def test_bed_stops_without_leftovers(bed):
         small.wait_job(job_id, states={"RUNNING"})
         pids = dict(small._pids)
     for name, pid in pids.items():
-        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), name
+        assert procfs.ended(pid), name
     assert not procfs.pids_mentioning(small.root + "/")
     for node in small.nodes:
         assert not slurmbed._glob_dirs("/sys/fs/cgroup", f"slurm_{node.name}")
     assert not os.path.exists(small.root)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(") ")[-1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 def test_show_yes_writes_one_line_into_the_first_tasks_stderr(clean_bed):
