@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import threading
 import time
@@ -38,6 +37,7 @@ from tests.slurm.test_mps import (
 )
 from tests.slurm.test_mps import mps_bed as _mps_bed  # noqa: F401  (a fixture)
 
+import procfs
 import slurmbed
 
 pytestmark = pytest.mark.slurm
@@ -165,8 +165,7 @@ def test_a_prolog_whose_supervisor_hangs_is_undone_by_its_epilog(_mps_bed):  # n
         slurmbed.wait_until("the supervisor's report", lambda: any(
             f"job={job_id} cb=job_prolog_worker_lost python rc=0" in entry
             for entry in bed.debug_lines()), 60)
-        slurmbed.wait_until("the supervisor gone", lambda: not os.path.exists(
-            f"/proc/{supervisor}") or _zombie(supervisor), 30)
+        slurmbed.wait_until("the supervisor gone", lambda: procfs.ended(supervisor), 30)
         assert not job_records(bed), job_records(bed)
         assert bed.job(job_id).get("Restarts") == "0"
         assert_nothing_left(bed)
@@ -178,11 +177,3 @@ def test_a_prolog_whose_supervisor_hangs_is_undone_by_its_epilog(_mps_bed):  # n
             os.unlink(bed.path("bin", "faults"))
         bed.write_plugstack(line)
         bed.resume(FAULT_NODE)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return re.match(r"[ZX]", handle.read().rsplit(")", 1)[1].strip()) is not None
-    except FileNotFoundError:
-        return True
