@@ -20,9 +20,9 @@ def terminate(pid: int, grace: float = 10.0) -> None:
 def ended(pid: int) -> bool:
     """Whether ``pid`` has ended: no such process, a zombie (Z), or one being reaped (X)."""
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(") ", 1)[-1][:1] in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
         return True
 
 

@@ -18,6 +18,8 @@ import tempfile
 import time
 from typing import Optional
 
+import procfs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # One program, as NVIDIA's: the client and servers (front.c) and the daemon (daemon.c).
 SOURCES = tuple(os.path.join(HERE, name) for name in ("front.c", "daemon.c"))
@@ -167,11 +169,7 @@ def _wait_exited(pid: int, deadline: float) -> None:
 def running(pid: int) -> bool:
     """Whether ``pid`` exists and is neither a zombie nor dead (``X``): what the tests mean
     by a process that is still there."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+    return not procfs.ended(pid)
 
 
 def standin_processes(program: str) -> list[int]:
