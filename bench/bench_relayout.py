@@ -285,6 +285,32 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
             f"({moved.most_changes_in_an_hour()}) | {moved.disturbed} |")
 
 
+def _kind_wait(result: Result, kind: str) -> str:
+    """Mean wait in minutes of one class ("slices": the MIG profiles; "mps"; "whole"), a job
+    never started counted as in ``censored_wait``; "-" where the trace has none."""
+    values = [w for _, k, w, _ in result.finished + result.unstarted
+              if k == kind or (kind == "slices" and k not in ("mps", "whole"))]
+    return f"{statistics.fmean(values) / 60:.1f}" if values else "-"
+
+
+def by_kind_row(name: str, jobs: list[Job], cluster: Cluster) -> str:
+    """One row of the by-kind table: each class's mean wait, no relayout -> relayout from
+    the even split, on the trace's second half: who pays for a change and who gains."""
+    start = spread(even_split(cluster), cluster)
+    second = halves(jobs)[1]
+    still = simulate(second, start, False, cluster)
+    moved = simulate(second, start, True, cluster)
+    cells = (f"{_kind_wait(still, kind)} -> {_kind_wait(moved, kind)}"
+             for kind in ("slices", "mps", "whole"))
+    return f"| {name} | {cluster.nodes} | " + " | ".join(cells) + " |"
+
+
+BY_KIND_HEADER = (
+    "Mean wait in minutes, no relayout -> relayout from the even split, per class, over every "
+    "job of the trace's second half (a job never started counts as in the corpus table).\n\n"
+    "| trace | nodes | MIG slices | MPS units | whole GPUs |\n|---|---|---|---|---|")
+
+
 CORPUS_HEADER = (
     "Each layout: mean wait of MIG and MPS jobs / mean wait of all jobs / mean completion "
     "time, minutes, over every job of the trace's second half (a job never started counts "
@@ -315,6 +341,9 @@ def main() -> int:
     parser.add_argument("--held-out", type=int, choices=(0, 1, 2), default=0, metavar="SET",
                         help="with --corpus: the generator's held-out workloads instead (set 1 "
                         "or 2)")
+    parser.add_argument("--by-kind", action="store_true",
+                        help="with --corpus: each class's wait (MIG slices, MPS, whole GPUs), "
+                        "no relayout against relayout, instead of the four columns")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="with --corpus: only this trace (repeatable)")
     parser.add_argument("--sacct", metavar="FILE",
@@ -336,12 +365,14 @@ def main() -> int:
     else:
         base = default_cluster(args.nodes or 4, args.gpus)
     if args.corpus:
-        print(CORPUS_HEADER, flush=True)
+        print(BY_KIND_HEADER if args.by_kind else CORPUS_HEADER, flush=True)
         for size in (int(n) for n in args.sizes.split(",")):
             for name, jobs in corpus(size, args.held_out):
-                if not args.only or name in args.only:
-                    print(corpus_row(name, jobs, corpus_cluster(base, jobs, size),
-                                     not args.no_static), flush=True)
+                if args.only and name not in args.only:
+                    continue
+                cluster = corpus_cluster(base, jobs, size)
+                print(by_kind_row(name, jobs, cluster) if args.by_kind else
+                      corpus_row(name, jobs, cluster, not args.no_static), flush=True)
         return 0
     for path in args.trace:
         jobs = read_trace(path)

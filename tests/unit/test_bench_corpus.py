@@ -129,3 +129,16 @@ def test_the_corpus_tiles_and_halves_a_trace():
     assert [j.submit for j in tiled[:3]] == [0.0, 1.0, 2.0]
     first, second = bench.halves(jobs)
     assert [j.submit for j in first] == [0.0] and [j.submit for j in second] == [0.0, 50.0]
+
+
+def test_the_by_kind_table_splits_slices_mps_and_whole_and_counts_the_unstarted():
+    from gpushare.admin.relayout.sim import Result
+
+    result = Result(waits={}, jct=[], used_gpu_h=0.0, idle_waiting_gpu_h=0.0, changes=0,
+                    gpu_hours=0.0, landed_during_change=0, disturbed=0, unfinished=0,
+                    finished=[(1, "1g.10gb", 60.0, 0.0), (2, "3g.40gb", 180.0, 0.0),
+                              (3, "whole", 600.0, 0.0)],
+                    unstarted=[(4, "whole", 1800.0, 0.0)])
+    assert bench._kind_wait(result, "slices") == "2.0"
+    assert bench._kind_wait(result, "whole") == "20.0"
+    assert bench._kind_wait(result, "mps") == "-"
