@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
  * Stand-in for nvidia-cuda-mps-control on machines without a GPU (tests and demo only,
- * never shipped). One native program, as NVIDIA's, built from this file and daemon.c:
+ * never shipped). One native program, as NVIDIA's, built from this file and the daemon's
+ * (daemon.c and the files daemon.h names):
  *
  *   (no arguments)  client mode: one control command per stdin line, each sent to the
  *                   daemon over $CUDA_MPS_PIPE_DIRECTORY/control (a SOCK_SEQPACKET socket,

@@ -21,8 +21,11 @@ from typing import Optional
 import procfs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# One program, as NVIDIA's: the client and servers (front.c) and the daemon (daemon.c).
-SOURCES = tuple(os.path.join(HERE, name) for name in ("front.c", "daemon.c"))
+# One program, as NVIDIA's: the client and servers (front.c) and the daemon (daemon.c and
+# the files daemon.h names).
+SOURCES = tuple(os.path.join(HERE, name) for name in (
+    "front.c", "daemon.c", "daemon_text.c", "daemon_state.c", "daemon_servers.c",
+    "daemon_commands.c"))
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
 PROGRAM_NAME = "nvidia-cuda-mps-control"
 TEST_USERS = ("gpushare-u1", "gpushare-u2")

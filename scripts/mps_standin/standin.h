@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
- * What the stand-in's two files share (front.c: the entry, the client, the servers and the
- * faults; daemon.c: the control daemon). See front.c for what the program does.
+ * What the stand-in's front and its daemon share (front.c: the entry, the client, the
+ * servers and the faults; daemon.c and the files daemon.h names: the control daemon). See
+ * front.c for what the program does.
  */
 #ifndef GPUSHARE_MPS_STANDIN_H
 #define GPUSHARE_MPS_STANDIN_H

@@ -42,7 +42,7 @@ def test_a_process_installing_the_standin_leaves_its_temp_directory_empty(tmp_pa
 
 
 def test_the_program_is_built_from_every_c_file_of_the_standin():
-    """One installed program: the client and servers (front.c) and the daemon (daemon.c)."""
+    """One installed program: the client and servers (front.c) and the daemon (daemon*.c)."""
     sys.path.insert(0, SCRIPTS)
     try:
         from mps_standin import harness
