@@ -334,9 +334,24 @@ def _record(path: str, node: str, index: int, layout: str, decision: str) -> Non
         state.gpus[(node, index)] = Applied(layout, time.time(), decision)
 
 
+def _step_only(args: argparse.Namespace) -> list[str]:
+    """The node's step's options given without the word node: the controller's round would
+    ignore them, and with --apply change whatever the queue asks for instead."""
+    defaults = (("--gpu", args.gpu, None), ("--layout", args.layout, None),
+                ("--node", args.node, None), ("--round", args.round, ""),
+                ("--decision", args.decision, ""), ("--source", args.source, "nvml"),
+                ("--gres-conf", args.gres_conf, "/etc/slurm/gres.conf"))
+    return [flag for flag, value, default in defaults if value != default]
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
         return _run_node(args)
+    step_only = _step_only(args)
+    if step_only:
+        return fail("relayout", f"{', '.join(step_only)}: the node's step's, e.g. `gpushare "
+                    "relayout node --gpu N --layout L`; without the word node, relayout "
+                    "decides for the whole cluster (and with --apply drains and changes it)")
     if args.suggest:
         return relayout_suggest.run(args)
     misplaced = relayout_suggest.misplaced(args)

@@ -57,3 +57,17 @@ def test_the_example_node_command_passes_what_the_default_does(capsys):
     placeholders = set(re.findall(r"\{\w+\}", DEFAULT_NODE_COMMAND))
     assert placeholders == set(re.findall(r"\{\w+\}", example))
     assert "--round={round}" in example
+
+
+def test_the_steps_options_without_the_word_node_are_refused(capsys, tmp_path):
+    """`gpushare relayout --gpu 2 --layout whole --apply` (node forgotten) would otherwise
+    run the controller's round, draining whatever the queue asks for."""
+    plan = tmp_path / "absent.yaml"
+    assert main(["relayout", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
+                 "--apply"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpushare relayout: --gpu, --layout: the node's step's, e.g. "
+                          "`gpushare relayout node --gpu N --layout L`")
+    assert "plan" not in err  # refused before anything is read
+    assert main(["relayout", "--plan", str(plan), "--source", "sim:/x.json"]) == 2
+    assert "--source: the node's step's" in capsys.readouterr().err
