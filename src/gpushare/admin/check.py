@@ -22,6 +22,7 @@ from gpushare.admin.check_host import (
     check_trash,
 )
 from gpushare.admin.plan import NodeGroup, Plan, PlanError, check_mig_change
+from gpushare.admin.plan.model import release_tuple
 from gpushare.admin.render import (
     PlannedDevice,
     RenderError,
@@ -316,6 +317,15 @@ def _real_files(inventory: Optional[Inventory], root: str) -> Optional[set[str]]
 # The cluster
 
 
+def _count_restart(plan: Plan) -> str:
+    """Before 23.11 a reconfigure keeps a node's GPU count (the node goes INVAL when slurmd
+    registers the new one); only a restart of slurmctld takes it."""
+    if release_tuple(plan.slurm.version) >= (23, 11):
+        return ""
+    return (f", then restart slurmctld (Slurm {plan.slurm.version} takes a node's new GPU "
+            "count only when slurmctld starts)")
+
+
 def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
     """What slurmctld believes (GRES, state, drain reason) against the plan."""
     findings: list[Finding] = []
@@ -347,7 +357,7 @@ def check_cluster(plan: Plan, nodes: list[SlurmNode]) -> list[Finding]:
                 ERROR, f"node {node.name}: slurmctld has Gres={node.gres or '(none)'}, the plan "
                 f"gives Slurm {slurm_node_gres(group) or '(nothing)'}", where,
                 f"set Gres={slurm_node_gres(group)} on the node's slurm.conf line and "
-                "`scontrol reconfigure`"))
+                "`scontrol reconfigure`" + _count_restart(plan)))
         if node.draining or node.down:
             state = "+".join(node.states)
             by_us = node.reason.startswith("gpushare")

@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         + NODE_STEP,
         epilog="examples:\n  gpushare relayout --plan /etc/gpushare/plan.yaml\n"
         "  gpushare relayout --apply --node-command 'ssh {node} gpushare relayout node "
-        "--node {node} --gpu {gpu} --layout {layout} --decision {decision} --apply'\n"
+        "--node {node} --gpu {gpu} --layout {layout} --round={round} --decision {decision} "
+        "--step-timeout {timeout} --apply'\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb --apply",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -146,7 +147,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="change at most N drained nodes at once (default 4); each node's "
                      "failure is its own")
     ctl.add_argument("--settle-timeout", type=float, default=120.0, metavar="SECONDS",
-                     help="how long slurmctld may take to show the new GRES (default 120)")
+                     help="how long slurmctld may take to show the new GRES, a restarted "
+                     "slurmctld to hear from the node's slurmd, and a node resumed after a "
+                     "killed run to answer (default 120)")
     parser.add_argument("--max-changes", type=int, default=4, metavar="N",
                         help="at most N GPUs change per round (default 4)")
     parser.add_argument("--hysteresis", type=float, default=0.5, metavar="GPUS",
@@ -331,9 +334,24 @@ def _record(path: str, node: str, index: int, layout: str, decision: str) -> Non
         state.gpus[(node, index)] = Applied(layout, time.time(), decision)
 
 
+def _step_only(args: argparse.Namespace) -> list[str]:
+    """The node's step's options given without the word node: the controller's round would
+    ignore them, and with --apply change whatever the queue asks for instead."""
+    defaults = (("--gpu", args.gpu, None), ("--layout", args.layout, None),
+                ("--node", args.node, None), ("--round", args.round, ""),
+                ("--decision", args.decision, ""), ("--source", args.source, "nvml"),
+                ("--gres-conf", args.gres_conf, "/etc/slurm/gres.conf"))
+    return [flag for flag, value, default in defaults if value != default]
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
         return _run_node(args)
+    step_only = _step_only(args)
+    if step_only:
+        return fail("relayout", f"{', '.join(step_only)}: the node's step's, e.g. `gpushare "
+                    "relayout node --gpu N --layout L`; without the word node, relayout "
+                    "decides for the whole cluster (and with --apply drains and changes it)")
     if args.suggest:
         return relayout_suggest.run(args)
     misplaced = relayout_suggest.misplaced(args)

@@ -146,7 +146,7 @@ def make_owned_dir(parent_fd: int, name: str, path: str, uid: int, gid: int,
 
 
 def check_root_owned_file(path: str) -> str:
-    """Check that a program root will run is root-owned and not writable by others.
+    """Check that a file root will run or trust is root-owned and not writable by others.
 
     The file (after resolving symlinks) must be root-owned and not writable by group or
     others; so must every directory above it, except that a sticky one (like /tmp) may be
@@ -161,9 +161,11 @@ def check_root_owned_file(path: str) -> str:
         raise UnsafePathError(f"{path} does not exist; install it or fix the path") from None
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(f"{path} is not a regular file")
+    # Through a symlink, the file checked is its target: name it, as that is what to fix.
+    shown = path if real == path else f"{real} (where {path} leads)"
     if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafePathError(
-            f"{path} must be owned by root and not writable by group or others "
+            f"{shown} must be owned by root and not writable by group or others "
             f"({_describe(st)}); chown root:root and chmod go-w it"
         )
     directory = os.path.dirname(real)
@@ -171,7 +173,7 @@ def check_root_owned_file(path: str) -> str:
         try:
             _check_root_dir(os.stat(directory), directory)
         except UnsafePathError as err:
-            raise UnsafePathError(f"{path}: {err}, or install the program elsewhere") from None
+            raise UnsafePathError(f"{path}: {err}, or move the file elsewhere") from None
         if directory == "/":
             return real
         directory = os.path.dirname(directory)

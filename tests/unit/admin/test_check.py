@@ -194,3 +194,15 @@ def test_drain_never_runs_an_scontrol_a_user_could_replace(tmp_path):
     script.chmod(0o777)
     assert "scontrol refused: " in drain_node("a1", "r", str(script), timeout=5)
     assert not out.exists()
+
+
+def test_a_gres_fix_before_23_11_says_to_restart_slurmctld():
+    """22.05.8 logs "Attempt to change gres/gpu Count ... invalid" on a reconfigure and sets
+    the node INVAL: the count changes only when slurmctld restarts."""
+    node = [SlurmNode("a2", ("IDLE",), "", "gpu:a100:3")]
+    (new,) = [f for f in check_cluster(parse_plan(PLAN), node) if f.severity == ERROR]
+    assert new.fix.endswith("`scontrol reconfigure`")
+    old = parse_plan(PLAN.replace('version: "23.11"', 'version: "22.05"'))
+    (fix,) = [f.fix for f in check_cluster(old, node) if f.severity == ERROR]
+    assert fix.endswith("`scontrol reconfigure`, then restart slurmctld (Slurm 22.05 takes a "
+                        "node's new GPU count only when slurmctld starts)")

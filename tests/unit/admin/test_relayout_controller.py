@@ -438,3 +438,20 @@ def test_explain_says_so_when_no_change_was_a_candidate():
                             why=["the idle supply serves the queue"])
     assert "predictions: none" in format_decision(quiet, (), explain=True)
     assert "predictions" not in format_decision(quiet, (), explain=False)
+
+
+def test_a_node_slurm_holds_invalid_says_where_to_look(site):
+    """slurmctld shows the new Gres= (it is slurm.conf's) while slurmd registered its old
+    gres.conf: INVAL, which the same Gres= on either side of the message does not explain."""
+    plan, settings, _profile, slurm = site
+    reconfigure = slurm.reconfigure
+
+    def old_gres_conf_registers() -> None:
+        reconfigure()
+        slurm.state["h1"].add("INVALID_REG")
+
+    slurm.reconfigure = old_gres_conf_registers
+    [outcome] = run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    assert outcome.failed and "slurmctld still shows Gres=" in outcome.failed
+    assert "INVALID_REG" in outcome.failed and "--cluster-gres-conf" in outcome.failed
+    assert "DRAIN" in slurm.state["h1"] and "resume h1" not in slurm.calls

@@ -65,6 +65,34 @@ def test_a_second_run_is_told_who_holds_the_lock_and_acts_on_nothing(site, tmp_p
         pass
 
 
+def test_the_holder_is_named_by_a_command_that_can_be_typed_again(site, monkeypatch):
+    _plan, settings, _profile, _slurm = site
+    argv = ["gpushare", "relayout", "--apply", "--node-command", "ssh {node} step"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with run_lock(settings.state_path), pytest.raises(LockBusy) as busy, \
+            run_lock(settings.state_path):
+        pass  # pragma: no cover - never reached
+    holder = json.loads(str(busy.value).split("runs (", 1)[1].split("; lock ", 1)[0])
+    assert shlex.split(holder["command"]) == argv
+
+
+def test_a_lock_this_user_may_not_open_says_who_may(site, monkeypatch):
+    _plan, settings, _profile, _slurm = site
+    real_open = os.open
+
+    def denied(name, *args, **kwargs):
+        if str(name).endswith(".run.lock"):
+            raise PermissionError(13, "Permission denied", name)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    lock = settings.state_path + ".run.lock"
+    with pytest.raises(JournalError, match=rf"cannot open {lock}: Permission denied; .* as "
+                                           "root on the controller host"), \
+            run_lock(settings.state_path):
+        pass  # pragma: no cover - never reached
+
+
 def test_the_lock_is_never_a_users_symlink(site, tmp_path):
     _plan, settings, _profile, _slurm = site
     elsewhere = tmp_path / "elsewhere"

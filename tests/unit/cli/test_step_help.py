@@ -43,3 +43,31 @@ def test_a_name_in_the_steps_place_says_what_to_type(capsys, argv, word):
     assert f"{argv[1]!r} is not a sub-command; the only one is the word {word!r}" in err
     assert f"e.g. `gpushare {argv[0]} {word} --help`" in err
     assert "invalid choice" not in err
+
+
+def test_the_example_node_command_passes_what_the_default_does(capsys):
+    """A site copies the example: without --round={round}, Slurm 22.05's one MIG profile per
+    node would refuse the first GPU of a round that changes two of a node's GPUs."""
+    import re
+
+    from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
+
+    out = _help(capsys, "relayout")
+    [example] = re.findall(r"--node-command '([^']*)'", out.split("examples:", 1)[1])
+    placeholders = set(re.findall(r"\{\w+\}", DEFAULT_NODE_COMMAND))
+    assert placeholders == set(re.findall(r"\{\w+\}", example))
+    assert "--round={round}" in example
+
+
+def test_the_steps_options_without_the_word_node_are_refused(capsys, tmp_path):
+    """`gpushare relayout --gpu 2 --layout whole --apply` (node forgotten) would otherwise
+    run the controller's round, draining whatever the queue asks for."""
+    plan = tmp_path / "absent.yaml"
+    assert main(["relayout", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
+                 "--apply"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpushare relayout: --gpu, --layout: the node's step's, e.g. "
+                          "`gpushare relayout node --gpu N --layout L`")
+    assert "plan" not in err  # refused before anything is read
+    assert main(["relayout", "--plan", str(plan), "--source", "sim:/x.json"]) == 2
+    assert "--source: the node's step's" in capsys.readouterr().err

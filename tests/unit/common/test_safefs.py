@@ -155,3 +155,24 @@ def test_check_root_owned_file(base):
     os.chmod(base, 0o775)
     with pytest.raises(safefs.UnsafePathError, match=r"writable by group or others"):
         safefs.check_root_owned_file(prog)
+
+
+def test_a_refused_link_names_its_target_and_no_program(base):
+    """Through a symlink the target is what must change, and the file may be a
+    configuration file (slurm.conf, the plan), not a program."""
+    users = os.path.join(base, "users")
+    os.mkdir(users, 0o755)
+    target = os.path.join(users, "slurm.conf")
+    with open(target, "w") as handle:
+        handle.write("ClusterName=c\n")
+    link = os.path.join(base, "slurm.conf")
+    os.symlink(target, link)
+    os.chown(target, NOBODY, NOBODY)
+    with pytest.raises(safefs.UnsafePathError) as err:
+        safefs.check_root_owned_file(link)
+    assert str(err.value).startswith(f"{target} (where {link} leads) must be owned by root")
+    os.chown(target, 0, 0)
+    os.chmod(users, 0o777)
+    with pytest.raises(safefs.UnsafePathError, match=r"writable by group or others") as err:
+        safefs.check_root_owned_file(link)
+    assert "program" not in str(err.value) and "move the file elsewhere" in str(err.value)

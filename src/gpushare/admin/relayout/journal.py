@@ -34,6 +34,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import socket
 import stat
 import sys
@@ -131,6 +132,10 @@ def open_beside(path: str, flags: int, create: bool = True) -> int:
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise JournalError(f"{path} is a symbolic link; remove it") from None
+            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise JournalError(f"cannot open {path}: {err.strerror}; --apply writes beside "
+                                   "the state file: run it as root on the controller host "
+                                   "(or name a --state this user may write)") from None
             raise
     finally:
         os.close(dir_fd)
@@ -159,7 +164,7 @@ def run_lock(state_path: str) -> Iterator[None]:
                            "ended") from None
         me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                          "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         "command": " ".join(sys.argv)[:1000]})
+                         "command": shlex.join(sys.argv)[:1000]})
         os.ftruncate(fd, 0)
         os.pwrite(fd, me.encode(), 0)
         yield

@@ -422,8 +422,9 @@ def score(result: Result) -> tuple[int, float]:
 
 
 def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
-    """The static layout with the lowest mean completion time: a grid over the menu in steps
-    of one GPU per node, then single-GPU moves until none helps."""
+    """The static layout that ``score`` ranks first (fewest jobs never run, then the lowest
+    mean completion time): a grid over the menu in steps of one GPU per node, then
+    single-GPU moves until none helps."""
     total = cluster.nodes * cluster.gpus_per_node
     names = cluster.names
     tried: dict[tuple[int, ...], Result] = {}

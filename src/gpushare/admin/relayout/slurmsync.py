@@ -27,6 +27,12 @@ from gpushare.common import proc
 
 __all__ = ["SlurmSync"]
 
+# Slurm's INVAL after a change: slurmd registered other GPUs than Gres= says, most often
+# because no one rewrote the gres.conf it reads (the same Gres= either side says nothing).
+INVALID_HINT = ("; INVAL: slurmd registered other GPUs than slurm.conf's Gres= gives the node: "
+                "was its gres.conf rewritten (the node's step's --gres-conf, or "
+                "--cluster-gres-conf for one that every node shares)?")
+
 
 class SlurmSync:
     """The Slurm side of one node's round (mixed into its NodeRound)."""
@@ -176,7 +182,7 @@ class SlurmSync:
 
     def _settle(self, deadline: float, what: str, ready: Callable[[SlurmNode], bool]) -> None:
         """Poll slurmctld until the node is ``ready``, through a slurmctld briefly away."""
-        seen = ""
+        seen, invalid = "", False
         while True:
             try:
                 node = self.slurm.node(self.name)
@@ -184,11 +190,13 @@ class SlurmSync:
                 node, seen = None, str(err)
             if node is not None:
                 seen = f"Gres={node.gres or '(null)'} State={'+'.join(node.states)}"
+                invalid = bool({"INVAL", "INVALID_REG"} & set(node.states))
                 if ready(node):
                     return
             if self.clock() > deadline:
                 raise RelayoutError(f"slurmctld still shows {seen}, not {what}, after "
-                                    f"{self.settings.settle_timeout_s:.0f} s")
+                                    f"{self.settings.settle_timeout_s:.0f} s"
+                                    + (INVALID_HINT if invalid else ""))
             self.sleep(self.settings.poll_s)
 
     def _run_restart(self, daemon: str, template: str) -> None:
