@@ -215,7 +215,7 @@ def step_command(bed, before: str = "") -> str:
             "--plan", bed.path("etc", "plan.yaml"), "--node", "{node}", "--gpu", "{gpu}",
             "--layout", "{layout}", "--round={round}", "--decision", "{decision}",
             "--step-timeout", "{timeout}", "--source", "sim:" + bed.path("nodes", "{node}.json"),
-            "--gres-conf", "none", "--apply"]
+            "--gres-conf", "none", "--lock-dir", bed.path("run"), "--apply"]
     if before:
         return shlex.join(["/bin/sh", "-c", before + ' && exec "$0" "$@"', *step])
     return shlex.join(step)

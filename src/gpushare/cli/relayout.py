@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any, Sequence
 
 from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
@@ -17,13 +16,11 @@ from gpushare.cli import (
     add_slurm_arguments,
     fail,
     plan_problems,
+    relayout_node,
     relayout_suggest,
     step_word,
     text_table,
 )
-
-EXIT_UNKNOWN = 3  # the node's step: the GPU's layout is not known; keep the node drained
-
 
 NODE_GROUP = "the node's step (gpushare relayout node)"
 NODE_STEP = (
@@ -34,8 +31,8 @@ NODE_STEP = (
     "on any failure or after --step-timeout, rewrites this node's gres.conf and records "
     "the layout in the state file beside the plan. Exit status 0: changed (or nothing "
     "to change), 2: refused, or failed with the old layout laid back, 3: failed and the "
-    "old layout could not be laid back, or gres.conf was not rewritten (keep the node "
-    "drained).")
+    "old layout could not be laid back, gres.conf was not rewritten, or another step "
+    "holds the node (keep the node drained).")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -118,6 +115,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "what (Slurm 22.05's one MIG profile per node counts them so)")
     node.add_argument("--decision", default="", metavar="ID",
                       help="the controller's decision, recorded in the state file")
+    node.add_argument("--lock-dir", default="/run/gpushare", metavar="DIR",
+                      help="with --apply, where the step takes its node's lock (one step "
+                      "per node at a time: a step a killed run left behind is waited for "
+                      f"{relayout_node.LOCK_WAIT_S:g} s, then refused, exit 3; default "
+                      "/run/gpushare)")
     ctl = parser.add_argument_group("carrying a decision out (gpushare relayout --apply)")
     ctl.add_argument("--node-command", default=DEFAULT_NODE_COMMAND, metavar="CMD",
                      help="runs the node's step as root on the node; {node}, {gpu}, "
@@ -221,132 +223,20 @@ def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool =
     return "\n".join(lines)
 
 
-def _run_node(args: argparse.Namespace) -> int:
-    """The node's step: one GPU of this node to one layout of its group's menu."""
-    from gpushare.admin.plan import PlanError, load_plan
-    from gpushare.admin.plan.model import with_slurm_version
-    from gpushare.admin.relayout.apply import (
-        ApplyError,
-        apply_layout,
-        render_node_gres,
-        write_atomically,
-    )
-    from gpushare.admin.slurm_client import installed_release
-    from gpushare.cli import nodeconf
-    from gpushare.gpu.inventory import MIG_MINORS_PATH, collect, load_nvml
-    from gpushare.gpu.nvml import SIM_PREFIX, InventoryError
-
-    if args.gpu is None or args.layout is None:
-        return fail("relayout node", "give --gpu N and --layout L")
-    if not 1 <= args.step_timeout <= 3600:
-        return fail("relayout node", "--step-timeout must be between 1 and 3600 seconds")
-    if args.gres_conf != "none" and not args.gres_conf.startswith("/"):
-        return fail("relayout node", "--gres-conf must be an absolute path or none")
-    node = args.node or nodeconf.this_node()
-    try:
-        plan = load_plan(args.plan)
-    except PlanError as err:
-        return fail("relayout node", plan_problems(err))
-    # The release the node runs, as the controller takes it, where the plan names none.
-    release = None if plan.slurm.version_given else installed_release()
-    if release:
-        plan = with_slurm_version(plan, release)
-    state_path = _state_path(args)
-    round_layouts: dict[int, str] = {}
-    for item in filter(None, args.round.split(",")):
-        gpu_text, _sep, layout_text = item.partition("=")
-        if not gpu_text.strip().isdigit() or not layout_text.strip():
-            return fail("relayout node", f"--round: {item!r} is not N=LAYOUT")
-        round_layouts[int(gpu_text)] = layout_text.strip()
-    from gpushare.admin.relayout.state import StateError, load_state
-
-    try:
-        applied = load_state(state_path).gpus.get((node, args.gpu)) if state_path else None
-    except StateError as err:
-        return fail("relayout node", str(err))
-    try:
-        nvml = load_nvml(args.source)
-        result = apply_layout(nvml, plan, node, args.gpu, args.layout,
-                              timeout_s=args.step_timeout, dry_run=not args.apply,
-                              round_layouts=round_layouts,
-                              recorded=applied.layout if applied else None)
-    except ApplyError as err:
-        code = fail("relayout node", str(err))
-        return EXIT_UNKNOWN if err.unknown else code
-    except InventoryError as err:
-        return fail("relayout node", str(err))
-    if not result.changed:
-        print(f"GPU {result.gpu} of node {node} already has layout {result.new}")
-    elif not args.apply:
-        print(f"GPU {result.gpu} of node {node}: {result.old} -> {result.new} (dry run; "
-              "--apply changes it)")
-    else:
-        print(f"GPU {result.gpu} of node {node}: {result.old} -> {result.new}")
-    for step in result.steps:
-        print(f"  {step}")
-    if not args.apply:
-        return 0
-    if result.changed and state_path:
-        try:
-            _record(state_path, node, args.gpu, result.new, args.decision)
-        except (OSError, ValueError) as err:
-            print(f"gpushare relayout node: the GPU changed, but {state_path} was not "
-                  f"updated: {err}", file=sys.stderr)
-            return EXIT_UNKNOWN
-    if args.gres_conf == "none":
-        return 0
-    try:
-        if args.source.startswith(SIM_PREFIX):
-            minors, device_dir, host = nvml.mig_minors_text, nvml.device_dir, nvml.hostname
-        else:
-            with open(MIG_MINORS_PATH, encoding="ascii", errors="replace") as f:
-                minors, device_dir, host = f.read(), "/dev", node
-        inventory = collect(nvml, args.source, minors, device_dir, host or node,
-                            topology=False)
-        write_atomically(args.gres_conf,
-                         render_node_gres(plan, node, args.gpu, args.layout, inventory))
-    except (ApplyError, InventoryError, OSError, ValueError) as err:
-        fail("relayout node", f"the GPU changed, but {args.gres_conf} was not "
-             f"rewritten: {err}")
-        return EXIT_UNKNOWN
-    print(f"rewrote {args.gres_conf}; restart slurmd and run `scontrol reconfigure` so "
-          "Slurm sees it")
-    return 0
-
-
-def _state_path(args: argparse.Namespace) -> str:
-    """--state, else relayout-state.json beside the plan; "" for none."""
-    from gpushare.admin.relayout.state import default_path
-
-    if args.state == "none":
-        return ""
-    return args.state or default_path(args.plan)
-
-
-def _record(path: str, node: str, index: int, layout: str, decision: str) -> None:
-    """The node's own copy of the state learns what this step applied (the controller
-    writes the same entry into its copy; where the file is shared both are one)."""
-    import time
-
-    from gpushare.admin.relayout.state import Applied, locked
-
-    with locked(path) as state:
-        state.gpus[(node, index)] = Applied(layout, time.time(), decision)
-
-
 def _step_only(args: argparse.Namespace) -> list[str]:
     """The node's step's options given without the word node: the controller's round would
     ignore them, and with --apply change whatever the queue asks for instead."""
     defaults = (("--gpu", args.gpu, None), ("--layout", args.layout, None),
                 ("--node", args.node, None), ("--round", args.round, ""),
                 ("--decision", args.decision, ""), ("--source", args.source, "nvml"),
-                ("--gres-conf", args.gres_conf, "/etc/slurm/gres.conf"))
+                ("--gres-conf", args.gres_conf, "/etc/slurm/gres.conf"),
+                ("--lock-dir", args.lock_dir, "/run/gpushare"))
     return [flag for flag, value, default in defaults if value != default]
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
-        return _run_node(args)
+        return relayout_node.run(args)
     step_only = _step_only(args)
     if step_only:
         return fail("relayout", f"{', '.join(step_only)}: the node's step's, e.g. `gpushare "
@@ -373,7 +263,7 @@ def _run(args: argparse.Namespace) -> int:
     if not menus:
         return fail("relayout", f"no node group of {args.plan} has a relayout menu; see "
                     "docs/admin.md, MIG layouts that follow the queue")
-    state_path = _state_path(args)
+    state_path = relayout_node.state_path(args)
     if args.apply:
         if not state_path:
             return fail("relayout", "--apply records what it changes: give --state FILE")

@@ -111,7 +111,8 @@ def make_site(tmp_path):
     step = [sys.executable, "-m", "gpushare.cli", "relayout", "node", "--plan", str(plan_file),
             "--node", "{node}", "--gpu", "{gpu}", "--layout", "{layout}", "--decision",
             "{decision}", "--step-timeout", "{timeout}", "--source", f"sim:{profile}",
-            "--gres-conf", str(tmp_path / "gres.conf"), "--state", str(state), "--apply"]
+            "--gres-conf", str(tmp_path / "gres.conf"), "--state", str(state),
+            "--lock-dir", str(tmp_path / "run"), "--apply"]
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "..",
                                                    "src"))
     settings = Settings(node_command=shlex.join(step), slurm_conf=str(conf),

@@ -5,6 +5,7 @@ refusals, the restore after a failure midway, and the re-rendered gres.conf."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
@@ -177,7 +178,8 @@ def test_the_command_is_a_dry_run_until_apply_and_then_rewrites_gres_conf(tmp_pa
     gres.write_text("old\n")
     before = layout_of(path, 2)
     argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
-            "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", str(gres)]
+            "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", str(gres),
+            "--lock-dir", str(tmp_path / "run")]
     assert main(argv) == 0
     assert "7x1g.10gb -> 2x3g.40gb (dry run" in capsys.readouterr().out
     assert layout_of(path, 2) == before and gres.read_text() == "old\n"
@@ -186,8 +188,8 @@ def test_the_command_is_a_dry_run_until_apply_and_then_rewrites_gres_conf(tmp_pa
     assert "7x1g.10gb -> 2x3g.40gb" in out and f"rewrote {gres}" in out
     assert layout_of(path, 2) == [("3g.40gb", 1), ("3g.40gb", 2)]
     assert gres.read_text().count("Type=3g.40gb") == 2
-    assert main([*argv[:-6], "--gpu", "0", "--layout", "whole", "--source", "sim:" + path,
-                 "--gres-conf", "none", "--apply"]) == 2
+    assert main([*argv[:-8], "--gpu", "0", "--layout", "whole", "--source", "sim:" + path,
+                 "--gres-conf", "none", *argv[-2:], "--apply"]) == 2
     assert "Kubernetes'" in capsys.readouterr().err
 
 
@@ -298,7 +300,7 @@ def test_the_command_holds_a_plan_without_a_release_to_the_installed_one(
     monkeypatch.setattr(slurm_client, "installed_release", lambda *a, **k: installed)
     assert main(["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
                  "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
-                 "--state", "none", "--apply"]) == code
+                 "--state", "none", "--lock-dir", str(tmp_path / "run"), "--apply"]) == code
     assert ("one MIG profile per node" in capsys.readouterr().err) == (code == 2)
 
 
@@ -328,7 +330,8 @@ def test_the_command_says_what_changes_from_whole_to_mps(tmp_path, capsys):
     gres = tmp_path / "gres.conf"
     gres.write_text("old\n")
     argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "3",
-            "--source", "sim:" + path, "--gres-conf", str(gres)]
+            "--source", "sim:" + path, "--gres-conf", str(gres), "--lock-dir",
+            str(tmp_path / "run")]
     assert main([*argv, "--layout", "whole", "--apply"]) == 0
     capsys.readouterr()
     assert main([*argv, "--layout", "mps:100"]) == 0
@@ -341,3 +344,46 @@ def test_the_command_says_what_changes_from_whole_to_mps(tmp_path, capsys):
     assert "Name=mps" in gres.read_text()
     assert main([*argv, "--layout", "mps:100"]) == 0
     assert "GPU 3 of node h1 already has layout mps:100" in capsys.readouterr().out
+
+
+def test_a_step_on_a_node_another_step_holds_changes_nothing_and_says_so(tmp_path, plan,
+                                                                          capsys):
+    """A step a killed run left behind may still be changing the node's GPUs: the next run's
+    step waits for its lock, then changes nothing, names the holder and exits 3 (the layout
+    is not known, the controller keeps the node drained); once it has ended, the step runs."""
+    from gpushare.admin.relayout.journal import held
+    from gpushare.cli import main
+
+    path = write_profile(tmp_path, plan)
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    lock_dir = tmp_path / "run"
+    argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
+            "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
+            "--state", "none", "--lock-dir", str(lock_dir), "--step-timeout", "1", "--apply"]
+    before = layout_of(path, 2)
+    lock_dir.mkdir()
+    with held(str(lock_dir / "relayout-h1.lock"), "busy", record={"gpu": 5}):
+        assert main(argv) == 3
+        assert layout_of(path, 2) == before
+    err = capsys.readouterr().err
+    assert "another relayout step holds node h1" in err and '"gpu": 5' in err, err
+    assert f'"pid": {os.getpid()}' in err and "run gpushare relayout --apply again" in err
+    assert main(argv) == 0
+    assert layout_of(path, 2) == [("3g.40gb", 1), ("3g.40gb", 2)]
+
+
+@pytest.mark.parametrize("node, lock_dir, what", [
+    ("../h1", "/run/gpushare", "is not a Slurm node name"),
+    ("h1", "run", "--lock-dir must be an absolute path")])
+def test_the_nodes_lock_takes_no_path_from_a_name(tmp_path, plan, capsys, node, lock_dir,
+                                                  what):
+    from gpushare.cli import main
+
+    path = write_profile(tmp_path, plan)
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    assert main(["relayout", "node", "--plan", str(plan_file), "--node", node, "--gpu", "2",
+                 "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
+                 "--state", "none", "--lock-dir", lock_dir, "--apply"]) == 2
+    assert what in capsys.readouterr().err

@@ -229,6 +229,36 @@ def test_a_run_killed_after_the_destroy_is_finished_by_the_next(site, monkeypatc
     assert "DRAIN" not in slurm.state["h1"] and load_journal(settings.state_path) is None
 
 
+def test_a_finished_node_is_waited_for_until_slurmctld_hears_from_it(site, monkeypatch):
+    """As a rolled-back node: a node whose change the next run finished is back in service
+    (not NOT_RESPONDING) before that run decides its own round, which counts its new GPUs."""
+    plan, settings, profile, slurm = site
+
+    def killed_mid_step(self, change, layout, others=None):
+        _destroy_all(profile, change.index)
+        raise Killed()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(NodeRound, "_run_step", killed_mid_step)
+        with pytest.raises(Killed):
+            run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    node, away = slurm.node, {"polls": 3}
+
+    def pinged_late(name):
+        found = node(name)
+        if slurm.calls and slurm.calls[-1] == "resume h1" and away["polls"] > 0:
+            away["polls"] -= 1
+            return replace(found, states=(*found.states, "NOT_RESPONDING"))
+        return found
+
+    slurm.node = pinged_late
+    [outcome] = repair(plan, settings, slurm)
+    assert outcome.failed is None and [c.new for c in outcome.applied] == ["2x3g.40gb"]
+    assert away["polls"] == 0, "the run ended before slurmctld heard from the node"
+    assert "NOT_RESPONDING" not in slurm.node("h1").states
+    assert layout_of(profile, 2) == NEW_3G
+
+
 def test_a_round_killed_midway_on_a_one_profile_slurm_is_finished_whole(site, monkeypatch):
     plan, settings, profile, slurm = site
     settings.one_profile_per_node = True

@@ -41,14 +41,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from gpushare.common import safefs
 from gpushare.common.versioned import versioned_json
 
 __all__ = ["GPU_STATUSES", "JOURNAL_VERSION", "PHASES", "GpuStep", "Journal", "JournalError",
-           "LockBusy", "NodeEntry", "journal_path", "load_journal", "open_beside", "read_beside",
-           "run_lock", "save_journal", "typed_field", "write_beside"]
+           "LockBusy", "NodeEntry", "held", "journal_path", "load_journal", "open_beside",
+           "read_beside", "run_lock", "save_journal", "typed_field", "write_beside"]
 
 JOURNAL_VERSION = 1
 PHASES = ("planned", "changing", "slurm", "done")
@@ -148,28 +148,41 @@ def open_beside(path: str, flags: int, create: bool = True) -> int:
 
 
 @contextlib.contextmanager
-def run_lock(state_path: str) -> Iterator[None]:
-    """Hold ``<state>.run.lock`` for a whole run; LockBusy (naming the holder) when another
-    run holds it."""
-    path = state_path + ".run.lock"
+def held(path: str, busy: str, wait_s: float = 0.0, record: Optional[dict[str, object]] = None,
+         clock: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
+    """Hold the lock file ``path`` (opened as :func:`open_beside` opens a file), waiting up
+    to ``wait_s`` for its holder; LockBusy(``busy`` with the holder's record) past that. The
+    holder's pid, host, start and command (and ``record``) are written into it."""
     fd = open_beside(path, os.O_RDWR)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
-            holder = holder or "its holder not yet named"
-            raise LockBusy(f"another gpushare relayout or tidal --apply runs ({holder}; lock "
-                           f"{path}); this one changes nothing: try again once it has "
-                           "ended") from None
+        deadline = clock() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if clock() >= deadline:
+                    holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+                    raise LockBusy(busy.format(holder=holder or "its holder not yet named",
+                                               path=path)) from None
+                sleep(0.2)
         me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                          "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         "command": shlex.join(sys.argv)[:1000]})
+                         "command": shlex.join(sys.argv)[:1000], **(record or {})})
         os.ftruncate(fd, 0)
         os.pwrite(fd, me.encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def run_lock(state_path: str) -> contextlib.AbstractContextManager[None]:
+    """Hold ``<state>.run.lock`` for a whole run; LockBusy (naming the holder) when another
+    run holds it."""
+    return held(state_path + ".run.lock",
+                "another gpushare relayout or tidal --apply runs ({holder}; lock {path}); "
+                "this one changes nothing: try again once it has ended")
 
 
 def _dump(journal: Journal) -> str:

@@ -91,6 +91,8 @@ class NodeRound(SlurmSync):
             return self._leave_drained(err)
         self._resume_if_ours()
         self.say("resumed")
+        if repair:  # the round this run decides next must count the node and its new GPUs
+            self.await_service()
         return self.outcome
 
     def _leave_drained(self, err: RelayoutError) -> Outcome:
