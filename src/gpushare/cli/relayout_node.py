@@ -152,8 +152,13 @@ def _node_step(args: argparse.Namespace, plan: Any, node: str,
         fail("relayout node", f"the GPU changed, but {args.gres_conf} was not "
              f"rewritten: {err}")
         return EXIT_UNKNOWN
-    print(f"rewrote {args.gres_conf}; restart slurmd and run `scontrol reconfigure` so "
-          "Slurm sees it")
+    from gpushare.admin.plan.model import release_tuple
+
+    restart = (", then restart slurmctld (Slurm before 23.11 takes a node's new GPU count "
+               "only then)" if release_tuple(plan.slurm.version) < (23, 11) else "")
+    print(f"rewrote {args.gres_conf}; for Slurm to see it: set the node's Gres= in "
+          "slurm.conf (gpushare check --cluster says what it should be), restart slurmd, "
+          f"run `scontrol reconfigure`{restart}, and resume the node")
     return 0
 
 

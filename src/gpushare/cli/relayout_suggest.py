@@ -119,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"history: {len(history.jobs)} GPU jobs"
           + (f" ({skipped}: left out)" if skipped else "")
           + f"; replayed on node group {cluster.name}: {counted(cluster.nodes, 'node')} "
-          f"with {counted(cluster.gpus_per_node, 'Slurm GPU')} each ({cluster.model.name})")
+          f"with {counted(cluster.gpus_per_node, 'Slurm GPU')} each ({cluster.model.name})"
+          + (f", beside Slurm's slices of {counted(len(cluster.fixed), 'GPU')} shared with "
+             "Kubernetes" if cluster.fixed else "")
+          + ("; one MIG profile per node (Slurm before 23.11)" if cluster.one_profile else ""))
     print("best static layout: " + ", ".join(f"{counted(n, 'GPU')} {name}"
                                               for name, n in counts.items() if n))
     for node, row in zip(group.nodes, per_node):
@@ -133,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
               f"{today.mean_jct() / 60:.1f} min"
               + (f", {today.unfinished} never ran (a profile it lacks)" if today.unfinished
                  else ""))
-    print("to keep it, give the plan's GPUs these layouts (gpushare render, then restart "
-          "slurmd), or let relayout start from it")
+    print("nothing changed; to lay the GPUs out so, run the node's step for each GPU shown "
+          "(`gpushare relayout node --gpu N --layout L --apply` on the drained node, which "
+          "records it for render and relayout), or let relayout start from it")
     return 0

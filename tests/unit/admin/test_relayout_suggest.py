@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
@@ -191,3 +192,52 @@ def test_suggest_counts_in_words_one_node_one_gpu(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "replayed on node group mig: 1 node with 1 Slurm GPU each (h100-80gb)" in out, out
     assert re.search(r"^best static layout: 1 GPU \S+$", out, re.MULTILINE), out
+
+
+def test_the_replay_counts_slurms_slices_of_a_gpu_shared_with_kubernetes(tmp_path):
+    """GPU 1 is mixed: Slurm's 1g.10gb on it serves jobs beside the GPUs a relayout may
+    change, in every replay, and a relayout never changes it."""
+    from gpushare.admin.plan import load_plan
+    from gpushare.admin.relayout.sim import cluster_from_plan, simulate, spread
+
+    cluster = cluster_from_plan(load_plan(_plan(tmp_path)))
+    assert [layout.slices for layout in cluster.fixed] == [("1g.10gb",)]
+    assert not cluster.one_profile and cluster.gpus_per_node == 2
+    jobs = parse_sacct(HEADER + "".join(
+        f"{300 + n}|2026-11-20T08:00:00|2026-11-20T08:00:00|2026-11-20T09:00:00|"
+        f"cpu=1,gres/gpu:1g.10gb=1,gres/gpu=1,node=1|u{n}|COMPLETED\n"
+        for n in range(2 * 15))).jobs  # 2 nodes x (2 x 7 + 1) 1g.10gb slices
+    grid = spread({"whole": 4}, cluster)
+    still = simulate(jobs, grid, False, cluster)  # whole GPUs: only the fixed slices serve
+    assert still.unfinished == 0 and max(still.waits["1g.10gb"]) == 14 * 3600.0
+    assert simulate(jobs, grid, False, replace(cluster, fixed=())).unfinished == 30
+    moved = simulate(jobs, grid, True, cluster)
+    assert all(index < 2 for _node, index in moved.change_times), moved.change_times
+
+
+def test_suggest_on_slurm_22_05_keeps_one_mig_profile_per_node(tmp_path, capsys):
+    """Slurm 22.05 indexes one MIG profile per node: with Slurm's 1g.10gb slice on the mixed
+    GPU 1, no node may take 2x3g.40gb, however much the history asks for 3g.40gb (render
+    would refuse that layout)."""
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(mig_plan(["{layout: 7x1g.10gb}", "{layout: 2x3g.40gb}", "{layout: whole}"],
+                             slurm="22.05"))
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs())
+    assert main(["relayout", "--plan", str(plan), "--suggest", "--history", str(history),
+                 "--json"]) == 0
+    proposal = json.loads(capsys.readouterr().out)
+    assert proposal["layout"].get("2x3g.40gb", 0) == 0, proposal
+    assert all("3g" not in layout for gpus in proposal["nodes"].values()
+               for layout in gpus.values()), proposal["nodes"]
+    # Without the shared GPU's slice, the same history on 22.05 gets 3g.40gb nodes whole.
+    plan.write_text(plan.read_text().replace("- {profile: 1g.10gb, owner: slurm}",
+                                             "- {profile: 1g.10gb, owner: kubernetes}"))
+    assert main(["relayout", "--plan", str(plan), "--suggest", "--history", str(history),
+                 "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert any(set(gpus.values()) == {"2x3g.40gb"} for gpus in nodes.values()), nodes
+    assert all(len({layout for layout in gpus.values() if "x" in layout}) <= 1
+               for gpus in nodes.values()), nodes

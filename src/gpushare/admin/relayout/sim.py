@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -41,20 +42,31 @@ TIME_LIMIT_FACTOR = 2.0  # a job's time limit, as a multiple of its run time (as
 @dataclass(frozen=True)
 class Cluster:
     """What the history replays on: ``nodes`` nodes of ``gpus_per_node`` GPUs of ``model``,
-    every one Slurm's, each taking a layout of ``menu``."""
+    each taking a layout of ``menu``; beside them on each node, ``fixed``: Slurm's part of
+    the GPUs no relayout changes (a GPU shared with Kubernetes), which serves jobs too.
+    ``one_profile``: each node may give Slurm one MIG profile only (Slurm 22.05)."""
 
     model: GpuModel
     menu: Menu
     nodes: int
     gpus_per_node: int
     name: str = "default"
+    fixed: tuple[Layout, ...] = ()
+    one_profile: bool = False
 
     @property
     def names(self) -> list[str]:
         return [item.layout.name for item in self.menu.items]
 
     def resized(self, nodes: int) -> Cluster:
-        return Cluster(self.model, self.menu, nodes, self.gpus_per_node, self.name)
+        return Cluster(self.model, self.menu, nodes, self.gpus_per_node, self.name,
+                       self.fixed, self.one_profile)
+
+    def fits(self, layouts: Sequence[Layout]) -> bool:
+        """Whether one node's layouts (with its fixed GPUs) keep Slurm's one MIG profile
+        per node, where that rule holds."""
+        profiles = {p for layout in (*layouts, *self.fixed) for p in layout.slices}
+        return not self.one_profile or len(profiles) <= 1
 
     def share(self, kind: str) -> float:
         """One unit's share of a GPU: a 3g slice 3/7 (3/4 on an A30), an MPS unit 1/units."""
@@ -108,8 +120,14 @@ def cluster_from_plan(plan: Plan, group: Optional[str] = None,
     chosen = with_menu[0]
     menu = chosen.relayout
     assert menu is not None
+    from gpushare.admin.relayout.menu import layout_name, one_profile_per_node
+
     per_node = sum(1 for gpu in chosen.gpus if gpu.changeable)
-    return Cluster(chosen.model, menu, nodes or len(chosen.nodes), per_node, chosen.name)
+    fixed = tuple(Layout(layout_name(slices), slices) for slices in (
+        tuple(sorted(s.profile for s in gpu.slices_of("slurm")))
+        for gpu in chosen.gpus if not gpu.changeable) if slices)
+    return Cluster(chosen.model, menu, nodes or len(chosen.nodes), per_node, chosen.name,
+                   fixed, one_profile_per_node(plan.slurm.version))
 
 
 @dataclass
@@ -218,7 +236,10 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     decision ``gpushare relayout`` makes (a change only where predicted to gain)."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
-    nodes = [_Node([_Gpu(lay, dict(lay.serves())) for lay in node]) for node in layouts]
+    # Each node's fixed GPUs come after those a relayout may change (never changed here).
+    nodes = [_Node([_Gpu(lay, dict(lay.serves())) for lay in (*node, *cluster.fixed)])
+             for node in layouts]
+    changeable = [len(node) for node in layouts]
     the_menu = cluster.menu
     kinds = {kind for item in the_menu.items for kind in item.layout.serves()}
     kinds |= {kind for node in layouts for lay in node for kind in lay.serves()}
@@ -368,14 +389,16 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     ends = max(((by_id[j].start or now) + TIME_LIMIT_FACTOR * by_id[j].run - now
                                 for j in gpu.jobs), default=0.0)
                     states.append(GpuState(str(number), index, "g", gpu.layout, bool(gpu.jobs),
-                                           True, None if gpu.last_change is None
+                                           index < changeable[number], None
+                                           if gpu.last_change is None
                                            else now - gpu.last_change, used, ends))
             first = bisect.bisect_right(submits, now - LOOKBACK_S)
             recent = [(now - job.submit, Request(str(job.id), job.kind, job.count, 0.0,
                                                  limit_s=TIME_LIMIT_FACTOR * job.run))
                       for job in by_submit[first:bisect.bisect_right(submits, now)]]
             decision, _ = decide_guarded(requests, states, {"g": the_menu}, max_changes,
-                                         hysteresis, safety=safety, recent=recent)
+                                         hysteresis, safety=safety, recent=recent,
+                                         one_profile_per_node=cluster.one_profile)
             for change in decision.changes:
                 node = nodes[int(change.node)]
                 target = the_menu.item(change.new)
@@ -396,12 +419,18 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
 
 
 def spread(counts: dict[str, int], cluster: Cluster) -> list[list[Layout]]:
-    """Per node, its GPUs' layouts: each layout spread over the nodes as evenly as it goes."""
+    """Per node, its GPUs' layouts: each layout spread over the nodes as evenly as it goes;
+    where a node takes one MIG profile, a node after another, one profile's layouts
+    together (so that as few nodes as the counts allow mix two)."""
     by_name = {item.layout.name: item.layout for item in cluster.menu.items}
     flat = [by_name[name] for name in cluster.names for _ in range(counts.get(name, 0))]
+    if cluster.one_profile:
+        flat.sort(key=lambda layout: layout.slices[:1])
     grid: list[list[Layout]] = [[] for _ in range(cluster.nodes)]
     for position, layout in enumerate(flat):
-        grid[position % cluster.nodes].append(layout)
+        node = position // cluster.gpus_per_node if cluster.one_profile else (
+            position % cluster.nodes)
+        grid[min(node, cluster.nodes - 1)].append(layout)
     if not all(len(row) == cluster.gpus_per_node for row in grid):
         raise ValueError(f"{sum(counts.values())} GPUs do not fill {cluster.nodes} nodes of "
                          f"{cluster.gpus_per_node} GPUs evenly")
@@ -423,22 +452,32 @@ def score(result: Result) -> tuple[int, float]:
 
 def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
     """The static layout that ``score`` ranks first (fewest jobs never run, then the lowest
-    mean completion time): a grid over the menu in steps of one GPU per node, then
-    single-GPU moves until none helps."""
+    mean completion time) among those Slurm can take (``Cluster.fits``): a grid over the
+    menu in steps of one GPU per node, then single-GPU moves until none helps."""
     total = cluster.nodes * cluster.gpus_per_node
     names = cluster.names
-    tried: dict[tuple[int, ...], Result] = {}
+    tried: dict[tuple[int, ...], Optional[Result]] = {}
 
-    def run(counts: tuple[int, ...]) -> Result:
+    def run(counts: tuple[int, ...]) -> Optional[Result]:
+        """The replay; None where a node would give Slurm two MIG profiles (22.05)."""
         if counts not in tried:
-            tried[counts] = simulate(jobs, spread(dict(zip(names, counts)), cluster), False,
-                                     cluster)
+            grid = spread(dict(zip(names, counts)), cluster)
+            tried[counts] = simulate(jobs, grid, False, cluster) if all(
+                cluster.fits(row) for row in grid) else None
         return tried[counts]
+
+    def rank(counts: tuple[int, ...]) -> tuple[float, float]:
+        result = run(counts)
+        return score(result) if result is not None else (math.inf, math.inf)
 
     step = cluster.nodes
     grid = [c for c in itertools.product(range(0, total + 1, step), repeat=len(names) - 1)
             if sum(c) <= total]
-    best = min(((*c, total - sum(c)) for c in grid), key=lambda c: score(run(c)))
+    best = min(((*c, total - sum(c)) for c in grid), key=rank)
+    if run(best) is None:
+        raise ValueError(f"no static layout of the menu gives each node of {cluster.name} one "
+                         "Slurm MIG profile (with its GPUs shared with Kubernetes), as Slurm "
+                         "before 23.11 needs: add a layout of their profile to the menu")
     improved = True
     while improved:
         improved = False
@@ -448,6 +487,8 @@ def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Resu
             trial = list(best)
             trial[src] -= 1
             trial[dst] += 1
-            if score(run(tuple(trial))) < score(run(best)):
+            if rank(tuple(trial)) < rank(best):
                 best, improved = tuple(trial), True
-    return dict(zip(names, best)), run(best)
+    found = run(best)
+    assert found is not None  # rank puts a replayed layout before any refused one
+    return dict(zip(names, best)), found
