@@ -23,6 +23,11 @@ from gpushare.cli import (
 )
 
 NODE_GROUP = "the node's step (gpushare relayout node)"
+# The options of the controller's round, refused after the word node (the step ignores them).
+CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm_conf",
+                   "cluster_gres_conf", "drain_timeout", "parallel", "settle_timeout",
+                   "max_changes", "hysteresis", "max_drain", "lookback", "squeue", "explain",
+                   "suggest", "days", "sacct", "history", "group")
 NODE_STEP = (
     "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
     "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
@@ -174,7 +179,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and the verdict")
     relayout_suggest.add_arguments(parser)
     add_slurm_arguments(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, controller_defaults={
+        dest: parser.get_default(dest) for dest in CONTROLLER_ONLY})
 
 
 def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool = False,
@@ -236,6 +242,11 @@ def _step_only(args: argparse.Namespace) -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
+        given = ["--" + dest.replace("_", "-") for dest, default in
+                 args.controller_defaults.items() if getattr(args, dest) != default]
+        if given:
+            return fail("relayout node", f"{', '.join(given)}: the controller's (`gpushare "
+                        "relayout [--apply]`), which the node's step would ignore")
         return relayout_node.run(args)
     step_only = _step_only(args)
     if step_only:

@@ -71,3 +71,21 @@ def test_the_steps_options_without_the_word_node_are_refused(capsys, tmp_path):
     assert "plan" not in err  # refused before anything is read
     assert main(["relayout", "--plan", str(plan), "--source", "sim:/x.json"]) == 2
     assert "--source: the node's step's" in capsys.readouterr().err
+
+
+def test_the_controllers_options_after_the_word_node_are_refused(capsys, tmp_path):
+    """`gpushare relayout node --max-changes 3 --node-command x` would run the step and
+    ignore them."""
+    plan = tmp_path / "absent.yaml"
+    assert main(["relayout", "node", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
+                 "--max-changes", "3", "--node-command", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpushare relayout node: --node-command, --max-changes: the "
+                          "controller's"), err
+    assert main(["relayout", "node", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
+                 "--suggest"]) == 2
+    assert "--suggest: the controller's" in capsys.readouterr().err
+    # The step's own options and the shared ones are the step's.
+    assert main(["relayout", "node", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
+                 "--state", "none", "--timeout", "5"]) == 2
+    assert "the controller's" not in capsys.readouterr().err
