@@ -134,6 +134,14 @@ def test_bounds_and_the_round_limit_hold():
     decision = decide(queue, gpus("7x1g.10gb", 9), {"g": menu}, max_changes=3)
     assert len(decision.changes) == 3
     assert decision.why[-1] == "stopped at 3 changes this round (--max-changes)"
+    # Where a bound alone stops every change, the decision names it.
+    stopped = decide(queue, gpus("7x1g.10gb", 3), {"g": menu})
+    assert stopped.changes == [] and stopped.why[-1].endswith(
+        "short: 3g.40gb 20; bounds in the way: 7x1g.10gb at its min 3"), stopped.why
+    capped = menu_of("7x1g.10gb", "2x3g.40gb", bounds={"2x3g.40gb": (0, 1)})
+    full = gpus("2x3g.40gb", 1) + gpus("7x1g.10gb", 3)[1:]
+    assert decide(queue, full, {"g": capped}).why[-1].endswith(
+        "bounds in the way: 2x3g.40gb at its max 1")
 
 
 def test_longer_waits_win_a_contested_gpu():

@@ -267,6 +267,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
     changed: set[tuple[str, int]] = set()
     chosen_nodes: set[str] = set()
     held_back: dict[str, str] = {}
+    bounded: set[str] = set()  # the menus' bounds that stopped a GPU's change
     candidates: dict[str, list[GpuState]] = {}
     for gpu in gpus:
         menu = menus.get(gpu.group)
@@ -313,9 +314,11 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                         break
                     old_item = menus[gpu.group].item(gpu.layout.name)
                     if left_in.get((gpu.group, name), 0) >= item.high:
+                        bounded.add(f"{name} at its max {item.high}")
                         break
                     if old_item is not None and \
                             left_in.get((gpu.group, gpu.layout.name), 0) <= old_item.low:
+                        bounded.add(f"{gpu.layout.name} at its min {old_item.low}")
                         continue
                     left_in[(gpu.group, gpu.layout.name)] = \
                         left_in.get((gpu.group, gpu.layout.name), 0) - 1
@@ -366,7 +369,9 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
         else:
             decision.why.append("no change: no idle GPU's change gains more than the "
                                 f"hysteresis ({hysteresis}) within the menus' bounds; short: "
-                                + ", ".join(f"{k} {v}" for k, v in sorted(unmet.items())))
+                                + ", ".join(f"{k} {v}" for k, v in sorted(unmet.items()))
+                                + ("; bounds in the way: " + ", ".join(sorted(bounded))
+                                   if bounded else ""))
     for gpu_name, reason in sorted(held_back.items()):
         decision.why.append(f"{gpu_name} held: {reason}")
     return decision
