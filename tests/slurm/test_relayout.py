@@ -606,6 +606,46 @@ def test_a_second_run_at_once_changes_nothing(fresh):
     assert sim_layout(bed, 2) == ["1g.10gb"] * 7
 
 
+def test_a_step_left_running_holds_the_node_and_the_next_run_finishes_it(fresh):
+    """A node's step that a killed run left running (here: a holder of rl1's lock) keeps the
+    next run's step off the node: that step waits, changes nothing and exits 3, so rl1 stays
+    drained with the holder named, and the run after leaves it alone; once the holder has
+    ended and an administrator resumed rl1, a run makes the change and the jobs run."""
+    bed = fresh
+    from gpushare.admin.relayout.journal import held
+
+    waiting = queue_large(bed)
+    with held(bed.path("run", f"relayout-{NODE}.lock"), "busy", record={"gpu": 2}):
+        blocked = relayout(bed)
+    assert blocked.returncode != 0, blocked.stdout
+    state = bed.node_state(NODE)
+    assert "DRAIN" in state["State"], state
+    [node] = json.loads(blocked.stdout)["nodes"]
+    assert "another relayout step holds node rl1" in node["failed"], node
+    assert f'"pid": {os.getpid()}' in node["failed"] and '"gpu": 2' in node["failed"], node
+    assert state["Reason"].startswith("gpushare relayout: GPU "), state
+    assert "another relayout step holds node rl1" in state["Reason"], state
+    assert sim_layout(bed, 1) == "whole"  # as the plan lays rl1 out: nothing changed
+    assert sim_layout(bed, 2) == sim_layout(bed, 3) == ["1g.10gb"] * 7
+    again = relayout(bed)  # the drain is the administrator's to lift, not a run's
+    assert json.loads(again.stdout)["nodes"] == [], again.stdout
+    assert bed.node_state(NODE)["Reason"] == state["Reason"]
+    bed.resume(NODE)
+    slurmbed.wait_until("rl1 idle", lambda: bed.node_state(NODE)["State"] == "IDLE")
+    done = relayout(bed)
+    assert done.returncode == 0, (done.stdout, done.stderr[:4000])
+    with open(bed.path("etc", "relayout-state.json")) as handle:
+        record = json.load(handle)["gpus"].get(NODE)
+    assert record, ("no change after the resume", done.stdout[-3000:])
+    for gpu, entry in record.items():
+        assert entry["layout"] == "2x3g.40gb" and sim_layout(bed, int(gpu)) == [
+            "3g.40gb", "3g.40gb"], (gpu, entry)
+    assert "DRAIN" not in bed.node_state(NODE)["State"]
+    for job in waiting:
+        info = bed.wait_job(job)
+        assert info["JobState"] == "COMPLETED" and info["NodeList"] == NODE, info
+
+
 def test_an_included_nodename_line_is_refused_before_anything_is_drained(fresh):
     bed = fresh
     nodes = bed.path("etc", "nodes-rl1.conf")
