@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         _lock_dir(args.lock_dir)
         with held(path, f"another relayout step holds node {node} ({{holder}}; lock "
                   "{path}): it may still be changing a GPU, so this GPU's layout is not "
-                  "known; once that step has ended (or been killed), run gpushare relayout "
-                  "--apply again", wait_s=min(LOCK_WAIT_S, args.step_timeout),
+                  "known; once that step has ended (or been killed), check the node with "
+                  "gpushare check and resume it", wait_s=min(LOCK_WAIT_S, args.step_timeout),
                   record={"gpu": args.gpu, "layout": args.layout}):
             return _node_step(args, plan, node, round_layouts)
     except LockBusy as err:
