@@ -95,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
         more = "a longer history in --history" if args.history else "a longer --days?"
         return fail("relayout", "no GPU job ran in that history; nothing to learn a layout "
                     f"from ({more})")
-    counts, best = best_static(history.jobs, cluster)
+    try:
+        counts, best = best_static(history.jobs, cluster)
+    except ValueError as err:
+        return fail("relayout", str(err))
     group = next(g for g in plan.groups if g.name == cluster.name)
     now_layouts = _current(group, cluster.nodes)
     today = simulate(history.jobs, now_layouts, False, cluster) if now_layouts else None

@@ -241,3 +241,22 @@ def test_suggest_on_slurm_22_05_keeps_one_mig_profile_per_node(tmp_path, capsys)
     assert any(set(gpus.values()) == {"2x3g.40gb"} for gpus in nodes.values()), nodes
     assert all(len({layout for layout in gpus.values() if "x" in layout}) <= 1
                for gpus in nodes.values()), nodes
+
+
+def test_suggest_on_slurm_22_05_without_a_layout_of_the_shared_gpus_profile_says_so(tmp_path,
+                                                                                     capsys):
+    """Every MIG layout of this menu is 3g.40gb, and Slurm's slice of the mixed GPU 1 is
+    1g.10gb: on 22.05 no static layout can be rendered, and the refusal says what to add."""
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(mig_plan(["{layout: 2x3g.40gb}"], slurm="22.05").replace(
+        "all: {owner: slurm, mig: [{profile: 1g.10gb, count: 7}]}",
+        "all: {owner: slurm, mig: [{profile: 3g.40gb, count: 2}]}"))
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs())
+    assert main(["relayout", "--plan", str(plan), "--suggest", "--history",
+                 str(history)]) == 2
+    err = capsys.readouterr().err
+    assert "no static layout of the menu gives each node of mig one Slurm MIG profile" in err
+    assert "Traceback" not in err
