@@ -351,10 +351,12 @@ def test_bed_facts_load():
 # ---- the test beds' release-aware strings --------------------------------------------------
 
 def test_stored_strings_follow_the_release(monkeypatch):
-    monkeypatch.setattr(slurmbed, "_RELEASE", [(24, 11)])
+    import bedfiles  # slurmbed.slurm_release is bedfiles'
+
+    monkeypatch.setattr(bedfiles, "_RELEASE", [(24, 11)])
     assert slurmbed.stored("gres:gpu:h100:1,gres:mps:25") == "gres/gpu:h100:1,gres/mps:25"
     assert slurmbed.stored("x -> gres:gpu:h100:1 (y)", per_task=True) == "x -> gres/gpu:h100=1 (y)"
-    monkeypatch.setattr(slurmbed, "_RELEASE", [(22, 5)])
+    monkeypatch.setattr(bedfiles, "_RELEASE", [(22, 5)])
     assert slurmbed.stored("gres:gpu:h100:1") == "gres:gpu:h100:1"
 
 

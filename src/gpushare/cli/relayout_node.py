@@ -12,10 +12,12 @@ import re
 import sys
 from typing import Any
 
-from gpushare.admin.relayout.settings import EXIT_UNKNOWN
 from gpushare.cli import fail, plan_problems
 
-__all__ = ["EXIT_UNKNOWN", "LOCK_WAIT_S", "run", "state_path"]
+__all__ = ["LOCK_WAIT_S", "run", "state_path"]
+
+# Every gpushare command imports this module (the parser's help): the relayout packages, and
+# the python-hostlist they need, are imported only when the step runs.
 
 # How long the node's step waits for another step's lock on the node (one finishing now)
 # before it refuses: a step that holds it longer is one a killed run left behind.
@@ -26,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     """The node's step: one GPU of this node to one layout of its group's menu."""
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.plan.model import with_slurm_version
+    from gpushare.admin.relayout.settings import EXIT_UNKNOWN
     from gpushare.admin.slurm_client import installed_release
     from gpushare.cli import nodeconf
 
@@ -97,6 +100,7 @@ def _node_step(args: argparse.Namespace, plan: Any, node: str,
         render_node_gres,
         write_atomically,
     )
+    from gpushare.admin.relayout.settings import EXIT_UNKNOWN
     from gpushare.admin.relayout.state import StateError, load_state
     from gpushare.gpu.inventory import MIG_MINORS_PATH, collect, load_nvml
     from gpushare.gpu.nvml import SIM_PREFIX, InventoryError
