@@ -27,7 +27,8 @@ NODE_GROUP = "the node's step (gpushare relayout node)"
 CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm_conf",
                    "cluster_gres_conf", "drain_timeout", "parallel", "settle_timeout",
                    "max_changes", "hysteresis", "max_drain", "lookback", "squeue", "explain",
-                   "suggest", "days", "sacct", "history", "group")
+                   "suggest", "days", "sacct", "history", "group", "json", "backend",
+                   "scontrol")
 NODE_STEP = (
     "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
     "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "

@@ -7,6 +7,7 @@ behind and the next run's step never change the node's GPUs at once."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     except PlanError as err:
         return fail("relayout node", plan_problems(err))
     # The release the node runs, as the controller takes it, where the plan names none.
-    release = None if plan.slurm.version_given else installed_release()
+    release = None if plan.slurm.version_given else installed_release(args.sinfo,
+                                                                       args.timeout)
     if release:
         plan = with_slurm_version(plan, release)
     round_layouts: dict[int, str] = {}
@@ -62,19 +64,23 @@ def run(args: argparse.Namespace) -> int:
     if not args.lock_dir.startswith("/"):
         return fail("relayout node", "--lock-dir must be an absolute path")
     path = os.path.join(args.lock_dir, f"relayout-{node}.lock")
-    try:
-        _lock_dir(args.lock_dir)
-        with held(path, f"another relayout step holds node {node} ({{holder}}; lock "
-                  "{path}): it may still be changing a GPU, so this GPU's layout is not "
-                  "known; once that step has ended (or been killed), check the node with "
-                  "gpushare check and resume it", wait_s=min(LOCK_WAIT_S, args.step_timeout),
-                  record={"gpu": args.gpu, "layout": args.layout}):
-            return _node_step(args, plan, node, round_layouts)
-    except LockBusy as err:
-        fail("relayout node", str(err))
-        return EXIT_UNKNOWN
-    except (JournalError, OSError) as err:
-        return fail("relayout node", f"cannot take node {node}'s lock {path}: {err}")
+    with contextlib.ExitStack() as stack:
+        try:
+            _lock_dir(args.lock_dir)
+            stack.enter_context(held(
+                path, f"another relayout step holds node {node} ({{holder}}; lock {{path}}): "
+                "it may still be changing a GPU, so this GPU's layout is not known; once "
+                "that step has ended (or been killed), check the node with gpushare check "
+                "and resume it", wait_s=min(LOCK_WAIT_S, args.step_timeout),
+                record={"gpu": args.gpu, "layout": args.layout},
+                advice="run the node's step as root on the node (or name a --lock-dir it "
+                "may write)"))
+        except LockBusy as err:
+            fail("relayout node", str(err))
+            return EXIT_UNKNOWN
+        except (JournalError, OSError) as err:  # nothing changed yet
+            return fail("relayout node", f"cannot take node {node}'s lock {path}: {err}")
+        return _node_step(args, plan, node, round_layouts)
 
 
 def _lock_dir(directory: str) -> None:

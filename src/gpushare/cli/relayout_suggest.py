@@ -67,8 +67,9 @@ def _current(group: Any, nodes: int) -> Optional[list[list[Any]]]:
 def run(args: argparse.Namespace) -> int:
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.relayout.history import parse_sacct, read_sacct
-    from gpushare.admin.relayout.sim import best_static, cluster_from_plan, simulate, spread
-    from gpushare.admin.slurm_client import SlurmClientError
+    from gpushare.admin.relayout.sim import cluster_from_plan, simulate
+    from gpushare.admin.relayout.static import best_static, spread
+    from gpushare.admin.slurm_client import SlurmClientError, installed_release
 
     if args.days is None:
         args.days = DEFAULT_DAYS
@@ -76,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("relayout", f"--days must be more than 0 and at most {MAX_DAYS:.0f}")
     try:
         plan = load_plan(args.plan)
-        cluster = cluster_from_plan(plan, args.group)
+        # As render and the controller: the installed release where the plan names none.
+        release = None if plan.slurm.version_given else installed_release(args.sinfo,
+                                                                           args.timeout)
+        cluster = cluster_from_plan(plan, args.group, release=release)
     except PlanError as err:
         return fail("relayout", plan_problems(err))
     except ValueError as err:

@@ -142,6 +142,11 @@ def test_bounds_and_the_round_limit_hold():
     full = gpus("2x3g.40gb", 1) + gpus("7x1g.10gb", 3)[1:]
     assert decide(queue, full, {"g": capped}).why[-1].endswith(
         "bounds in the way: 2x3g.40gb at its max 1")
+    # A bound on a layout that would not serve the short kind is not named.
+    no_whole = menu_of("7x1g.10gb", "2x3g.40gb", "whole", bounds={"whole": (0, 0)})
+    held_back = decide(queue[:1], gpus("7x1g.10gb", 1), {"g": no_whole}, hysteresis=5)
+    assert held_back.changes == [] and "bounds in the way" not in held_back.why[-1], \
+        held_back.why
 
 
 def test_longer_waits_win_a_contested_gpu():

@@ -362,7 +362,8 @@ def test_a_step_on_a_node_another_step_holds_changes_nothing_and_says_so(tmp_pat
             "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
             "--state", "none", "--lock-dir", str(lock_dir), "--step-timeout", "1", "--apply"]
     before = layout_of(path, 2)
-    lock_dir.mkdir()
+    lock_dir.mkdir(mode=0o755)
+    lock_dir.chmod(0o755)  # whatever the umask: root's directory, as the step needs
     with held(str(lock_dir / "relayout-h1.lock"), "busy", record={"gpu": 5}):
         assert main(argv) == 3
         assert layout_of(path, 2) == before
@@ -372,6 +373,31 @@ def test_a_step_on_a_node_another_step_holds_changes_nothing_and_says_so(tmp_pat
     assert "check the node with gpushare check and resume it" in err
     assert main(argv) == 0
     assert layout_of(path, 2) == [("3g.40gb", 1), ("3g.40gb", 2)]
+
+
+def test_a_step_waits_for_a_lock_let_go_within_its_wait(tmp_path):
+    """A step finishing now lets go within the wait: the next one takes the lock and runs."""
+    from gpushare.admin.relayout.journal import LockBusy, held
+
+    path = str(tmp_path / "relayout-h1.lock")
+    now = [0.0]
+    outer = held(path, "busy")
+    outer.__enter__()
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 3.0 and outer is not None:  # the other step ends 3 s in
+            outer.__exit__(None, None, None)
+            released.append(now[0])
+
+    released: list[float] = []
+
+    with held(path, "{holder}", wait_s=10.0, clock=lambda: now[0], sleep=sleep):
+        assert 3.0 <= now[0] < 10.0 and len(released) == 1
+    outer = None
+    with held(path, "busy"), pytest.raises(LockBusy), \
+            held(path, "busy {path}", wait_s=1.0, clock=lambda: now[0], sleep=sleep):
+        pass
 
 
 @pytest.mark.parametrize("node, lock_dir, what", [

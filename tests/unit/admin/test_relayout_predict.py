@@ -18,7 +18,8 @@ from gpushare.admin.relayout.predict import (
     forecast,
     guard,
 )
-from gpushare.admin.relayout.sim import Job, default_cluster, simulate, spread
+from gpushare.admin.relayout.sim import Job, default_cluster, simulate
+from gpushare.admin.relayout.static import spread
 
 CLUSTER = default_cluster(2, 2)
 MENU = CLUSTER.menu

@@ -7,15 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpushare.admin.plan import parse_plan
-from gpushare.admin.relayout.sim import (
-    Job,
-    best_static,
-    cluster_from_plan,
-    default_cluster,
-    even_split,
-    simulate,
-    spread,
-)
+from gpushare.admin.relayout.sim import Job, cluster_from_plan, default_cluster, simulate
+from gpushare.admin.relayout.static import best_static, even_split, spread
 
 H200_PLAN = """\
 version: 1
@@ -184,3 +177,37 @@ def test_a_menu_of_mig_layouts_only_replays():
     result = simulate(jobs, spread({"2x3g.40gb": 1}, cluster), False, cluster)
     # The 1g.10gb job never starts, while the second 3g.40gb slice stays idle.
     assert result.unfinished == 1 and result.idle_waiting_gpu_h > 0
+
+
+def _one_profile(nodes: int, per_node: int):
+    from dataclasses import replace
+
+    return replace(default_cluster(nodes, per_node, ("7x1g.10gb", "2x3g.40gb", "whole")),
+                   one_profile=True)
+
+
+@pytest.mark.parametrize("nodes, per_node, counts", [
+    (3, 2, {"7x1g.10gb": 1, "2x3g.40gb": 3, "whole": 2}),
+    (3, 4, {"7x1g.10gb": 1, "2x3g.40gb": 3, "whole": 8}),
+    (3, 4, {"7x1g.10gb": 4, "2x3g.40gb": 4, "whole": 4}),
+    (2, 3, {"7x1g.10gb": 2, "2x3g.40gb": 1, "whole": 3})])
+def test_one_profile_per_node_spreads_each_profile_on_nodes_of_its_own(nodes, per_node, counts):
+    """Slurm before 23.11: each profile's layouts go to nodes of their own and the whole GPUs
+    fill the rest, so every count that can be laid out so is (nodes and GPUs coprime too)."""
+    cluster = _one_profile(nodes, per_node)
+    grid = spread(counts, cluster)
+    assert all(cluster.fits(row) for row in grid), grid
+    assert sorted(lay.name for row in grid for lay in row) == sorted(
+        name for name, n in counts.items() for _ in range(n))
+
+
+def test_one_profile_per_node_finds_a_layout_that_runs_every_kind():
+    """A steady mix of 1g, 3g and whole-GPU jobs on 3 nodes of 4 GPUs: a node of each runs
+    them all; the search reaches it (node-sized moves), not a layout that starves a kind."""
+    cluster = _one_profile(3, 4)
+    jobs = [Job(n, 600.0 * n, 3000.0, kind, 1, "u")
+            for n, kind in enumerate(["1g.10gb", "3g.40gb", "whole"] * 24)]
+    counts, best = best_static(jobs, cluster)
+    assert best.unfinished == 0, (counts, best.unfinished)
+    assert all(cluster.fits(row) for row in spread(counts, cluster))
+    assert counts["7x1g.10gb"] >= 1 and counts["2x3g.40gb"] >= 1 and counts["whole"] >= 1

@@ -198,7 +198,8 @@ def test_the_replay_counts_slurms_slices_of_a_gpu_shared_with_kubernetes(tmp_pat
     """GPU 1 is mixed: Slurm's 1g.10gb on it serves jobs beside the GPUs a relayout may
     change, in every replay, and a relayout never changes it."""
     from gpushare.admin.plan import load_plan
-    from gpushare.admin.relayout.sim import cluster_from_plan, simulate, spread
+    from gpushare.admin.relayout.sim import cluster_from_plan, simulate
+    from gpushare.admin.relayout.static import spread
 
     cluster = cluster_from_plan(load_plan(_plan(tmp_path)))
     assert [layout.slices for layout in cluster.fixed] == [("1g.10gb",)]
@@ -211,8 +212,55 @@ def test_the_replay_counts_slurms_slices_of_a_gpu_shared_with_kubernetes(tmp_pat
     still = simulate(jobs, grid, False, cluster)  # whole GPUs: only the fixed slices serve
     assert still.unfinished == 0 and max(still.waits["1g.10gb"]) == 14 * 3600.0
     assert simulate(jobs, grid, False, replace(cluster, fixed=())).unfinished == 30
-    moved = simulate(jobs, grid, True, cluster)
-    assert all(index < 2 for _node, index in moved.change_times), moved.change_times
+    # 3g.40gb jobs: a replayed relayout changes GPUs for them, but never the shared one
+    # (index 2 of each node here), which it would change were it counted as its own.
+    large = parse_sacct(HEADER + "".join(
+        f"{400 + n}|2026-11-20T08:00:00|2026-11-20T08:00:00|2026-11-20T10:00:00|"
+        f"cpu=1,gres/gpu:3g.40gb=1,gres/gpu=1,node=1|u{n}|COMPLETED\n"
+        for n in range(12))).jobs
+    moved = simulate(large, grid, True, cluster)
+    assert moved.change_times and all(index < 2 for _node, index in moved.change_times), \
+        moved.change_times
+
+
+def test_a_shared_gpus_profile_off_the_menu_serves_its_jobs(tmp_path):
+    """Slurm's slice on the shared GPU may be a profile no menu layout and no job has: the
+    replay still knows its share (it failed with a KeyError once a job waited), and the jobs
+    of the other kinds run."""
+    from gpushare.admin.plan import load_plan
+    from gpushare.admin.relayout.sim import cluster_from_plan, simulate
+    from gpushare.admin.relayout.static import best_static
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(mig_plan(["{layout: 2x3g.40gb}", "{layout: whole}"]))
+    cluster = cluster_from_plan(load_plan(str(plan)))
+    history = parse_sacct(_history_of_3g_jobs())
+    counts, best = best_static(history.jobs, cluster)
+    assert best.unfinished == 0 and sum(counts.values()) == 4, (counts, best.unfinished)
+    assert simulate(history.jobs, [[cluster.menu.items[1].layout] * 2] * 2, False,
+                    cluster).unfinished == 12  # whole GPUs: the 3g jobs never run
+
+
+def test_suggest_takes_the_installed_release_where_the_plan_names_none(tmp_path, capsys,
+                                                                       monkeypatch):
+    """As render and the controller do: an unversioned plan on 24.11 is not held to 22.05's
+    one profile per node, and on 22.05 it is."""
+    from gpushare.admin import slurm_client
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(mig_plan(["{layout: 7x1g.10gb}", "{layout: 2x3g.40gb}", "{layout: whole}"],
+                             slurm=None))
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs())
+    for release, one_profile in (("24.11.5", False), ("22.05.8", True)):
+        monkeypatch.setattr(slurm_client, "installed_release", lambda *a, r=release, **k: r)
+        assert main(["relayout", "--plan", str(plan), "--suggest", "--history",
+                     str(history)]) == 0
+        out = capsys.readouterr().out
+        assert ("one MIG profile per node" in out) == one_profile, out
+        assert ("2x3g.40gb" in out.split("best static layout:")[1].split("\n")[0]) == (
+            not one_profile), out
 
 
 def test_suggest_on_slurm_22_05_keeps_one_mig_profile_per_node(tmp_path, capsys):

@@ -259,6 +259,35 @@ def test_a_finished_node_is_waited_for_until_slurmctld_hears_from_it(site, monke
     assert layout_of(profile, 2) == NEW_3G
 
 
+def test_a_run_killed_while_it_waits_for_a_finished_node_leaves_it_settled(site, monkeypatch):
+    """The node is finished and resumed before the wait: a run killed during the wait has
+    marked it done, so the next run does not drain the healthy node again."""
+    plan, settings, profile, slurm = site
+
+    def killed_mid_step(self, change, layout, others=None):
+        _destroy_all(profile, change.index)
+        raise Killed()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(NodeRound, "_run_step", killed_mid_step)
+        with pytest.raises(Killed):
+            run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    node = slurm.node
+
+    def killed_while_away(name):
+        if slurm.calls and slurm.calls[-1] == "resume h1":
+            raise Killed()
+        return node(name)
+
+    slurm.node = killed_while_away
+    with pytest.raises(Killed):
+        repair(plan, settings, slurm)
+    slurm.node = node
+    journal = load_journal(settings.state_path)
+    assert journal is None or not journal.open_nodes, journal
+    assert layout_of(profile, 2) == NEW_3G and "DRAIN" not in slurm.state["h1"]
+
+
 def test_a_round_killed_midway_on_a_one_profile_slurm_is_finished_whole(site, monkeypatch):
     plan, settings, profile, slurm = site
     settings.one_profile_per_node = True

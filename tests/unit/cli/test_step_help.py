@@ -85,6 +85,9 @@ def test_the_controllers_options_after_the_word_node_are_refused(capsys, tmp_pat
     assert main(["relayout", "node", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
                  "--suggest"]) == 2
     assert "--suggest: the controller's" in capsys.readouterr().err
+    assert main(["relayout", "node", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
+                 "--json", "--backend", "scontrol"]) == 2
+    assert "--json, --backend: the controller's" in capsys.readouterr().err
     # The step's own options and the shared ones are the step's.
     assert main(["relayout", "node", "--plan", str(plan), "--gpu", "2", "--layout", "whole",
                  "--state", "none", "--timeout", "5"]) == 2

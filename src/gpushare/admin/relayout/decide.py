@@ -267,7 +267,8 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
     changed: set[tuple[str, int]] = set()
     chosen_nodes: set[str] = set()
     held_back: dict[str, str] = {}
-    bounded: set[str] = set()  # the menus' bounds that stopped a GPU's change
+    bounded: set[str] = set()  # the menus' bounds that stopped a change towards a short kind
+    short = {kind for kind, n in decision.demand.items() if n > decision.supply.get(kind, 0)}
     candidates: dict[str, list[GpuState]] = {}
     for gpu in gpus:
         menu = menus.get(gpu.group)
@@ -313,12 +314,15 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                     if len(decision.changes) + len(moved) >= max_changes:
                         break
                     old_item = menus[gpu.group].item(gpu.layout.name)
+                    serves_short = bool(short & set(item.layout.offers()))
                     if left_in.get((gpu.group, name), 0) >= item.high:
-                        bounded.add(f"{name} at its max {item.high}")
+                        if serves_short:
+                            bounded.add(f"{name} at its max {item.high}")
                         break
                     if old_item is not None and \
                             left_in.get((gpu.group, gpu.layout.name), 0) <= old_item.low:
-                        bounded.add(f"{gpu.layout.name} at its min {old_item.low}")
+                        if serves_short:
+                            bounded.add(f"{gpu.layout.name} at its min {old_item.low}")
                         continue
                     left_in[(gpu.group, gpu.layout.name)] = \
                         left_in.get((gpu.group, gpu.layout.name), 0) - 1

@@ -106,6 +106,11 @@ class Journal:
         return [entry for entry in self.nodes if entry.phase != "done"]
 
 
+# What a user who may not open a file beside the state file is told.
+CONTROLLER = ("--apply writes beside the state file: run it as root on the controller host "
+              "(or name a --state this user may write)")
+
+
 def journal_path(state_path: str) -> str:
     return state_path + ".journal"
 
@@ -120,9 +125,10 @@ def _dir_fd(directory: str) -> int:
     return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def open_beside(path: str, flags: int, create: bool = True) -> int:
+def open_beside(path: str, flags: int, create: bool = True, advice: str = CONTROLLER) -> int:
     """``path``'s file, opened without following a symlink, in a safe directory; it must be
-    a plain file of this user's with one link (JournalError otherwise)."""
+    a plain file of this user's with one link (JournalError otherwise; ``advice`` says what
+    to do where this user may not open it)."""
     directory, name = os.path.split(os.path.abspath(path))
     dir_fd = _dir_fd(directory)
     try:
@@ -132,10 +138,10 @@ def open_beside(path: str, flags: int, create: bool = True) -> int:
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise JournalError(f"{path} is a symbolic link; remove it") from None
-            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise JournalError(f"cannot open {path}: {err.strerror}; --apply writes beside "
-                                   "the state file: run it as root on the controller host "
-                                   "(or name a --state this user may write)") from None
+            if err.errno in (errno.EACCES, errno.EPERM):
+                raise JournalError(f"cannot open {path}: {err.strerror}; {advice}") from None
+            if err.errno == errno.EROFS:
+                raise JournalError(f"cannot open {path}: {err.strerror}") from None
             raise
     finally:
         os.close(dir_fd)
@@ -150,11 +156,11 @@ def open_beside(path: str, flags: int, create: bool = True) -> int:
 @contextlib.contextmanager
 def held(path: str, busy: str, wait_s: float = 0.0, record: Optional[dict[str, object]] = None,
          clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
+         sleep: Callable[[float], None] = time.sleep, advice: str = "") -> Iterator[None]:
     """Hold the lock file ``path`` (opened as :func:`open_beside` opens a file), waiting up
     to ``wait_s`` for its holder; LockBusy(``busy`` with the holder's record) past that. The
     holder's pid, host, start and command (and ``record``) are written into it."""
-    fd = open_beside(path, os.O_RDWR)
+    fd = open_beside(path, os.O_RDWR, advice=advice or CONTROLLER)
     try:
         deadline = clock() + wait_s
         while True:

@@ -92,6 +92,7 @@ class NodeRound(SlurmSync):
         self._resume_if_ours()
         self.say("resumed")
         if repair:  # the round this run decides next must count the node and its new GPUs
+            self.mark(phase="done")  # settled: a run killed during the wait leaves it alone
             self.await_service()
         return self.outcome
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """A simulated Slurm cluster that replays a GPU job history, with and without relayout.
 
-It is shared by the benchmark (bench/bench_relayout.py) and ``gpushare relayout --suggest``,
+It is shared by the benchmark (bench/bench_relayout.py) and ``gpushare relayout --suggest``
+(whose static layouts are :mod:`~gpushare.admin.relayout.static`'s),
 so a site's own history replays on its own cluster: the GPU model, the menu and the node
 shape come from a :class:`Cluster`, built from the plan (:func:`cluster_from_plan`) or the
 benchmark's default (:func:`default_cluster`, 4 nodes of 8 H100-80GB).
@@ -19,7 +20,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -32,8 +32,7 @@ from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, 
 if TYPE_CHECKING:
     from gpushare.admin.plan import Plan
 
-__all__ = ["Cluster", "Job", "Result", "best_static", "cluster_from_plan", "default_cluster",
-           "even_split", "score", "simulate", "spread"]
+__all__ = ["Cluster", "Job", "Result", "cluster_from_plan", "default_cluster", "simulate"]
 
 DEFAULT_MENU = ("7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "2x3g.40gb", "whole")
 TIME_LIMIT_FACTOR = 2.0  # a job's time limit, as a multiple of its run time (assumed)
@@ -100,10 +99,12 @@ def default_cluster(nodes: int = 4, gpus_per_node: int = 8,
 
 
 def cluster_from_plan(plan: Plan, group: Optional[str] = None,
-                      nodes: Optional[int] = None) -> Cluster:
+                      nodes: Optional[int] = None, release: Optional[str] = None) -> Cluster:
     """The plan's node group with a relayout menu (``group``: which one, when several):
-    its GPU model, its menu, its node count (or ``nodes``) and its Slurm-only GPUs per
-    node. ValueError says what is missing."""
+    its GPU model, its menu, its node count (or ``nodes``), its Slurm-only GPUs per node
+    and Slurm's slices of the others; one MIG profile per node where the Slurm release
+    (the plan's, else ``release``, e.g. the installed one) needs it. ValueError says what
+    is missing."""
     with_menu = [g for g in plan.groups if g.relayout is not None]
     if group is not None:
         with_menu = [g for g in with_menu if g.name == group]
@@ -126,8 +127,9 @@ def cluster_from_plan(plan: Plan, group: Optional[str] = None,
     fixed = tuple(Layout(layout_name(slices), slices) for slices in (
         tuple(sorted(s.profile for s in gpu.slices_of("slurm")))
         for gpu in chosen.gpus if not gpu.changeable) if slices)
+    version = plan.slurm.version if plan.slurm.version_given else release
     return Cluster(chosen.model, menu, nodes or len(chosen.nodes), per_node, chosen.name,
-                   fixed, one_profile_per_node(plan.slurm.version))
+                   fixed, bool(version) and one_profile_per_node(str(version)))
 
 
 @dataclass
@@ -242,7 +244,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     changeable = [len(node) for node in layouts]
     the_menu = cluster.menu
     kinds = {kind for item in the_menu.items for kind in item.layout.serves()}
-    kinds |= {kind for node in layouts for lay in node for kind in lay.serves()}
+    kinds |= {kind for node in layouts for lay in (*node, *cluster.fixed)
+              for kind in lay.serves()}
     # "whole" too: the idle count weighs MPS GPUs taken whole even where no layout is whole.
     share_of = {kind: cluster.share(kind) for kind in kinds | {j.kind for j in jobs} | {"whole"}}
     share = share_of.__getitem__
@@ -416,79 +419,3 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                         for kind, queue in pending.items() for j in queue]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
-
-
-def spread(counts: dict[str, int], cluster: Cluster) -> list[list[Layout]]:
-    """Per node, its GPUs' layouts: each layout spread over the nodes as evenly as it goes;
-    where a node takes one MIG profile, a node after another, one profile's layouts
-    together (so that as few nodes as the counts allow mix two)."""
-    by_name = {item.layout.name: item.layout for item in cluster.menu.items}
-    flat = [by_name[name] for name in cluster.names for _ in range(counts.get(name, 0))]
-    if cluster.one_profile:
-        flat.sort(key=lambda layout: layout.slices[:1])
-    grid: list[list[Layout]] = [[] for _ in range(cluster.nodes)]
-    for position, layout in enumerate(flat):
-        node = position // cluster.gpus_per_node if cluster.one_profile else (
-            position % cluster.nodes)
-        grid[min(node, cluster.nodes - 1)].append(layout)
-    if not all(len(row) == cluster.gpus_per_node for row in grid):
-        raise ValueError(f"{sum(counts.values())} GPUs do not fill {cluster.nodes} nodes of "
-                         f"{cluster.gpus_per_node} GPUs evenly")
-    return grid
-
-
-def even_split(cluster: Cluster) -> dict[str, int]:
-    """The menu's layouts in equal numbers (the first ones take what does not divide)."""
-    total, names = cluster.nodes * cluster.gpus_per_node, cluster.names
-    return {name: total // len(names) + (i < total % len(names)) for i, name in enumerate(names)}
-
-
-def score(result: Result) -> tuple[int, float]:
-    """A static layout's rank, lower better: the jobs it never starts, then the mean
-    completion time of those it runs (a history with requests no layout can hold still
-    ranks its layouts, instead of tying them all)."""
-    return result.unfinished, statistics.fmean(result.jct) if result.jct else 0.0
-
-
-def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
-    """The static layout that ``score`` ranks first (fewest jobs never run, then the lowest
-    mean completion time) among those Slurm can take (``Cluster.fits``): a grid over the
-    menu in steps of one GPU per node, then single-GPU moves until none helps."""
-    total = cluster.nodes * cluster.gpus_per_node
-    names = cluster.names
-    tried: dict[tuple[int, ...], Optional[Result]] = {}
-
-    def run(counts: tuple[int, ...]) -> Optional[Result]:
-        """The replay; None where a node would give Slurm two MIG profiles (22.05)."""
-        if counts not in tried:
-            grid = spread(dict(zip(names, counts)), cluster)
-            tried[counts] = simulate(jobs, grid, False, cluster) if all(
-                cluster.fits(row) for row in grid) else None
-        return tried[counts]
-
-    def rank(counts: tuple[int, ...]) -> tuple[float, float]:
-        result = run(counts)
-        return score(result) if result is not None else (math.inf, math.inf)
-
-    step = cluster.nodes
-    grid = [c for c in itertools.product(range(0, total + 1, step), repeat=len(names) - 1)
-            if sum(c) <= total]
-    best = min(((*c, total - sum(c)) for c in grid), key=rank)
-    if run(best) is None:
-        raise ValueError(f"no static layout of the menu gives each node of {cluster.name} one "
-                         "Slurm MIG profile (with its GPUs shared with Kubernetes), as Slurm "
-                         "before 23.11 needs: add a layout of their profile to the menu")
-    improved = True
-    while improved:
-        improved = False
-        for src, dst in itertools.permutations(range(len(names)), 2):
-            if best[src] == 0:
-                continue
-            trial = list(best)
-            trial[src] -= 1
-            trial[dst] += 1
-            if rank(tuple(trial)) < rank(best):
-                best, improved = tuple(trial), True
-    found = run(best)
-    assert found is not None  # rank puts a replayed layout before any refused one
-    return dict(zip(names, best)), found

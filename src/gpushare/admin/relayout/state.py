@@ -142,7 +142,9 @@ def locked(path: str) -> Iterator[AppliedState]:
     never lose each other's entry."""
     from gpushare.admin.relayout.journal import open_beside
 
-    fd = open_beside(path + ".lock", os.O_RDWR)  # never a symlink, in a directory of root's
+    fd = open_beside(path + ".lock", os.O_RDWR,  # never a symlink, in a directory of root's
+                     advice="the controller's --apply and the node's step write beside the "
+                     "state file: run them as root (or name a --state this user may write)")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         state = load_state(path)
