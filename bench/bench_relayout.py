@@ -32,13 +32,11 @@ from gpushare.admin.relayout.sim import (
     Cluster,
     Job,
     Result,
-    best_static,
     cluster_from_plan,
     default_cluster,
-    even_split,
     simulate,
-    spread,
 )
+from gpushare.admin.relayout.static import best_static, even_split, spread
 
 
 def read_trace(path: str) -> list[Job]:
