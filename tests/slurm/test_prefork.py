@@ -198,13 +198,20 @@ def test_a_users_daemon_holds_nothing_of_the_server(prefork_bed):
     connection its worker talks through."""
     bed = prefork_bed
     run_shared(bed)
+    # The first job's epilog stops its user's daemon after the job is COMPLETED: until then
+    # that daemon would stand for the next job's, whose prolog may not have run yet.
+    assert_nothing_left(bed)
     wait_until("the prefork server", lambda: server_running(bed, NODE), 60)
     wait_until("one server", lambda: len(server_pids(bed, NODE)) == 1, 60)
     (server,) = server_pids(bed, NODE)
     job_id = bed.sbatch("sleep 60", "--gres=mps:25", "-w", NODE, "-c1", user=U2)
     bed.wait_job(job_id, states={"RUNNING"})
+    # RUNNING comes before the prolog (slurmd runs it as the batch step starts): its end.
+    prolog = wait_until("its prolog's end", lambda: [
+        line for line in job_lines(bed, job_id) if "cb=job_prolog" in line and " rc=" in line],
+        60)
+    assert any("cb=job_prolog prefork rc=0" in line for line in prolog), prolog
     wait_until("its daemon", lambda: standin_pids(bed), 60)
-    assert any("cb=job_prolog prefork rc=0" in line for line in job_lines(bed, job_id))
     theirs = {t for t in fd_targets(server) if t.startswith("socket:") or "prefork" in t}
     assert theirs, fd_targets(server)
     for pid in standin_pids(bed):

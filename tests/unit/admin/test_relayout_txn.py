@@ -206,7 +206,8 @@ def _destroy_all(profile, index):
         nvml.nvmlGpuInstanceDestroy(gi)
 
 
-def test_a_run_killed_after_the_destroy_is_finished_by_the_next(site, monkeypatch):
+def _kill_after_the_destroy(site, monkeypatch) -> None:
+    """A run killed once GPU 2's instances are destroyed and before any is created."""
     plan, settings, profile, slurm = site
 
     def killed_mid_step(self, change, layout, others=None):
@@ -217,6 +218,12 @@ def test_a_run_killed_after_the_destroy_is_finished_by_the_next(site, monkeypatc
         patch.setattr(NodeRound, "_run_step", killed_mid_step)
         with pytest.raises(Killed):
             run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+
+
+def test_a_run_killed_after_the_destroy_is_finished_by_the_next(site, monkeypatch):
+    plan, settings, profile, slurm = site
+
+    _kill_after_the_destroy(site, monkeypatch)
     assert layout_of(profile, 2) == []  # no instances, the node drained, the state unaware
     assert ("h1", 2) not in load_state(settings.state_path).gpus
     [entry] = load_journal(settings.state_path).nodes
@@ -234,14 +241,7 @@ def test_a_finished_node_is_waited_for_until_slurmctld_hears_from_it(site, monke
     (not NOT_RESPONDING) before that run decides its own round, which counts its new GPUs."""
     plan, settings, profile, slurm = site
 
-    def killed_mid_step(self, change, layout, others=None):
-        _destroy_all(profile, change.index)
-        raise Killed()
-
-    with monkeypatch.context() as patch:
-        patch.setattr(NodeRound, "_run_step", killed_mid_step)
-        with pytest.raises(Killed):
-            run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    _kill_after_the_destroy(site, monkeypatch)
     node, away = slurm.node, {"polls": 3}
 
     def pinged_late(name):
@@ -264,14 +264,7 @@ def test_a_run_killed_while_it_waits_for_a_finished_node_leaves_it_settled(site,
     marked it done, so the next run does not drain the healthy node again."""
     plan, settings, profile, slurm = site
 
-    def killed_mid_step(self, change, layout, others=None):
-        _destroy_all(profile, change.index)
-        raise Killed()
-
-    with monkeypatch.context() as patch:
-        patch.setattr(NodeRound, "_run_step", killed_mid_step)
-        with pytest.raises(Killed):
-            run(plan, settings, slurm, decision(("h1", 2, "2x3g.40gb")))
+    _kill_after_the_destroy(site, monkeypatch)
     node = slurm.node
 
     def killed_while_away(name):
