@@ -78,7 +78,8 @@ def score(result: Result) -> tuple[int, float]:
 def best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
     """The static layout that ``score`` ranks first (fewest jobs never run, then the lowest
     mean completion time) among those Slurm can take (``Cluster.fits``): a grid over the
-    menu in steps of one GPU per node, then single-GPU moves until none helps."""
+    menu in steps of one GPU per node (of a node's GPUs where a node takes one MIG profile),
+    then moves of one GPU (or of a node's GPUs) until none helps."""
     shared = {p for layout in cluster.fixed for p in layout.slices}
     if cluster.one_profile and len(shared) > 1:
         raise ValueError(f"the GPUs of {cluster.name} shared with Kubernetes give Slurm MIG "
