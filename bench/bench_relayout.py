@@ -286,8 +286,7 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
 def _kind_wait(result: Result, kind: str) -> str:
     """Mean wait in minutes of one class ("slices": the MIG profiles; "mps"; "whole"), a job
     never started counted as in ``censored_wait``; "-" where the trace has none."""
-    values = [w for _, k, w, _ in result.finished + result.unstarted
-              if k == kind or (kind == "slices" and k not in ("mps", "whole"))]
+    values = result.censored_waits(kind)
     return f"{statistics.fmean(values) / 60:.1f}" if values else "-"
 
 

@@ -29,6 +29,8 @@ CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm
                    "max_changes", "hysteresis", "max_drain", "lookback", "squeue", "explain",
                    "suggest", "days", "sacct", "history", "group", "json", "backend",
                    "scontrol")
+# The node's step's own options, refused without the word node (the round ignores them).
+STEP_ONLY = ("gpu", "layout", "node", "round", "decision", "source", "gres_conf", "lock_dir")
 NODE_STEP = (
     "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
     "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
@@ -180,8 +182,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and the verdict")
     relayout_suggest.add_arguments(parser)
     add_slurm_arguments(parser)
-    parser.set_defaults(func=_run, controller_defaults={
-        dest: parser.get_default(dest) for dest in CONTROLLER_ONLY})
+    parser.set_defaults(func=_run, defaults={
+        dest: parser.get_default(dest) for dest in CONTROLLER_ONLY + STEP_ONLY})
 
 
 def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool = False,
@@ -230,26 +232,20 @@ def format_decision(decision: Any, verdicts: Sequence[Any] = (), explain: bool =
     return "\n".join(lines)
 
 
-def _step_only(args: argparse.Namespace) -> list[str]:
-    """The node's step's options given without the word node: the controller's round would
-    ignore them, and with --apply change whatever the queue asks for instead."""
-    defaults = (("--gpu", args.gpu, None), ("--layout", args.layout, None),
-                ("--node", args.node, None), ("--round", args.round, ""),
-                ("--decision", args.decision, ""), ("--source", args.source, "nvml"),
-                ("--gres-conf", args.gres_conf, "/etc/slurm/gres.conf"),
-                ("--lock-dir", args.lock_dir, "/run/gpushare"))
-    return [flag for flag, value, default in defaults if value != default]
+def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
+    """Which of ``dests`` the command line set (each as its flag, in ``dests``' order)."""
+    return ["--" + dest.replace("_", "-") for dest in dests
+            if getattr(args, dest) != args.defaults[dest]]
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.step == "node":
-        given = ["--" + dest.replace("_", "-") for dest, default in
-                 args.controller_defaults.items() if getattr(args, dest) != default]
+        given = _given(args, CONTROLLER_ONLY)
         if given:
             return fail("relayout node", f"{', '.join(given)}: the controller's (`gpushare "
                         "relayout [--apply]`), which the node's step would ignore")
         return relayout_node.run(args)
-    step_only = _step_only(args)
+    step_only = _given(args, STEP_ONLY)
     if step_only:
         return fail("relayout", f"{', '.join(step_only)}: the node's step's, e.g. `gpushare "
                     "relayout node --gpu N --layout L`; without the word node, relayout "

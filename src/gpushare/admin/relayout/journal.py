@@ -156,11 +156,12 @@ def open_beside(path: str, flags: int, create: bool = True, advice: str = CONTRO
 @contextlib.contextmanager
 def held(path: str, busy: str, wait_s: float = 0.0, record: Optional[dict[str, object]] = None,
          clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep, advice: str = "") -> Iterator[None]:
+         sleep: Callable[[float], None] = time.sleep, advice: str = CONTROLLER
+         ) -> Iterator[None]:
     """Hold the lock file ``path`` (opened as :func:`open_beside` opens a file), waiting up
     to ``wait_s`` for its holder; LockBusy(``busy`` with the holder's record) past that. The
     holder's pid, host, start and command (and ``record``) are written into it."""
-    fd = open_beside(path, os.O_RDWR, advice=advice or CONTROLLER)
+    fd = open_beside(path, os.O_RDWR, advice=advice)
     try:
         deadline = clock() + wait_s
         while True:

@@ -210,11 +210,16 @@ class Result:
                   if kind != "whole" and (among is None or job in among)]
         return statistics.fmean(values) if values else 0.0
 
+    def censored_waits(self, kind: Optional[str] = None) -> list[float]:
+        """The wait of every job (of ``kind``: "mig" for MIG and MPS, "slices" for MIG
+        alone, or a kind), a job never started with its wait until the replay's end."""
+        return [w for _, k, w, _ in self.finished + self.unstarted
+                if kind is None or k == kind or (kind == "mig" and k != "whole")
+                or (kind == "slices" and k not in ("mps", "whole"))]
+
     def censored_wait(self, kind: Optional[str] = None) -> float:
-        """Mean wait of every job (of ``kind``: "mig" for MIG and MPS, or a kind), a job
-        never started counted with its wait until the replay's end."""
-        values = [w for _, k, w, _ in self.finished + self.unstarted
-                  if kind is None or k == kind or (kind == "mig" and k != "whole")]
+        """Mean of :meth:`censored_waits` (0 where none)."""
+        values = self.censored_waits(kind)
         return statistics.fmean(values) if values else 0.0
 
     def censored_jct(self) -> float:
