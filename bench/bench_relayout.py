@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpushare.admin.relayout.decide import Request
 from gpushare.admin.relayout.demand import parse_request
 from gpushare.admin.relayout.history import parse_sacct
+from gpushare.admin.relayout.keep import DEFAULT_KEEP_H, Span
+from gpushare.admin.relayout.menu import Layout
 from gpushare.admin.relayout.sim import (
     Cluster,
     Job,
@@ -260,14 +262,41 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
     return counts, result
 
 
-def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True) -> str:
+def history(first: list[Job], middle: float, start: list[list[Layout]], cluster: Cluster
+            ) -> list[Span]:
+    """What the first half's jobs held, replayed with no change from ``start``, on the
+    second half's clock (before 0): the site's sacct when the second half begins."""
+    replay = simulate(first, start, False, cluster)
+    by_id = {job.id: job for job in first}
+    spans = []
+    for ident, kind, wait, _ in replay.finished:
+        job = by_id[ident]
+        begin = job.submit + wait - middle
+        if begin < 0:
+            spans.append(Span(begin, min(begin + job.run, 0.0), kind, job.count))
+    return spans
+
+
+def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float
+                  ) -> tuple[list[Job], list[Job], Result, Result]:
+    """(first half, second half, no relayout, relayout) of a corpus row:
+    the second half replayed from the even split, relayout with the first half's holds as
+    its history (``keep_s``: how far back its floors look; 0: none)."""
+    first, second = halves(jobs)
+    middle = max((j.submit for j in jobs), default=0.0) / 2
+    start = spread(even_split(cluster), cluster)
+    still = simulate(second, start, False, cluster)
+    before = history(first, middle, start, cluster) if keep_s else []
+    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before)
+    return first, second, still, moved
+
+
+def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True,
+               keep_s: float = DEFAULT_KEEP_H * 3600) -> str:
     """One row of the corpus table: the second half of the trace replayed four ways, each
     scored on the jobs that ran in all four (a layout that never runs a job is marked);
     without ``static``, only no relayout and relayout (the searches are most of the time)."""
-    first, second = halves(jobs)
-    start = spread(even_split(cluster), cluster)
-    still = simulate(second, start, False, cluster)
-    moved = simulate(second, start, True, cluster)
+    first, second, still, moved = replay_halves(jobs, cluster, keep_s)
     hindsight = suggested = None
     if static:
         _, hindsight = cached_best_static(second, cluster)
@@ -290,13 +319,11 @@ def _kind_wait(result: Result, kind: str) -> str:
     return f"{statistics.fmean(values) / 60:.1f}" if values else "-"
 
 
-def by_kind_row(name: str, jobs: list[Job], cluster: Cluster) -> str:
+def by_kind_row(name: str, jobs: list[Job], cluster: Cluster,
+                keep_s: float = DEFAULT_KEEP_H * 3600) -> str:
     """One row of the by-kind table: each class's mean wait, no relayout -> relayout from
     the even split, on the trace's second half: who pays for a change and who gains."""
-    start = spread(even_split(cluster), cluster)
-    second = halves(jobs)[1]
-    still = simulate(second, start, False, cluster)
-    moved = simulate(second, start, True, cluster)
+    _, _, still, moved = replay_halves(jobs, cluster, keep_s)
     cells = (f"{_kind_wait(still, kind)} -> {_kind_wait(moved, kind)}"
              for kind in ("slices", "mps", "whole"))
     return f"| {name} | {cluster.nodes} | " + " | ".join(cells) + " |"
@@ -341,6 +368,10 @@ def main() -> int:
     parser.add_argument("--by-kind", action="store_true",
                         help="with --corpus: each class's wait (MIG slices, MPS, whole GPUs), "
                         "no relayout against relayout, instead of the four columns")
+    parser.add_argument("--keep-hours", type=float, default=DEFAULT_KEEP_H, metavar="H",
+                        help="relayout's floors: what MIG and MPS jobs held at once in the "
+                        f"last H hours (default {DEFAULT_KEEP_H:g}, as gpushare relayout's; "
+                        "0: none)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="with --corpus: only this trace (repeatable)")
     parser.add_argument("--sacct", metavar="FILE",
@@ -368,14 +399,16 @@ def main() -> int:
                 if args.only and name not in args.only:
                     continue
                 cluster = corpus_cluster(base, jobs, size)
-                print(by_kind_row(name, jobs, cluster) if args.by_kind else
-                      corpus_row(name, jobs, cluster, not args.no_static), flush=True)
+                keep_s = args.keep_hours * 3600
+                print(by_kind_row(name, jobs, cluster, keep_s) if args.by_kind else
+                      corpus_row(name, jobs, cluster, not args.no_static, keep_s), flush=True)
         return 0
     for path in args.trace:
         jobs = read_trace(path)
         counts, static = cached_best_static(jobs, base)
-        dynamic = simulate(jobs, spread(even_split(base), base), True, base)
-        seeded = simulate(jobs, spread(counts, base), True, base)
+        keep_s = args.keep_hours * 3600
+        dynamic = simulate(jobs, spread(even_split(base), base), True, base, keep_s=keep_s)
+        seeded = simulate(jobs, spread(counts, base), True, base, keep_s=keep_s)
         still = simulate(jobs, spread(even_split(base), base), False, base)
         print(report(os.path.basename(path), counts, static, dynamic, seeded))
         print(same_start("an even split", still, dynamic))

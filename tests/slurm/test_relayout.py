@@ -234,7 +234,11 @@ def restarts_slurmctld() -> bool:
 # submissions in the forecast that guards each change (a whole-GPU one keeps rl1's whole GPU);
 # these tests are about carrying a change out, so the forecast weighs the waiting jobs alone.
 # test_a_whole_gpu_job_that_just_ended_keeps_the_last_whole_gpu weighs the recent past.
-ALONE = ("--lookback", "0")
+# The bed runs no slurmdbd, so sacct cannot tell what MIG jobs held and every MIG profile
+# would keep what the plan gives it (test_without_accounting_every_mig_profile_keeps_its_slices):
+# no floor either.
+ALONE = ("--lookback", "0", "--keep-hours", "0")
+NO_FLOOR = ("--keep-hours", "0")
 
 
 def relayout(bed, *extra: str, command: str = "", **popen: Any) -> Any:
@@ -473,7 +477,8 @@ def test_a_whole_gpu_job_that_just_ended_keeps_the_last_whole_gpu(fresh):
     assert bed.wait_job(whole)["JobState"] == "COMPLETED"
     queue_large(bed)
     plan = bed.path("etc", "plan.yaml")
-    base = ("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2")
+    base = ("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
+            *NO_FLOOR)
     dry = gpushare(*base, "--json")
     assert dry.returncode == 0, dry.stderr
     out = json.loads(dry.stdout)
@@ -485,11 +490,37 @@ def test_a_whole_gpu_job_that_just_ended_keeps_the_last_whole_gpu(fresh):
     explained = gpushare(*base, "--explain")
     assert explained.returncode == 0, explained.stderr
     assert "refused, whole-GPU jobs would wait longer" in explained.stdout, explained.stdout
-    alone = gpushare(*base, *ALONE, "--json")
+    alone = gpushare(*base, "--lookback", "0", "--json")
     assert alone.returncode == 0, alone.stderr
     out = json.loads(alone.stdout)
     assert out["changes"] and [p["made"] for p in out["predictions"]] == [True], out
     assert sim_layout(bed, 1) == "whole"  # dry runs: nothing changed
+
+
+def test_without_accounting_every_mig_profile_keeps_its_slices(fresh):
+    """The bed's slurm.conf keeps no accounting (no slurmdbd), so Slurm's own sacct cannot
+    say what MIG jobs held in the last day: no change takes a MIG slice the plan gives
+    Slurm, the decision says why and how to go on; with --keep-hours 0 the 3g.40gb jobs get
+    their slices."""
+    bed = fresh
+    queue_large(bed)
+    plan = bed.path("etc", "plan.yaml")
+    base = ("relayout", "--plan", plan, "--backend", "scontrol", "--hysteresis", "0.2",
+            "--lookback", "0", "--json")
+    kept = gpushare(*base)
+    assert kept.returncode == 0, kept.stderr
+    out = json.loads(kept.stdout)
+    assert out["demand"] == {"3g.40gb": 4}, out
+    assert not [c for c in out["changes"] if "1g.10gb" in c["from"]], out
+    [line] = [why for why in out["why"] if why.startswith("kept:")]
+    assert "every MIG profile and MPS keeps what the plan's layouts give it" in line, line
+    assert "sacct" in line and "--keep-hours 0" in line, line
+    free = gpushare(*base, *NO_FLOOR)
+    assert free.returncode == 0, free.stderr
+    out = json.loads(free.stdout)
+    assert [c for c in out["changes"] if "1g.10gb" in c["from"]], out
+    assert not any(why.startswith("kept:") for why in out["why"])
+    assert sim_layout(bed, 2) == ["1g.10gb"] * 7  # dry runs: nothing changed
 
 
 DESTROY = """\

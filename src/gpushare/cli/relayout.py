@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any, Sequence
 
-from gpushare.admin.relayout import DEFAULT_NODE_COMMAND
+from gpushare.admin.relayout import DEFAULT_KEEP_H, DEFAULT_NODE_COMMAND
 from gpushare.cli import (
     StepHelp,
     add_slurm_arguments,
@@ -26,7 +26,8 @@ NODE_GROUP = "the node's step (gpushare relayout node)"
 # The options of the controller's round, refused after the word node (the step ignores them).
 CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm_conf",
                    "cluster_gres_conf", "drain_timeout", "parallel", "settle_timeout",
-                   "max_changes", "hysteresis", "max_drain", "lookback", "squeue", "explain",
+                   "max_changes", "hysteresis", "max_drain", "keep_hours", "lookback", "squeue",
+                   "explain",
                    "suggest", "days", "sacct", "history", "group", "json", "backend",
                    "scontrol")
 # The node's step's own options, refused without the word node (the round ignores them).
@@ -173,6 +174,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the jobs submitted within this many seconds stand for those "
                         "of each such span to come in the forecast that guards each change "
                         "(default 3600; 0: weigh the waiting jobs alone)")
+    parser.add_argument("--keep-hours", type=float, default=DEFAULT_KEEP_H, metavar="H",
+                        help="no change leaves a MIG profile or MPS fewer slices than its jobs "
+                        "held at once in the last H hours (read with sacct), up to what the "
+                        "plan's own layouts give it; where sacct fails, what the plan gives "
+                        f"it (default {DEFAULT_KEEP_H:g}; 0: no floor)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
@@ -261,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
         return fail("relayout", "--max-changes must be between 0 and 1000")
     if not 0.1 <= args.timeout <= 600:
         return fail("relayout", "--timeout must be between 0.1 and 600 seconds")
+    if not 0 <= args.keep_hours <= 24 * 366:
+        return fail("relayout", "--keep-hours must be between 0 and 8784 (a year)")
     if not 0 <= args.lookback <= 7 * 86400:
         return fail("relayout", "--lookback must be between 0 and 604800 seconds (a week)")
     try:
@@ -285,7 +293,15 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     import time
 
     from gpushare.admin.plan.model import with_slurm_version
-    from gpushare.admin.relayout.demand import partitions, pending, recent, running_ends, supply
+    from gpushare.admin.relayout.demand import (
+        partitions,
+        pending,
+        planned,
+        recent,
+        running_ends,
+        supply,
+    )
+    from gpushare.admin.relayout.keep import capacity
     from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.relayout.predict import decide_guarded
     from gpushare.admin.relayout.state import (
@@ -315,10 +331,13 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
     plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
+    kept = _floors(args, capacity(planned(plan, gpus)))
     decision, verdicts = decide_guarded(
         queue.requests, gpus, menus, args.max_changes, args.hysteresis,
         max_drain_s=args.max_drain, one_profile_per_node=one_profile_per_node(version),
-        recent=submitted, lookback_s=args.lookback)
+        recent=submitted, lookback_s=args.lookback, floors=kept.by_kind if kept else None)
+    if kept:
+        decision.why.append(kept.line())
     if queue.skipped:
         decision.why.append("not counted (they could not start on any layout): " + ", ".join(
             f"{n} {why}" for why, n in sorted(queue.skipped.items())))
@@ -333,6 +352,25 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
         return 0
     print(format_decision(decision, verdicts, args.explain, args.lookback))
     return 0
+
+
+def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
+    """The floors of this round (``keep``), None with ``--keep-hours 0``: what MIG and MPS
+    jobs held at once in the last ``--keep-hours``, up to what ``baseline`` (the plan's own
+    layouts) gives each; where sacct fails, what the plan gives each."""
+    from gpushare.admin.relayout.history import read_spans
+    from gpushare.admin.relayout.keep import Floors, floors, unknown
+    from gpushare.admin.slurm_client import SlurmClientError
+
+    if not args.keep_hours:
+        return None
+    window = f"the last {args.keep_hours:g} h of sacct"
+    try:
+        spans = read_spans(args.sacct, args.keep_hours, args.timeout)
+    except SlurmClientError as err:
+        return Floors(unknown(baseline), f"{window} could not be read ({err}); fix sacct "
+                      "(slurmdbd), or give --keep-hours 0 to decide without it", known=False)
+    return Floors(floors(spans, 0.0, args.keep_hours * 3600, baseline), window)
 
 
 def _forecast_json(forecast: Any) -> dict[str, Any]:

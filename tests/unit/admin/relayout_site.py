@@ -29,6 +29,22 @@ PartitionName=debug Nodes=ALL Default=YES
 """
 
 
+SACCT_HEADER = "JobID|Submit|Start|End|ReqTRES|User|State"
+
+
+def sacct_stub(directory: str, rows: tuple[str, ...] = (), exit_code: int = 0) -> str:
+    """A sacct that prints its header and ``rows`` (``--parsable2``), or fails as sacct
+    does without slurmdbd; each call's arguments appended to ``sacct.args``."""
+    path = os.path.join(directory, "sacct")
+    lines = "".join(f"echo {shlex.quote(row)}\n" for row in (SACCT_HEADER, *rows))
+    failure = ("echo 'sacct: error: Slurm accounting storage is disabled' >&2\n"
+               f"exit {exit_code}\n") if exit_code else ""
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(path)}.args\n{failure}{lines}")
+    os.chmod(path, 0o755)
+    return path
+
+
 class FakeSlurm:
     """slurmctld as the orchestration sees it: a node runs ``busy_polls`` more polls of
     jobs, ``reconfigure`` re-reads slurm.conf's Gres= (unless ``stale``, as Slurm 22.05 keeps

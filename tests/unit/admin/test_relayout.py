@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
+from tests.unit.admin.relayout_site import sacct_stub
 
 from gpushare.admin.mig_profiles import find_model
 from gpushare.admin.plan import PlanError, parse_plan
@@ -245,7 +246,8 @@ def test_the_command_prints_the_decision_from_squeue_and_scontrol(tmp_path, caps
     for stub in (squeue, scontrol, sinfo):
         stub.chmod(0o755)
     code = main(["relayout", "--plan", str(plan), "--backend", "scontrol", "--scontrol",
-                 str(scontrol), "--squeue", str(squeue), "--sinfo", str(sinfo), "--json"])
+                 str(scontrol), "--squeue", str(squeue), "--sinfo", str(sinfo), "--json",
+                 "--sacct", sacct_stub(str(tmp_path))])
     out = capsys.readouterr().out
     assert code == 0, out
     import json

@@ -17,6 +17,7 @@ from tests.unit.admin.relayout_site import (
     layout_of,
     make_site,
     run,
+    sacct_stub,
 )
 
 from gpushare.admin.relayout.controller import (
@@ -290,7 +291,7 @@ def _command(plan, settings, tmp_path):
     argv = ["relayout", "--plan", plan.path, "--backend", "scontrol", "--scontrol",
             str(scontrol), "--squeue", str(squeue), "--sinfo", str(sinfo), "--max-changes", "1",
             "--node-command", settings.node_command, "--slurm-conf", settings.slurm_conf,
-            "--settle-timeout", "5", "--apply", "--json"]
+            "--settle-timeout", "5", "--sacct", sacct_stub(str(tmp_path)), "--apply", "--json"]
     return argv, db
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
+from gpushare.admin.relayout import keep
 from gpushare.admin.relayout.menu import Layout, Menu
 
 __all__ = ["Change", "Decision", "GpuState", "Request", "decide", "request_values", "share_cap",
@@ -228,11 +229,23 @@ def _profiles_on(node: str, layout_of: dict[tuple[str, int], Layout],
     return len(profiles)
 
 
+def _moved(cap: Mapping[str, int], old: Layout, new: Layout) -> dict[str, int]:
+    """``cap`` with one GPU changed from ``old`` to ``new``."""
+    after = dict(cap)
+    for kind, count in old.offers().items():
+        after[kind] = after.get(kind, 0) - count
+    for kind, count in new.offers().items():
+        after[kind] = after.get(kind, 0) + count
+    return after
+
+
 def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[str, Menu],
            max_changes: int = 4, hysteresis: float = 0.5,
            busy_node_factor: float = 2.0, max_drain_s: Optional[float] = 5400.0,
-           one_profile_per_node: bool = False) -> Decision:
-    """Which idle GPUs change to which menu layout this round, and why."""
+           one_profile_per_node: bool = False,
+           floors: Optional[Mapping[str, int]] = None) -> Decision:
+    """Which idle GPUs change to which menu layout this round, and why; no change takes a
+    kind under its floor in ``floors`` (``keep``)."""
     all_layouts = [gpu.layout for gpu in gpus] + [item.layout for menu in menus.values()
                                                  for item in menu.items]
     sizes = _profile_sizes(all_layouts)
@@ -264,6 +277,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
             in_layout = (gpu.group, gpu.layout.name)
             counts[in_layout] = counts.get(in_layout, 0) + 1
     layout_of = {(gpu.node, gpu.index): gpu.layout for gpu in gpus}
+    cap = keep.capacity(layout_of.values())
     changed: set[tuple[str, int]] = set()
     chosen_nodes: set[str] = set()
     held_back: dict[str, str] = {}
@@ -310,6 +324,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                 trial = {n: dict(units) for n, units in free.items()}
                 moved: list[GpuState] = []
                 left_in = dict(counts)
+                trial_cap = dict(cap)
                 for gpu in movable:
                     if len(decision.changes) + len(moved) >= max_changes:
                         break
@@ -324,6 +339,13 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                         if serves_short:
                             bounded.add(f"{gpu.layout.name} at its min {old_item.low}")
                         continue
+                    next_cap = _moved(trial_cap, gpu.layout, item.layout)
+                    crossed = floors and keep.short(cap, next_cap, floors)
+                    if crossed:
+                        if serves_short:
+                            bounded.update(f"kept: {why}" for why in crossed)
+                        continue
+                    trial_cap = next_cap
                     left_in[(gpu.group, gpu.layout.name)] = \
                         left_in.get((gpu.group, gpu.layout.name), 0) - 1
                     left_in[(gpu.group, name)] = left_in.get((gpu.group, name), 0) + 1
@@ -352,6 +374,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
             counts[(gpu.group, gpu.layout.name)] = counts.get((gpu.group, gpu.layout.name), 0) - 1
             counts[(gpu.group, new.name)] = counts.get((gpu.group, new.name), 0) + 1
             changed.add(key)
+            cap = _moved(cap, gpu.layout, new)
             layout_of[key] = new
             node_busy = gpu.node in busy_nodes
             decision.changes.append(Change(gpu.node, gpu.index, gpu.layout.name, new.name,

@@ -41,7 +41,7 @@ from gpushare.common import proc
 
 __all__ = ["SQUEUE_FORMAT", "Queue", "parse_partitions", "parse_request", "parse_running",
            "parse_squeue", "parse_submitted", "parse_time_left", "partitions", "pending",
-           "plan_layout", "read_queue", "recent", "running_ends", "supply"]
+           "plan_layout", "planned", "read_queue", "recent", "running_ends", "supply"]
 
 SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%l|%r"
 SINFO_FORMAT = "%R|%N"
@@ -276,6 +276,24 @@ def plan_layout(slices: Sequence[str], mps: int) -> Layout:
     return Layout(layout_name(ordered, mps), ordered, mps)
 
 
+def _planned(gpu: GpuPlan) -> Layout:
+    """What the plan itself gives Slurm of ``gpu``, whatever a relayout made of it."""
+    if gpu.owner == "kubernetes":
+        return Layout(NOT_SLURMS)
+    return plan_layout([s.profile for s in gpu.slices_of("slurm")], gpu.mps)
+
+
+def planned(plan: Plan, gpus: Sequence[GpuState]) -> list[Layout]:
+    """The plan's own layout of each of ``gpus``: no change made by relayout (the floors'
+    baseline, ``keep``)."""
+    layouts = []
+    for state in gpus:
+        group = plan.group_of(state.node)
+        gpu = next((g for g in group.gpus if g.index == state.index), None) if group else None
+        layouts.append(state.layout if gpu is None else _planned(gpu))
+    return layouts
+
+
 def _device_order(node: SlurmNode, whole_type: str, gpus: Sequence[GpuPlan],
                   current: dict[int, Layout]) -> list[tuple[int, str]]:
     """(GPU index, "whole" or profile) of each of the node's gpu devices in Slurm's index
@@ -316,14 +334,8 @@ def supply(plan: Plan, nodes: Sequence[SlurmNode],
         if node.draining or node.down or not node.registered or \
                 {"FAIL", "UNKNOWN", "NOT_RESPONDING"} & set(node.states):
             continue  # out of service: no job starts there, and it is not changed
-        current: dict[int, Layout] = {}
-        for gpu in group.gpus:
-            layout = (layouts or {}).get((node.name, gpu.index))
-            if layout is None and gpu.owner == "kubernetes":
-                layout = Layout(NOT_SLURMS)
-            elif layout is None:
-                layout = plan_layout([s.profile for s in gpu.slices_of("slurm")], gpu.mps)
-            current[gpu.index] = layout
+        current = {gpu.index: (layouts or {}).get((node.name, gpu.index)) or _planned(gpu)
+                   for gpu in group.gpus}
         gpu_devices = _device_order(node, group.model.gres_type, group.gpus, current)
         mps_gpus = [i for i in sorted(current) if current[i].mps]
         used: dict[int, dict[str, int]] = {}

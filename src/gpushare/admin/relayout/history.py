@@ -5,7 +5,8 @@
 benchmark's converter writes it as a trace. Only what a replay needs is kept: when each job
 was submitted, how long it ran, and what one node of it asked for (a MIG profile, whole
 GPUs or MPS units); jobs that never started, and jobs asking for several GPU kinds at once,
-are left out and counted.
+are left out and counted. The guard's floors (``keep``) read what each started job held
+from the same output, running jobs too.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
+from gpushare.admin.relayout.keep import Span
 from gpushare.admin.relayout.sim import Job
 
-__all__ = ["SACCT_FIELDS", "History", "parse_sacct", "read_sacct", "sacct_argv", "tres_request"]
+__all__ = ["SACCT_FIELDS", "History", "parse_sacct", "parse_spans", "read_sacct", "read_spans",
+           "sacct_argv", "tres_request"]
 
 SACCT_FIELDS = ("JobID", "Submit", "Start", "End", "ReqTRES", "User", "State")
 _MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
@@ -86,9 +89,11 @@ def _time(value: str) -> Optional[datetime.datetime]:
         return None
 
 
-def parse_sacct(text: str) -> History:
-    """Jobs from ``sacct --parsable2`` output with a header naming at least Submit, Start,
-    End and ReqTRES (or AllocTRES); ValueError when the header lacks them."""
+def _rows(text: str) -> Iterator[tuple[dict[str, str], Optional[tuple[str, int]], int]]:
+    """Each line of ``sacct --parsable2`` output with a header naming at least Submit,
+    Start, End and ReqTRES (or AllocTRES): its fields, its GPU request (kind, units on one
+    node; None without one) and its node count; ValueError when the header lacks them, and
+    for a line that asks for several GPU kinds at once."""
     lines = text.splitlines()
     if not any(line.strip() for line in lines):
         raise ValueError("the sacct output is empty: sacct printed not even its header, as it "
@@ -100,15 +105,32 @@ def parse_sacct(text: str) -> History:
     if missing:
         raise ValueError("the sacct output has no " + ", ".join(missing) + " column; run "
                          "sacct --parsable2 --format " + ",".join(SACCT_FIELDS))
-    history = History()
-    rows = []
     for line in lines[1:]:
         if not line.strip():
             continue
         fields = dict(zip(header, line.rstrip("\n").split("|")))
+        tres = fields.get(tres_field, "")
         try:
-            request = tres_request(fields.get(tres_field, ""))
+            yield fields, tres_request(tres), _nodes(tres)
         except ValueError:
+            yield fields, None, -1
+
+
+def _nodes(tres: str) -> int:
+    for item in tres.split(","):
+        name, _, value = item.strip().partition("=")
+        if name == "node" and _count(value):
+            return int(value)
+    return 1
+
+
+def parse_sacct(text: str) -> History:
+    """Jobs from ``sacct --parsable2`` output with a header naming at least Submit, Start,
+    End and ReqTRES (or AllocTRES); ValueError when the header lacks them."""
+    history = History()
+    rows = []
+    for fields, request, nodes in _rows(text):
+        if nodes < 0:
             history.skip("asks for several GPU kinds at once")
             continue
         if request is None:
@@ -131,16 +153,52 @@ def parse_sacct(text: str) -> History:
     return history
 
 
-def read_sacct(sacct: str, days: float, timeout: float = 120.0,
-               now: Optional[datetime.datetime] = None) -> History:
-    """The last ``days`` days of GPU jobs, asked of slurmdbd through ``sacct`` (an absolute
-    path); SlurmClientError says why it could not be read."""
+def parse_spans(text: str, now: datetime.datetime) -> list[Span]:
+    """What each started GPU job held, from ``sacct --parsable2`` output (as
+    :func:`parse_sacct` reads it): its units on all its nodes, from Start to End in seconds
+    before ``now`` (negative), End None while it runs. A line asking for several kinds at
+    once holds none of them alone and is left out."""
+    spans = []
+    for fields, request, nodes in _rows(text):
+        start, end = (_time(fields.get(f, "")) for f in ("Start", "End"))
+        if request is None or start is None:
+            continue
+        kind, units = request
+        spans.append(Span((start - now).total_seconds(), None if end is None else
+                          (end - now).total_seconds(), kind, units * max(nodes, 1)))
+    return spans
+
+
+def _sacct_text(sacct: str, days: float, timeout: float, now: datetime.datetime) -> str:
     from gpushare.admin.slurm_client import SlurmClientError, _run
 
     if not sacct.startswith("/"):
         raise SlurmClientError(f"{sacct}: give the Slurm command as an absolute path")
-    text = _run(sacct_argv(sacct, days, now or datetime.datetime.now()), timeout)
+    return _run(sacct_argv(sacct, days, now), timeout)
+
+
+def read_sacct(sacct: str, days: float, timeout: float = 120.0,
+               now: Optional[datetime.datetime] = None) -> History:
+    """The last ``days`` days of GPU jobs, asked of slurmdbd through ``sacct`` (an absolute
+    path); SlurmClientError says why it could not be read."""
+    from gpushare.admin.slurm_client import SlurmClientError
+
+    text = _sacct_text(sacct, days, timeout, now or datetime.datetime.now())
     try:
         return parse_sacct(text)
+    except ValueError as err:
+        raise SlurmClientError(f"{sacct}: {err}") from None
+
+
+def read_spans(sacct: str, hours: float, timeout: float = 120.0,
+               now: Optional[datetime.datetime] = None) -> list[Span]:
+    """What GPU jobs held in the last ``hours``, running ones too (:func:`parse_spans`);
+    SlurmClientError says why it could not be read."""
+    from gpushare.admin.slurm_client import SlurmClientError
+
+    now = now or datetime.datetime.now()
+    text = _sacct_text(sacct, hours / 24.0, timeout, now)
+    try:
+        return parse_spans(text, now)
     except ValueError as err:
         raise SlurmClientError(f"{sacct}: {err}") from None

@@ -39,7 +39,7 @@ import heapq
 import itertools
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from gpushare.admin.relayout.decide import Change, Decision, GpuState, Request, decide
 from gpushare.admin.relayout.menu import Layout, Menu, give_back, take
@@ -386,9 +386,12 @@ def decide_guarded(requests: Sequence[Request], gpus: Sequence[GpuState],
                    menus: dict[str, Menu], max_changes: int = 4, hysteresis: float = 0.5,
                    max_drain_s: Optional[float] = 5400.0, one_profile_per_node: bool = False,
                    safety: float = SAFETY, recent: Sequence[tuple[float, Request]] = (),
-                   lookback_s: float = LOOKBACK_S) -> tuple[Decision, list[Verdict]]:
-    """A round's decision: decide's candidates, each kept only where predicted to gain.
+                   lookback_s: float = LOOKBACK_S, floors: Optional[Mapping[str, int]] = None
+                   ) -> tuple[Decision, list[Verdict]]:
+    """A round's decision: decide's candidates (none under a kind's floor in ``floors``,
+    ``keep``), each kept only where predicted to gain.
     ``gpushare relayout`` and the simulator's relayout both call this."""
     decision = decide(requests, gpus, menus, max_changes, hysteresis,
-                      max_drain_s=max_drain_s, one_profile_per_node=one_profile_per_node)
+                      max_drain_s=max_drain_s, one_profile_per_node=one_profile_per_node,
+                      floors=floors)
     return guard(decision, requests, gpus, menus, safety, recent, lookback_s)

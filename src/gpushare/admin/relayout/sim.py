@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
 from gpushare.admin.relayout.decide import GpuState, Request
+from gpushare.admin.relayout.keep import DEFAULT_KEEP_H, Span, capacity, floors
 from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, give_back, parse_layout, take
 from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, decide_guarded
 
@@ -237,16 +238,20 @@ class Result:
 def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
              cluster: Optional[Cluster] = None, interval: float = 300.0, max_changes: int = 4,
              hysteresis: float = 0.5, drain_latency: float = 5.0,
-             safety: float = SAFETY) -> Result:
+             safety: float = SAFETY, keep_s: float = DEFAULT_KEEP_H * 3600.0,
+             history: Sequence[Span] = ()) -> Result:
     """Replay ``jobs`` on nodes laid out as ``layouts`` (per node, its GPUs' layouts);
     with ``relayout``, every ``interval`` seconds a round of :func:`decide_guarded`, the
-    decision ``gpushare relayout`` makes (a change only where predicted to gain)."""
+    decision ``gpushare relayout`` makes (a change only where predicted to gain, none under
+    a kind's floor: what its jobs held at once in the last ``keep_s``, ``history``'s spans,
+    before time 0, counted with the replay's own; 0: no floor)."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
     # Each node's fixed GPUs come after those a relayout may change (never changed here).
     nodes = [_Node([_Gpu(lay, dict(lay.serves())) for lay in (*node, *cluster.fixed)])
              for node in layouts]
     changeable = [len(node) for node in layouts]
+    baseline = capacity(lay for node in layouts for lay in (*node, *cluster.fixed))
     the_menu = cluster.menu
     kinds = {kind for item in the_menu.items for kind in item.layout.serves()}
     kinds |= {kind for node in layouts for lay in (*node, *cluster.fixed)
@@ -268,6 +273,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             heapq.heappush(events, (t, next(seq), "round", 0))
             t += interval
     pending: dict[str, list[int]] = {}
+    holds: list[Span] = []  # each started job's, for the floors
     result = Result({}, [], 0.0, 0.0, 0, 0.0, 0, 0, 0)
     total_gpus = sum(len(n.gpus) for n in nodes)
     now = 0.0
@@ -311,6 +317,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             if node.state == "draining":
                 result.landed_during_change += 1
             job.start, job.node = now, number
+            holds.append(Span(now, now + job.run, job.kind, job.count))
             node.running.add(job.id)
             heapq.heappush(events, (now + job.run, next(seq), "end", job.id))
             return True
@@ -404,9 +411,13 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             recent = [(now - job.submit, Request(str(job.id), job.kind, job.count, 0.0,
                                                  limit_s=TIME_LIMIT_FACTOR * job.run))
                       for job in by_submit[first:bisect.bisect_right(submits, now)]]
+            held = [span for span in holds if (span.end or now) > now - keep_s] \
+                if keep_s else []
             decision, _ = decide_guarded(requests, states, {"g": the_menu}, max_changes,
                                          hysteresis, safety=safety, recent=recent,
-                                         one_profile_per_node=cluster.one_profile)
+                                         one_profile_per_node=cluster.one_profile,
+                                         floors=floors([*history, *held], now, keep_s,
+                                                       baseline) if keep_s else None)
             for change in decision.changes:
                 node = nodes[int(change.node)]
                 target = the_menu.item(change.new)

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""What MIG and MPS jobs used: the floor under each kind that no change may cross.
+
+The forecast that guards a change (``predict``) sees the live queue and the last hour's
+submissions; it cannot see a kind's demand that comes back later (an inference peak the
+next morning), and a GPU changed to whole for the jobs waiting now may be held by them for
+hours when it does. So a change may not leave a MIG profile or MPS with fewer slices (MPS:
+units) than its floor: what its jobs held at once at any time in the last ``--keep-hours``
+(``sacct``'s Start and End of every job, running ones too), but never more than the plan's
+own layouts give it (what it would have with no relayout), nor fewer than it has where it
+has fewer than that already. Demand no larger than the last hours saw finds as many slices
+of its kind as it needs, up to what it would have without relayout (slices on a node
+drained for a change aside); relayout still takes what a kind left idle all that time,
+gives any kind more, and takes back what it gave. Whole GPUs have no
+floor: whole-GPU jobs are guarded by the forecast's rule that they wait no longer on
+average.
+
+Where the history cannot be read, each MIG profile and MPS keeps what the plan gives it
+(:func:`unknown`): no kind is left with less than it would have without relayout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional
+
+from gpushare.admin.relayout import DEFAULT_KEEP_H
+from gpushare.admin.relayout.menu import Layout
+
+__all__ = ["DEFAULT_KEEP_H", "Floors", "Span", "capacity", "floors", "short", "unknown"]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One job's hold on one kind: ``units`` from ``start`` to ``end`` (seconds on any one
+    clock; ``end`` None while it runs)."""
+
+    start: float
+    end: Optional[float]
+    kind: str
+    units: int
+
+
+@dataclass(frozen=True)
+class Floors:
+    """Each kind's floor and where it came from, for the decision's explanation."""
+
+    by_kind: Mapping[str, int]
+    source: str  # "the last 24 h of sacct", or why it could not be read
+    known: bool = True  # False: the history could not be read; the floors are the plan's
+
+    def line(self) -> str:
+        """The floors in words: one line of the decision's why."""
+        floors = ", ".join(f"{kind} {n}" for kind, n in sorted(self.by_kind.items()) if n)
+        if not self.known:
+            return ("kept: every MIG profile and MPS keeps what the plan's layouts give it "
+                    f"({floors or 'none'}): {self.source}")
+        return ("kept: no change leaves a MIG profile or MPS with fewer than its jobs held "
+                f"at once in {self.source}, up to what the plan's layouts give it "
+                f"({floors or 'none held'})")
+
+
+def _kept(kind: str) -> bool:
+    return kind != "whole"
+
+
+def floors(spans: Iterable[Span], now: float, window_s: float,
+           baseline: Optional[Mapping[str, int]] = None) -> dict[str, int]:
+    """The most units of each MIG profile and of MPS that ``spans`` held at once between
+    ``now - window_s`` and ``now`` (a span that began before the window counts from its
+    start; one still running, until now), each at most what ``baseline`` gives it."""
+    since = now - window_s
+    marks: dict[str, list[tuple[float, int]]] = {}
+    for span in spans:
+        end = now if span.end is None else min(span.end, now)
+        if not _kept(span.kind) or span.units <= 0 or end <= since or span.start >= now \
+                or end <= span.start:
+            continue
+        kind_marks = marks.setdefault(span.kind, [])
+        kind_marks.append((max(span.start, since), span.units))
+        kind_marks.append((end, -span.units))
+    peaks: dict[str, int] = {}
+    for kind, kind_marks in marks.items():
+        kind_marks.sort()  # at one instant an end (negative) comes before a start
+        level = peak = 0
+        for _, delta in kind_marks:
+            level += delta
+            peak = max(peak, level)
+        peaks[kind] = peak if baseline is None else min(peak, baseline.get(kind, 0))
+    return peaks
+
+
+def capacity(layouts: Iterable[Layout]) -> dict[str, int]:
+    """The slices (MPS: units) of each kind that GPUs in ``layouts`` offer Slurm."""
+    total: dict[str, int] = {}
+    for layout in layouts:
+        for kind, count in layout.offers().items():
+            total[kind] = total.get(kind, 0) + count
+    return total
+
+
+def short(before: Mapping[str, int], after: Mapping[str, int], floor: Mapping[str, int]
+          ) -> list[str]:
+    """Why ``after`` crosses a floor that ``before`` kept, kind by kind ([] for none): a
+    kind may fall to its floor, never under it, nor under what it has where that is less."""
+    problems = []
+    for kind, kept in sorted(floor.items()):
+        has, would = before.get(kind, 0), after.get(kind, 0)
+        if would < min(has, kept):
+            problems.append(f"{kind} would keep {would} of its {has}, under its floor {kept}")
+    return problems
+
+
+def unknown(baseline: Mapping[str, int]) -> dict[str, int]:
+    """Floors where the history could not be read: each MIG profile and MPS keeps what the
+    plan's layouts give it (``baseline``)."""
+    return {kind: n for kind, n in baseline.items() if _kept(kind)}

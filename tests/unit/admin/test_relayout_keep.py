@@ -1,0 +1,194 @@
+# SPDX-License-Identifier: GPL-2.0-or-later
+"""The floors under MIG and MPS capacity: what their jobs held at once in the last hours,
+read from sacct, which no relayout change crosses (``keep``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+from tests.unit.admin.relayout_site import make_site, sacct_stub
+from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
+
+from gpushare.admin.relayout.decide import Request, decide
+from gpushare.admin.relayout.history import parse_spans
+from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, short, unknown
+from gpushare.admin.relayout.sim import Job, default_cluster, simulate
+
+HOUR = 3600.0
+
+
+def test_a_floor_is_the_most_units_held_at_once_within_the_window():
+    spans = [Span(-5 * HOUR, -3 * HOUR, "1g.10gb", 4),   # overlaps the next for an hour
+             Span(-4 * HOUR, -2 * HOUR, "1g.10gb", 3),
+             Span(-2 * HOUR, -1 * HOUR, "1g.10gb", 6),   # begins as the one before ends
+             Span(-30 * HOUR, -26 * HOUR, "1g.10gb", 50),  # before the window
+             Span(-1 * HOUR, None, "3g.40gb", 2),         # still running
+             Span(-2 * HOUR, -1 * HOUR, "whole", 8),      # whole GPUs have no floor
+             Span(-2 * HOUR, -1 * HOUR, "mps", 150)]
+    assert floors(spans, 0.0, 24 * HOUR) == {"1g.10gb": 7, "3g.40gb": 2, "mps": 150}
+    # A span that began before the window counts for what it held within it.
+    assert floors([Span(-30 * HOUR, -1 * HOUR, "2g.20gb", 3)], 0.0, 24 * HOUR) == {
+        "2g.20gb": 3}
+    assert floors(spans, 0.0, 1.5 * HOUR) == {"1g.10gb": 6, "3g.40gb": 2, "mps": 150}
+    # Never more than the plan's own layouts give a kind: what it has beyond that, relayout
+    # gave it, and may take back.
+    assert floors(spans, 0.0, 24 * HOUR, {"1g.10gb": 5, "mps": 200}) == {
+        "1g.10gb": 5, "3g.40gb": 0, "mps": 150}
+
+
+def test_a_kind_falls_to_its_floor_never_under_it():
+    before = {"1g.10gb": 14, "3g.40gb": 2}
+    assert short(before, {"1g.10gb": 7, "3g.40gb": 4}, {"1g.10gb": 7}) == []
+    assert short(before, {"1g.10gb": 0, "3g.40gb": 6}, {"1g.10gb": 7}) == [
+        "1g.10gb would keep 0 of its 14, under its floor 7"]
+    # Where a kind has less than its floor already it keeps that, and may grow.
+    assert short({"1g.10gb": 7}, {"1g.10gb": 0}, {"1g.10gb": 10}) != []
+    assert short({"1g.10gb": 7}, {"1g.10gb": 14}, {"1g.10gb": 10}) == []
+    # Unknown history: every MIG profile and MPS keeps what the plan gives it.
+    kept = unknown({"1g.10gb": 7, "whole": 4, "mps": 100})
+    assert kept == {"1g.10gb": 7, "mps": 100}
+    assert short({"1g.10gb": 14, "mps": 100}, {"1g.10gb": 7, "mps": 100}, kept) == []
+    assert short({"1g.10gb": 7, "mps": 100}, {"1g.10gb": 6, "mps": 100}, kept) == [
+        "1g.10gb would keep 6 of its 7, under its floor 7"]
+    assert Floors(kept, "sacct: down", known=False).line() == (
+        "kept: every MIG profile and MPS keeps what the plan's layouts give it (1g.10gb 7, "
+        "mps 100): sacct: down")
+
+
+def test_capacity_counts_what_slurm_gets_from_each_gpu():
+    assert capacity([layout("7x1g.10gb"), layout("2x3g.40gb"), layout("whole")]) == {
+        "1g.10gb": 7, "3g.40gb": 2, "whole": 1}
+
+
+def test_no_change_takes_slices_a_kinds_jobs_held():
+    menu = menu_of("7x1g.10gb", "whole")
+    queue = [Request(str(j), "whole", 1, 3000) for j in range(4)]
+    free = decide(queue, gpus("7x1g.10gb", 4), {"g": menu})
+    assert [c.new for c in free.changes] == ["whole"] * 4
+    # 1g jobs held 14 slices at once: two of the four GPUs stay 7x1g.10gb.
+    kept = decide(queue, gpus("7x1g.10gb", 4), {"g": menu}, floors={"1g.10gb": 14})
+    assert len(kept.changes) == 2
+    held = decide(queue, gpus("7x1g.10gb", 4), {"g": menu}, floors={"1g.10gb": 28})
+    assert held.changes == []
+    assert any("kept: 1g.10gb would keep 21 of its 28, under its floor 28" in line
+               for line in held.why), held.why
+    # A kind that held nothing has no floor, and changes towards a kept kind are free.
+    assert len(decide(queue, gpus("7x1g.10gb", 4), {"g": menu},
+                      floors={"3g.40gb": 99}).changes) == 4
+    small = [Request(str(j), "1g.10gb", 1, 3000) for j in range(20)]
+    assert decide(small, gpus("whole", 4), {"g": menu}, floors={"1g.10gb": 99}).changes
+
+
+def test_spans_are_read_from_sacct_running_jobs_too():
+    now = datetime.datetime(2026, 1, 2, 12, 0, 0)
+    text = "\n".join([
+        "JobID|Submit|Start|End|ReqTRES|User|State",
+        "1|2026-01-02T09:00:00|2026-01-02T10:00:00|2026-01-02T11:00:00|"
+        "cpu=1,gres/gpu:1g.10gb=2,node=1|a|COMPLETED",
+        "2|2026-01-02T11:00:00|2026-01-02T11:30:00|Unknown|"
+        "gres/gpu:3g.40gb=4,node=2|b|RUNNING",
+        "3|2026-01-02T11:50:00|Unknown|Unknown|gres/gpu:1g.10gb=1|c|PENDING",
+        "4|2026-01-02T10:00:00|2026-01-02T10:00:00|2026-01-02T10:30:00|"
+        "gres/gpu:1g.10gb=1,gres/gpu:3g.40gb=1|d|COMPLETED",
+        "5|2026-01-02T10:00:00|2026-01-02T10:00:00|2026-01-02T10:30:00|gres/mps=50|e|FAILED",
+        "6|2026-01-02T10:00:00|2026-01-02T10:00:00|2026-01-02T10:30:00|cpu=4|f|COMPLETED",
+    ])
+    assert parse_spans(text, now) == [
+        Span(-2 * HOUR, -HOUR, "1g.10gb", 2),
+        Span(-0.5 * HOUR, None, "3g.40gb", 4),  # 2 a node on 2 nodes
+        Span(-2 * HOUR, -1.5 * HOUR, "mps", 50)]
+    with pytest.raises(ValueError, match="no Start"):
+        parse_spans("JobID|Submit|End|ReqTRES\n", now)
+
+
+def _one_node(history, keep_s=7 * 24 * HOUR):
+    """A node of 4 GPUs of 7x1g.10gb beside one of 4 whole ones, whole-GPU jobs waiting,
+    replayed with relayout: how many GPUs it changed, with ``history``'s 1g.10gb holds
+    before time 0 and floors over ``keep_s`` (a week: the history stays in the window for
+    the whole replay)."""
+    cluster = default_cluster(2, 4, ("7x1g.10gb", "whole"))
+    start = [[cluster.menu.items[0].layout] * 4, [cluster.menu.items[1].layout] * 4]
+    jobs = [Job(n, 30.0 * n, 3 * HOUR, "whole", 1, "u") for n in range(48)]
+    return simulate(jobs, start, True, cluster, history=history, keep_s=keep_s).changes
+
+
+def test_a_replay_keeps_the_slices_its_history_held():
+    assert _one_node([]) == 4  # nothing held 1g.10gb: every such GPU goes whole
+    assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 14)]) == 2
+    assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 28)]) == 0
+    assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 28)], keep_s=0) == 4  # no floor
+    # Held more than the window ago: forgotten.
+    assert _one_node([Span(-30 * HOUR, -25 * HOUR, "1g.10gb", 28)], keep_s=24 * HOUR) == 4
+
+
+@pytest.fixture
+def site(tmp_path):
+    return make_site(tmp_path)
+
+
+def _dry_run(site, tmp_path, capsys, *extra):
+    from tests.unit.admin.test_relayout_controller import _command
+
+    from gpushare.cli import main
+
+    plan, settings, _profile, _slurm = site
+    argv, _db = _command(plan, settings, tmp_path)
+    argv = [word for word in argv if word not in ("--apply", "--json")]
+    sacct = argv.index("--sacct")
+    del argv[sacct:sacct + 2]
+    assert main([*argv, *extra, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_command_reads_sacct_and_keeps_what_1g_jobs_held(site, tmp_path, capsys):
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    now = datetime.datetime.now().replace(microsecond=0)
+    held = [f"{n}|{(now - datetime.timedelta(hours=5)).isoformat()}|"
+            f"{(now - datetime.timedelta(hours=4)).isoformat()}|"
+            f"{(now - datetime.timedelta(hours=3)).isoformat()}|gres/gpu:1g.10gb=5|u|COMPLETED"
+            for n in range(6)]
+    sacct = sacct_stub(str(stubs), tuple(held))
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
+    assert decision["changes"] == [], decision["why"]
+    assert any("kept: no change leaves a MIG profile or MPS with fewer than its jobs held at "
+               "once in the last 24 h of sacct, up to what the plan's layouts give it "
+               "(1g.10gb 30)" in why for why in decision["why"]), decision["why"]
+    with open(sacct + ".args", encoding="utf-8") as args:
+        called = args.read().split()
+    assert called[:4] == ["--parsable2", "--allocations", "--allusers", "--starttime"]
+    since = datetime.datetime.fromisoformat(called[4])
+    assert abs((now - since).total_seconds() - 24 * HOUR) < 120
+    # Held 15 at most: one GPU's 7 slices of the 30 may go.
+    sacct = sacct_stub(str(stubs), tuple(held[:3]))
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
+    assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+    # A shorter window forgets them.
+    sacct = sacct_stub(str(stubs), tuple(held))
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct, "--keep-hours", "2")
+    assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+
+
+def test_without_sacct_every_kind_keeps_what_the_plan_gives_it(site, tmp_path, capsys):
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    failing = sacct_stub(str(stubs), exit_code=1)
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", failing)
+    assert decision["changes"] == []
+    [line] = [why for why in decision["why"] if why.startswith("kept:")]
+    assert "every MIG profile and MPS keeps what the plan's layouts give it" in line
+    assert "accounting storage is disabled" in line and "--keep-hours 0" in line
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", failing, "--keep-hours", "0")
+    assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+    assert not any(why.startswith("kept:") for why in decision["why"])
+
+
+def test_keep_hours_out_of_range_is_refused(tmp_path, capsys):
+    from gpushare.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    assert main(["relayout", "--plan", str(plan), "--keep-hours", "-1"]) == 2
+    assert "--keep-hours must be between 0 and 8784" in capsys.readouterr().err
