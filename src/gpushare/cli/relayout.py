@@ -27,8 +27,7 @@ NODE_GROUP = "the node's step (gpushare relayout node)"
 CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm_conf",
                    "cluster_gres_conf", "drain_timeout", "parallel", "settle_timeout",
                    "max_changes", "hysteresis", "max_drain", "keep_hours", "lookback", "squeue",
-                   "explain",
-                   "suggest", "days", "sacct", "history", "group", "json", "backend",
+                   "explain", "suggest", "days", "sacct", "history", "group", "json", "backend",
                    "scontrol")
 # The node's step's own options, refused without the word node (the round ignores them).
 STEP_ONLY = ("gpu", "layout", "node", "round", "decision", "source", "gres_conf", "lock_dir")
@@ -177,8 +176,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--keep-hours", type=float, default=DEFAULT_KEEP_H, metavar="H",
                         help="no change leaves a MIG profile or MPS fewer slices than its jobs "
                         "held at once in the last H hours (read with sacct), up to what the "
-                        "plan's own layouts give it; where sacct fails, what the plan gives "
-                        f"it (default {DEFAULT_KEEP_H:g}; 0: no floor)")
+                        "plan's own layouts give it, and while MPS jobs held units no node "
+                        "with MPS GPUs gains a whole GPU; where sacct fails, each keeps what "
+                        f"the plan gives it (default {DEFAULT_KEEP_H:g}; 0: no floors)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")

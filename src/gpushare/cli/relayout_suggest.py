@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--days", type=float, metavar="N",
                        help="with --suggest: how much history (default 14 days)")
     group.add_argument("--sacct", default="/usr/bin/sacct", metavar="PATH",
-                       help="absolute path of sacct (default /usr/bin/sacct)")
+                       help="absolute path of sacct, for --suggest and for each round's "
+                       "floors (--keep-hours; default /usr/bin/sacct)")
     group.add_argument("--history", metavar="FILE",
                        help="with --suggest: read this saved `sacct --allusers --parsable2 "
                        "--allocations --format JobID,Submit,Start,End,ReqTRES,User,State` "

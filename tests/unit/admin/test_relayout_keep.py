@@ -11,7 +11,7 @@ import pytest
 from tests.unit.admin.relayout_site import make_site, sacct_stub
 from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
 
-from gpushare.admin.relayout.decide import Request, decide
+from gpushare.admin.relayout.decide import GpuState, Request, decide
 from gpushare.admin.relayout.history import parse_spans
 from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, short, unknown
 from gpushare.admin.relayout.sim import Job, default_cluster, simulate
@@ -79,6 +79,25 @@ def test_no_change_takes_slices_a_kinds_jobs_held():
                       floors={"3g.40gb": 99}).changes) == 4
     small = [Request(str(j), "1g.10gb", 1, 3000) for j in range(20)]
     assert decide(small, gpus("whole", 4), {"g": menu}, floors={"1g.10gb": 99}).changes
+
+
+def test_no_whole_gpu_is_added_beside_mps_gpus_while_mps_jobs_held_units():
+    """Slurm gives an idle GPU with MPS units whole to a whole-GPU job: a node that gains
+    whole GPUs beside its MPS GPUs lets requests of several GPUs take them."""
+    menu = menu_of("7x1g.10gb", "whole", "mps:100")
+    queue = [Request(str(j), "whole", 2, 3000) for j in range(4)]
+    beside = gpus("7x1g.10gb", 3) + [
+        GpuState("n1", 3, "g", layout("mps:100"), False, True, None, {})]
+    apart = gpus("7x1g.10gb", 3, node="n2")
+    assert decide(queue, beside, {"g": menu}).changes  # no floor: made
+    assert decide(queue, beside, {"g": menu}, floors={"1g.10gb": 0, "mps": 0}).changes
+    held = decide(queue, beside, {"g": menu}, floors={"1g.10gb": 0, "mps": 50})
+    assert held.changes == []
+    assert any("kept: no whole GPU beside n1's MPS GPUs" in line for line in held.why), held.why
+    # A node without MPS GPUs takes them.
+    changes = decide(queue, beside + apart, {"g": menu},
+                     floors={"1g.10gb": 0, "mps": 50}).changes
+    assert changes and {c.node for c in changes} == {"n2"}
 
 
 def test_spans_are_read_from_sacct_running_jobs_too():

@@ -318,6 +318,11 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
             layouts = {item.layout.name: item for gpu in node_gpus
                        for item in menus[gpu.group].items}
             for name, item in layouts.items():
+                if floors and keep.exposes_mps(floors, item.layout, [
+                        layout_of[key] for key in layout_of if key[0] == node]):
+                    if short & set(item.layout.offers()):
+                        bounded.add(f"kept: no whole GPU beside {node}'s MPS GPUs")
+                    continue
                 movable = [gpu for gpu in node_gpus if (gpu.node, gpu.index) not in changed
                            and gpu.layout.name != name and item in menus[gpu.group].items
                            and not (gpu.mode_fixed and gpu.layout.mig != item.layout.mig)]

@@ -92,8 +92,8 @@ def _time(value: str) -> Optional[datetime.datetime]:
 def _rows(text: str) -> Iterator[tuple[dict[str, str], Optional[tuple[str, int]], int]]:
     """Each line of ``sacct --parsable2`` output with a header naming at least Submit,
     Start, End and ReqTRES (or AllocTRES): its fields, its GPU request (kind, units on one
-    node; None without one) and its node count; ValueError when the header lacks them, and
-    for a line that asks for several GPU kinds at once."""
+    node; None without one) and its node count (-1 where it asks for several GPU kinds at
+    once); ValueError when the header lacks them."""
     lines = text.splitlines()
     if not any(line.strip() for line in lines):
         raise ValueError("the sacct output is empty: sacct printed not even its header, as it "

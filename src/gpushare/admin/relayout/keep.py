@@ -15,6 +15,11 @@ gives any kind more, and takes back what it gave. Whole GPUs have no
 floor: whole-GPU jobs are guarded by the forecast's rule that they wait no longer on
 average.
 
+MPS units have a second floor. Slurm gives an idle GPU with MPS units whole to a whole-GPU
+job, so a node that gains whole GPUs beside its MPS GPUs lets requests of several whole
+GPUs fit there and hold its MPS GPUs for hours: while MPS jobs held units within the window,
+no change adds a whole GPU to a node with MPS GPUs (:func:`exposes_mps`).
+
 Where the history cannot be read, each MIG profile and MPS keeps what the plan gives it
 (:func:`unknown`): no kind is left with less than it would have without relayout.
 """
@@ -27,7 +32,8 @@ from typing import Iterable, Mapping, Optional
 from gpushare.admin.relayout import DEFAULT_KEEP_H
 from gpushare.admin.relayout.menu import Layout
 
-__all__ = ["DEFAULT_KEEP_H", "Floors", "Span", "capacity", "floors", "short", "unknown"]
+__all__ = ["DEFAULT_KEEP_H", "Floors", "Span", "capacity", "exposes_mps", "floors", "short",
+           "unknown"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,13 @@ def short(before: Mapping[str, int], after: Mapping[str, int], floor: Mapping[st
         if would < min(has, kept):
             problems.append(f"{kind} would keep {would} of its {has}, under its floor {kept}")
     return problems
+
+
+def exposes_mps(floor: Mapping[str, int], layout: Layout, beside: Iterable[Layout]) -> bool:
+    """Whether changing a GPU to ``layout`` on a node whose GPUs are laid out as ``beside``
+    adds a whole GPU next to MPS GPUs while MPS has a floor."""
+    return floor.get("mps", 0) > 0 and "whole" in layout.offers() and \
+        any(other.mps for other in beside)
 
 
 def unknown(baseline: Mapping[str, int]) -> dict[str, int]:
