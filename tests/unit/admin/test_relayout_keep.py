@@ -86,8 +86,8 @@ def test_no_whole_gpu_is_added_beside_mps_gpus_while_mps_jobs_held_units():
     whole GPUs beside its MPS GPUs lets requests of several GPUs take them."""
     menu = menu_of("7x1g.10gb", "whole", "mps:100")
     queue = [Request(str(j), "whole", 2, 3000) for j in range(4)]
-    beside = gpus("7x1g.10gb", 3) + [
-        GpuState("n1", 3, "g", layout("mps:100"), False, True, None, {})]
+    beside = [*gpus("7x1g.10gb", 3),
+              GpuState("n1", 3, "g", layout("mps:100"), False, True, None, {})]
     apart = gpus("7x1g.10gb", 3, node="n2")
     assert decide(queue, beside, {"g": menu}).changes  # no floor: made
     assert decide(queue, beside, {"g": menu}, floors={"1g.10gb": 0, "mps": 0}).changes
