@@ -73,8 +73,9 @@ def _kept(kind: str) -> bool:
 def floors(spans: Iterable[Span], now: float, window_s: float,
            baseline: Optional[Mapping[str, int]] = None) -> dict[str, int]:
     """The most units of each MIG profile and of MPS that ``spans`` held at once between
-    ``now - window_s`` and ``now`` (a span that began before the window counts from its
-    start; one still running, until now), each at most what ``baseline`` gives it."""
+    ``now - window_s`` and ``now`` (a span that began before the window counts for what it
+    held within it; one still running, until now), each at most what ``baseline`` gives
+    it."""
     since = now - window_s
     marks: dict[str, list[tuple[float, int]]] = {}
     for span in spans:
