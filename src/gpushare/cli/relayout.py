@@ -346,9 +346,9 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
 
         return apply(args, plan, decision, state_path, version,
                      format_decision(decision, verdicts, args.explain, args.lookback),
-                     _decision_json(decision, verdicts))
+                     _decision_json(decision, verdicts, kept))
     if args.json:
-        print(json.dumps(_decision_json(decision, verdicts), indent=2))
+        print(json.dumps(_decision_json(decision, verdicts, kept), indent=2))
         return 0
     print(format_decision(decision, verdicts, args.explain, args.lookback))
     return 0
@@ -380,8 +380,12 @@ def _forecast_json(forecast: Any) -> dict[str, Any]:
             "mig_jobs": forecast.mig_jobs, "started": forecast.started}
 
 
-def _decision_json(decision: Any, verdicts: Sequence[Any] = ()) -> dict[str, Any]:
+def _decision_json(decision: Any, verdicts: Sequence[Any] = (), kept: Any = None
+                   ) -> dict[str, Any]:
     return {"demand": decision.demand, "supply": decision.supply,
+            "floors": None if kept is None else {"by_kind": dict(kept.by_kind),
+                                                 "from_history": kept.known,
+                                                 "source": kept.source},
             "changes": [{"node": c.node, "gpu": c.index, "from": c.old, "to": c.new,
                          "gain": round(c.gain, 3), "node_busy": c.node_busy}
                         for c in decision.changes],

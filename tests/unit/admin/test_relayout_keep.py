@@ -172,6 +172,8 @@ def test_the_command_reads_sacct_and_keeps_what_1g_jobs_held(site, tmp_path, cap
     sacct = sacct_stub(str(stubs), tuple(held))
     decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
     assert decision["changes"] == [], decision["why"]
+    assert decision["floors"] == {"by_kind": {"1g.10gb": 30}, "from_history": True,
+                                  "source": "the last 24 h of sacct"}
     assert any("kept: no change leaves a MIG profile or MPS with fewer than its jobs held at "
                "once in the last 24 h of sacct, up to what the plan's layouts give it "
                "(1g.10gb 30)" in why for why in decision["why"]), decision["why"]
@@ -198,10 +200,13 @@ def test_without_sacct_every_kind_keeps_what_the_plan_gives_it(site, tmp_path, c
     assert decision["changes"] == []
     [line] = [why for why in decision["why"] if why.startswith("kept:")]
     assert "every MIG profile and MPS keeps what the plan's layouts give it" in line
+    assert decision["floors"]["by_kind"] == {"1g.10gb": 30}
+    assert decision["floors"]["from_history"] is False
     assert "accounting storage is disabled" in line and "--keep-hours 0" in line
     decision = _dry_run(site, tmp_path, capsys, "--sacct", failing, "--keep-hours", "0")
     assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
     assert not any(why.startswith("kept:") for why in decision["why"])
+    assert decision["floors"] is None
 
 
 def test_keep_hours_out_of_range_is_refused(tmp_path, capsys):
