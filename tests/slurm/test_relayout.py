@@ -515,11 +515,12 @@ def test_without_accounting_every_mig_profile_keeps_its_slices(fresh):
     [line] = [why for why in out["why"] if why.startswith("kept:")]
     assert "every MIG profile and MPS keeps what the plan's layouts give it" in line, line
     assert "sacct" in line and "--keep-hours 0" in line, line
+    assert out["floors"]["from_history"] is False and out["floors"]["by_kind"], out["floors"]
     free = gpushare(*base, *NO_FLOOR)
     assert free.returncode == 0, free.stderr
     out = json.loads(free.stdout)
     assert [c for c in out["changes"] if "1g.10gb" in c["from"]], out
-    assert not any(why.startswith("kept:") for why in out["why"])
+    assert not any(why.startswith("kept:") for why in out["why"]) and out["floors"] is None
     assert sim_layout(bed, 2) == ["1g.10gb"] * 7  # dry runs: nothing changed
 
 
