@@ -14,11 +14,11 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from slurmbed import debian_codename as codename
 
-__all__ = ["Accounting", "AccountingError"]
+__all__ = ["Accounting", "AccountingError", "accounting_for"]
 
 APT_PACKAGES = ("slurmdbd", "mariadb-server")
 # Debian 13's slurmdbd 24.11 (and forky's 26.05) stops at its start against its own
@@ -185,6 +185,49 @@ class Accounting:
                     return
             time.sleep(0.2)
         raise AccountingError(f"{what}: not after {timeout:.0f}s\n{self.logs()}")
+
+
+@contextlib.contextmanager
+def accounting_for(bed: Any, db_port: int, dbd_port: int, settle: Callable[[], None],
+                   users: Sequence[str] = ()) -> Iterator[Accounting]:
+    """MariaDB and slurmdbd for ``bed`` (a ``slurmbed.SlurmBed``), slurmctld restarted to
+    use them (``settle`` waits until the bed is back in service), the cluster and ``users``
+    registered; after, slurm.conf as it was, slurmctld restarted and both daemons stopped.
+    Their logs are printed when the set-up or the block fails."""
+    started = time.monotonic()
+    acct = Accounting(root=bed.path("acct"), db_port=db_port, dbd_port=dbd_port,
+                      munge_socket=bed.path("munge", "munge.socket"))
+    with open(bed.conf) as f:
+        original = f.read()
+    try:
+        os.makedirs(acct.root, exist_ok=True)
+        acct.write_dbd_conf(os.path.dirname(bed.conf))
+        acct.start_database()
+        # sacctmgr reads slurm.conf too; slurmctld keeps its old one until its restart.
+        with open(bed.conf, "w") as f:
+            f.write(original.replace("AccountingStorageType=accounting_storage/none",
+                                     "\n".join(acct.slurm_conf_lines())))
+        acct.start_dbd(bed.env)
+        acct.register(bed.env, bed.cluster, list(users))
+        # The cluster's id in StateSaveLocation is the one slurmctld made up without
+        # slurmdbd; 26.05's slurmctld refuses to start when slurmdbd gave another.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bed.path("spool", "ctld", "clustername"))
+        bed.restart_slurmctld()
+        settle()
+        print(f"accounting bed set up in {time.monotonic() - started:.1f}s")
+        yield acct
+    except BaseException:
+        print(acct.logs())
+        with contextlib.suppress(OSError), open(bed.path("log", "slurmctld.log")) as log:
+            print("== slurmctld.log\n" + "".join(log.readlines()[-40:]))
+        raise
+    finally:
+        with open(bed.conf, "w") as f:
+            f.write(original)
+        bed.restart_slurmctld()
+        acct.stop()
+        settle()
 
 
 def _terminate(pid: int, grace: float = 10.0) -> None:

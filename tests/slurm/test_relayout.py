@@ -328,6 +328,10 @@ def test_the_layout_follows_the_queue(fresh):
     # Only 22.05's per-file count may differ; what check expects is the applied layout.
     assert all("gives Slurm gpu:h100:1,gpu:3g.40gb:4" in f["what"]
                for f in findings if f["severity"] == "error"), findings
+    # The bed records no GRES in accounting: relayout's floors cannot read sacct, and the
+    # check says what to add (test_relayout_accounting has slurmdbd and the line).
+    assert any("does not record gres/gpu" in f["what"] and "AccountingStorageTRES=" in f["fix"]
+               for f in findings if f["severity"] == "warning"), findings
     rendered = gpushare("render", "gres", "--plan", bed.path("etc", "plan.yaml"), "--node",
                         NODE)
     assert rendered.stdout.count("Type=3g.40gb") == 4, rendered.stdout

@@ -4,9 +4,7 @@ and slurmdbd for this module (slurmctld restarted with accounting), and loses th
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 
 import pytest
 from tests.slurm.test_usage import CLIENT, U1, usage_round
@@ -27,41 +25,9 @@ def accounting(bed):
         # make deps installs the packages on Debian 12 (slurmdbd_bed.RELEASES); every
         # release root of `make test` has them, with the client library its slurmdbd needs.
         pytest.skip(reason)
-    started = time.monotonic()
-    acct = slurmdbd_bed.Accounting(root=bed.path("acct"), db_port=PORT + 90,
-                                   dbd_port=PORT + 91,
-                                   munge_socket=bed.path("munge", "munge.socket"))
-    with open(bed.conf) as f:
-        original = f.read()
-    try:
-        os.makedirs(acct.root, exist_ok=True)
-        acct.write_dbd_conf(os.path.dirname(bed.conf))
-        acct.start_database()
-        # sacctmgr reads slurm.conf too; slurmctld keeps its old one until its restart.
-        with open(bed.conf, "w") as f:
-            f.write(original.replace("AccountingStorageType=accounting_storage/none",
-                                     "\n".join(acct.slurm_conf_lines())))
-        acct.start_dbd(bed.env)
-        acct.register(bed.env, bed.cluster, list(TEST_USERS))
-        # The cluster's id in StateSaveLocation is the one slurmctld made up without
-        # slurmdbd; 26.05's slurmctld refuses to start when slurmdbd gave another.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(bed.path("spool", "ctld", "clustername"))
-        bed.restart_slurmctld()
-        bed.wait_idle()
-        print(f"accounting bed set up in {time.monotonic() - started:.1f}s")
+    with slurmdbd_bed.accounting_for(bed, PORT + 90, PORT + 91, bed.wait_idle,
+                                     TEST_USERS) as acct:
         yield acct
-    except BaseException:
-        print(acct.logs())
-        with contextlib.suppress(OSError), open(bed.path("log", "slurmctld.log")) as log:
-            print("== slurmctld.log\n" + "".join(log.readlines()[-40:]))
-        raise
-    finally:
-        with open(bed.conf, "w") as f:
-            f.write(original)
-        bed.restart_slurmctld()
-        acct.stop()
-        bed.wait_idle()
 
 
 def lowercases_admin_comment() -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "ERROR",
     "WARNING",
     "Finding",
+    "check_accounting",
     "check_cluster",
     "check_daemon_cgroup",
     "check_daemon_containment",
@@ -91,6 +92,27 @@ def check_lending(plan: Plan) -> list[Finding]:
                     f"{plan.path}: lending", "report this as a gpushare bug: the plan was "
                     "accepted but its rendering disagrees; remove the lending rule meanwhile")
             for problem in states_owned_once(plan)]
+
+
+def check_accounting(plan: Plan, tracked: str) -> list[Finding]:
+    """Whether slurmctld records every GPU kind of the plan in accounting
+    (``AccountingStorageTRES``, ``tracked``), where a group has a relayout menu: without them
+    sacct shows no MIG job's GPUs, so relayout's floors keep the plan's slices and
+    ``--suggest`` refuses."""
+    from gpushare.admin.tres import plan_kinds, plan_tres, tres_name, untracked
+
+    if not any(group.relayout is not None for group in plan.groups):
+        return []
+    missing = untracked(plan_kinds(plan), tracked)
+    if not missing:
+        return []
+    wanted = plan_tres(plan)
+    return [Finding(
+        WARNING, f"slurmctld does not record {','.join(map(tres_name, missing))} in accounting "
+        "(AccountingStorageTRES): sacct cannot show those jobs' GPUs, so gpushare relayout "
+        "keeps what the plan gives each of those kinds and --suggest refuses",
+        "slurmctld AccountingStorageTRES", f"add AccountingStorageTRES={','.join(wanted)} "
+        "(merged into yours; `gpushare render slurm-conf` prints it) and restart slurmctld")]
 
 
 # --------------------------------------------------------------------------------------------

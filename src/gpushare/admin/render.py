@@ -26,6 +26,7 @@ from gpushare.admin.plan import (
     with_slurm_version,
 )
 from gpushare.admin.topology import build_blocks, build_switches
+from gpushare.admin.tres import plan_tres
 from gpushare.gpu.inventory import Gpu, Inventory
 
 __all__ = [
@@ -417,6 +418,14 @@ def _node_gres_lines(plan: Plan) -> list[str]:
             *(f"#   NodeName={nodes} ... Gres={gres}" for nodes, gres in rows)]
 
 
+def _accounting_lines(plan: Plan) -> list[str]:
+    if not any(group.gpus for group in plan.groups):
+        return []
+    return ["# With slurmdbd: record every GPU kind, so that sacct shows what jobs used",
+            "# (relayout's floors and --suggest read it); merge into your AccountingStorageTRES:",
+            f"#   AccountingStorageTRES={','.join(plan_tres(plan))}"]
+
+
 def render_slurm_conf(plan: Plan) -> str:
     """The slurm.conf lines the plan implies: the topology plugin for its NVLink domains,
     the IMEX channel allocation of multi-node NVLink jobs (slurm.imex), and, for the site's
@@ -429,6 +438,7 @@ def render_slurm_conf(plan: Plan) -> str:
         lines.append("# An IMEX channel per job for multi-node NVLink (Slurm 24.05 or later)")
         lines.append("SwitchType=switch/nvidia_imex")
     lines += _node_gres_lines(plan)
+    lines += _accounting_lines(plan)
     whole = whole_gpu_nodes(plan)
     if whole:
         lines += [

@@ -116,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
             findings = release + check.check_cluster(plan, client.nodes())
         except SlurmClientError as err:
             return fail("check", str(err))
+        findings += _accounting(plan, args)
         return _report(args, "cluster", findings, client.backend)
     if args.all_nodes:
         try:
@@ -241,3 +242,19 @@ def _print_report(args: argparse.Namespace, node: str, findings: list[Any],
         else:
             print(f"could not drain {node}: {drained['error']}", file=sys.stderr)
     return status
+
+
+def _accounting(plan: Any, args: argparse.Namespace) -> list[Any]:
+    """check_accounting against slurmctld's AccountingStorageTRES; nothing where scontrol
+    cannot say (the cluster's other findings stand)."""
+    from gpushare.admin import check
+    from gpushare.admin.slurm_client import SlurmClientError
+    from gpushare.admin.tres import recorded
+
+    if not any(group.relayout is not None for group in plan.groups):
+        return []
+    try:
+        return check.check_accounting(plan, recorded(args.scontrol, args.timeout))
+    except SlurmClientError as err:
+        return [check.Finding(check.WARNING, f"cannot read AccountingStorageTRES: {err}",
+                              "slurmctld", "check that scontrol show config works here")]

@@ -357,20 +357,35 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
 def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
     """The floors of this round (``keep``), None with ``--keep-hours 0``: what MIG and MPS
     jobs held at once in the last ``--keep-hours``, up to what ``baseline`` (the plan's own
-    layouts) gives each; where sacct fails, what the plan gives each."""
+    layouts) gives each; where sacct fails, what the plan gives each, and so for a kind
+    whose jobs slurmctld does not record in accounting (sacct would show none)."""
     from gpushare.admin.relayout.history import read_spans
     from gpushare.admin.relayout.keep import Floors, floors, unknown
     from gpushare.admin.slurm_client import SlurmClientError
+    from gpushare.admin.tres import recorded, untracked, untracked_line
 
     if not args.keep_hours:
         return None
     window = f"the last {args.keep_hours:g} h of sacct"
+    plans = unknown(baseline)
+    way_out = "give --keep-hours 0 to decide without it"
+    try:
+        unseen = untracked(plans, recorded(args.scontrol, args.timeout))
+    except SlurmClientError as err:
+        return Floors(plans, f"slurmctld's AccountingStorageTRES could not be read ({err}), "
+                      f"so whether sacct shows each kind's jobs is unknown; fix it, or "
+                      f"{way_out}", known=False)
     try:
         spans = read_spans(args.sacct, args.keep_hours, args.timeout)
     except SlurmClientError as err:
-        return Floors(unknown(baseline), f"{window} could not be read ({err}); fix sacct "
-                      "(slurmdbd), or give --keep-hours 0 to decide without it", known=False)
-    return Floors(floors(spans, 0.0, args.keep_hours * 3600, baseline), window)
+        return Floors(plans, f"{window} could not be read ({err}); fix sacct (slurmdbd), or "
+                      f"{way_out}", known=False)
+    why = untracked_line(unseen, f", or {way_out}")
+    if unseen and len(unseen) == len(plans):
+        return Floors(plans, why, known=False, unseen=tuple(unseen))
+    held = floors(spans, 0.0, args.keep_hours * 3600, baseline)
+    held.update({kind: plans[kind] for kind in unseen})
+    return Floors(held, window, unseen=tuple(unseen), unseen_why=why if unseen else "")
 
 
 def _forecast_json(forecast: Any) -> dict[str, Any]:
@@ -385,7 +400,8 @@ def _decision_json(decision: Any, verdicts: Sequence[Any] = (), kept: Any = None
     return {"demand": decision.demand, "supply": decision.supply,
             "floors": None if kept is None else {"by_kind": dict(kept.by_kind),
                                                  "from_history": kept.known,
-                                                 "source": kept.source},
+                                                 "source": kept.source,
+                                                 "unseen": list(kept.unseen)},
             "changes": [{"node": c.node, "gpu": c.index, "from": c.old, "to": c.new,
                          "gain": round(c.gain, 3), "node_busy": c.node_busy}
                         for c in decision.changes],

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from gpushare.admin.relayout.sim import cluster_from_plan, simulate
     from gpushare.admin.relayout.static import best_static, spread
     from gpushare.admin.slurm_client import SlurmClientError, installed_release
+    from gpushare.admin.tres import recorded, untracked, untracked_line
 
     if args.days is None:
         args.days = DEFAULT_DAYS
@@ -92,6 +93,15 @@ def run(args: argparse.Namespace) -> int:
                 history = parse_sacct(handle.read())
         else:
             history = read_sacct(args.sacct, args.days, max(args.timeout, 120.0))
+            # sacct shows a job's GPUs only where slurmctld records their GRES: unseen, a
+            # MIG job reads as a CPU job or a whole-GPU one, and the layout learnt is wrong.
+            kinds = {kind for item in cluster.menu.items for kind in item.layout.offers()}
+            kinds |= {kind for layout in cluster.fixed for kind in layout.offers()}
+            unseen = untracked(kinds | {"whole"}, recorded(args.scontrol, args.timeout))
+            if unseen:
+                return fail("relayout", untracked_line(
+                    unseen, "; the jobs that run after that are recorded, and --suggest "
+                    "learns from them (or give a history that has them with --history)"))
     except (OSError, UnicodeDecodeError) as err:
         return fail("relayout", f"{args.history}: cannot read the history: {err}")
     except (ValueError, SlurmClientError) as err:

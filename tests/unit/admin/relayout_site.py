@@ -30,6 +30,10 @@ PartitionName=debug Nodes=ALL Default=YES
 
 
 SACCT_HEADER = "JobID|Submit|Start|End|ReqTRES|User|State"
+# What `scontrol show config` says a site records in accounting: every GPU kind the plans of
+# these tests give Slurm (without it sacct shows no job's GPUs, and the floors are the plan's).
+TRACKED = ("AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,"
+           "gres/gpu:1g.10gb,gres/gpu:2g.20gb,gres/gpu:3g.40gb,gres/mps")
 
 
 def sacct_stub(directory: str, rows: tuple[str, ...] = (), exit_code: int = 0) -> str:

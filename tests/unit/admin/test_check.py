@@ -206,3 +206,22 @@ def test_a_gres_fix_before_23_11_says_to_restart_slurmctld():
     (fix,) = [f.fix for f in check_cluster(old, node) if f.severity == ERROR]
     assert fix.endswith("`scontrol reconfigure`, then restart slurmctld (Slurm 22.05 takes a "
                         "node's new GPU count only when slurmctld starts)")
+
+
+def test_accounting_must_record_every_gpu_kind_a_relayout_reads():
+    """With a relayout menu, slurmctld's AccountingStorageTRES must list whole GPUs and
+    every MIG profile and MPS the plan or the menu gives Slurm: without them sacct shows no
+    such job's GPUs (relayout's floors and --suggest read it)."""
+    from tests.unit.admin.relayout_plans import mig_plan
+
+    from gpushare.admin.check import check_accounting
+    from gpushare.admin.tres import plan_tres
+
+    plan = parse_plan(mig_plan(["7x1g.10gb", "2x3g.40gb", "whole"]))
+    default = "cpu,mem,energy,node,billing,fs/disk,vmem,pages"
+    [finding] = check_accounting(plan, default + ",gres/gpu")
+    assert finding.severity == WARNING
+    assert "does not record gres/gpu:1g.10gb,gres/gpu:3g.40gb in accounting" in finding.what
+    assert "AccountingStorageTRES=gres/gpu," in finding.fix
+    assert check_accounting(plan, default + "," + ",".join(plan_tres(plan))) == []
+    assert check_accounting(parse_plan(PLAN), default) == []  # no relayout: not needed

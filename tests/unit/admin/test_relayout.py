@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
-from tests.unit.admin.relayout_site import sacct_stub
+from tests.unit.admin.relayout_site import TRACKED, sacct_stub
 
 from gpushare.admin.mig_profiles import find_model
 from gpushare.admin.plan import PlanError, parse_plan
@@ -239,6 +239,7 @@ def test_the_command_prints_the_decision_from_squeue_and_scontrol(tmp_path, caps
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(
         "#!/bin/sh\n"
+        f"[ \"$*\" = 'show config' ] && echo '{TRACKED}' && exit 0\n"
         "echo 'NodeName=h1 State=MIXED Gres=gpu:1g.10gb:15 GresUsed=gpu:1g.10gb:1(IDX:1)'\n"
         "echo 'NodeName=h2 State=IDLE Gres=gpu:1g.10gb:15 GresUsed=gpu:1g.10gb:0(IDX:N/A)'\n")
     sinfo = tmp_path / "sinfo"

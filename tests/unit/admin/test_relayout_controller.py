@@ -13,6 +13,7 @@ import sys
 import pytest
 from tests.unit.admin.relayout_site import (
     SLURM_CONF,
+    TRACKED,
     decision,
     layout_of,
     make_site,
@@ -261,6 +262,7 @@ elif args[0] == "update":
         node["state"], node["reason"] = "IDLE", ""
 elif args[:2] == ["show", "config"]:
     print("SlurmctldParameters     = (null)")
+    print({tracked!r})
 elif args[0] == "reconfigure":
     for line in open(conf):
         words = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -270,7 +272,7 @@ json.dump(nodes, open(db, "w"))
 '''
 
 
-def _command(plan, settings, tmp_path):
+def _command(plan, settings, tmp_path, tracked=TRACKED):
     """``gpushare relayout --apply`` against stubs of scontrol, squeue and sinfo; the
     nodes' slurmctld state in a JSON file."""
     db = tmp_path / "nodes.json"
@@ -279,7 +281,7 @@ def _command(plan, settings, tmp_path):
                               for name in ("h1", "h2")}))
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(FAKE_SCONTROL.format(python=sys.executable, db=str(db),
-                                             conf=settings.slurm_conf))
+                                             conf=settings.slurm_conf, tracked=tracked))
     squeue = tmp_path / "squeue"
     squeue.write_text("#!/bin/sh\ncase \"$*\" in\n"
                       "*PD*) echo '41|gres/gpu:3g.40gb:2|2026-01-01T00:00:00|debug|a|b|Resources'"

@@ -8,13 +8,14 @@ import datetime
 import json
 
 import pytest
-from tests.unit.admin.relayout_site import make_site, sacct_stub
+from tests.unit.admin.relayout_site import TRACKED, make_site, sacct_stub
 from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
 
 from gpushare.admin.relayout.decide import GpuState, Request, decide
 from gpushare.admin.relayout.history import parse_spans
 from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, short, unknown
 from gpushare.admin.relayout.sim import Job, default_cluster, simulate
+from gpushare.admin.tres import plan_tres, untracked
 
 HOUR = 3600.0
 
@@ -114,12 +115,30 @@ def test_spans_are_read_from_sacct_running_jobs_too():
         "5|2026-01-02T10:00:00|2026-01-02T10:00:00|2026-01-02T10:30:00|gres/mps=50|e|FAILED",
         "6|2026-01-02T10:00:00|2026-01-02T10:00:00|2026-01-02T10:30:00|cpu=4|f|COMPLETED",
     ])
+    # sacct's whole seconds: each job held its units until at most a second past its End
     assert parse_spans(text, now) == [
-        Span(-2 * HOUR, -HOUR, "1g.10gb", 2),
+        Span(-2 * HOUR, -HOUR + 1, "1g.10gb", 2),
         Span(-0.5 * HOUR, None, "3g.40gb", 4),  # 2 a node on 2 nodes
-        Span(-2 * HOUR, -1.5 * HOUR, "mps", 50)]
+        Span(-2 * HOUR, -1.5 * HOUR + 1, "mps", 50)]
     with pytest.raises(ValueError, match="no Start"):
         parse_spans("JobID|Submit|End|ReqTRES\n", now)
+
+
+def test_jobs_within_one_second_of_sacct_held_at_once():
+    """Two jobs that started and ended within the same second (sacct's resolution) held
+    their slices at once as far as anyone can tell: both count, and no job is too short."""
+    now = datetime.datetime(2026, 1, 2, 12, 0, 0)
+    text = "\n".join(["JobID|Submit|Start|End|ReqTRES|User|State"] + [
+        f"{n}|2026-01-02T11:00:00|2026-01-02T11:00:05|2026-01-02T11:00:05|"
+        "gres/gpu:1g.10gb=3,node=1|u|COMPLETED" for n in (1, 2)] + [
+        # one that ended as the next began, in the same second: counted as at once too
+        "3|2026-01-02T11:10:00|2026-01-02T11:10:00|2026-01-02T11:20:07|"
+        "gres/gpu:1g.10gb=2|u|COMPLETED",
+        "4|2026-01-02T11:10:00|2026-01-02T11:20:07|2026-01-02T11:30:00|"
+        "gres/gpu:1g.10gb=2|u|COMPLETED"])
+    assert floors(parse_spans(text, now), 0.0, 24 * HOUR) == {"1g.10gb": 6}
+    assert floors(parse_spans(text.replace("1g.10gb=3", "1g.10gb=1"), now), 0.0,
+                  24 * HOUR) == {"1g.10gb": 4}
 
 
 def _one_node(history, keep_s=7 * 24 * HOUR):
@@ -147,13 +166,13 @@ def site(tmp_path):
     return make_site(tmp_path)
 
 
-def _dry_run(site, tmp_path, capsys, *extra):
+def _dry_run(site, tmp_path, capsys, *extra, tracked=TRACKED):
     from tests.unit.admin.test_relayout_controller import _command
 
     from gpushare.cli import main
 
     plan, settings, _profile, _slurm = site
-    argv, _db = _command(plan, settings, tmp_path)
+    argv, _db = _command(plan, settings, tmp_path, tracked)
     argv = [word for word in argv if word not in ("--apply", "--json")]
     sacct = argv.index("--sacct")
     del argv[sacct:sacct + 2]
@@ -161,19 +180,25 @@ def _dry_run(site, tmp_path, capsys, *extra):
     return json.loads(capsys.readouterr().out)
 
 
+def _ran_at_once(tres: str, jobs: int = 6) -> list[str]:
+    """sacct lines of ``jobs`` jobs asking ``tres``, all submitted 5 hours ago, started 4
+    hours ago and ended 3 hours ago."""
+    now = datetime.datetime.now().replace(microsecond=0)
+    submit, start, end = (now - datetime.timedelta(hours=h) for h in (5, 4, 3))
+    return [f"{n}|{submit.isoformat()}|{start.isoformat()}|{end.isoformat()}|{tres}|u|"
+            "COMPLETED" for n in range(jobs)]
+
+
 def test_the_command_reads_sacct_and_keeps_what_1g_jobs_held(site, tmp_path, capsys):
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     now = datetime.datetime.now().replace(microsecond=0)
-    held = [f"{n}|{(now - datetime.timedelta(hours=5)).isoformat()}|"
-            f"{(now - datetime.timedelta(hours=4)).isoformat()}|"
-            f"{(now - datetime.timedelta(hours=3)).isoformat()}|gres/gpu:1g.10gb=5|u|COMPLETED"
-            for n in range(6)]
+    held = _ran_at_once("gres/gpu:1g.10gb=5")
     sacct = sacct_stub(str(stubs), tuple(held))
     decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
     assert decision["changes"] == [], decision["why"]
     assert decision["floors"] == {"by_kind": {"1g.10gb": 30}, "from_history": True,
-                                  "source": "the last 24 h of sacct"}
+                                  "source": "the last 24 h of sacct", "unseen": []}
     assert any("kept: no change leaves a MIG profile or MPS with fewer than its jobs held at "
                "once in the last 24 h of sacct, up to what the plan's layouts give it "
                "(1g.10gb 30)" in why for why in decision["why"]), decision["why"]
@@ -216,3 +241,94 @@ def test_keep_hours_out_of_range_is_refused(tmp_path, capsys):
     plan.write_text(PLAN)
     assert main(["relayout", "--plan", str(plan), "--keep-hours", "-1"]) == 2
     assert "--keep-hours must be between 0 and 8784" in capsys.readouterr().err
+
+
+DEFAULT_TRES = "cpu,mem,energy,node,billing,fs/disk,vmem,pages"  # slurmctld's, unconfigured
+
+
+def test_a_kind_is_seen_in_sacct_only_where_slurmctld_records_its_gres():
+    kinds = ["1g.10gb", "3g.40gb", "mps", "whole"]
+    # Slurm's default records no GRES: every GPU job reads as a CPU job.
+    assert untracked(kinds, DEFAULT_TRES) == ["1g.10gb", "3g.40gb", "mps", "whole"]
+    # gres/gpu alone: a MIG job reads as a whole-GPU job, so its profile is not seen.
+    assert untracked(kinds, DEFAULT_TRES + ",gres/gpu") == ["1g.10gb", "3g.40gb", "mps"]
+    # A whole GPU is seen through its model's type too; the names are case-insensitive.
+    assert untracked(kinds, "gres/gpu:h100, gres/GPU:1g.10gb,gres/mps") == ["3g.40gb"]
+    assert untracked(kinds, TRACKED.split("=", 1)[1]) == []
+
+
+def _config(directory, tres: str) -> str:
+    path = directory / "scontrol"
+    path.write_text(f"#!/bin/sh\n[ \"$*\" = 'show config' ] && echo "
+                    f"'AccountingStorageTRES   = {tres}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_without_the_gres_in_accounting_every_kind_keeps_what_the_plan_gives_it(
+        site, tmp_path, capsys):
+    """sacct shows no MIG job where slurmctld does not record its profile: the history
+    would read as empty and let every slice go, so the floors are the plan's, and the
+    decision says which TRES to add."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    cpu_only = _ran_at_once("billing=1,cpu=1,mem=1000M,node=1")
+    sacct = sacct_stub(str(stubs), tuple(cpu_only))
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct,
+                        tracked=f"AccountingStorageTRES   = {DEFAULT_TRES},gres/gpu")
+    assert decision["changes"] == [], decision["why"]
+    assert decision["floors"]["by_kind"] == {"1g.10gb": 30}
+    assert decision["floors"]["from_history"] is False
+    [line] = [why for why in decision["why"] if why.startswith("kept:")]
+    assert "every MIG profile and MPS keeps what the plan's layouts give it" in line, line
+    assert ("slurmctld does not record gres/gpu:1g.10gb in accounting" in line
+            and "AccountingStorageTRES" in line and "--keep-hours 0" in line), line
+    # With the profile recorded the same (empty) history lets the slices go.
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
+    assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+
+
+def test_a_kind_sacct_cannot_show_keeps_the_plans_floor_beside_the_others(tmp_path):
+    import argparse
+
+    from gpushare.cli.relayout import _floors
+
+    now = datetime.datetime.now().replace(microsecond=0)
+    rows = (f"1|{(now - datetime.timedelta(hours=2)).isoformat()}|"
+            f"{(now - datetime.timedelta(hours=2)).isoformat()}|"
+            f"{(now - datetime.timedelta(hours=1)).isoformat()}|gres/gpu:1g.10gb=4,node=1|u|"
+            "COMPLETED",)
+    args = argparse.Namespace(keep_hours=24.0, timeout=10.0, sacct=sacct_stub(str(tmp_path), rows),
+                              scontrol=_config(tmp_path, "gres/gpu,gres/gpu:1g.10gb"))
+    kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+    assert dict(kept.by_kind) == {"1g.10gb": 4, "mps": 200}
+    assert kept.known and kept.unseen == ("mps",)
+    line = kept.line()
+    assert "up to what the plan's layouts give it (1g.10gb 4); mps 200 as the plan gives " \
+           "them: slurmctld does not record gres/mps in accounting" in line, line
+    # scontrol cannot say what is recorded: the plan's floors, and why.
+    args.scontrol = "/nonexistent/scontrol"
+    kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+    assert not kept.known and dict(kept.by_kind) == {"1g.10gb": 14, "mps": 200}
+    assert "/nonexistent/scontrol" in kept.line(), kept.line()
+
+
+def test_the_rendered_accounting_tres_shows_every_kind_relayout_reads(tmp_path):
+    """`gpushare render slurm-conf` gives the AccountingStorageTRES that lets sacct show
+    every kind the floors and --suggest read: the plan's slices, the menu's, MPS, whole."""
+    from tests.unit.admin.relayout_plans import mig_plan
+
+    from gpushare.admin.plan import parse_plan
+    from gpushare.admin.relayout.sim import cluster_from_plan
+    from gpushare.admin.render import render_slurm_conf
+
+    plan = parse_plan(mig_plan(["7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "whole", "mps:100"]))
+    cluster = cluster_from_plan(plan, None)
+    kinds = {kind for item in cluster.menu.items for kind in item.layout.serves()}
+    kinds |= {kind for layout in cluster.fixed for kind in layout.offers()}
+    assert kinds >= {"1g.10gb", "2g.20gb", "3g.40gb", "mps", "whole"}
+    tres = plan_tres(plan)
+    assert untracked(kinds, ",".join(tres)) == []
+    assert f"#   AccountingStorageTRES={','.join(tres)}" in render_slurm_conf(plan)
+    # Without the menu's profiles the history would not show those jobs.
+    assert untracked(kinds, "gres/gpu,gres/gpu:1g.10gb") == ["2g.20gb", "3g.40gb", "mps"]

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
+from tests.unit.admin.relayout_site import TRACKED
 
 from gpushare.admin.relayout.history import parse_sacct, sacct_argv, tres_request
 
@@ -113,7 +114,7 @@ def test_suggest_replays_sacct_on_the_plans_group_and_proposes_a_layout(tmp_path
     sacct.write_text(f"#!/bin/sh\necho \"$@\" > {args_file}\ncat {history}\n")
     sacct.chmod(0o755)
     code = main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--days", "3",
-                 "--sacct", str(sacct), "--json"])
+                 "--sacct", str(sacct), "--scontrol", _scontrol(tmp_path, TRACKED), "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
     proposal = json.loads(out)
@@ -125,6 +126,31 @@ def test_suggest_replays_sacct_on_the_plans_group_and_proposes_a_layout(tmp_path
     assert set(proposal["nodes"]) == {"h1", "h2"}
     # By the plan's own indices: GPUs 0 and 1 are Kubernetes' or mixed, 2 and 3 Slurm's.
     assert all(set(gpus) == {"2", "3"} for gpus in proposal["nodes"].values())
+
+
+def _scontrol(directory, config: str) -> str:
+    path = directory / "scontrol"
+    path.write_text(f"#!/bin/sh\n[ \"$*\" = 'show config' ] && echo '{config}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_suggest_refuses_a_history_that_cannot_show_mig_jobs(tmp_path, capsys):
+    """With only gres/gpu recorded, sacct shows a MIG job as a whole-GPU job: the layout
+    learnt from it would be wrong, so --suggest says which TRES to record instead."""
+    from gpushare.cli import main
+
+    history = tmp_path / "history.txt"
+    history.write_text(_history_of_3g_jobs().replace("gres/gpu:3g.40gb", "gres/gpu"))
+    sacct = tmp_path / "sacct"
+    sacct.write_text(f"#!/bin/sh\ncat {history}\n")
+    sacct.chmod(0o755)
+    config = "AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu"
+    assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--sacct", str(sacct),
+                 "--scontrol", _scontrol(tmp_path, config)]) == 2
+    err = capsys.readouterr().err
+    assert ("slurmctld does not record gres/gpu:1g.10gb,gres/gpu:3g.40gb in accounting" in err
+            and "AccountingStorageTRES" in err and "--history" in err), err
 
 
 def test_suggest_reads_a_saved_history_and_prints_the_layout(tmp_path, capsys):

@@ -7,23 +7,25 @@ was submitted, how long it ran, and what one node of it asked for (a MIG profile
 GPUs or MPS units); jobs that never started, and jobs asking for several GPU kinds at once,
 are left out and counted. The guard's floors (``keep``) read what each started job held
 from the same output, running jobs too.
+
+sacct shows a job's GPUs only where slurmctld records them (``gpushare.admin.tres``).
 """
 
 from __future__ import annotations
 
 import datetime
-import re
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from gpushare.admin.relayout.keep import Span
 from gpushare.admin.relayout.sim import Job
+from gpushare.admin.tres import is_mig_profile
 
 __all__ = ["SACCT_FIELDS", "History", "parse_sacct", "parse_spans", "read_sacct", "read_spans",
            "sacct_argv", "tres_request"]
 
 SACCT_FIELDS = ("JobID", "Submit", "Start", "End", "ReqTRES", "User", "State")
-_MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
+SACCT_RESOLUTION_S = 1.0  # sacct's times are whole seconds
 
 
 @dataclass
@@ -61,7 +63,7 @@ def tres_request(tres: str) -> Optional[tuple[str, int]]:
             untyped = count
         elif name.startswith("gres/gpu:"):
             kind = name[len("gres/gpu:"):].lower()
-            kind = kind if _MIG.match(kind) else "whole"
+            kind = kind if is_mig_profile(kind) else "whole"
             typed[kind] = typed.get(kind, 0) + count
         elif name == "gres/mps":
             mps = count
@@ -156,8 +158,10 @@ def parse_sacct(text: str) -> History:
 def parse_spans(text: str, now: datetime.datetime) -> list[Span]:
     """What each started GPU job held, from ``sacct --parsable2`` output (as
     :func:`parse_sacct` reads it): its units on all its nodes, from Start to End in seconds
-    before ``now`` (negative), End None while it runs. A line asking for several kinds at
-    once holds none of them alone and is left out."""
+    before ``now`` (negative), End None while it runs. sacct gives whole seconds, so a job
+    held its units until at most a second past its End: two jobs whose records share a second
+    count as holding at once, and a job shorter than a second still counts. A line asking
+    for several kinds at once holds none of them alone and is left out."""
     spans = []
     for fields, request, nodes in _rows(text):
         start, end = (_time(fields.get(f, "")) for f in ("Start", "End"))
@@ -165,7 +169,8 @@ def parse_spans(text: str, now: datetime.datetime) -> list[Span]:
             continue
         kind, units = request
         spans.append(Span((start - now).total_seconds(), None if end is None else
-                          (end - now).total_seconds(), kind, units * max(nodes, 1)))
+                          (end - now).total_seconds() + SACCT_RESOLUTION_S, kind,
+                          units * max(nodes, 1)))
     return spans
 
 

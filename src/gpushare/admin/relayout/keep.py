@@ -21,7 +21,9 @@ GPUs fit there and hold its MPS GPUs for hours: while MPS jobs held units within
 no change adds a whole GPU to a node with MPS GPUs (:func:`exposes_mps`).
 
 Where the history cannot be read, each MIG profile and MPS keeps what the plan gives it
-(:func:`unknown`): no kind is left with less than it would have without relayout.
+(:func:`unknown`): no kind is left with less than it would have without relayout. So does a
+kind the history cannot show (its jobs are not in sacct's ``ReqTRES``: ``history.untracked``),
+beside the others' floors from the history.
 """
 
 from __future__ import annotations
@@ -54,16 +56,27 @@ class Floors:
     by_kind: Mapping[str, int]
     source: str  # "the last 24 h of sacct", or why it could not be read
     known: bool = True  # False: the history could not be read; the floors are the plan's
+    unseen: tuple[str, ...] = ()  # kinds the history cannot show: they keep the plan's
+    unseen_why: str = ""
 
     def line(self) -> str:
         """The floors in words: one line of the decision's why."""
-        floors = ", ".join(f"{kind} {n}" for kind, n in sorted(self.by_kind.items()) if n)
         if not self.known:
             return ("kept: every MIG profile and MPS keeps what the plan's layouts give it "
-                    f"({floors or 'none'}): {self.source}")
-        return ("kept: no change leaves a MIG profile or MPS with fewer than its jobs held "
+                    f"({_listed(self.by_kind) or 'none'}): {self.source}")
+        seen = {kind: n for kind, n in self.by_kind.items() if kind not in self.unseen}
+        line = ("kept: no change leaves a MIG profile or MPS with fewer than its jobs held "
                 f"at once in {self.source}, up to what the plan's layouts give it "
-                f"({floors or 'none held'})")
+                f"({_listed(seen) or 'none held'})")
+        if self.unseen:
+            unseen = {kind: self.by_kind.get(kind, 0) for kind in self.unseen}
+            line += (f"; {_listed(unseen) or ', '.join(self.unseen)} as the plan gives them: "
+                     f"{self.unseen_why}")
+        return line
+
+
+def _listed(by_kind: Mapping[str, int]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(by_kind.items()) if n)
 
 
 def _kept(kind: str) -> bool:
