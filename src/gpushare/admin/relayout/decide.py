@@ -230,7 +230,8 @@ def _profiles_on(node: str, layout_of: dict[tuple[str, int], Layout],
 
 
 def _moved(cap: Mapping[str, int], old: Layout, new: Layout) -> dict[str, int]:
-    """``cap`` with one GPU changed from ``old`` to ``new``."""
+    """``cap`` (units by kind: a node's idle ones, or all a layout offers) with one GPU
+    changed from ``old`` to ``new``."""
     after = dict(cap)
     for kind, count in old.offers().items():
         after[kind] = after.get(kind, 0) - count
@@ -354,10 +355,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                     left_in[(gpu.group, gpu.layout.name)] = \
                         left_in.get((gpu.group, gpu.layout.name), 0) - 1
                     left_in[(gpu.group, name)] = left_in.get((gpu.group, name), 0) + 1
-                    for kind, count in gpu.layout.offers().items():
-                        trial[node][kind] = trial[node].get(kind, 0) - count
-                    for kind, count in item.layout.offers().items():
-                        trial[node][kind] = trial[node].get(kind, 0) + count
+                    trial[node] = _moved(trial[node], gpu.layout, item.layout)
                     moved.append(gpu)
                     if one_profile_per_node and _profiles_on(node, layout_of, moved,
                                                              item.layout) > 1:
@@ -371,11 +369,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
         _net, gain, moved_gpus, new = best
         for gpu in moved_gpus:
             key = (gpu.node, gpu.index)
-            node_free = free[gpu.node]
-            for kind, count in gpu.layout.offers().items():
-                node_free[kind] = node_free.get(kind, 0) - count
-            for kind, count in new.offers().items():
-                node_free[kind] = node_free.get(kind, 0) + count
+            free[gpu.node] = _moved(free[gpu.node], gpu.layout, new)
             counts[(gpu.group, gpu.layout.name)] = counts.get((gpu.group, gpu.layout.name), 0) - 1
             counts[(gpu.group, new.name)] = counts.get((gpu.group, new.name), 0) + 1
             changed.add(key)
