@@ -177,8 +177,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="no change leaves a MIG profile or MPS fewer slices than its jobs "
                         "held at once in the last H hours (read with sacct), up to what the "
                         "plan's own layouts give it, and while MPS jobs held units no node "
-                        "with MPS GPUs gains a whole GPU; where sacct fails, each keeps what "
-                        f"the plan gives it (default {DEFAULT_KEEP_H:g}; 0: no floors)")
+                        "with MPS GPUs gains a whole GPU; where sacct fails, or cannot show "
+                        "a kind (slurm.conf's AccountingStorageTRES does not list it: `gpushare "
+                        "render slurm-conf`), each keeps what the plan gives it (default "
+                        f"{DEFAULT_KEEP_H:g}; 0: no floors)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue (default /usr/bin/squeue)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
