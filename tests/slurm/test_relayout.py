@@ -356,6 +356,38 @@ def expected_gres(applied: list[list[Any]]) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v}
 
 
+def test_the_nodes_step_by_hand_changes_no_gpu_of_a_node_in_service(fresh):
+    """The node's step run by hand (as docs/admin.md shows) asks slurmctld first: on rl1 in
+    service a job may start on the GPU, and on a draining rl1 a job holds it (with no
+    process on the GPU yet, which NVML would show); only once rl1 is drained and idle does
+    the GPU change."""
+    bed = fresh
+    step = ("relayout", "node", "--plan", bed.path("etc", "plan.yaml"), "--node", NODE,
+            "--gpu", "2", "--layout", "whole", "--source",
+            "sim:" + bed.path("nodes", f"{NODE}.json"), "--gres-conf", "none", "--state",
+            "none", "--lock-dir", bed.path("run"), "--apply")
+    in_service = gpushare(*step)
+    assert in_service.returncode == 2, in_service.stdout + in_service.stderr
+    assert "GPU 2 of node rl1 not changed: slurmctld shows it IDLE, so a job may start" \
+        in in_service.stderr, in_service.stderr
+    marker = os.path.join(bed.out_dir, "holder-started")
+    holder = bed.sbatch(f"touch {marker}; sleep 300", "-w", NODE, "--gres=gpu:1g.10gb:1",
+                        "--time=10")
+    slurmbed.wait_until("the job runs", lambda: os.path.exists(marker))
+    bed.run(["scontrol", "update", f"NodeName={NODE}", "State=DRAIN", "Reason=by hand"])
+    draining = gpushare(*step)
+    assert draining.returncode == 2, draining.stdout + draining.stderr
+    assert "a job holds it" in draining.stderr, draining.stderr
+    assert sim_layout(bed, 2) == ["1g.10gb"] * 7
+    bed.run(["scancel", str(holder)])
+    bed.wait_job(holder)
+    slurmbed.wait_until("rl1 drained and idle", lambda: bed.node_state(NODE)["State"] in (
+        "IDLE+DRAIN", "DRAINED"))
+    drained = gpushare(*step)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    assert sim_layout(bed, 2) == "whole"
+
+
 def test_a_step_refused_for_gpus_in_use_resumes_the_node_unchanged(fresh):
     """A process on every Slurm GPU of rl1 that slurmctld does not know of (NVML refuses to
     destroy an instance in use): each step refuses, nothing changes, the node comes back."""

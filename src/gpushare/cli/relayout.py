@@ -27,14 +27,15 @@ NODE_GROUP = "the node's step (gpushare relayout node)"
 CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm_conf",
                    "cluster_gres_conf", "drain_timeout", "parallel", "settle_timeout",
                    "max_changes", "hysteresis", "max_drain", "keep_hours", "lookback", "squeue",
-                   "explain", "suggest", "days", "sacct", "history", "group", "json", "backend",
-                   "scontrol")
+                   "explain", "suggest", "days", "sacct", "history", "group", "json", "backend")
 # The node's step's own options, refused without the word node (the round ignores them).
-STEP_ONLY = ("gpu", "layout", "node", "round", "decision", "source", "gres_conf", "lock_dir")
+STEP_ONLY = ("gpu", "layout", "node", "round", "decision", "source", "gres_conf", "lock_dir",
+             "unchecked")
 NODE_STEP = (
     "`gpushare relayout node --gpu N --layout L` is the node's step, run as root on a "
     "drained node: it checks that the plan gives GPU N wholly to Slurm and lists L on "
-    "its group's menu and that no process uses the GPU, then (with --apply) destroys its "
+    "its group's menu, that no process uses the GPU and (with --apply) that slurmctld "
+    "shows the node drained or down with no job on it (scontrol), then destroys its "
     "MIG instances and creates L's through NVML, verifies them, restores the old layout "
     "on any failure or after --step-timeout, rewrites this node's gres.conf and records "
     "the layout in the state file beside the plan. Exit status 0: changed (or nothing "
@@ -87,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-h", "--help", action=StepHelp, steps={"node": (
         NODE_STEP, "examples:\n  gpushare relayout node --gpu 2 --layout 2x3g.40gb\n"
         "  gpushare relayout node --gpu 2 --layout 2x3g.40gb --apply",
-        (NODE_GROUP,), ("--plan", "--apply", "--state"))},
+        (NODE_GROUP,), ("--plan", "--apply", "--state", "--scontrol"))},
         help="show this help and exit (after node: the node's step's)")
     parser.add_argument("step", nargs="?", choices=["node"], metavar="node",
                         type=step_word("relayout", "node", "the node's step, run on the node; "
@@ -123,6 +124,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "what (Slurm 22.05's one MIG profile per node counts them so)")
     node.add_argument("--decision", default="", metavar="ID",
                       help="the controller's decision, recorded in the state file")
+    node.add_argument("--unchecked", action="store_true",
+                      help="with --apply, change the GPU even where slurmctld cannot be asked "
+                      "whether the node is drained with no job on it (slurmctld down: the "
+                      "node must be out of service all the same)")
     node.add_argument("--lock-dir", default="/run/gpushare", metavar="DIR",
                       help="with --apply, where the step takes its node's lock (one step "
                       "per node at a time: a step a killed run left behind is waited for "

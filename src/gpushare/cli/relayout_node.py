@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         return fail("relayout node", f"{node!r} is not a Slurm node name")
     if not args.lock_dir.startswith("/"):
         return fail("relayout node", "--lock-dir must be an absolute path")
+    why = _in_service(args, node)
+    if why:
+        return fail("relayout node", f"GPU {args.gpu} of node {node} not changed: {why}")
     path = os.path.join(args.lock_dir, f"relayout-{node}.lock")
     with contextlib.ExitStack() as stack:
         try:
@@ -81,6 +84,37 @@ def run(args: argparse.Namespace) -> int:
         except (JournalError, OSError) as err:  # nothing changed yet
             return fail("relayout node", f"cannot take node {node}'s lock {path}: {err}")
         return _node_step(args, plan, node, round_layouts)
+
+
+def _in_service(args: argparse.Namespace, node: str) -> str:
+    """Why slurmctld may have or start a job on ``node`` ("" when it shows the node drained,
+    or down, with no job on it): destroying a MIG instance under a job that holds it, even
+    one with no process on the GPU yet, breaks that job. A GPU already checked free of
+    processes may be changed without asking (``--unchecked``) where slurmctld is down."""
+    from gpushare.admin.slurm_client import SlurmClientError, _run, parse_scontrol_nodes
+
+    if args.unchecked:
+        return ""
+    if not args.scontrol.startswith("/"):
+        return f"{args.scontrol}: give the Slurm command as an absolute path"
+    try:
+        found = parse_scontrol_nodes(_run([args.scontrol, "-d", "show", "-o", "node", node],
+                                          args.timeout))
+    except SlurmClientError as err:
+        return (f"slurmctld cannot say whether the node is drained ({err}); where slurmctld "
+                "is down and the node out of service all the same, give --unchecked")
+    state = next((n for n in found if n.name == node), None)
+    if state is None:
+        return f"slurmctld does not know node {node} (--node names the Slurm node)"
+    busy = sorted({"ALLOCATED", "MIXED", "COMPLETING"} & set(state.states))
+    shown = "+".join(state.states)
+    if busy:
+        return (f"slurmctld shows it {shown}: a job holds it; drain the node (scontrol "
+                f"update NodeName={node} State=DRAIN Reason=...) and wait until it is idle")
+    if not (state.draining or state.down):
+        return (f"slurmctld shows it {shown}, so a job may start on it meanwhile; drain it "
+                f"first (scontrol update NodeName={node} State=DRAIN Reason=...)")
+    return ""
 
 
 def _lock_dir(directory: str) -> None:

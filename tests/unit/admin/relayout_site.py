@@ -36,6 +36,18 @@ TRACKED = ("AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,p
            "gres/gpu:1g.10gb,gres/gpu:2g.20gb,gres/gpu:3g.40gb,gres/mps")
 
 
+def scontrol_stub(directory: str, state: str = "IDLE+DRAIN") -> str:
+    """An scontrol that shows every node asked for in ``state`` (``-d show -o node N``):
+    what the node's step asks before it changes a GPU; each call's arguments appended to
+    ``scontrol.args``."""
+    path = os.path.join(directory, "scontrol")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(path)}.args\n"
+                  f"echo \"NodeName=$5 State={state} Gres=gpu:1g.10gb:15\"\n")
+    os.chmod(path, 0o755)
+    return path
+
+
 def sacct_stub(directory: str, rows: tuple[str, ...] = (), exit_code: int = 0) -> str:
     """A sacct that prints its header and ``rows`` (``--parsable2``), or fails as sacct
     does without slurmdbd; each call's arguments appended to ``sacct.args``."""
@@ -132,7 +144,9 @@ def make_site(tmp_path):
             "--node", "{node}", "--gpu", "{gpu}", "--layout", "{layout}", "--decision",
             "{decision}", "--step-timeout", "{timeout}", "--source", f"sim:{profile}",
             "--gres-conf", str(tmp_path / "gres.conf"), "--state", str(state),
-            "--lock-dir", str(tmp_path / "run"), "--apply"]
+            "--lock-dir", str(tmp_path / "run"),
+            # The fake slurmctld lives in the test's process: the step sees the node drained.
+            "--scontrol", scontrol_stub(str(tmp_path)), "--apply"]
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "..",
                                                    "src"))
     settings = Settings(node_command=shlex.join(step), slurm_conf=str(conf),

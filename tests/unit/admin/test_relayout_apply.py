@@ -9,6 +9,7 @@ import os
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
+from tests.unit.admin.relayout_site import scontrol_stub
 
 from gpushare.admin.plan import parse_plan
 from gpushare.admin.relayout.apply import ApplyError, apply_layout, render_node_gres
@@ -179,7 +180,7 @@ def test_the_command_is_a_dry_run_until_apply_and_then_rewrites_gres_conf(tmp_pa
     before = layout_of(path, 2)
     argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
             "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", str(gres),
-            "--lock-dir", str(tmp_path / "run")]
+            "--lock-dir", str(tmp_path / "run"), "--scontrol", scontrol_stub(str(tmp_path))]
     assert main(argv) == 0
     assert "7x1g.10gb -> 2x3g.40gb (dry run" in capsys.readouterr().out
     assert layout_of(path, 2) == before and gres.read_text() == "old\n"
@@ -300,7 +301,8 @@ def test_the_command_holds_a_plan_without_a_release_to_the_installed_one(
     monkeypatch.setattr(slurm_client, "installed_release", lambda *a, **k: installed)
     assert main(["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
                  "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
-                 "--state", "none", "--lock-dir", str(tmp_path / "run"), "--apply"]) == code
+                 "--state", "none", "--lock-dir", str(tmp_path / "run"), "--scontrol",
+                 scontrol_stub(str(tmp_path)), "--apply"]) == code
     assert ("one MIG profile per node" in capsys.readouterr().err) == (code == 2)
 
 
@@ -331,7 +333,7 @@ def test_the_command_says_what_changes_from_whole_to_mps(tmp_path, capsys):
     gres.write_text("old\n")
     argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "3",
             "--source", "sim:" + path, "--gres-conf", str(gres), "--lock-dir",
-            str(tmp_path / "run")]
+            str(tmp_path / "run"), "--scontrol", scontrol_stub(str(tmp_path))]
     assert main([*argv, "--layout", "whole", "--apply"]) == 0
     capsys.readouterr()
     assert main([*argv, "--layout", "mps:100"]) == 0
@@ -360,7 +362,8 @@ def test_a_step_on_a_node_another_step_holds_changes_nothing_and_says_so(tmp_pat
     lock_dir = tmp_path / "run"
     argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
             "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
-            "--state", "none", "--lock-dir", str(lock_dir), "--step-timeout", "1", "--apply"]
+            "--state", "none", "--lock-dir", str(lock_dir), "--step-timeout", "1",
+            "--scontrol", scontrol_stub(str(tmp_path)), "--apply"]
     before = layout_of(path, 2)
     lock_dir.mkdir(mode=0o755)
     lock_dir.chmod(0o755)  # whatever the umask: root's directory, as the step needs
@@ -414,3 +417,60 @@ def test_the_nodes_lock_takes_no_path_from_a_name(tmp_path, plan, capsys, node, 
                  "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
                  "--state", "none", "--lock-dir", lock_dir, "--apply"]) == 2
     assert what in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("state,why", [
+    ("IDLE", "slurmctld shows it IDLE, so a job may start on it meanwhile; drain it first"),
+    ("MIXED+DRAIN", "slurmctld shows it MIXED+DRAIN: a job holds it"),
+    ("IDLE+COMPLETING+DRAIN", "slurmctld shows it IDLE+COMPLETING+DRAIN: a job holds it"),
+])
+def test_the_step_changes_a_gpu_only_on_a_node_slurm_shows_drained_and_idle(
+        tmp_path, plan, capsys, state, why):
+    """A job holding a MIG slice may have no process on the GPU yet (the step's NVML check
+    passes), and Slurm may start one on a node in service: the step asks slurmctld first."""
+    from gpushare.cli import main
+
+    path = write_profile(tmp_path, plan)
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    before = layout_of(path, 2)
+    argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
+            "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
+            "--state", "none", "--lock-dir", str(tmp_path / "run"), "--apply"]
+    stub = scontrol_stub(str(tmp_path), state)
+    assert main([*argv, "--scontrol", stub]) == 2
+    err = capsys.readouterr().err
+    assert f"GPU 2 of node h1 not changed: {why}" in err, err
+    assert layout_of(path, 2) == before
+    with open(stub + ".args", encoding="utf-8") as args:
+        assert args.read().split() == ["-d", "show", "-o", "node", "h1"]
+    # Drained and idle, or down: the change is made (and back).
+    assert main([*argv, "--scontrol", scontrol_stub(str(tmp_path), "IDLE+DRAIN")]) == 0
+    assert layout_of(path, 2) == [("3g.40gb", 1), ("3g.40gb", 2)]
+    assert main([*argv, "--scontrol", scontrol_stub(str(tmp_path), "DOWN"),
+                 "--layout", "7x1g.10gb"]) == 0
+    assert layout_of(path, 2) == before
+
+
+def test_without_slurmctld_the_step_refuses_unless_told(tmp_path, plan, capsys):
+    from gpushare.cli import main
+
+    path = write_profile(tmp_path, plan)
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN)
+    down = tmp_path / "scontrol"
+    down.write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact slurm "
+                    "controller (connect failure)' >&2\nexit 1\n")
+    down.chmod(0o755)
+    before = layout_of(path, 2)
+    argv = ["relayout", "node", "--plan", str(plan_file), "--node", "h1", "--gpu", "2",
+            "--layout", "2x3g.40gb", "--source", "sim:" + path, "--gres-conf", "none",
+            "--state", "none", "--lock-dir", str(tmp_path / "run"), "--scontrol", str(down),
+            "--apply"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "slurmctld cannot say whether the node is drained" in err and \
+        "Unable to contact slurm controller" in err and "--unchecked" in err, err
+    assert layout_of(path, 2) == before
+    assert main([*argv, "--unchecked"]) == 0
+    assert layout_of(path, 2) == [("3g.40gb", 1), ("3g.40gb", 2)]
