@@ -23,6 +23,7 @@ __all__ = [
     "SlurmClient",
     "SlurmClientError",
     "SlurmNode",
+    "config_value",
     "gres_item",
     "installed_release",
     "job_gres",
@@ -231,6 +232,16 @@ def _scontrol_fields(line: str) -> dict[str, str]:
         end = matches[pos + 1].start() if pos + 1 < len(matches) else len(line)
         fields[match.group(1)] = line[match.end():end].strip()
     return fields
+
+
+def config_value(text: str, key: str) -> Optional[str]:
+    """``key``'s value in ``scontrol show config`` output (``Key   = value`` lines); None
+    where it names no such key."""
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            return value.strip()
+    return None
 
 
 def parse_scontrol_nodes(text: str) -> list[SlurmNode]:

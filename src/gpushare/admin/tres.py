@@ -49,15 +49,14 @@ def untracked(kinds: Iterable[str], tracked: str) -> list[str]:
 def recorded(scontrol: str, timeout: float = 10.0) -> str:
     """slurmctld's ``AccountingStorageTRES`` (``scontrol show config``); SlurmClientError
     when it cannot be read."""
-    from gpushare.admin.slurm_client import SlurmClientError, _run
+    from gpushare.admin.slurm_client import SlurmClientError, _run, config_value
 
     if not scontrol.startswith("/"):
         raise SlurmClientError(f"{scontrol}: give the Slurm command as an absolute path")
-    for line in _run([scontrol, "show", "config"], timeout).splitlines():
-        key, _sep, value = line.partition("=")
-        if key.strip() == "AccountingStorageTRES":
-            return value.strip()
-    raise SlurmClientError(f"{scontrol} show config names no AccountingStorageTRES")
+    value = config_value(_run([scontrol, "show", "config"], timeout), "AccountingStorageTRES")
+    if value is None:
+        raise SlurmClientError(f"{scontrol} show config names no AccountingStorageTRES")
+    return value
 
 
 def untracked_line(kinds: Iterable[str], then: str) -> str:

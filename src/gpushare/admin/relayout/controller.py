@@ -55,7 +55,12 @@ from gpushare.admin.relayout.settings import (
 )
 from gpushare.admin.relayout.slurmconf import SetGresError, check_writable, set_node_gres
 from gpushare.admin.relayout.state import locked
-from gpushare.admin.slurm_client import SlurmClientError, SlurmNode, parse_scontrol_nodes
+from gpushare.admin.slurm_client import (
+    SlurmClientError,
+    SlurmNode,
+    config_value,
+    parse_scontrol_nodes,
+)
 
 __all__ = [
     "DEFAULT_NODE_COMMAND",
@@ -111,11 +116,8 @@ class Scontrol:
     def configless(self) -> bool:
         """Whether slurmctld serves slurm.conf to the nodes (SlurmctldParameters=
         enable_configless)."""
-        for line in self._call("show", "config").splitlines():
-            key, _sep, value = line.partition("=")
-            if key.strip() == "SlurmctldParameters":
-                return "enable_configless" in value
-        return False
+        value = config_value(self._call("show", "config"), "SlurmctldParameters")
+        return value is not None and "enable_configless" in value
 
 
 def _finish_all(rounds: list[NodeRound], settings: Settings, repair: bool = False) -> None:

@@ -22,7 +22,7 @@ no change adds a whole GPU to a node with MPS GPUs (:func:`exposes_mps`).
 
 Where the history cannot be read, each MIG profile and MPS keeps what the plan gives it
 (:func:`unknown`): no kind is left with less than it would have without relayout. So does a
-kind the history cannot show (its jobs are not in sacct's ``ReqTRES``: ``history.untracked``),
+kind the history cannot show (its jobs are not in sacct's ``ReqTRES``: ``tres.untracked``),
 beside the others' floors from the history.
 """
 
