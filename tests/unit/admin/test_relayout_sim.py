@@ -211,3 +211,16 @@ def test_one_profile_per_node_finds_a_layout_that_runs_every_kind():
     assert best.unfinished == 0, (counts, best.unfinished)
     assert all(cluster.fits(row) for row in spread(counts, cluster))
     assert counts["7x1g.10gb"] >= 1 and counts["2x3g.40gb"] >= 1 and counts["whole"] >= 1
+
+
+def test_nodes_alike_changed_in_one_round_each_come_back():
+    """Two nodes in the same state drained for the same change: each finishes its own
+    change and serves again (a node found by equality would leave the other changing for
+    the rest of the replay, its GPUs lost)."""
+    cluster = default_cluster(2, 1, ("7x1g.10gb", "whole"))
+    layouts = spread({"7x1g.10gb": 2}, cluster)
+    jobs = [Job(0, 0.0, 3600.0, "whole", 1, "u"), Job(1, 0.0, 3600.0, "whole", 1, "u")]
+    result = simulate(jobs, layouts, True, cluster, keep_s=0.0)
+    assert result.unfinished == 0 and result.ran() == {0, 1}
+    assert result.changes == 2 and len(result.change_times) == 2
+    assert max(result.waits["whole"]) < 3600.0  # both ran after one change, not one after

@@ -155,7 +155,7 @@ class _Gpu:
     target: Optional[Layout] = None
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: two nodes alike are still two nodes (``nodes.index``)
 class _Node:
     gpus: list[_Gpu]
     state: str = "up"  # up | draining | changing
