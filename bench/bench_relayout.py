@@ -196,7 +196,8 @@ def corpus(nodes: int, held_out: int = 0) -> list[tuple[str, list[Job]]]:
         traces.append((name, tile(read_trace(os.path.join(here, name)), max(nodes // 4, 1))))
     members = {0: make_traces.FAMILY, 1: make_traces.HELD_OUT, 2: make_traces.HELD_OUT_2}
     for member in members[held_out]:
-        path = os.path.join(here, f".{member.name}-{nodes}.csv")
+        # The process's own file: corpus runs side by side write the same members.
+        path = os.path.join(here, f".{member.name}-{nodes}-{os.getpid()}.csv")
         write_rows(make_traces.generate(member, nodes * 8), path)
         jobs = read_trace(path)
         os.unlink(path)

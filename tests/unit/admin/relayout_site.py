@@ -32,8 +32,20 @@ PartitionName=debug Nodes=ALL Default=YES
 SACCT_HEADER = "JobID|Submit|Start|End|ReqTRES|User|State"
 # What `scontrol show config` says a site records in accounting: every GPU kind the plans of
 # these tests give Slurm (without it sacct shows no job's GPUs, and the floors are the plan's).
-TRACKED = ("AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,"
-           "gres/gpu:1g.10gb,gres/gpu:2g.20gb,gres/gpu:3g.40gb,gres/mps")
+TRACKED_TRES = ("cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,"
+                "gres/gpu:1g.10gb,gres/gpu:2g.20gb,gres/gpu:3g.40gb,gres/mps")
+TRACKED = f"AccountingStorageTRES   = {TRACKED_TRES}"
+
+
+def config_stub(directory: str, tres: str) -> str:
+    """An scontrol whose ``show config`` shows ``AccountingStorageTRES = tres``: what the
+    floors and ``--suggest`` ask before they read sacct."""
+    path = os.path.join(directory, "scontrol")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("#!/bin/sh\n[ \"$*\" = 'show config' ] && echo "
+                  f"{shlex.quote(f'AccountingStorageTRES   = {tres}')}\n")
+    os.chmod(path, 0o755)
+    return path
 
 
 def scontrol_stub(directory: str, state: str = "IDLE+DRAIN") -> str:

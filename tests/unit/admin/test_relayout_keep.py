@@ -8,7 +8,7 @@ import datetime
 import json
 
 import pytest
-from tests.unit.admin.relayout_site import TRACKED, make_site, sacct_stub
+from tests.unit.admin.relayout_site import TRACKED, config_stub, make_site, sacct_stub
 from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
 
 from gpushare.admin.relayout.decide import GpuState, Request, decide
@@ -257,14 +257,6 @@ def test_a_kind_is_seen_in_sacct_only_where_slurmctld_records_its_gres():
     assert untracked(kinds, TRACKED.split("=", 1)[1]) == []
 
 
-def _config(directory, tres: str) -> str:
-    path = directory / "scontrol"
-    path.write_text(f"#!/bin/sh\n[ \"$*\" = 'show config' ] && echo "
-                    f"'AccountingStorageTRES   = {tres}'\n")
-    path.chmod(0o755)
-    return str(path)
-
-
 def test_without_the_gres_in_accounting_every_kind_keeps_what_the_plan_gives_it(
         site, tmp_path, capsys):
     """sacct shows no MIG job where slurmctld does not record its profile: the history
@@ -299,7 +291,7 @@ def test_a_kind_sacct_cannot_show_keeps_the_plans_floor_beside_the_others(tmp_pa
             f"{(now - datetime.timedelta(hours=1)).isoformat()}|gres/gpu:1g.10gb=4,node=1|u|"
             "COMPLETED",)
     args = argparse.Namespace(keep_hours=24.0, timeout=10.0, sacct=sacct_stub(str(tmp_path), rows),
-                              scontrol=_config(tmp_path, "gres/gpu,gres/gpu:1g.10gb"))
+                              scontrol=config_stub(str(tmp_path), "gres/gpu,gres/gpu:1g.10gb"))
     kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
     assert dict(kept.by_kind) == {"1g.10gb": 4, "mps": 200}
     assert kept.known and kept.unseen == ("mps",)

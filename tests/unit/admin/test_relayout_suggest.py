@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 from tests.unit.admin.relayout_plans import mig_plan
-from tests.unit.admin.relayout_site import TRACKED
+from tests.unit.admin.relayout_site import TRACKED_TRES, config_stub
 
 from gpushare.admin.relayout.history import parse_sacct, sacct_argv, tres_request
 
@@ -114,7 +114,8 @@ def test_suggest_replays_sacct_on_the_plans_group_and_proposes_a_layout(tmp_path
     sacct.write_text(f"#!/bin/sh\necho \"$@\" > {args_file}\ncat {history}\n")
     sacct.chmod(0o755)
     code = main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--days", "3",
-                 "--sacct", str(sacct), "--scontrol", _scontrol(tmp_path, TRACKED), "--json"])
+                 "--sacct", str(sacct), "--scontrol", config_stub(str(tmp_path), TRACKED_TRES),
+                 "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
     proposal = json.loads(out)
@@ -128,13 +129,6 @@ def test_suggest_replays_sacct_on_the_plans_group_and_proposes_a_layout(tmp_path
     assert all(set(gpus) == {"2", "3"} for gpus in proposal["nodes"].values())
 
 
-def _scontrol(directory, config: str) -> str:
-    path = directory / "scontrol"
-    path.write_text(f"#!/bin/sh\n[ \"$*\" = 'show config' ] && echo '{config}'\n")
-    path.chmod(0o755)
-    return str(path)
-
-
 def test_suggest_refuses_a_history_that_cannot_show_mig_jobs(tmp_path, capsys):
     """With only gres/gpu recorded, sacct shows a MIG job as a whole-GPU job: the layout
     learnt from it would be wrong, so --suggest says which TRES to record instead."""
@@ -145,9 +139,9 @@ def test_suggest_refuses_a_history_that_cannot_show_mig_jobs(tmp_path, capsys):
     sacct = tmp_path / "sacct"
     sacct.write_text(f"#!/bin/sh\ncat {history}\n")
     sacct.chmod(0o755)
-    config = "AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu"
+    tres = "cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu"
     assert main(["relayout", "--plan", _plan(tmp_path), "--suggest", "--sacct", str(sacct),
-                 "--scontrol", _scontrol(tmp_path, config)]) == 2
+                 "--scontrol", config_stub(str(tmp_path), tres)]) == 2
     err = capsys.readouterr().err
     assert ("slurmctld does not record gres/gpu:1g.10gb,gres/gpu:3g.40gb in accounting" in err
             and "AccountingStorageTRES" in err and "--history" in err), err
