@@ -124,7 +124,8 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
     sacct shows the 1g.10gb slices two jobs held at once (8, however short they ran:
     sacct's whole seconds count jobs within one second as at once), so no change takes a
     GPU of 7 of rl1's 14 for the waiting 3g.40gb jobs (without floors one is taken), and
-    --suggest learns from the same history."""
+    --suggest learns from the same history. A day's window on a slurmdbd minutes old keeps
+    the plan's floors; a window that a job before it shows covered reads the history."""
     cluster = fresh
     rendered = gpushare("render", "slurm-conf", "--plan", cluster.path("etc", "plan.yaml"))
     assert rendered.returncode == 0, rendered.stderr
@@ -138,10 +139,24 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
                        "--backend", "scontrol", "--json")
     findings = json.loads(checked.stdout)["findings"]
     assert not [f for f in findings if "AccountingStorageTRES" in f["where"]], findings
+    # A job before the window: accounting reaches back past the start of a window that
+    # begins after it (here, a bed's slurmdbd is minutes old: a day's window is not covered).
+    first = cluster.sbatch("true", "-w", NODE, "--time=1")
+    cluster.wait_job(first)
+    slurmbed.wait_until("sacct lists the first job", lambda: re.search(
+        rf"^{first}\|[^|]+\|[^|]+\|", sacct(cluster), re.MULTILINE), 60)
+    time.sleep(10)  # the held jobs start well after the window's start
     hold_at_once(cluster, 2, 4)  # rl1 has 2 CPUs: two jobs at once
     assert "gres/gpu:1g.10gb=4" in sacct(cluster)
     queue_large(cluster)
-    kept = dry_run(cluster)
+    young = dry_run(cluster)
+    assert young["floors"]["from_history"] is False, young["floors"]
+    [line] = [why for why in young["why"] if why.startswith("kept:")]
+    assert "sacct shows no job that started before the last 24 h" in line, line
+    assert not [c for c in young["changes"] if "1g.10gb" in c["from"]], young["why"]
+    [start] = re.findall(rf"^{first}\|([^|]+)\|", sacct(cluster), re.MULTILINE)
+    since = (datetime.datetime.now() - datetime.datetime.fromisoformat(start)).total_seconds()
+    kept = dry_run(cluster, "--keep-hours", f"{(since - 3) / 3600:.6f}")
     assert kept["floors"]["from_history"] is True and kept["floors"]["unseen"] == [], kept
     assert kept["floors"]["by_kind"].get("1g.10gb") == 8, (kept["floors"],
                                                            seen_by_relayout(cluster))

@@ -182,7 +182,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="no change leaves a MIG profile or MPS fewer slices than its jobs "
                         "held at once in the last H hours (read with sacct), up to what the "
                         "plan's own layouts give it, and while MPS jobs held units no node "
-                        "with MPS GPUs gains a whole GPU; where sacct fails, or cannot show "
+                        "with MPS GPUs gains a whole GPU; where sacct fails, shows no job "
+                        "from before the window (accounting younger than H), or cannot show "
                         "a kind (slurm.conf's AccountingStorageTRES does not list it: `gpushare "
                         "render slurm-conf`), each keeps what the plan gives it (default "
                         f"{DEFAULT_KEEP_H:g}; 0: no floors)")
@@ -364,8 +365,9 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
 def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
     """The floors of this round (``keep``), None with ``--keep-hours 0``: what MIG and MPS
     jobs held at once in the last ``--keep-hours``, up to what ``baseline`` (the plan's own
-    layouts) gives each; where sacct fails, what the plan gives each, and so for a kind
-    whose jobs slurmctld does not record in accounting (sacct would show none)."""
+    layouts) gives each; where sacct fails or does not reach back to the window's start,
+    what the plan gives each, and so for a kind whose jobs slurmctld does not record in
+    accounting (sacct would show none)."""
     from gpushare.admin.relayout.history import read_spans
     from gpushare.admin.relayout.keep import Floors, floors, unknown
     from gpushare.admin.slurm_client import SlurmClientError
@@ -383,13 +385,19 @@ def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
                       f"so whether sacct shows each kind's jobs is unknown; fix it, or "
                       f"{way_out}", known=False)
     try:
-        spans = read_spans(args.sacct, args.keep_hours, args.timeout)
+        spans, reaches = read_spans(args.sacct, args.keep_hours, args.timeout)
     except SlurmClientError as err:
         return Floors(plans, f"{window} could not be read ({err}); fix sacct (slurmdbd), or "
                       f"{way_out}", known=False)
     why = untracked_line(unseen, f", or {way_out}")
     if unseen and len(unseen) == len(plans):
         return Floors(plans, why, known=False, unseen=tuple(unseen))
+    if not reaches:
+        return Floors(plans, f"sacct shows no job that started before the last "
+                      f"{args.keep_hours:g} h: accounting may be younger than that, and a kind "
+                      "whose jobs come once a day may not have shown them yet; so until sacct "
+                      f"shows a job from before the window, or {way_out} or a shorter one",
+                      known=False)
     held = floors(spans, 0.0, args.keep_hours * 3600, baseline)
     held.update({kind: plans[kind] for kind in unseen})
     return Floors(held, window, unseen=tuple(unseen), unseen_why=why if unseen else "")

@@ -4,6 +4,7 @@ slurm.conf, a fake slurmctld, and the node's step run as the site's command woul
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shlex
@@ -60,11 +61,22 @@ def scontrol_stub(directory: str, state: str = "IDLE+DRAIN") -> str:
     return path
 
 
-def sacct_stub(directory: str, rows: tuple[str, ...] = (), exit_code: int = 0) -> str:
-    """A sacct that prints its header and ``rows`` (``--parsable2``), or fails as sacct
-    does without slurmdbd; each call's arguments appended to ``sacct.args``."""
+def long_job() -> str:
+    """A CPU job that started 30 days ago and still runs: what shows a sacct window that
+    accounting reaches back past its start (``history.read_spans``)."""
+    start = (datetime.datetime.now() - datetime.timedelta(days=30)).replace(microsecond=0)
+    return f"1|{start.isoformat()}|{start.isoformat()}|Unknown|billing=1,cpu=1,node=1|u|RUNNING"
+
+
+def sacct_stub(directory: str, rows: tuple[str, ...] = (), exit_code: int = 0,
+               reaches: bool = True) -> str:
+    """A sacct that prints its header and ``rows`` (``--parsable2``), after a job from before
+    any window (:func:`long_job`, unless not ``reaches``: a slurmdbd younger than the
+    window), or fails as sacct does without slurmdbd; each call's arguments appended to
+    ``sacct.args``."""
     path = os.path.join(directory, "sacct")
-    lines = "".join(f"echo {shlex.quote(row)}\n" for row in (SACCT_HEADER, *rows))
+    lines = "".join(f"echo {shlex.quote(row)}\n"
+                    for row in (SACCT_HEADER, *((long_job(),) if reaches else ()), *rows))
     failure = ("echo 'sacct: error: Slurm accounting storage is disabled' >&2\n"
                f"exit {exit_code}\n") if exit_code else ""
     with open(path, "w", encoding="utf-8") as out:

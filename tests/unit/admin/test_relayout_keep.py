@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
 
 import pytest
-from tests.unit.admin.relayout_site import TRACKED, config_stub, make_site, sacct_stub
+from tests.unit.admin.relayout_site import (
+    SACCT_HEADER,
+    TRACKED,
+    config_stub,
+    long_job,
+    make_site,
+    sacct_stub,
+)
 from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
 
 from gpushare.admin.relayout.decide import GpuState, Request, decide
 from gpushare.admin.relayout.history import parse_spans
-from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, short, unknown
+from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, reaches, short, unknown
 from gpushare.admin.relayout.sim import Job, default_cluster, simulate
 from gpushare.admin.tres import plan_tres, untracked
 
@@ -152,13 +160,31 @@ def _one_node(history, keep_s=7 * 24 * HOUR):
     return simulate(jobs, start, True, cluster, history=history, keep_s=keep_s).changes
 
 
+# A whole-GPU job eight days before the replay: the history reaches back past a week.
+BACK = Span(-8 * 24 * HOUR, -8 * 24 * HOUR + HOUR, "whole", 1)
+
+
 def test_a_replay_keeps_the_slices_its_history_held():
-    assert _one_node([]) == 4  # nothing held 1g.10gb: every such GPU goes whole
-    assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 14)]) == 2
-    assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 28)]) == 0
+    assert _one_node([BACK]) == 4  # nothing held 1g.10gb: every such GPU goes whole
+    assert _one_node([BACK, Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 14)]) == 2
+    assert _one_node([BACK, Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 28)]) == 0
     assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 28)], keep_s=0) == 4  # no floor
     # Held more than the window ago: forgotten.
     assert _one_node([Span(-30 * HOUR, -25 * HOUR, "1g.10gb", 28)], keep_s=24 * HOUR) == 4
+
+
+def test_a_history_younger_than_the_window_keeps_the_plans_slices():
+    """Until the history reaches back to the window's start, an hour without 1g.10gb jobs
+    is no evidence: every 1g.10gb slice the plan gives stays (whole GPUs may still go)."""
+    assert reaches([BACK], -7 * 24 * HOUR) and not reaches([BACK], -9 * 24 * HOUR)
+    assert _one_node([]) == 0
+    assert _one_node([Span(-3 * HOUR, -2 * HOUR, "1g.10gb", 1)]) == 0
+    # Within the replay, a day of its own history reaches back past a day's window.
+    cluster = default_cluster(2, 4, ("7x1g.10gb", "whole"))
+    start = [[cluster.menu.items[0].layout] * 4, [cluster.menu.items[1].layout] * 4]
+    jobs = [Job(n, 25 * HOUR + 30.0 * n, 3 * HOUR, "whole", 1, "u") for n in range(48)]
+    jobs.append(Job(48, 0.0, 60.0, "whole", 1, "u"))  # the day's first job
+    assert simulate(jobs, start, True, cluster, keep_s=24 * HOUR).changes == 4
 
 
 @pytest.fixture
@@ -215,6 +241,49 @@ def test_the_command_reads_sacct_and_keeps_what_1g_jobs_held(site, tmp_path, cap
     sacct = sacct_stub(str(stubs), tuple(held))
     decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct, "--keep-hours", "2")
     assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+
+
+def test_a_sacct_younger_than_the_window_keeps_what_the_plan_gives_it(site, tmp_path,
+                                                                        capsys):
+    """A history that does not reach back to the window's start (a new slurmdbd) shows no
+    demand for kinds whose jobs come once a day: the floors are the plan's until it does.
+    sacct is asked a second time, for the window before, only where the first shows no job
+    from before the window; any job there is enough."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    held = _ran_at_once("gres/gpu:1g.10gb=1", jobs=1)  # 3 slices held at most: 28 may go
+    young = sacct_stub(str(stubs), tuple(held), reaches=False)
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", young)
+    assert decision["changes"] == [], decision["why"]
+    assert decision["floors"]["by_kind"] == {"1g.10gb": 30}
+    assert decision["floors"]["from_history"] is False
+    [line] = [why for why in decision["why"] if why.startswith("kept:")]
+    assert "every MIG profile and MPS keeps what the plan's layouts give it" in line
+    assert "sacct shows no job that started before the last 24 h" in line, line
+    assert "--keep-hours 0" in line, line
+    with open(young + ".args", encoding="utf-8") as args:
+        calls = [call.split() for call in args.read().splitlines()]
+    assert len(calls) == 2
+    # The second call asks for the 24 h before the window.
+    first_start, second_end = (datetime.datetime.fromisoformat(calls[0][4]),
+                               datetime.datetime.fromisoformat(calls[1][6]))
+    assert calls[1][5] == "--endtime" and abs((first_start - second_end).total_seconds()) < 2
+    # A job in the window before is enough: the floors come from the history.
+    before = stubs / "before"
+    before.write_text(f"#!/bin/sh\necho {shlex.quote(SACCT_HEADER)}\n"
+                      f"case \"$*\" in *{calls[1][6]}*) echo {shlex.quote(long_job())};; "
+                      f"*) echo {shlex.quote(held[0])};; esac\n")
+    before.chmod(0o755)
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", str(before))
+    assert decision["floors"]["from_history"] is True, decision["why"]
+    assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+    # With a job of the window that started before it, sacct is asked once.
+    (stubs / "sacct.args").unlink()
+    reaching = sacct_stub(str(stubs), tuple(held))
+    decision = _dry_run(site, tmp_path, capsys, "--sacct", reaching)
+    assert [c["to"] for c in decision["changes"]] == ["2x3g.40gb"]
+    with open(reaching + ".args", encoding="utf-8") as args:
+        assert len(args.read().splitlines()) == 1
 
 
 def test_without_sacct_every_kind_keeps_what_the_plan_gives_it(site, tmp_path, capsys):

@@ -6,7 +6,8 @@ benchmark's converter writes it as a trace. Only what a replay needs is kept: wh
 was submitted, how long it ran, and what one node of it asked for (a MIG profile, whole
 GPUs or MPS units); jobs that never started, and jobs asking for several GPU kinds at once,
 are left out and counted. The guard's floors (``keep``) read what each started job held
-from the same output, running jobs too.
+from the same output, running jobs too, and whether accounting reaches back to the start of
+their window.
 
 sacct shows a job's GPUs only where slurmctld records them (``gpushare.admin.tres``).
 """
@@ -22,7 +23,7 @@ from gpushare.admin.relayout.sim import Job
 from gpushare.admin.tres import is_mig_profile
 
 __all__ = ["SACCT_FIELDS", "History", "parse_sacct", "parse_spans", "read_sacct", "read_spans",
-           "sacct_argv", "tres_request"]
+           "sacct_argv", "started_before", "tres_request"]
 
 SACCT_FIELDS = ("JobID", "Submit", "Start", "End", "ReqTRES", "User", "State")
 SACCT_RESOLUTION_S = 1.0  # sacct's times are whole seconds
@@ -195,15 +196,33 @@ def read_sacct(sacct: str, days: float, timeout: float = 120.0,
         raise SlurmClientError(f"{sacct}: {err}") from None
 
 
+def started_before(text: str, since: datetime.datetime) -> bool:
+    """Whether ``sacct --parsable2`` output shows a job (any job, GPU or not) that started
+    at or before ``since``: accounting reaches back that far."""
+    for fields, _, _ in _rows(text):
+        start = _time(fields.get("Start", ""))
+        if start is not None and start <= since:
+            return True
+    return False
+
+
 def read_spans(sacct: str, hours: float, timeout: float = 120.0,
-               now: Optional[datetime.datetime] = None) -> list[Span]:
-    """What GPU jobs held in the last ``hours``, running ones too (:func:`parse_spans`);
-    SlurmClientError says why it could not be read."""
+               now: Optional[datetime.datetime] = None) -> tuple[list[Span], bool]:
+    """What GPU jobs held in the last ``hours``, running ones too (:func:`parse_spans`), and
+    whether accounting reaches back to the window's start: a job of the window started
+    before it, or else one ran in the ``hours`` before the window (a second query, made
+    only then). A slurmdbd younger than the window shows neither, and the window cannot
+    show what a kind's jobs hold over a whole period. SlurmClientError says why sacct could
+    not be read."""
     from gpushare.admin.slurm_client import SlurmClientError
 
     now = now or datetime.datetime.now()
+    since = now - datetime.timedelta(hours=hours)
     text = _sacct_text(sacct, hours / 24.0, timeout, now)
     try:
-        return parse_spans(text, now)
+        spans = parse_spans(text, now)
+        if started_before(text, since):
+            return spans, True
+        return spans, started_before(_sacct_text(sacct, hours / 24.0, timeout, since), since)
     except ValueError as err:
         raise SlurmClientError(f"{sacct}: {err}") from None

@@ -23,7 +23,12 @@ no change adds a whole GPU to a node with MPS GPUs (:func:`exposes_mps`).
 Where the history cannot be read, each MIG profile and MPS keeps what the plan gives it
 (:func:`unknown`): no kind is left with less than it would have without relayout. So does a
 kind the history cannot show (its jobs are not in sacct's ``ReqTRES``: ``tres.untracked``),
-beside the others' floors from the history.
+beside the others' floors from the history. And so does every kind while the history does
+not reach back to the window's start (:func:`reaches`: no job started before it): on a
+cluster whose accounting is younger than the window, a kind whose jobs come once a day (a
+night of inference, an evening of sweeps) has not shown its demand yet, and an empty hour
+of history is no evidence that a kind's slices may go. Whole GPUs may still go to any kind
+meanwhile, and the slices a change gave a kind beyond the plan's may come back.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from typing import Iterable, Mapping, Optional
 from gpushare.admin.relayout import DEFAULT_KEEP_H
 from gpushare.admin.relayout.menu import Layout
 
-__all__ = ["DEFAULT_KEEP_H", "Floors", "Span", "capacity", "exposes_mps", "floors", "short",
-           "unknown"]
+__all__ = ["DEFAULT_KEEP_H", "Floors", "Span", "capacity", "exposes_mps", "floors", "reaches",
+           "short", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,11 @@ def exposes_mps(floor: Mapping[str, int], layout: Layout, beside: Iterable[Layou
     adds a whole GPU next to MPS GPUs while MPS has a floor."""
     return floor.get("mps", 0) > 0 and "whole" in layout.offers() and \
         any(other.mps for other in beside)
+
+
+def reaches(spans: Iterable[Span], since: float) -> bool:
+    """Whether the history reaches back to ``since``: a job in it started at or before."""
+    return any(span.start <= since for span in spans)
 
 
 def unknown(baseline: Mapping[str, int]) -> dict[str, int]:

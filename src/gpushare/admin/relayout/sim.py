@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
 from gpushare.admin.relayout.decide import GpuState, Request
-from gpushare.admin.relayout.keep import DEFAULT_KEEP_H, Span, capacity, floors
+from gpushare.admin.relayout.keep import DEFAULT_KEEP_H, Span, capacity, floors, reaches, unknown
 from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, give_back, parse_layout, take
 from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, decide_guarded
 
@@ -416,8 +416,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             decision, _ = decide_guarded(requests, states, {"g": the_menu}, max_changes,
                                          hysteresis, safety=safety, recent=recent,
                                          one_profile_per_node=cluster.one_profile,
-                                         floors=floors([*history, *held], now, keep_s,
-                                                       baseline) if keep_s else None)
+                                         floors=_floors([*history, *held], now, keep_s,
+                                                        baseline) if keep_s else None)
             for change in decision.changes:
                 node = nodes[int(change.node)]
                 target = the_menu.item(change.new)
@@ -435,3 +435,12 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                         for kind, queue in pending.items() for j in queue]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
+
+
+def _floors(spans: list[Span], now: float, keep_s: float, baseline: dict[str, int]
+            ) -> dict[str, int]:
+    """The round's floors as ``gpushare relayout`` reads them: what the window's spans
+    held, or the plan's own where the history does not reach back to the window's start."""
+    if not reaches(spans, now - keep_s):
+        return unknown(baseline)
+    return floors(spans, now, keep_s, baseline)
