@@ -20,7 +20,7 @@ from tests.unit.admin.relayout_site import (
 from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
 
 from gpushare.admin.relayout.decide import GpuState, Request, decide
-from gpushare.admin.relayout.history import parse_spans
+from gpushare.admin.relayout.history import parse_spans, started_before
 from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, reaches, short, unknown
 from gpushare.admin.relayout.sim import Job, default_cluster, simulate
 from gpushare.admin.tres import plan_tres, untracked
@@ -130,6 +130,11 @@ def test_spans_are_read_from_sacct_running_jobs_too():
         Span(-2 * HOUR, -1.5 * HOUR + 1, "mps", 50)]
     with pytest.raises(ValueError, match="no Start"):
         parse_spans("JobID|Submit|End|ReqTRES\n", now)
+    # Accounting reaches back to a moment a job (any job: the CPU job 6 too) started by.
+    assert started_before(text, datetime.datetime(2026, 1, 2, 10, 0, 0))
+    assert not started_before(text, datetime.datetime(2026, 1, 2, 9, 59, 59))
+    pending = "\n".join(text.splitlines()[:1] + text.splitlines()[3:4])  # never started
+    assert not started_before(pending, now)
 
 
 def test_jobs_within_one_second_of_sacct_held_at_once():
