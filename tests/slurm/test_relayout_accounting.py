@@ -145,7 +145,7 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
     cluster.wait_job(first)
     slurmbed.wait_until("sacct lists the first job", lambda: re.search(
         rf"^{first}\|[^|]+\|[^|]+\|", sacct(cluster), re.MULTILINE), 60)
-    time.sleep(10)  # the held jobs start well after the window's start
+    time.sleep(20)  # the held jobs start well after the window's start, however slow the run
     hold_at_once(cluster, 2, 4)  # rl1 has 2 CPUs: two jobs at once
     assert "gres/gpu:1g.10gb=4" in sacct(cluster)
     queue_large(cluster)
