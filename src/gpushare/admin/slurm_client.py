@@ -32,6 +32,7 @@ __all__ = [
     "parse_scontrol_nodes",
     "parse_sinfo_json",
     "parse_squeue_jobs",
+    "run_slurm",
 ]
 
 DEFAULT_SINFO = "/usr/bin/sinfo"
@@ -304,7 +305,7 @@ def job_gres(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0) -> dict[str, l
     slurmctld (every partition's, hidden ones too)."""
     if not squeue.startswith("/"):
         raise SlurmClientError(f"{squeue}: give the Slurm command as an absolute path")
-    return parse_squeue_jobs(_run([squeue, "--json", "--all"], timeout))
+    return parse_squeue_jobs(run_slurm([squeue, "--json", "--all"], timeout))
 
 
 def array_task_job_id(task: str, squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0) -> int:
@@ -313,7 +314,7 @@ def array_task_job_id(task: str, squeue: str = DEFAULT_SQUEUE, timeout: float = 
     if not squeue.startswith("/"):
         raise SlurmClientError(f"{squeue}: give the Slurm command as an absolute path")
     try:
-        said = _run([squeue, "--noheader", "--jobs", task, "--format", "%A"], timeout)
+        said = run_slurm([squeue, "--noheader", "--jobs", task, "--format", "%A"], timeout)
     except SlurmClientError as err:
         said = f"{err}"
     words = said.split()
@@ -328,7 +329,8 @@ def array_task_job_id(task: str, squeue: str = DEFAULT_SQUEUE, timeout: float = 
 # Backends
 
 
-def _run(argv: list[str], timeout: float) -> str:
+def run_slurm(argv: list[str], timeout: float) -> str:
+    """A Slurm command's output; SlurmClientError says why it failed and what to check."""
     try:  # a cluster's sinfo --json runs to megabytes: all of it is kept
         done = proc.run(argv, timeout=timeout, env=os.environ, output_limit=None)
     except proc.CommandNotFound as err:
@@ -359,7 +361,7 @@ class SinfoClient:
         self.sinfo, self.timeout = sinfo, timeout
 
     def nodes(self) -> list[SlurmNode]:
-        return parse_sinfo_json(_run([self.sinfo, "--json"], self.timeout))
+        return parse_sinfo_json(run_slurm([self.sinfo, "--json"], self.timeout))
 
 
 class ScontrolClient:
@@ -371,7 +373,7 @@ class ScontrolClient:
     def nodes(self) -> list[SlurmNode]:
         # -d: 22.05 prints GresUsed only in the detailed listing.
         argv = [self.scontrol, "-d", "show", "-o", "node"]
-        return parse_scontrol_nodes(_run(argv, self.timeout))
+        return parse_scontrol_nodes(run_slurm(argv, self.timeout))
 
 
 class ScontrolJsonClient:
@@ -384,7 +386,7 @@ class ScontrolJsonClient:
 
     def nodes(self) -> list[SlurmNode]:
         argv = [self.scontrol, "show", "nodes", "--json"]
-        return parse_sinfo_json(_run(argv, self.timeout), "scontrol show nodes --json")
+        return parse_sinfo_json(run_slurm(argv, self.timeout), "scontrol show nodes --json")
 
 
 class PyslurmClient:

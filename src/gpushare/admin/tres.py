@@ -49,11 +49,11 @@ def untracked(kinds: Iterable[str], tracked: str) -> list[str]:
 def recorded(scontrol: str, timeout: float = 10.0) -> str:
     """slurmctld's ``AccountingStorageTRES`` (``scontrol show config``); SlurmClientError
     when it cannot be read."""
-    from gpushare.admin.slurm_client import SlurmClientError, _run, config_value
+    from gpushare.admin.slurm_client import SlurmClientError, config_value, run_slurm
 
     if not scontrol.startswith("/"):
         raise SlurmClientError(f"{scontrol}: give the Slurm command as an absolute path")
-    value = config_value(_run([scontrol, "show", "config"], timeout), "AccountingStorageTRES")
+    value = config_value(run_slurm([scontrol, "show", "config"], timeout), "AccountingStorageTRES")
     if value is None:
         raise SlurmClientError(f"{scontrol} show config names no AccountingStorageTRES")
     return value

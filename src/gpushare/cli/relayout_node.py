@@ -91,14 +91,14 @@ def _in_service(args: argparse.Namespace, node: str) -> str:
     or down, with no job on it): destroying a MIG instance under a job that holds it, even
     one with no process on the GPU yet, breaks that job. A GPU already checked free of
     processes may be changed without asking (``--unchecked``) where slurmctld is down."""
-    from gpushare.admin.slurm_client import SlurmClientError, _run, parse_scontrol_nodes
+    from gpushare.admin.slurm_client import SlurmClientError, parse_scontrol_nodes, run_slurm
 
     if args.unchecked:
         return ""
     if not args.scontrol.startswith("/"):
         return f"{args.scontrol}: give the Slurm command as an absolute path"
     try:
-        found = parse_scontrol_nodes(_run([args.scontrol, "-d", "show", "-o", "node", node],
+        found = parse_scontrol_nodes(run_slurm([args.scontrol, "-d", "show", "-o", "node", node],
                                           args.timeout))
     except SlurmClientError as err:
         return (f"slurmctld cannot say whether the node is drained ({err}); where slurmctld "

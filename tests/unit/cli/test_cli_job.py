@@ -243,11 +243,11 @@ def test_an_array_task_is_not_read_as_another_job(tmp_path, capsys, monkeypatch)
 
 def test_a_slurm_command_without_slurmdbd_is_told_so(tmp_path):
     """Not "is slurmctld up?" when slurmctld is up and only accounting is missing."""
-    from gpushare.admin.slurm_client import SlurmClientError, _run
+    from gpushare.admin.slurm_client import SlurmClientError, run_slurm
 
     sacct = tmp_path / "sacct"
     sacct.write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n")
     sacct.chmod(0o755)
     with pytest.raises(SlurmClientError, match=r"accounting storage is disabled; this needs "
                        r"slurmdbd \(slurm.conf AccountingStorageType="):
-        _run([str(sacct)], 10.0)
+        run_slurm([str(sacct)], 10.0)

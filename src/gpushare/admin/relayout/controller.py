@@ -89,12 +89,12 @@ class Scontrol:
         self.scontrol, self.timeout, self.patience, self.sleep = scontrol, timeout, patience, sleep
 
     def _call(self, *args: str) -> str:
-        from gpushare.admin.slurm_client import _run
+        from gpushare.admin.slurm_client import run_slurm
 
         deadline = time.monotonic() + self.patience
         while True:
             try:
-                return _run([self.scontrol, *args], self.timeout)
+                return run_slurm([self.scontrol, *args], self.timeout)
             except SlurmClientError:
                 if time.monotonic() > deadline:
                     raise

@@ -176,11 +176,11 @@ def parse_spans(text: str, now: datetime.datetime) -> list[Span]:
 
 
 def _sacct_text(sacct: str, days: float, timeout: float, now: datetime.datetime) -> str:
-    from gpushare.admin.slurm_client import SlurmClientError, _run
+    from gpushare.admin.slurm_client import SlurmClientError, run_slurm
 
     if not sacct.startswith("/"):
         raise SlurmClientError(f"{sacct}: give the Slurm command as an absolute path")
-    return _run(sacct_argv(sacct, days, now), timeout)
+    return run_slurm(sacct_argv(sacct, days, now), timeout)
 
 
 def read_sacct(sacct: str, days: float, timeout: float = 120.0,

@@ -23,7 +23,7 @@ import re
 from typing import Optional, Protocol
 
 from gpushare.admin.plan.lending import LendingRule
-from gpushare.admin.slurm_client import SlurmClientError, _run
+from gpushare.admin.slurm_client import SlurmClientError, run_slurm
 
 __all__ = ["Reservations", "Scontrol", "borrowed_until", "reservation_name", "window_end"]
 
@@ -67,7 +67,7 @@ class Scontrol:
 
     def _show(self, name: str) -> Optional[str]:
         try:
-            return _run([self.scontrol, "-o", "show", "reservation", name], self.timeout)
+            return run_slurm([self.scontrol, "-o", "show", "reservation", name], self.timeout)
         except SlurmClientError as err:
             if "not found" in str(err).lower() or "invalid reservation" in str(err).lower():
                 return None
@@ -80,11 +80,11 @@ class Scontrol:
         if shown is not None and f"StartTime={start:%Y-%m-%dT%H:%M:%S}" in shown:
             return
         if shown is None:
-            _run([self.scontrol, "create", "reservation", f"ReservationName={name}", *fields,
+            run_slurm([self.scontrol, "create", "reservation", f"ReservationName={name}", *fields,
                   "Users=root", "Flags=MAINT,IGNORE_JOBS"], self.timeout)
         else:
-            _run([self.scontrol, "update", f"ReservationName={name}", *fields], self.timeout)
+            run_slurm([self.scontrol, "update", f"ReservationName={name}", *fields], self.timeout)
 
     def clear(self, name: str) -> None:
         if self._show(name) is not None:
-            _run([self.scontrol, "delete", f"ReservationName={name}"], self.timeout)
+            run_slurm([self.scontrol, "delete", f"ReservationName={name}"], self.timeout)
