@@ -395,9 +395,9 @@ def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
     if not reaches:
         return Floors(plans, f"sacct shows no job that started before the last "
                       f"{args.keep_hours:g} h: accounting may be younger than that, and a kind "
-                      "whose jobs come once a day may not have shown them yet; so until sacct "
-                      f"shows a job from before the window, or {way_out} or a shorter one",
-                      known=False)
+                      "whose jobs come once a day may not have shown them yet; this holds "
+                      f"until sacct shows a job from before the window ({way_out}, or a "
+                      "shorter window)", known=False)
     held = floors(spans, 0.0, args.keep_hours * 3600, baseline)
     held.update({kind: plans[kind] for kind in unseen})
     return Floors(held, window, unseen=tuple(unseen), unseen_why=why if unseen else "")
