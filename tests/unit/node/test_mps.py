@@ -809,6 +809,21 @@ def test_a_daemon_without_a_pid_file_is_found_through_proc(bed, users):
     assert bed.entries() == []
 
 
+def test_the_daemon_is_not_mistaken_for_its_launchers_middle_process(monkeypatch):
+    """The launcher forks twice; its middle process may still be alive for a moment when the
+    control socket appears: the scan is taken again until only the daemon is left."""
+    from types import SimpleNamespace
+
+    from gpushare.node.mps.daemon import Daemons
+
+    scans = iter([[100, 101], [100, 101], [101]])
+    daemons = Daemons.__new__(Daemons)
+    monkeypatch.setattr(daemons, "leftovers", lambda rec: next(scans), raising=False)
+    monkeypatch.setattr(daemons, "is_ours", lambda pid, rec, only: True, raising=False)
+    record = SimpleNamespace(key="k")
+    assert daemons._find_pid(-1, record) == 101  # no pid file at a bad fd: through /proc
+
+
 def test_without_pidfds_daemons_are_still_waited_for_and_stopped(bed, users, no_pidfds):
     """Kernels before 5.3 (RHEL 8's 4.18) have no pidfd_open: every wait polls instead."""
     u1 = users[0]

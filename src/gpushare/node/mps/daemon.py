@@ -177,8 +177,15 @@ class Daemons:
         if data and data.strip().isdigit() and self.is_ours(int(data.strip()), rec,
                                                             daemon_only=True):
             return int(data.strip())
-        found = [pid for pid in self.leftovers(rec) if self.is_ours(pid, rec, True)]
-        return min(found) if found else None
+        # Through /proc: the launcher's double fork may leave its middle process alive for a
+        # moment beside the daemon (same program, user and pipe dir); it is gone in
+        # milliseconds, so the scan is taken again until one is left, for at most a second.
+        deadline = time.monotonic() + 1.0
+        while True:
+            found = [pid for pid in self.leftovers(rec) if self.is_ours(pid, rec, True)]
+            if len(found) <= 1 or time.monotonic() > deadline:
+                return min(found) if found else None
+            time.sleep(0.005)
 
     # ----------------------------------------------------------------- processes
 
