@@ -312,6 +312,7 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     from gpushare.admin.relayout.keep import capacity
     from gpushare.admin.relayout.menu import one_profile_per_node
     from gpushare.admin.relayout.predict import decide_guarded
+    from gpushare.admin.relayout.restore import Back
     from gpushare.admin.relayout.state import (
         AppliedState,
         StateError,
@@ -339,11 +340,15 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
     plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
-    kept = _floors(args, capacity(planned(plan, gpus)))
+    own = planned(plan, gpus)
+    kept = _floors(args, capacity(own))
+    back = Back({(gpu.node, gpu.index): layout for gpu, layout in zip(gpus, own)},
+                kept.wanted) if kept and kept.wanted is not None else None
     decision, verdicts = decide_guarded(
         queue.requests, gpus, menus, args.max_changes, args.hysteresis,
         max_drain_s=args.max_drain, one_profile_per_node=one_profile_per_node(version),
-        recent=submitted, lookback_s=args.lookback, floors=kept.by_kind if kept else None)
+        recent=submitted, lookback_s=args.lookback, floors=kept.by_kind if kept else None,
+        back=back)
     if kept:
         decision.why.append(kept.line())
     if queue.skipped:
@@ -368,6 +373,8 @@ def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
     layouts) gives each; where sacct fails or does not reach back to the window's start,
     what the plan gives each, and so for a kind whose jobs slurmctld does not record in
     accounting (sacct would show none)."""
+    from functools import partial
+
     from gpushare.admin.relayout.history import read_spans
     from gpushare.admin.relayout.keep import Floors, floors, unknown
     from gpushare.admin.slurm_client import SlurmClientError
@@ -378,29 +385,32 @@ def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
     window = f"the last {args.keep_hours:g} h of sacct"
     plans = unknown(baseline)
     way_out = "give --keep-hours 0 to decide without it"
+    unknown_floors = partial(Floors, plans, known=False, wanted=baseline)
     try:
         unseen = untracked(plans, recorded(args.scontrol, args.timeout))
     except SlurmClientError as err:
-        return Floors(plans, f"slurmctld's AccountingStorageTRES could not be read ({err}), "
-                      f"so whether sacct shows each kind's jobs is unknown; fix it, or "
-                      f"{way_out}", known=False)
+        return unknown_floors(f"slurmctld's AccountingStorageTRES could not be read ({err}), "
+                              f"so whether sacct shows each kind's jobs is unknown; fix it, or "
+                              f"{way_out}")
     try:
         spans, reaches = read_spans(args.sacct, args.keep_hours, args.timeout)
     except SlurmClientError as err:
-        return Floors(plans, f"{window} could not be read ({err}); fix sacct (slurmdbd), or "
-                      f"{way_out}", known=False)
+        return unknown_floors(f"{window} could not be read ({err}); fix sacct (slurmdbd), "
+                              f"or {way_out}")
     why = untracked_line(unseen, f", or {way_out}")
     if unseen and len(unseen) == len(plans):
-        return Floors(plans, why, known=False, unseen=tuple(unseen))
+        return unknown_floors(why, unseen=tuple(unseen))
     if not reaches:
-        return Floors(plans, f"sacct shows no job that started before the last "
-                      f"{args.keep_hours:g} h: accounting may be younger than that, and a kind "
-                      "whose jobs come once a day may not have shown them yet; this holds "
-                      f"until sacct shows a job from before the window ({way_out}, or a "
-                      "shorter window)", known=False)
-    held = floors(spans, 0.0, args.keep_hours * 3600, baseline)
-    held.update({kind: plans[kind] for kind in unseen})
-    return Floors(held, window, unseen=tuple(unseen), unseen_why=why if unseen else "")
+        return unknown_floors(f"sacct shows no job that started before the last "
+                              f"{args.keep_hours:g} h: accounting may be younger than that, "
+                              "and a kind whose jobs come once a day may not have shown them "
+                              "yet; this holds until sacct shows a job from before the window "
+                              f"({way_out}, or a shorter window)")
+    wanted = floors(spans, 0.0, args.keep_hours * 3600, baseline, whole=True)
+    wanted.update({kind: baseline[kind] for kind in unseen})
+    held = {kind: n for kind, n in wanted.items() if kind in plans}
+    return Floors(held, window, unseen=tuple(unseen), unseen_why=why if unseen else "",
+                  wanted=wanted)
 
 
 def _forecast_json(forecast: Any) -> dict[str, Any]:

@@ -197,7 +197,8 @@ def site(tmp_path):
     return make_site(tmp_path)
 
 
-def _dry_run(site, tmp_path, capsys, *extra, tracked=TRACKED):
+def _dry_run(site, tmp_path, capsys, *extra, tracked=TRACKED, squeue=None):
+    """``gpushare relayout --json`` (a dry run) on the site; ``squeue``: another stub."""
     from tests.unit.admin.test_relayout_controller import _command
 
     from gpushare.cli import main
@@ -205,6 +206,8 @@ def _dry_run(site, tmp_path, capsys, *extra, tracked=TRACKED):
     plan, settings, _profile, _slurm = site
     argv, _db = _command(plan, settings, tmp_path, tracked)
     argv = [word for word in argv if word not in ("--apply", "--json")]
+    if squeue:
+        argv[argv.index("--squeue") + 1] = squeue
     sacct = argv.index("--sacct")
     del argv[sacct:sacct + 2]
     assert main([*argv, *extra, "--json"]) == 0
@@ -364,12 +367,18 @@ def test_a_kind_sacct_cannot_show_keeps_the_plans_floor_beside_the_others(tmp_pa
     rows = (f"1|{(now - datetime.timedelta(hours=2)).isoformat()}|"
             f"{(now - datetime.timedelta(hours=2)).isoformat()}|"
             f"{(now - datetime.timedelta(hours=1)).isoformat()}|gres/gpu:1g.10gb=4,node=1|u|"
-            "COMPLETED",)
+            "COMPLETED",
+            f"2|{(now - datetime.timedelta(hours=3)).isoformat()}|"
+            f"{(now - datetime.timedelta(hours=3)).isoformat()}|"
+            f"{(now - datetime.timedelta(hours=2)).isoformat()}|gres/gpu=5,node=1|u|"
+            "COMPLETED")
     args = argparse.Namespace(keep_hours=24.0, timeout=10.0, sacct=sacct_stub(str(tmp_path), rows),
                               scontrol=config_stub(str(tmp_path), "gres/gpu,gres/gpu:1g.10gb"))
     kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
     assert dict(kept.by_kind) == {"1g.10gb": 4, "mps": 200}
     assert kept.known and kept.unseen == ("mps",)
+    # What a change back aims at counts whole GPUs too, up to the plan's (5 held, 3 planned).
+    assert dict(kept.wanted) == {"1g.10gb": 4, "mps": 200, "whole": 3}
     line = kept.line()
     assert "up to what the plan's layouts give it (1g.10gb 4); mps 200 as the plan gives " \
            "them: slurmctld does not record gres/mps in accounting" in line, line
@@ -377,6 +386,7 @@ def test_a_kind_sacct_cannot_show_keeps_the_plans_floor_beside_the_others(tmp_pa
     args.scontrol = "/nonexistent/scontrol"
     kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
     assert not kept.known and dict(kept.by_kind) == {"1g.10gb": 14, "mps": 200}
+    assert dict(kept.wanted) == {"1g.10gb": 14, "mps": 200, "whole": 3}
     assert "/nonexistent/scontrol" in kept.line(), kept.line()
 
 

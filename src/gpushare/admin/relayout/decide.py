@@ -26,8 +26,8 @@ from typing import Mapping, Optional, Sequence
 from gpushare.admin.relayout import keep
 from gpushare.admin.relayout.menu import Layout, Menu
 
-__all__ = ["Change", "Decision", "GpuState", "Request", "decide", "request_values", "share_cap",
-           "unit_work", "wait_weight"]
+__all__ = ["Change", "Decision", "GpuState", "Request", "decide", "request_values",
+           "share_cap", "unit_work", "wait_weight", "with_change"]
 
 WAIT_REFERENCE_S = 600.0  # a request waiting this long counts twice a fresh one
 MAX_WAIT_S = 3600.0  # a longer wait weighs no more: at most 7 times a fresh request
@@ -229,7 +229,7 @@ def _profiles_on(node: str, layout_of: dict[tuple[str, int], Layout],
     return len(profiles)
 
 
-def _moved(cap: Mapping[str, int], old: Layout, new: Layout) -> dict[str, int]:
+def with_change(cap: Mapping[str, int], old: Layout, new: Layout) -> dict[str, int]:
     """``cap`` (units by kind: a node's idle ones, or all a layout offers) with one GPU
     changed from ``old`` to ``new``."""
     after = dict(cap)
@@ -345,7 +345,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                         if serves_short:
                             bounded.add(f"{gpu.layout.name} at its min {old_item.low}")
                         continue
-                    next_cap = _moved(trial_cap, gpu.layout, item.layout)
+                    next_cap = with_change(trial_cap, gpu.layout, item.layout)
                     crossed = floors and keep.short(cap, next_cap, floors)
                     if crossed:
                         if serves_short:
@@ -355,7 +355,7 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
                     left_in[(gpu.group, gpu.layout.name)] = \
                         left_in.get((gpu.group, gpu.layout.name), 0) - 1
                     left_in[(gpu.group, name)] = left_in.get((gpu.group, name), 0) + 1
-                    trial[node] = _moved(trial[node], gpu.layout, item.layout)
+                    trial[node] = with_change(trial[node], gpu.layout, item.layout)
                     moved.append(gpu)
                     if one_profile_per_node and _profiles_on(node, layout_of, moved,
                                                              item.layout) > 1:
@@ -369,11 +369,11 @@ def decide(requests: Sequence[Request], gpus: Sequence[GpuState], menus: dict[st
         _net, gain, moved_gpus, new = best
         for gpu in moved_gpus:
             key = (gpu.node, gpu.index)
-            free[gpu.node] = _moved(free[gpu.node], gpu.layout, new)
+            free[gpu.node] = with_change(free[gpu.node], gpu.layout, new)
             counts[(gpu.group, gpu.layout.name)] = counts.get((gpu.group, gpu.layout.name), 0) - 1
             counts[(gpu.group, new.name)] = counts.get((gpu.group, new.name), 0) + 1
             changed.add(key)
-            cap = _moved(cap, gpu.layout, new)
+            cap = with_change(cap, gpu.layout, new)
             layout_of[key] = new
             node_busy = gpu.node in busy_nodes
             decision.changes.append(Change(gpu.node, gpu.index, gpu.layout.name, new.name,

@@ -63,6 +63,9 @@ class Floors:
     known: bool = True  # False: the history could not be read; the floors are the plan's
     unseen: tuple[str, ...] = ()  # kinds the history cannot show: they keep the plan's
     unseen_why: str = ""
+    # Each kind's floor with whole GPUs' too, what a change back to the plan aims at
+    # (``restore``); None: ``by_kind`` and no whole GPU.
+    wanted: Optional[Mapping[str, int]] = None
 
     def line(self) -> str:
         """The floors in words: one line of the decision's why."""
@@ -89,8 +92,10 @@ def _kept(kind: str) -> bool:
 
 
 def floors(spans: Iterable[Span], now: float, window_s: float,
-           baseline: Optional[Mapping[str, int]] = None) -> dict[str, int]:
-    """The most units of each MIG profile and of MPS that ``spans`` held at once between
+           baseline: Optional[Mapping[str, int]] = None, whole: bool = False
+           ) -> dict[str, int]:
+    """The most units of each MIG profile and of MPS (``whole``: and of whole GPUs, what a
+    change back to the plan aims at, ``restore``) that ``spans`` held at once between
     ``now - window_s`` and ``now`` (a span that began before the window counts for what it
     held within it; one still running, until now), each at most what ``baseline`` gives
     it."""
@@ -98,7 +103,7 @@ def floors(spans: Iterable[Span], now: float, window_s: float,
     marks: dict[str, list[tuple[float, int]]] = {}
     for span in spans:
         end = now if span.end is None else min(span.end, now)
-        if not _kept(span.kind) or span.units <= 0 or end <= since or span.start >= now \
+        if not (whole or _kept(span.kind)) or span.units <= 0 or end <= since or span.start >= now \
                 or end <= span.start:
             continue
         kind_marks = marks.setdefault(span.kind, [])

@@ -41,11 +41,13 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
+from gpushare.admin.relayout import restore
 from gpushare.admin.relayout.decide import Change, Decision, GpuState, Request, decide
 from gpushare.admin.relayout.menu import Layout, Menu, give_back, take
 
 __all__ = ["DEFAULT_LIMIT_S", "HORIZON_S", "LOOKBACK_S", "SAFETY", "Forecast", "Verdict",
-           "change_seconds", "decide_guarded", "expected_arrivals", "forecast", "guard"]
+           "change_seconds", "decide_guarded", "expected_arrivals", "forecast", "guard",
+           "guard_back"]
 
 # Each step of a change (docs/performance.md says where each figure comes from).
 NVML_BASE_S = 10.0  # handles and the walk over MIG devices: "O(10 s)" (DRA driver, nvlib.go)
@@ -117,6 +119,7 @@ class Verdict:
     quiet_without: Optional[Forecast] = None  # the same two with no submission expected
     quiet_with: Optional[Forecast] = None
     refusal: str = ""  # what fell short, where refused
+    back: bool = False  # a change back to the plan's layouts (``restore``)
 
     def line(self) -> str:
         gpus = ",".join(str(c.index) for c in self.changes)
@@ -133,8 +136,12 @@ class Verdict:
                    f"{self.quiet_with.wait_s / 60:.1f} min"
                    if self.quiet_without and self.quiet_with else "")
                 + ": " + ("made" if self.made else f"refused, {self.refusal}")
-                + f" (made only when both fall by more than {self.need_s:.0f} s, "
-                f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)")
+                + (f" (back to the plan's layouts: made only when no mean wait and not the "
+                   f"completion grows by more than {self.need_s:.0f} s, "
+                   f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)"
+                   if self.back else
+                   f" (made only when both fall by more than {self.need_s:.0f} s, "
+                   f"{self.need_s / self.cost_s:g} x the change's {self.cost_s:.0f} s)"))
 
 
 @dataclass
@@ -382,16 +389,91 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     return replace(decision, changes=kept, why=why), verdicts
 
 
+def _worse(without: Forecast, with_it: Forecast, allow_s: float = 0.0) -> str:
+    """"" when no mean grows by more than ``allow_s``, MIG and MPS jobs', whole-GPU jobs',
+    all jobs' wait and the completion time; else the first that does."""
+    for what, before, after in (
+            ("whole-GPU jobs would wait longer", without.whole_wait_s, with_it.whole_wait_s),
+            ("MIG and MPS jobs would wait longer", without.mig_wait_s, with_it.mig_wait_s),
+            ("jobs would wait longer", without.wait_s, with_it.wait_s),
+            ("jobs would complete later", without.completion_s, with_it.completion_s)):
+        if after > before + allow_s:
+            return f"{what} ({before / 60:.1f} -> {after / 60:.1f} min)"
+    return ""
+
+
+def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuState],
+               menus: dict[str, Menu], back: restore.Back, max_changes: int = 4,
+               one_profile_per_node: bool = False, floors: Optional[Mapping[str, int]] = None,
+               recent: Sequence[tuple[float, Request]] = (), lookback_s: float = LOOKBACK_S,
+               max_drain_s: Optional[float] = 5400.0, safety: float = SAFETY
+               ) -> tuple[Decision, list[Verdict]]:
+    """``decision`` with the changes back to the plan's layouts (``restore``) that the
+    prediction finds harm no job, in both futures, after the decision's own changes."""
+    budget = max_changes - len(decision.changes)
+    if budget <= 0:
+        return decision, []
+    group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
+    made: dict[tuple[str, int], Layout] = {}
+    for change in decision.changes:
+        item = menus[group_of[(change.node, change.index)]].item(change.new)
+        assert item is not None  # decide chose it from this menu
+        made[(change.node, change.index)] = item.layout
+    layout_of = {(gpu.node, gpu.index): made.get((gpu.node, gpu.index), gpu.layout)
+                 for gpu in gpus}
+    found = restore.candidates(gpus, layout_of, menus, back, floors, one_profile_per_node,
+                               frozenset(change.node for change in decision.changes), budget,
+                               max_drain_s)
+    if not found:
+        return decision, []
+    arrivals = expected_arrivals(recent, lookback_s=lookback_s) if lookback_s > 0 else []
+    futures = [arrivals] + ([[]] if arrivals else [])
+    bases = [forecast(requests, gpus, made, arrivals=future) for future in futures]
+    kept = list(decision.changes)
+    verdicts = []
+    for changes in found:
+        trial = dict(made)
+        for change in changes:
+            trial[(change.node, change.index)] = back.planned[(change.node, change.index)]
+        predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
+        refusal = ""
+        cost = change_seconds(len(changes))
+        for number, (base, with_it) in enumerate(zip(bases, predicted)):
+            refusal = _worse(base, with_it, safety * cost)
+            if refusal:
+                refusal += " with no submission" if number else ""
+                break
+        verdicts.append(Verdict(changes[0].node, tuple(changes), bases[0], predicted[0], cost,
+                                not refusal, safety * cost, None,
+                                bases[1] if len(bases) > 1 else None,
+                                predicted[1] if len(predicted) > 1 else None, refusal,
+                                back=True))
+        if not refusal:
+            made, bases = trial, predicted
+            kept.extend(changes)
+    why = [line for line in decision.why if not line.startswith("no change")] \
+        if len(kept) > len(decision.changes) else list(decision.why)
+    why += [verdict.line() for verdict in verdicts]
+    return replace(decision, changes=kept, why=why), verdicts
+
+
 def decide_guarded(requests: Sequence[Request], gpus: Sequence[GpuState],
                    menus: dict[str, Menu], max_changes: int = 4, hysteresis: float = 0.5,
                    max_drain_s: Optional[float] = 5400.0, one_profile_per_node: bool = False,
                    safety: float = SAFETY, recent: Sequence[tuple[float, Request]] = (),
-                   lookback_s: float = LOOKBACK_S, floors: Optional[Mapping[str, int]] = None
-                   ) -> tuple[Decision, list[Verdict]]:
+                   lookback_s: float = LOOKBACK_S, floors: Optional[Mapping[str, int]] = None,
+                   back: Optional[restore.Back] = None) -> tuple[Decision, list[Verdict]]:
     """A round's decision: decide's candidates (none under a kind's floor in ``floors``,
-    ``keep``), each kept only where predicted to gain.
+    ``keep``), each kept only where predicted to gain; then, with ``back``, the changes
+    back to the plan's layouts that harm no job (``restore``).
     ``gpushare relayout`` and the simulator's relayout both call this."""
     decision = decide(requests, gpus, menus, max_changes, hysteresis,
                       max_drain_s=max_drain_s, one_profile_per_node=one_profile_per_node,
                       floors=floors)
-    return guard(decision, requests, gpus, menus, safety, recent, lookback_s)
+    decision, verdicts = guard(decision, requests, gpus, menus, safety, recent, lookback_s)
+    if back is None:
+        return decision, verdicts
+    decision, returned = guard_back(decision, requests, gpus, menus, back, max_changes,
+                                    one_profile_per_node, floors, recent, lookback_s,
+                                    max_drain_s, safety)
+    return decision, verdicts + returned

@@ -29,6 +29,7 @@ from gpushare.admin.relayout.decide import GpuState, Request
 from gpushare.admin.relayout.keep import DEFAULT_KEEP_H, Span, capacity, floors, reaches, unknown
 from gpushare.admin.relayout.menu import Layout, Menu, MenuItem, give_back, parse_layout, take
 from gpushare.admin.relayout.predict import LOOKBACK_S, SAFETY, change_seconds, decide_guarded
+from gpushare.admin.relayout.restore import Back
 
 if TYPE_CHECKING:
     from gpushare.admin.plan import Plan
@@ -251,6 +252,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     nodes = [_Node([_Gpu(lay, dict(lay.serves())) for lay in (*node, *cluster.fixed)])
              for node in layouts]
     changeable = [len(node) for node in layouts]
+    planned = {(str(number), index): layout for number, node in enumerate(layouts)
+               for index, layout in enumerate(node)}
     baseline = capacity(lay for node in layouts for lay in (*node, *cluster.fixed))
     the_menu = cluster.menu
     kinds = {kind for item in the_menu.items for kind in item.layout.serves()}
@@ -413,11 +416,15 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                       for job in by_submit[first:bisect.bisect_right(submits, now)]]
             held = [span for span in holds if (span.end or now) > now - keep_s] \
                 if keep_s else []
+            spans = [*history, *held]
             decision, _ = decide_guarded(requests, states, {"g": the_menu}, max_changes,
                                          hysteresis, safety=safety, recent=recent,
                                          one_profile_per_node=cluster.one_profile,
-                                         floors=_floors([*history, *held], now, keep_s,
-                                                        baseline) if keep_s else None)
+                                         floors=_floors(spans, now, keep_s, baseline)
+                                         if keep_s else None,
+                                         back=Back(planned, _floors(spans, now, keep_s,
+                                                                    baseline, True))
+                                         if keep_s else None)
             for change in decision.changes:
                 node = nodes[int(change.node)]
                 target = the_menu.item(change.new)
@@ -437,10 +444,11 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     return result
 
 
-def _floors(spans: list[Span], now: float, keep_s: float, baseline: dict[str, int]
-            ) -> dict[str, int]:
+def _floors(spans: list[Span], now: float, keep_s: float, baseline: dict[str, int],
+            whole: bool = False) -> dict[str, int]:
     """The round's floors as ``gpushare relayout`` reads them: what the window's spans
-    held, or the plan's own where the history does not reach back to the window's start."""
+    held, or the plan's own where the history does not reach back to the window's start
+    (``whole``: whole GPUs' too, what a change back to the plan aims at)."""
     if not reaches(spans, now - keep_s):
-        return unknown(baseline)
-    return floors(spans, now, keep_s, baseline)
+        return dict(baseline) if whole else unknown(baseline)
+    return floors(spans, now, keep_s, baseline, whole)
