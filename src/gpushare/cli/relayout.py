@@ -426,12 +426,15 @@ def _decision_json(decision: Any, verdicts: Sequence[Any] = (), kept: Any = None
             "floors": None if kept is None else {"by_kind": dict(kept.by_kind),
                                                  "from_history": kept.known,
                                                  "source": kept.source,
-                                                 "unseen": list(kept.unseen)},
+                                                 "unseen": list(kept.unseen),
+                                                 "wanted": None if kept.wanted is None
+                                                 else dict(kept.wanted)},
             "changes": [{"node": c.node, "gpu": c.index, "from": c.old, "to": c.new,
                          "gain": round(c.gain, 3), "node_busy": c.node_busy}
                         for c in decision.changes],
             "predictions": [{"node": v.node, "gpus": [c.index for c in v.changes],
                              "to": v.changes[0].new, "without": _forecast_json(v.without),
                              "with": _forecast_json(v.with_it), "cost_s": v.cost_s,
-                             "made": v.made, "refusal": v.refusal} for v in verdicts],
+                             "made": v.made, "refusal": v.refusal, "back": v.back}
+                            for v in verdicts],
             "drain": decision.drain, "why": decision.why}

@@ -232,7 +232,8 @@ def test_the_command_reads_sacct_and_keeps_what_1g_jobs_held(site, tmp_path, cap
     decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
     assert decision["changes"] == [], decision["why"]
     assert decision["floors"] == {"by_kind": {"1g.10gb": 30}, "from_history": True,
-                                  "source": "the last 24 h of sacct", "unseen": []}
+                                  "source": "the last 24 h of sacct", "unseen": [],
+                                  "wanted": {"1g.10gb": 30}}
     assert any("kept: no change leaves a MIG profile or MPS with fewer than its jobs held at "
                "once in the last 24 h of sacct, up to what the plan's layouts give it "
                "(1g.10gb 30)" in why for why in decision["why"]), decision["why"]

@@ -162,7 +162,8 @@ def test_the_command_gives_back_what_a_change_took_when_no_job_needs_it(site, tm
     decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct)
     assert decision["changes"] == []
     [back] = [p for p in decision["predictions"] if p["to"] == "7x1g.10gb"]
-    assert (back["node"], back["gpus"], back["made"]) == ("h1", [2], False)
+    assert (back["node"], back["gpus"], back["made"], back["back"]) == ("h1", [2], False, True)
+    assert decision["floors"]["wanted"] == {"1g.10gb": 30}
     assert back["refusal"].startswith("MIG and MPS jobs would wait longer"), back
     # Nothing waits: it goes back, and the why says on what.
     empty = stubs / "squeue"
@@ -177,3 +178,20 @@ def test_the_command_gives_back_what_a_change_took_when_no_job_needs_it(site, tm
     sacct = sacct_stub(str(stubs), tuple(_ran_at_once("gres/gpu:1g.10gb=5", jobs=3)))
     decision = _dry_run(site, tmp_path, capsys, "--sacct", sacct, squeue=str(empty))
     assert decision["changes"] == [] and decision["predictions"] == [], decision["why"]
+
+
+def test_the_forecast_of_a_change_back_runs_the_layout_it_makes():
+    # n0's GPU 0 is planned whole but changed 10 minutes ago; GPU 1, planned 2x3g like GPU 2,
+    # becomes the node's whole GPU instead. n1's whole GPUs are busy for two hours, and a
+    # whole-GPU job came in the last hour: its like next hour starts on n0's GPU 1, once whole.
+    plan = {("n0", 0): "whole", ("n0", 1): "2x3g.40gb", ("n0", 2): "2x3g.40gb",
+            ("n1", 0): "whole", ("n1", 1): "whole", ("n1", 2): "whole"}
+    gpus = [_gpu("n0", 0, "2x3g.40gb", last_change_s=600), _gpu("n0", 1, "2x3g.40gb"),
+            _gpu("n0", 2, "2x3g.40gb")] + [
+        _gpu("n1", i, "whole", {"whole": 1}, 7200) for i in range(3)]
+    recent = [(600.0, Request("w", "whole", 1, 0.0, limit_s=1800.0))]
+    decision, [verdict] = guard_back(Decision(), [], gpus, MENUS, _back(plan, {"whole": 4}),
+                                     recent=recent)
+    assert [(c.node, c.index, c.old, c.new) for c in decision.changes] == [
+        ("n0", 1, "2x3g.40gb", "whole")]
+    assert verdict.with_it.whole_wait_s < verdict.without.whole_wait_s

@@ -434,7 +434,9 @@ def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[G
     for changes in found:
         trial = dict(made)
         for change in changes:
-            trial[(change.node, change.index)] = back.planned[(change.node, change.index)]
+            item = menus[group_of[(change.node, change.index)]].item(change.new)
+            assert item is not None  # a layout of the plan, in the menu (restore)
+            trial[(change.node, change.index)] = item.layout
         predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
         refusal = ""
         cost = change_seconds(len(changes))
