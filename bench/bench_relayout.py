@@ -330,6 +330,35 @@ def by_kind_row(name: str, jobs: list[Job], cluster: Cluster,
     return f"| {name} | {cluster.nodes} | " + " | ".join(cells) + " |"
 
 
+def suggest_row(name: str, jobs: list[Job], cluster: Cluster,
+                keep_s: float = DEFAULT_KEEP_H * 3600) -> str:
+    """One row of the --from-suggest table: relayout started from ``--suggest``'s layout
+    learned on the first half, against that layout left alone, on the second half (the
+    site that runs the suggested layout and turns relayout on)."""
+    first, second = halves(jobs)
+    middle = max((j.submit for j in jobs), default=0.0) / 2
+    learned, _ = cached_best_static(first, cluster)
+    start = spread(learned, cluster)
+    still = simulate(second, start, False, cluster)
+    before = history(first, middle, start, cluster) if keep_s else []
+    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before)
+    return (f"| {name} | {cluster.nodes} | "
+            f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
+            f"{_up(moved.censored_wait(), still.censored_wait())} / "
+            f"{_up(moved.censored_jct(), still.censored_jct())} | "
+            + " | ".join(f"{_kind_wait(still, kind)} -> {_kind_wait(moved, kind)}"
+                         for kind in ("slices", "mps", "whole"))
+            + f" | {moved.changes} |")
+
+
+SUGGEST_HEADER = (
+    "Relayout started from --suggest's layout (learned on the first half) over that layout "
+    "left alone, on the second half: mean wait of MIG and MPS jobs / of all jobs / mean "
+    "completion time, then each class's mean wait in minutes, left alone -> relayout.\n\n"
+    "| trace | nodes | relayout / left alone: MIG / all / completion | MIG slices | MPS units "
+    "| whole GPUs | changes |\n|---|---|---|---|---|---|---|")
+
+
 BY_KIND_HEADER = (
     "Mean wait in minutes, no relayout -> relayout from the even split, per class, over every "
     "job of the trace's second half (a job never started counts as in the corpus table).\n\n"
@@ -369,6 +398,10 @@ def main() -> int:
     parser.add_argument("--by-kind", action="store_true",
                         help="with --corpus: each class's wait (MIG slices, MPS, whole GPUs), "
                         "no relayout against relayout, instead of the four columns")
+    parser.add_argument("--from-suggest", action="store_true",
+                        help="with --corpus: relayout started from --suggest's layout learned "
+                        "on the first half, against that layout left alone, instead of the "
+                        "four columns")
     parser.add_argument("--keep-hours", type=float, default=DEFAULT_KEEP_H, metavar="H",
                         help="relayout's floors: what MIG and MPS jobs held at once in the "
                         f"last H hours (default {DEFAULT_KEEP_H:g}, as gpushare relayout's; "
@@ -394,7 +427,8 @@ def main() -> int:
     else:
         base = default_cluster(args.nodes or 4, args.gpus)
     if args.corpus:
-        print(BY_KIND_HEADER if args.by_kind else CORPUS_HEADER, flush=True)
+        print(BY_KIND_HEADER if args.by_kind else SUGGEST_HEADER if args.from_suggest
+              else CORPUS_HEADER, flush=True)
         for size in (int(n) for n in args.sizes.split(",")):
             for name, jobs in corpus(size, args.held_out):
                 if args.only and name not in args.only:
@@ -402,6 +436,7 @@ def main() -> int:
                 cluster = corpus_cluster(base, jobs, size)
                 keep_s = args.keep_hours * 3600
                 print(by_kind_row(name, jobs, cluster, keep_s) if args.by_kind else
+                      suggest_row(name, jobs, cluster, keep_s) if args.from_suggest else
                       corpus_row(name, jobs, cluster, not args.no_static, keep_s), flush=True)
         return 0
     for path in args.trace:
