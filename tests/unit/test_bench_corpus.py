@@ -159,3 +159,24 @@ def test_the_first_half_is_relayouts_history_on_the_second_halfs_clock():
              bench.Job(3, 900.0, 60.0, "1g.10gb", 7, "u")]    # waits for job 2: 1500-1560
     assert bench.history(first, 1000.0, start, cluster) == [
         Span(-1000.0, -400.0, "1g.10gb", 7), Span(-400.0, 0.0, "1g.10gb", 2)]
+
+
+def test_the_from_suggest_row_starts_both_replays_from_the_layout_learned_on_the_first_half(
+        tmp_path, monkeypatch):
+    """The first half asks for 1g slices only, so --suggest learns 7x1g.10gb GPUs; the
+    second half asks for whole GPUs, which that layout left alone never starts, and
+    relayout gives them GPUs: the whole-GPU class waits less, and the row says so."""
+    from gpushare.admin.relayout.sim import default_cluster
+
+    monkeypatch.setattr(bench, "CACHE", str(tmp_path / "best-static.json"))
+    cluster = default_cluster(1, 2, ("7x1g.10gb", "whole"))
+    jobs = [bench.Job(n, 360.0 * n, 1200.0, "1g.10gb", 4, "u") for n in range(40)]
+    jobs += [bench.Job(100 + n, 30000.0 + 600.0 * n, 1200.0, "whole", 1, "w")
+             for n in range(20)]
+    learned, _ = bench.cached_best_static(bench.halves(jobs)[0], cluster)
+    assert learned == {"7x1g.10gb": 2, "whole": 0}
+    cells = [cell.strip() for cell in bench.suggest_row("t", jobs, cluster).split("|")[1:-1]]
+    assert cells[:2] == ["t", "1"]
+    left_alone, relayout = (float(v) for v in cells[5].split(" -> "))
+    assert relayout < left_alone, cells
+    assert int(cells[6]) > 0
