@@ -330,6 +330,27 @@ def _shortfall(without: Forecast, with_it: Forecast, need_s: float) -> str:
     return ""
 
 
+def _futures(recent: Sequence[tuple[float, Request]], lookback_s: float
+             ) -> list[list[tuple[float, Request]]]:
+    """The futures a change is weighed in: the recent submissions recurring (burst on), and
+    none at all, where there were any."""
+    arrivals = expected_arrivals(recent, lookback_s=lookback_s) if lookback_s > 0 else []
+    return [arrivals] + ([[]] if arrivals else [])
+
+
+def _new_layouts(changes: Sequence[Change], gpus: Sequence[GpuState],
+                 menus: dict[str, Menu]) -> dict[tuple[str, int], Layout]:
+    """Each changed GPU's new layout, from its group's menu (decide and restore choose from
+    it)."""
+    group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
+    layouts = {}
+    for change in changes:
+        item = menus[group_of[(change.node, change.index)]].item(change.new)
+        assert item is not None  # chosen from this menu
+        layouts[(change.node, change.index)] = item.layout
+    return layouts
+
+
 def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuState],
           menus: dict[str, Menu], safety: float = SAFETY,
           recent: Sequence[tuple[float, Request]] = (), lookback_s: float = LOOKBACK_S
@@ -339,7 +360,6 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     recur every ``lookback_s`` in one of the futures weighed."""
     if not decision.changes:
         return decision, []
-    group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
     layout_of = {(gpu.node, gpu.index): gpu.layout for gpu in gpus}
     by_node: dict[str, list[Change]] = {}
     for change in decision.changes:
@@ -347,16 +367,11 @@ def guard(decision: Decision, requests: Sequence[Request], gpus: Sequence[GpuSta
     made: dict[tuple[str, int], Layout] = {}
     kept: list[Change] = []
     verdicts: list[Verdict] = []
-    arrivals = expected_arrivals(recent, lookback_s=lookback_s) if lookback_s > 0 else []
-    futures = [arrivals] + ([[]] if arrivals else [])  # burst on; none
+    futures = _futures(recent, lookback_s)
     bases = [forecast(requests, gpus, arrivals=future) for future in futures]
     for node, changes in by_node.items():
-        trial, same = dict(made), dict(made)
-        for change in changes:
-            item = menus[group_of[(change.node, change.index)]].item(change.new)
-            assert item is not None  # decide chose it from this menu
-            trial[(change.node, change.index)] = item.layout
-            same[(change.node, change.index)] = layout_of[(change.node, change.index)]
+        trial = {**made, **_new_layouts(changes, gpus, menus)}
+        same = {**made, **{(c.node, c.index): layout_of[(c.node, c.index)] for c in changes}}
         cost = change_seconds(len(changes))
         predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
         drained: list[Forecast] = []
@@ -413,12 +428,7 @@ def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[G
     budget = max_changes - len(decision.changes)
     if budget <= 0:
         return decision, []
-    group_of = {(gpu.node, gpu.index): gpu.group for gpu in gpus}
-    made: dict[tuple[str, int], Layout] = {}
-    for change in decision.changes:
-        item = menus[group_of[(change.node, change.index)]].item(change.new)
-        assert item is not None  # decide chose it from this menu
-        made[(change.node, change.index)] = item.layout
+    made = _new_layouts(decision.changes, gpus, menus)
     layout_of = {(gpu.node, gpu.index): made.get((gpu.node, gpu.index), gpu.layout)
                  for gpu in gpus}
     found = restore.candidates(gpus, layout_of, menus, back, floors, one_profile_per_node,
@@ -426,17 +436,12 @@ def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[G
                                max_drain_s)
     if not found:
         return decision, []
-    arrivals = expected_arrivals(recent, lookback_s=lookback_s) if lookback_s > 0 else []
-    futures = [arrivals] + ([[]] if arrivals else [])
+    futures = _futures(recent, lookback_s)
     bases = [forecast(requests, gpus, made, arrivals=future) for future in futures]
     kept = list(decision.changes)
     verdicts = []
     for changes in found:
-        trial = dict(made)
-        for change in changes:
-            item = menus[group_of[(change.node, change.index)]].item(change.new)
-            assert item is not None  # a layout of the plan, in the menu (restore)
-            trial[(change.node, change.index)] = item.layout
+        trial = {**made, **_new_layouts(changes, gpus, menus)}
         predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
         refusal = ""
         cost = change_seconds(len(changes))
