@@ -263,6 +263,11 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
     return counts, result
 
 
+def shifted(first: list[Job], middle: float) -> list[Job]:
+    """The first half's jobs on the second half's clock (submitted before 0)."""
+    return [Job(j.id, j.submit - middle, j.run, j.kind, j.count, j.user) for j in first]
+
+
 def history(first: list[Job], middle: float, start: list[list[Layout]], cluster: Cluster
             ) -> list[Span]:
     """What the first half's jobs held, replayed with no change from ``start``, on the
@@ -288,7 +293,8 @@ def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float
     start = spread(even_split(cluster), cluster)
     still = simulate(second, start, False, cluster)
     before = history(first, middle, start, cluster) if keep_s else []
-    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before)
+    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before,
+                     earlier=shifted(first, middle))
     return first, second, still, moved
 
 
@@ -341,7 +347,8 @@ def suggest_row(name: str, jobs: list[Job], cluster: Cluster,
     start = spread(learned, cluster)
     still = simulate(second, start, False, cluster)
     before = history(first, middle, start, cluster) if keep_s else []
-    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before)
+    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before,
+                     earlier=shifted(first, middle))
     return (f"| {name} | {cluster.nodes} | "
             f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
             f"{_up(moved.censored_wait(), still.censored_wait())} / "

@@ -306,6 +306,7 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
 
     from gpushare.admin.plan.model import with_slurm_version
     from gpushare.admin.relayout.demand import (
+        merge_recent,
         partitions,
         pending,
         planned,
@@ -338,14 +339,15 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
                       ends=running_ends(args.squeue, args.timeout))
         queue = pending(args.squeue, args.timeout,
                         nodes_of=partitions(args.sinfo, args.timeout), lookback_s=args.lookback)
-        submitted = queue.recent + recent(args.squeue, args.timeout, lookback_s=args.lookback)
+        ended = recent(args.squeue, args.timeout, lookback_s=args.lookback)
     except SlurmClientError as err:
         return fail("relayout", str(err))
     version = plan.slurm.version if plan.slurm.version_given else \
         (installed_release() or plan.slurm.version)
     plan = with_slurm_version(plan, version)  # what it renders (gres.conf) is for that release
     own = planned(plan, gpus)
-    kept = _floors(args, capacity(own))
+    kept, accounted = _floors(args, capacity(own))
+    submitted = queue.recent + merge_recent(ended, accounted)
     back = Back({(gpu.node, gpu.index): layout for gpu, layout in zip(gpus, own)},
                 kept.wanted) if kept and kept.wanted is not None else None
     decision, verdicts = decide_guarded(
@@ -355,6 +357,8 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
         back=back)
     if kept:
         decision.why.append(kept.line())
+    if args.lookback:
+        decision.why.append(_recent_line(args, queue.recent, submitted, accounted))
     if queue.skipped:
         decision.why.append("not counted (they could not start on any layout): " + ", ".join(
             f"{n} {why}" for why, n in sorted(queue.skipped.items())))
@@ -371,21 +375,35 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
     return 0
 
 
-def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
+def _recent_line(args: argparse.Namespace, waiting: Sequence[Any], submitted: Sequence[Any],
+                 accounted: Sequence[Any]) -> str:
+    """Where the forecast's recurring submissions came from, in words."""
+    listed = len(submitted) - len(waiting) - len(accounted)
+    line = (f"forecast: the last {args.lookback / 3600:g} h's {len(submitted)} GPU "
+            f"requests recur ({len(waiting)} still waiting, {len(accounted)} started per "
+            f"sacct, {listed} per squeue)")
+    if not accounted and not args.keep_hours:
+        line += ("; squeue shows an ended job only for MinJobAge after it ends, so short "
+                 "jobs are missing: --keep-hours reads sacct")
+    return line
+
+
+def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> tuple[Any, list[Any]]:
     """The floors of this round (``keep``), None with ``--keep-hours 0``: what MIG and MPS
     jobs held at once in the last ``--keep-hours``, up to what ``baseline`` (the plan's own
     layouts) gives each; where sacct fails or does not reach back to the window's start,
     what the plan gives each, and so for a kind whose jobs slurmctld does not record in
-    accounting (sacct would show none)."""
+    accounting (sacct would show none). With them, the started GPU jobs of the last
+    ``--lookback`` that the same sacct output shows (none where it was not read)."""
     from functools import partial
 
-    from gpushare.admin.relayout.history import read_spans
+    from gpushare.admin.relayout.history import read_window
     from gpushare.admin.relayout.keep import Floors, floors, unknown
     from gpushare.admin.slurm_client import SlurmClientError
     from gpushare.admin.tres import recorded, untracked, untracked_line
 
     if not args.keep_hours:
-        return None
+        return None, []
     window = f"the last {args.keep_hours:g} h of sacct"
     plans = unknown(baseline)
     way_out = "give --keep-hours 0 to decide without it"
@@ -395,26 +413,26 @@ def _floors(args: argparse.Namespace, baseline: dict[str, int]) -> Any:
     except SlurmClientError as err:
         return unknown_floors(f"slurmctld's AccountingStorageTRES could not be read ({err}), "
                               f"so whether sacct shows each kind's jobs is unknown; fix it, or "
-                              f"{way_out}")
+                              f"{way_out}"), []
     try:
-        spans, reaches = read_spans(args.sacct, args.keep_hours, args.timeout)
+        read = read_window(args.sacct, args.keep_hours, args.timeout, lookback_s=args.lookback)
     except SlurmClientError as err:
         return unknown_floors(f"{window} could not be read ({err}); fix sacct (slurmdbd), "
-                              f"or {way_out}")
+                              f"or {way_out}"), []
     why = untracked_line(unseen, f", or {way_out}")
     if unseen and len(unseen) == len(plans):
-        return unknown_floors(why, unseen=tuple(unseen))
-    if not reaches:
+        return unknown_floors(why, unseen=tuple(unseen)), read.recent
+    if not read.reaches:
         return unknown_floors(f"sacct shows no job that started before the last "
                               f"{args.keep_hours:g} h: accounting may be younger than that, "
                               "and a kind whose jobs come once a day may not have shown them "
                               "yet; this holds until sacct shows a job from before the window "
-                              f"({way_out}, or a shorter window)")
-    wanted = floors(spans, 0.0, args.keep_hours * 3600, baseline, whole=True)
+                              f"({way_out}, or a shorter window)"), read.recent
+    wanted = floors(read.spans, 0.0, args.keep_hours * 3600, baseline, whole=True)
     wanted.update({kind: baseline[kind] for kind in unseen})
     held = {kind: n for kind, n in wanted.items() if kind in plans}
     return Floors(held, window, unseen=tuple(unseen), unseen_why=why if unseen else "",
-                  wanted=wanted)
+                  wanted=wanted), read.recent
 
 
 def _forecast_json(forecast: Any) -> dict[str, Any]:

@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "floors (--keep-hours; default /usr/bin/sacct)")
     group.add_argument("--history", metavar="FILE",
                        help="with --suggest: read this saved `sacct --allusers --parsable2 "
-                       "--allocations --format JobID,Submit,Start,End,ReqTRES,User,State` "
-                       "output instead of running sacct")
+                       "--allocations --format "
+                       "JobID,Submit,Start,End,ReqTRES,User,State,Timelimit` output instead of "
+                       "running sacct")
     group.add_argument("--group", metavar="NAME",
                        help="with --suggest: the node group (when several have a menu)")
 

@@ -20,7 +20,7 @@ from tests.unit.admin.relayout_site import (
 from tests.unit.admin.test_relayout import PLAN, gpus, layout, menu_of
 
 from gpushare.admin.relayout.decide import GpuState, Request, decide
-from gpushare.admin.relayout.history import parse_spans, started_before
+from gpushare.admin.relayout.history import parse_spans, parse_window, started_before
 from gpushare.admin.relayout.keep import Floors, Span, capacity, floors, reaches, short, unknown
 from gpushare.admin.relayout.sim import Job, default_cluster, simulate
 from gpushare.admin.tres import plan_tres, untracked
@@ -135,6 +135,46 @@ def test_spans_are_read_from_sacct_running_jobs_too():
     assert not started_before(text, datetime.datetime(2026, 1, 2, 9, 59, 59))
     pending = "\n".join(text.splitlines()[:1] + text.splitlines()[3:4])  # never started
     assert not started_before(pending, now)
+
+
+def test_the_lookback_s_started_jobs_are_read_from_the_same_sacct_output():
+    """The forecast's recurring submissions: every GPU job submitted within the lookback that
+    started, ended in any state or running, each for its Timelimit; pending ones are left to
+    squeue (it knows which can start), older ones and CPU jobs are not counted."""
+    now = datetime.datetime(2026, 1, 2, 12, 0, 0)
+    text = "\n".join([
+        "JobID|Submit|Start|End|ReqTRES|User|State|Timelimit",
+        "1|2026-01-02T11:30:00|2026-01-02T11:31:00|2026-01-02T11:35:00|"
+        "gres/gpu:1g.10gb=2,node=1|a|COMPLETED|00:30:00",
+        "2|2026-01-02T11:10:00|2026-01-02T11:10:00|2026-01-02T11:11:00|"
+        "gres/gpu:3g.40gb=4,node=2|b|FAILED|1-00:00:00",
+        "3|2026-01-02T11:50:00|Unknown|Unknown|gres/gpu:1g.10gb=1|c|PENDING|01:00:00",
+        "4|2026-01-02T10:59:59|2026-01-02T11:00:00|Unknown|gres/gpu=1|d|RUNNING|01:00:00",
+        "5|2026-01-02T11:40:00|2026-01-02T11:40:00|Unknown|gres/mps=50|e|RUNNING|UNLIMITED",
+        "6|2026-01-02T11:40:00|2026-01-02T11:40:00|2026-01-02T11:41:00|cpu=4|f|COMPLETED|"
+        "00:10:00",
+    ])
+    window = parse_window(text, now, hours=24.0, lookback_s=HOUR)
+    assert window.recent == [
+        (1800.0, Request("1", "1g.10gb", 2, 0.0, user="a", limit_s=1800.0)),
+        (3000.0, Request("2", "3g.40gb", 2, 0.0, user="b", limit_s=86400.0)),  # per node
+        (1200.0, Request("5", "mps", 50, 0.0, user="e", limit_s=None))]
+    assert window.spans == parse_spans(text, now) and len(window.spans) == 4
+    assert not window.reaches  # nothing started 24 h before
+    # The lookback is at most the window; without a Timelimit column, no limit is known.
+    assert [r.job for _, r in parse_window(text, now, 0.5, HOUR).recent] == ["5"]
+    plain = text.replace("|Timelimit", "").replace("|00:30:00", "")
+    assert parse_window(plain, now, 24.0, HOUR).recent[0][1].limit_s is None
+
+
+def test_each_recent_job_counts_once_sacct_s_record_first():
+    from gpushare.admin.relayout.demand import merge_recent
+
+    listed = [(60.0, Request("7", "1g.10gb", 1, 0.0)), (90.0, Request("8", "mps", 25, 0.0))]
+    accounted = [(65.0, Request("7", "1g.10gb", 1, 0.0, limit_s=600.0)),
+                 (2000.0, Request("9", "whole", 1, 0.0))]
+    assert merge_recent(listed, accounted) == [*accounted, listed[1]]
+    assert merge_recent(listed, []) == listed
 
 
 def test_jobs_within_one_second_of_sacct_held_at_once():
@@ -374,8 +414,10 @@ def test_a_kind_sacct_cannot_show_keeps_the_plans_floor_beside_the_others(tmp_pa
             f"{(now - datetime.timedelta(hours=2)).isoformat()}|gres/gpu=5,node=1|u|"
             "COMPLETED")
     args = argparse.Namespace(keep_hours=24.0, timeout=10.0, sacct=sacct_stub(str(tmp_path), rows),
-                              scontrol=config_stub(str(tmp_path), "gres/gpu,gres/gpu:1g.10gb"))
-    kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+                              scontrol=config_stub(str(tmp_path), "gres/gpu,gres/gpu:1g.10gb"),
+                              lookback=3600.0)
+    kept, accounted = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+    assert accounted == []  # both submitted before the last hour
     assert dict(kept.by_kind) == {"1g.10gb": 4, "mps": 200}
     assert kept.known and kept.unseen == ("mps",)
     # What a change back aims at counts whole GPUs too, up to the plan's (5 held, 3 planned).
@@ -384,8 +426,13 @@ def test_a_kind_sacct_cannot_show_keeps_the_plans_floor_beside_the_others(tmp_pa
     assert "up to what the plan's layouts give it (1g.10gb 4); mps 200 as the plan gives " \
            "them: slurmctld does not record gres/mps in accounting" in line, line
     # scontrol cannot say what is recorded: the plan's floors, and why.
+    args.lookback = 4 * 3600.0
+    _, accounted = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+    assert sorted((r.job, r.kind, r.count) for _, r in accounted) == [
+        ("1", "1g.10gb", 4), ("2", "whole", 5)]
     args.scontrol = "/nonexistent/scontrol"
-    kept = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+    kept, accounted = _floors(args, {"1g.10gb": 14, "mps": 200, "whole": 3})
+    assert accounted == []  # sacct not read
     assert not kept.known and dict(kept.by_kind) == {"1g.10gb": 14, "mps": 200}
     assert dict(kept.wanted) == {"1g.10gb": 14, "mps": 200, "whole": 3}
     assert "/nonexistent/scontrol" in kept.line(), kept.line()
@@ -410,3 +457,32 @@ def test_the_rendered_accounting_tres_shows_every_kind_relayout_reads(tmp_path):
     assert f"#   AccountingStorageTRES={','.join(tres)}" in render_slurm_conf(plan)
     # Without the menu's profiles the history would not show those jobs.
     assert untracked(kinds, "gres/gpu,gres/gpu:1g.10gb") == ["2g.20gb", "3g.40gb", "mps"]
+
+
+def test_the_forecast_repeats_the_jobs_sacct_shows_ended_within_the_lookback(site, tmp_path,
+                                                                             capsys):
+    """squeue forgets a job MinJobAge after it ends; the forecast's recurring submissions
+    come from the sacct output the floors read, and the decision says where they came from."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    now = datetime.datetime.now().replace(microsecond=0)
+    ended = []
+    for n, minutes in enumerate((50, 40, 30, 20)):
+        submit = now - datetime.timedelta(minutes=minutes)
+        end = submit + datetime.timedelta(minutes=5)
+        ended.append(f"{100 + n}|{submit.isoformat()}|{submit.isoformat()}|{end.isoformat()}|"
+                     "gres/gpu:1g.10gb=1,node=1|u|COMPLETED|00:10:00")
+    quiet = _dry_run(site, tmp_path, capsys, "--sacct", sacct_stub(str(stubs)))
+    assert ("forecast: the last 1 h's 0 GPU requests recur (0 still waiting, 0 started per "
+            "sacct, 0 per squeue)") in quiet["why"], quiet["why"]
+    busy = _dry_run(site, tmp_path, capsys, "--sacct", sacct_stub(str(stubs), tuple(ended)))
+    assert ("forecast: the last 1 h's 4 GPU requests recur (0 still waiting, 4 started per "
+            "sacct, 0 per squeue)") in busy["why"], busy["why"]
+    # Each recurs every hour of the 4-hour forecast: 16 jobs beside the waiting one.
+    assert [p["without"]["jobs"] for p in quiet["predictions"]] == [1]
+    assert [p["without"]["jobs"] for p in busy["predictions"]] == [17]
+    # Without sacct (--keep-hours 0), squeue's alone, and the decision says what it misses.
+    alone = _dry_run(site, tmp_path, capsys, "--sacct", sacct_stub(str(stubs), tuple(ended)),
+                     "--keep-hours", "0")
+    line = next(why for why in alone["why"] if why.startswith("forecast:"))
+    assert "0 started per sacct" in line and "--keep-hours reads sacct" in line, line

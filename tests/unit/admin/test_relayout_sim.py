@@ -224,3 +224,31 @@ def test_nodes_alike_changed_in_one_round_each_come_back():
     assert result.unfinished == 0 and result.ran() == {0, 1}
     assert result.changes == 2 and len(result.change_times) == 2
     assert max(result.waits["whole"]) < 3600.0  # both ran after one change, not one after
+
+
+def test_the_first_rounds_forecast_sees_the_jobs_submitted_before_the_replay(monkeypatch):
+    """A replay that begins mid-day (the corpus's second half) starts where a live site
+    has an hour of submissions behind it: ``earlier`` stand in the first rounds' lookback,
+    as sacct shows them to ``gpushare relayout``; without them the forecast would repeat
+    the first minutes' submissions alone and see a fraction of the demand that comes."""
+    from gpushare.admin.relayout import sim
+
+    seen = []
+    real = sim.decide_guarded
+
+    def spy(*args, **kwargs):
+        seen.append(sorted(request.job for _, request in kwargs["recent"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim, "decide_guarded", spy)
+    cluster = default_cluster(1, 2, ("7x1g.10gb", "whole"))
+    layouts = spread({"7x1g.10gb": 2}, cluster)
+    jobs = [Job(0, 100.0, 600.0, "1g.10gb", 1, "u")]
+    earlier = [Job(10, -4000.0, 600.0, "whole", 1, "u"), Job(11, -3000.0, 600.0, "whole", 1, "u"),
+               Job(12, -100.0, 600.0, "1g.10gb", 1, "u"), Job(13, 50.0, 60.0, "whole", 1, "u")]
+    simulate(jobs, layouts, True, cluster, keep_s=0.0, earlier=earlier)
+    # At 300 s: 11 (3300 s ago) and 12 within the hour, 10 before it; 13 is not "earlier".
+    assert seen[0] == ["0", "11", "12"]
+    seen.clear()
+    simulate(jobs, layouts, True, cluster, keep_s=0.0)
+    assert seen[0] == ["0"]

@@ -83,7 +83,7 @@ def test_sacct_is_asked_for_the_window_every_user_one_line_per_job():
     assert argv[0] == "/usr/bin/sacct" and "--allusers" in argv and "--allocations" in argv
     assert argv[argv.index("--starttime") + 1] == "2026-11-17T12:00:00"
     assert argv[argv.index("--endtime") + 1] == "2026-11-20T12:00:00"
-    assert argv[argv.index("--format") + 1] == "JobID,Submit,Start,End,ReqTRES,User,State"
+    assert argv[argv.index("--format") + 1] == "JobID,Submit,Start,End,ReqTRES,User,State,Timelimit"
 
 
 def _history_of_3g_jobs() -> str:

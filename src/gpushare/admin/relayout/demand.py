@@ -39,9 +39,10 @@ from gpushare.admin.slurm_client import (
 )
 from gpushare.common import proc
 
-__all__ = ["SQUEUE_FORMAT", "Queue", "parse_partitions", "parse_request", "parse_running",
-           "parse_squeue", "parse_submitted", "parse_time_left", "partitions", "pending",
-           "plan_layout", "planned", "read_queue", "recent", "running_ends", "supply"]
+__all__ = ["SQUEUE_FORMAT", "Queue", "merge_recent", "parse_partitions", "parse_request",
+           "parse_running", "parse_squeue", "parse_submitted", "parse_time_left", "partitions",
+           "pending", "plan_layout", "planned", "read_queue", "recent", "running_ends",
+           "supply"]
 
 SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%l|%r"
 SINFO_FORMAT = "%R|%N"
@@ -167,6 +168,16 @@ def recent(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
         return []
     text = _squeue(squeue, ["-h", "-t", "R,CG,CD", "-o", SQUEUE_FORMAT], timeout)
     return parse_submitted(text, now or datetime.datetime.now(), lookback_s)
+
+
+def merge_recent(listed: Sequence[tuple[float, Request]],
+                 accounted: Sequence[tuple[float, Request]]) -> list[tuple[float, Request]]:
+    """The recent submissions that started, each job once: sacct's (``accounted``) and, of
+    squeue's (``listed``), the jobs sacct does not show. squeue forgets a job MinJobAge (300 s
+    by default) after it ends, and shows ended ones only as COMPLETED; sacct misses a kind
+    that AccountingStorageTRES does not record."""
+    seen = {request.job for _, request in accounted}
+    return [*accounted, *((ago, request) for ago, request in listed if request.job not in seen)]
 
 
 def _named(text: str) -> str:

@@ -7,7 +7,8 @@ was submitted, how long it ran, and what one node of it asked for (a MIG profile
 GPUs or MPS units); jobs that never started, and jobs asking for several GPU kinds at once,
 are left out and counted. The guard's floors (``keep``) read what each started job held
 from the same output, running jobs too, and whether accounting reaches back to the start of
-their window.
+their window, and the forecast (``predict``) the GPU jobs submitted in its lookback that
+started: squeue forgets a job ``MinJobAge`` (300 s by default) after it ends, sacct does not.
 
 sacct shows a job's GPUs only where slurmctld records them (``gpushare.admin.tres``).
 """
@@ -18,14 +19,17 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
+from gpushare.admin.relayout.decide import Request
+from gpushare.admin.relayout.demand import parse_time_left
 from gpushare.admin.relayout.keep import Span
 from gpushare.admin.relayout.sim import Job
 from gpushare.admin.tres import is_mig_profile
 
-__all__ = ["SACCT_FIELDS", "History", "parse_sacct", "parse_spans", "read_sacct", "read_spans",
-           "sacct_argv", "started_before", "tres_request"]
+__all__ = ["SACCT_FIELDS", "History", "Window", "parse_sacct", "parse_spans",
+           "parse_window", "read_sacct", "read_window", "sacct_argv", "started_before",
+           "tres_request"]
 
-SACCT_FIELDS = ("JobID", "Submit", "Start", "End", "ReqTRES", "User", "State")
+SACCT_FIELDS = ("JobID", "Submit", "Start", "End", "ReqTRES", "User", "State", "Timelimit")
 SACCT_RESOLUTION_S = 1.0  # sacct's times are whole seconds
 
 
@@ -156,25 +160,6 @@ def parse_sacct(text: str) -> History:
     return history
 
 
-def parse_spans(text: str, now: datetime.datetime) -> list[Span]:
-    """What each started GPU job held, from ``sacct --parsable2`` output (as
-    :func:`parse_sacct` reads it): its units on all its nodes, from Start to End in seconds
-    before ``now`` (negative), End None while it runs. sacct gives whole seconds, so a job
-    held its units until at most a second past its End: two jobs whose records share a second
-    count as holding at once, and a job shorter than a second still counts. A line asking
-    for several kinds at once holds none of them alone and is left out."""
-    spans = []
-    for fields, request, nodes in _rows(text):
-        start, end = (_time(fields.get(f, "")) for f in ("Start", "End"))
-        if request is None or start is None:
-            continue
-        kind, units = request
-        spans.append(Span((start - now).total_seconds(), None if end is None else
-                          (end - now).total_seconds() + SACCT_RESOLUTION_S, kind,
-                          units * max(nodes, 1)))
-    return spans
-
-
 def _sacct_text(sacct: str, days: float, timeout: float, now: datetime.datetime) -> str:
     from gpushare.admin.slurm_client import SlurmClientError, run_slurm
 
@@ -196,33 +181,80 @@ def read_sacct(sacct: str, days: float, timeout: float = 120.0,
         raise SlurmClientError(f"{sacct}: {err}") from None
 
 
+@dataclass
+class Window:
+    """sacct's last hours as a round of ``gpushare relayout`` reads them."""
+
+    spans: list[Span]  # what each GPU job held (:func:`parse_spans`)
+    reaches: bool  # a job (any, GPU or not) started at or before the window's start
+    recent: list[tuple[float, Request]]  # the lookback's started GPU jobs (parse_window)
+
+
+def parse_window(text: str, now: datetime.datetime, hours: float = 0.0,
+                 lookback_s: float = 0.0) -> Window:
+    """One pass over ``sacct --parsable2`` output (as :func:`parse_sacct` reads it) of the
+    last ``hours`` before ``now``:
+
+    - ``spans``: what each started GPU job held, its units on all its nodes, from Start to
+      End in seconds before ``now`` (negative), End None while it runs. sacct gives whole
+      seconds, so a job held its units until at most a second past its End: two jobs whose
+      records share a second count as holding at once, and a job shorter than a second
+      still counts. A line asking for several kinds at once holds none of them alone;
+    - ``reaches``: whether a job started at or before the window's start;
+    - ``recent``: (seconds ago, request per node) of the GPU jobs submitted within
+      ``lookback_s`` (at most the window) that have started, running or ended in any state,
+      each for its ``Timelimit``. Those still pending are squeue's to tell
+      (``demand.read_queue`` knows which can start)."""
+    since = now - datetime.timedelta(hours=hours)
+    lookback_s = min(lookback_s, hours * 3600.0)
+    window = Window([], False, [])
+    for fields, request, nodes in _rows(text):
+        submit, start, end = (_time(fields.get(f, "")) for f in ("Submit", "Start", "End"))
+        if start is None:
+            continue
+        window.reaches = window.reaches or start <= since
+        if request is None:
+            continue
+        kind, units = request
+        window.spans.append(Span((start - now).total_seconds(), None if end is None else
+                                 (end - now).total_seconds() + SACCT_RESOLUTION_S, kind,
+                                 units * max(nodes, 1)))
+        ago = None if submit is None or start > now else (now - submit).total_seconds()
+        if ago is not None and 0.0 <= ago < lookback_s:
+            window.recent.append((ago, Request(
+                fields.get("JobID", ""), kind, units, 0.0, user=fields.get("User", ""),
+                limit_s=parse_time_left(fields.get("Timelimit", "")))))
+    return window
+
+
+def parse_spans(text: str, now: datetime.datetime) -> list[Span]:
+    """What each started GPU job held (:func:`parse_window`)."""
+    return parse_window(text, now).spans
+
+
 def started_before(text: str, since: datetime.datetime) -> bool:
     """Whether ``sacct --parsable2`` output shows a job (any job, GPU or not) that started
     at or before ``since``: accounting reaches back that far."""
-    for fields, _, _ in _rows(text):
-        start = _time(fields.get("Start", ""))
-        if start is not None and start <= since:
-            return True
-    return False
+    return parse_window(text, since).reaches
 
 
-def read_spans(sacct: str, hours: float, timeout: float = 120.0,
-               now: Optional[datetime.datetime] = None) -> tuple[list[Span], bool]:
-    """What GPU jobs held in the last ``hours``, running ones too (:func:`parse_spans`), and
-    whether accounting reaches back to the window's start: a job of the window started
-    before it, or else one ran in the ``hours`` before the window (a second query, made
-    only then). A slurmdbd younger than the window shows neither, and the window cannot
-    show what a kind's jobs hold over a whole period. SlurmClientError says why sacct could
-    not be read."""
+def read_window(sacct: str, hours: float, timeout: float = 120.0,
+                now: Optional[datetime.datetime] = None, lookback_s: float = 0.0) -> Window:
+    """The last ``hours`` of sacct (:func:`parse_window`). Where no job of the window started
+    before it, a second query asks whether one ran in the ``hours`` before the window: a
+    slurmdbd younger than the window shows neither, and the window cannot show what a
+    kind's jobs hold over a whole period. SlurmClientError says why sacct could not be
+    read."""
     from gpushare.admin.slurm_client import SlurmClientError
 
     now = now or datetime.datetime.now()
     since = now - datetime.timedelta(hours=hours)
     text = _sacct_text(sacct, hours / 24.0, timeout, now)
     try:
-        spans = parse_spans(text, now)
-        if started_before(text, since):
-            return spans, True
-        return spans, started_before(_sacct_text(sacct, hours / 24.0, timeout, since), since)
+        window = parse_window(text, now, hours, lookback_s)
+        if not window.reaches:
+            window.reaches = started_before(_sacct_text(sacct, hours / 24.0, timeout, since),
+                                            since)
+        return window
     except ValueError as err:
         raise SlurmClientError(f"{sacct}: {err}") from None

@@ -240,12 +240,14 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
              cluster: Optional[Cluster] = None, interval: float = 300.0, max_changes: int = 4,
              hysteresis: float = 0.5, drain_latency: float = 5.0,
              safety: float = SAFETY, keep_s: float = DEFAULT_KEEP_H * 3600.0,
-             history: Sequence[Span] = ()) -> Result:
+             history: Sequence[Span] = (), earlier: Sequence[Job] = ()) -> Result:
     """Replay ``jobs`` on nodes laid out as ``layouts`` (per node, its GPUs' layouts);
     with ``relayout``, every ``interval`` seconds a round of :func:`decide_guarded`, the
     decision ``gpushare relayout`` makes (a change only where predicted to gain, none under
     a kind's floor: what its jobs held at once in the last ``keep_s``, ``history``'s spans,
-    before time 0, counted with the replay's own; 0: no floor)."""
+    before time 0, counted with the replay's own; 0: no floor). ``earlier``: jobs submitted
+    before time 0, which the first rounds' forecast repeats with the replay's own (what
+    ``gpushare relayout`` reads from sacct); a replay without them starts a new site."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
     # Each node's fixed GPUs come after those a relayout may change (never changed here).
@@ -267,7 +269,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     for job in jobs:
         heapq.heappush(events, (job.submit, next(seq), "submit", job.id))
     by_id = {job.id: job for job in jobs}
-    by_submit = sorted(jobs, key=lambda job: job.submit)
+    by_submit = sorted([*(j for j in earlier if j.submit < 0), *jobs],
+                       key=lambda job: job.submit)
     submits = [job.submit for job in by_submit]
     horizon = max((j.submit for j in jobs), default=0.0)
     if relayout:
