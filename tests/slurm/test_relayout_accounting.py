@@ -160,6 +160,16 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
     assert kept["floors"]["from_history"] is True and kept["floors"]["unseen"] == [], kept
     assert kept["floors"]["by_kind"].get("1g.10gb") == 8, (kept["floors"],
                                                            seen_by_relayout(cluster))
+    # The forecast's recurring submissions: the held jobs ended minutes ago, and sacct
+    # shows them however long ago (squeue, only for MinJobAge after their end).
+    recurring = dry_run(cluster, "--keep-hours", f"{(since - 3) / 3600:.6f}", "--lookback",
+                        "3600")
+    [line] = [why for why in recurring["why"] if why.startswith("forecast:")]
+    found = re.search(r"the last 1 h's (\d+) GPU requests recur \((\d+) still waiting, "
+                      r"(\d+) started per sacct, (\d+) per squeue\)", line)
+    assert found, line
+    total, waiting, accounted, listed = (int(n) for n in found.groups())
+    assert accounted >= 2 and total == waiting + accounted + listed, line
     free = dry_run(cluster, "--keep-hours", "0")
     taken = [c for c in free["changes"] if "1g.10gb" in c["from"]]
     # Without floors, one or both of rl1's 1g.10gb GPUs (before 23.11 a node keeps one MIG

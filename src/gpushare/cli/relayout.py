@@ -181,7 +181,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lookback", type=float, default=3600.0, metavar="SECONDS",
                         help="the jobs submitted within this many seconds stand for those "
                         "of each such span to come in the forecast that guards each change "
-                        "(default 3600; 0: weigh the waiting jobs alone)")
+                        "(default 3600; 0: weigh the waiting jobs alone): the waiting ones "
+                        "from squeue, the started ones from the --keep-hours sacct output "
+                        "(squeue shows an ended job only for MinJobAge)")
     parser.add_argument("--keep-hours", type=float, default=DEFAULT_KEEP_H, metavar="H",
                         help="no change leaves a MIG profile or MPS fewer slices than its jobs "
                         "held at once in the last H hours (read with sacct), up to what the "
