@@ -118,6 +118,25 @@ def test_a_change_back_is_made_when_it_harms_no_job_and_refused_when_it_would():
     assert "MIG and MPS jobs would wait longer" in verdict.refusal
 
 
+def test_a_refused_change_back_leaves_the_shortage_to_the_next_node():
+    """Whole GPUs are one short. n0's idle 2x3g.40gb GPU would give it, but two 3g.40gb jobs
+    wait for its slices: refused. n1's idle 7x1g.10gb GPU gives it with no job waiting for
+    its slices: made, though weighed with n0's change counted as made, whole GPUs would not
+    have looked short there."""
+    plan = {(node, index): "whole" for node in ("n0", "n1") for index in range(3)}
+    gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "whole"), _gpu("n0", 2, "whole"),
+            _gpu("n1", 0, "7x1g.10gb"), _gpu("n1", 1, "whole"), _gpu("n1", 2, "whole")]
+    back = _back(plan, {"whole": 5})
+    queue = [Request(f"j{n}", "3g.40gb", 1, 600.0, limit_s=3600.0) for n in range(2)]
+    decision, verdicts = guard_back(Decision(), queue, gpus, MENUS, back)
+    assert [(v.node, v.made) for v in verdicts] == [("n0", False), ("n1", True)]
+    assert [(c.node, c.index, c.old, c.new) for c in decision.changes] == [
+        ("n1", 0, "7x1g.10gb", "whole")]
+    # With no job waiting, n0's is made and nothing is short after it.
+    decision, verdicts = guard_back(Decision(), [], gpus, MENUS, back)
+    assert [(v.node, v.made) for v in verdicts] == [("n0", True)]
+
+
 def test_the_round_weighs_changes_back_after_its_own_changes():
     gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "2x3g.40gb"), _gpu("n0", 2, "whole"),
             _gpu("n1", 0, "whole"), _gpu("n1", 1, "whole"), _gpu("n1", 2, "whole")]

@@ -426,21 +426,26 @@ def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[G
     """``decision`` with the changes back to the plan's layouts (``restore``) that the
     prediction finds harm no job, in both futures, after the decision's own changes."""
     budget = max_changes - len(decision.changes)
-    if budget <= 0:
-        return decision, []
     made = _new_layouts(decision.changes, gpus, menus)
-    layout_of = {(gpu.node, gpu.index): made.get((gpu.node, gpu.index), gpu.layout)
-                 for gpu in gpus}
-    found = restore.candidates(gpus, layout_of, menus, back, floors, one_profile_per_node,
-                               frozenset(change.node for change in decision.changes), budget,
-                               max_drain_s)
-    if not found:
-        return decision, []
-    futures = _futures(recent, lookback_s)
-    bases = [forecast(requests, gpus, made, arrivals=future) for future in futures]
+    skip = {change.node for change in decision.changes}
+    futures: list[list[tuple[float, Request]]] = []
+    bases: list[Forecast] = []
     kept = list(decision.changes)
     verdicts = []
-    for changes in found:
+    while budget > 0:
+        # Weighed again after each verdict: a refused node's changes must not count as
+        # made for the nodes after it (they would look less short than they are).
+        layout_of = {(gpu.node, gpu.index): made.get((gpu.node, gpu.index), gpu.layout)
+                     for gpu in gpus}
+        found = restore.candidates(gpus, layout_of, menus, back, floors, one_profile_per_node,
+                                   frozenset(skip), budget, max_drain_s)
+        if not found:
+            break
+        changes = found[0]
+        skip.add(changes[0].node)
+        if not bases:
+            futures = _futures(recent, lookback_s)
+            bases = [forecast(requests, gpus, made, arrivals=future) for future in futures]
         trial = {**made, **_new_layouts(changes, gpus, menus)}
         predicted = [forecast(requests, gpus, trial, arrivals=future) for future in futures]
         refusal = ""
@@ -458,6 +463,9 @@ def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[G
         if not refusal:
             made, bases = trial, predicted
             kept.extend(changes)
+            budget -= len(changes)
+    if not verdicts:
+        return decision, []
     why = [line for line in decision.why if not line.startswith("no change")] \
         if len(kept) > len(decision.changes) else list(decision.why)
     why += [verdict.line() for verdict in verdicts]
