@@ -118,6 +118,23 @@ def test_a_change_back_is_made_when_it_harms_no_job_and_refused_when_it_would():
     assert "MIG and MPS jobs would wait longer" in verdict.refusal
 
 
+def test_where_slurm_keeps_one_mig_profile_per_node_a_node_goes_back_whole_or_not_at_all():
+    """Before Slurm 23.11 a node has one MIG profile. 1g.10gb is short by one slice: one GPU
+    back would do, but would leave the node 1g.10gb beside 3g.40gb, so both go back (the
+    plan's mix has one profile); where the second is busy, neither goes."""
+    plan = {("n0", index): "7x1g.10gb" for index in range(3)}
+    gpus = [_gpu("n0", 0, "2x3g.40gb"), _gpu("n0", 1, "2x3g.40gb"), _gpu("n0", 2, "7x1g.10gb")]
+    back = _back(plan, {"1g.10gb": 8})
+    changed = [[(c.index, c.new) for c in node] for node in candidates(
+        gpus, _layouts(gpus), MENUS, back, one_profile_per_node=True)]
+    assert changed == [[(0, "7x1g.10gb"), (1, "7x1g.10gb")]]
+    # From 23.11 a node may mix them: the one GPU the shortage needs.
+    assert [[c.index for c in node] for node in candidates(gpus, _layouts(gpus), MENUS,
+                                                           back)] == [[0]]
+    gpus[1] = _gpu("n0", 1, "2x3g.40gb", {"3g.40gb": 1}, 600)
+    assert candidates(gpus, _layouts(gpus), MENUS, back, one_profile_per_node=True) == []
+
+
 def test_a_refused_change_back_leaves_the_shortage_to_the_next_node():
     """Whole GPUs are one short. n0's idle 2x3g.40gb GPU would give it, but two 3g.40gb jobs
     wait for its slices: refused. n1's idle 7x1g.10gb GPU gives it with no job waiting for

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from gpushare.admin.relayout import keep
 from gpushare.admin.relayout.decide import Change, GpuState, with_change
@@ -53,25 +53,25 @@ class _Round:
     floors: Optional[Mapping[str, int]]
     one_profile_per_node: bool
 
-    def allows(self, gpu: GpuState, now: Mapping[int, Layout], new: Layout) -> bool:
+    def allows(self, gpu: GpuState, now: Mapping[int, Layout], new: Layout,
+               for_short: bool = True) -> bool:
         """Whether ``gpu`` (on a node laid out as ``now``) may change to ``new``: a short
-        kind gains, and the menu's bounds, its MIG mode, the floors and Slurm's one MIG
-        profile per node (where it holds) allow it."""
+        kind gains (unless not ``for_short``), and the menu's bounds, its MIG mode and the
+        floors allow it. Slurm's one MIG profile per node is the node's to check, once all
+        its changes are known (:func:`_node`)."""
         old = now[gpu.index]
         menu = self.menus[gpu.group]
         item, old_item = menu.item(new.name), menu.item(old.name)
-        if item is None or not _short_kinds(self.cap, self.back.wanted) & set(new.offers()):
+        if item is None or (for_short and not _short_kinds(self.cap, self.back.wanted)
+                            & set(new.offers())):
             return False
         if (gpu.mode_fixed and new.mig != old.mig) \
                 or self.counts[(gpu.group, new.name)] >= item.high \
                 or (old_item is not None and self.counts[(gpu.group, old.name)] <= old_item.low):
             return False
-        others = [layout for index, layout in now.items() if index != gpu.index]
-        if self.one_profile_per_node and \
-                len({p for layout in (*others, new) for p in layout.slices}) > 1:
-            return False
         if not self.floors:
             return True
+        others = [layout for index, layout in now.items() if index != gpu.index]
         return not (keep.exposes_mps(self.floors, new, others)
                     or keep.short(self.cap, with_change(self.cap, old, new), self.floors))
 
@@ -116,7 +116,9 @@ def candidates(gpus: Sequence[GpuState], layout_of: Mapping[tuple[str, int], Lay
 def _node(state: _Round, node: str, node_gpus: Sequence[GpuState],
           layout_of: Mapping[tuple[str, int], Layout], budget: int) -> list[Change]:
     """One node's changes back: its idle GPUs of a layout it has more of than the plan gives
-    it, to a layout it has fewer of, until its mix is the plan's or nothing is short."""
+    it, to a layout it has fewer of, until its mix is the plan's or nothing is short. Where
+    Slurm keeps one MIG profile per node, a node left with two after them goes on to the
+    plan's whole mix, or keeps its layouts."""
     planned = state.back.planned
     now = {gpu.index: layout_of[(node, gpu.index)] for gpu in node_gpus}
     # Those whose own plan layout differs first: the node then reads as planned.
@@ -129,19 +131,28 @@ def _node(state: _Round, node: str, node_gpus: Sequence[GpuState],
         Counter(now[g.index].name for g in mine)
     layouts = {planned[(node, g.index)].name: planned[(node, g.index)] for g in mine}
     busy = any(gpu.busy for gpu in node_gpus)
+    before = (dict(state.cap), Counter(state.counts))
     changes: list[Change] = []
-    for gpu in mine:
-        old = now[gpu.index]
-        interval = state.menus[gpu.group].min_interval_s
-        if gpu.busy or not extra[old.name] or len(changes) >= budget or (
-                gpu.last_change_s is not None and gpu.last_change_s < interval):
-            continue
-        for name in sorted(missing, key=lambda n: -missing[n]):
-            if missing[name] and state.allows(gpu, now, layouts[name]):
-                state.make(gpu, old, layouts[name])
-                now[gpu.index] = layouts[name]
-                extra[old.name] -= 1
-                missing[name] -= 1
-                changes.append(Change(node, gpu.index, old.name, name, 0.0, busy))
-                break
-    return changes
+    for for_short in (True, False):
+        for gpu in mine:
+            old = now[gpu.index]
+            interval = state.menus[gpu.group].min_interval_s
+            if gpu.busy or not extra[old.name] or len(changes) >= budget or (
+                    gpu.last_change_s is not None and gpu.last_change_s < interval):
+                continue
+            for name in sorted(missing, key=lambda n: -missing[n]):
+                if missing[name] and state.allows(gpu, now, layouts[name], for_short):
+                    state.make(gpu, old, layouts[name])
+                    now[gpu.index] = layouts[name]
+                    extra[old.name] -= 1
+                    missing[name] -= 1
+                    changes.append(Change(node, gpu.index, old.name, name, 0.0, busy))
+                    break
+        if not (changes and state.one_profile_per_node) or _profiles(now.values()) <= 1:
+            return changes
+    state.cap, state.counts = before  # two MIG profiles on one node: Slurm cannot
+    return []
+
+
+def _profiles(layouts: Iterable[Layout]) -> int:
+    return len({profile for layout in layouts for profile in layout.slices})
