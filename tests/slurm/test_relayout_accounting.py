@@ -23,7 +23,10 @@ from tests.slurm.test_relayout import (  # noqa: F401  (bed, fresh: fixtures)
     bed,
     fresh,
     gpushare,
+    gres_of,
     queue_large,
+    relayout,
+    shows,
     sim_layout,
 )
 
@@ -94,6 +97,37 @@ def sacct(cluster) -> str:
                     "now-1hours", "--format", "JobID,Start,End,ReqTRES"]).stdout
 
 
+def record_gres(cluster) -> None:
+    """slurm.conf gains the AccountingStorageTRES line `gpushare render slurm-conf` prints,
+    and slurmctld restarts to record them."""
+    rendered = gpushare("render", "slurm-conf", "--plan", cluster.path("etc", "plan.yaml"))
+    assert rendered.returncode == 0, rendered.stderr
+    [tres] = re.findall(r"^#\s+(AccountingStorageTRES=\S+)$", rendered.stdout, re.MULTILINE)
+    assert "gres/gpu:1g.10gb" in tres and "gres/gpu:3g.40gb" in tres, tres
+    with open(cluster.conf, "a") as conf:
+        conf.write(tres + "\n")
+    cluster.restart_slurmctld()
+    back(cluster)
+
+
+def job_before_the_window(cluster) -> int:
+    """A job whose start a window beginning after it (:func:`after`) shows accounting
+    reaches back past (a bed's slurmdbd is minutes old: a day's window is not covered)."""
+    first = cluster.sbatch("true", "-w", NODE, "--time=1")
+    cluster.wait_job(first)
+    slurmbed.wait_until("sacct lists the first job", lambda: re.search(
+        rf"^{first}\|[^|]+\|[^|]+\|", sacct(cluster), re.MULTILINE), 60)
+    time.sleep(20)  # the jobs after it start well after the window's start, however slow
+    return first
+
+
+def after(cluster, first: int) -> str:
+    """--keep-hours for a window that begins 3 s after ``first`` started."""
+    [start] = re.findall(rf"^{first}\|([^|]+)\|", sacct(cluster), re.MULTILINE)
+    since = (datetime.datetime.now() - datetime.datetime.fromisoformat(start)).total_seconds()
+    return f"{(since - 3) / 3600:.6f}"
+
+
 def test_unrecorded_mig_gres_keep_the_plans_slices_and_say_what_to_record(
         fresh, accounting):  # noqa: F811
     """Slurm's default AccountingStorageTRES: sacct lists the MIG jobs with no GPU. The
@@ -127,25 +161,12 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
     --suggest learns from the same history. A day's window on a slurmdbd minutes old keeps
     the plan's floors; a window that a job before it shows covered reads the history."""
     cluster = fresh
-    rendered = gpushare("render", "slurm-conf", "--plan", cluster.path("etc", "plan.yaml"))
-    assert rendered.returncode == 0, rendered.stderr
-    [tres] = re.findall(r"^#\s+(AccountingStorageTRES=\S+)$", rendered.stdout, re.MULTILINE)
-    assert "gres/gpu:1g.10gb" in tres and "gres/gpu:3g.40gb" in tres, tres
-    with open(cluster.conf, "a") as conf:
-        conf.write(tres + "\n")
-    cluster.restart_slurmctld()
-    back(cluster)
+    record_gres(cluster)
     checked = gpushare("check", "--plan", cluster.path("etc", "plan.yaml"), "--cluster",
                        "--backend", "scontrol", "--json")
     findings = json.loads(checked.stdout)["findings"]
     assert not [f for f in findings if "AccountingStorageTRES" in f["where"]], findings
-    # A job before the window: accounting reaches back past the start of a window that
-    # begins after it (here, a bed's slurmdbd is minutes old: a day's window is not covered).
-    first = cluster.sbatch("true", "-w", NODE, "--time=1")
-    cluster.wait_job(first)
-    slurmbed.wait_until("sacct lists the first job", lambda: re.search(
-        rf"^{first}\|[^|]+\|[^|]+\|", sacct(cluster), re.MULTILINE), 60)
-    time.sleep(20)  # the held jobs start well after the window's start, however slow the run
+    first = job_before_the_window(cluster)
     hold_at_once(cluster, 2, 4)  # rl1 has 2 CPUs: two jobs at once
     assert "gres/gpu:1g.10gb=4" in sacct(cluster)
     queue_large(cluster)
@@ -154,16 +175,14 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
     [line] = [why for why in young["why"] if why.startswith("kept:")]
     assert "sacct shows no job that started before the last 24 h" in line, line
     assert not [c for c in young["changes"] if "1g.10gb" in c["from"]], young["why"]
-    [start] = re.findall(rf"^{first}\|([^|]+)\|", sacct(cluster), re.MULTILINE)
-    since = (datetime.datetime.now() - datetime.datetime.fromisoformat(start)).total_seconds()
-    kept = dry_run(cluster, "--keep-hours", f"{(since - 3) / 3600:.6f}")
+    window = after(cluster, first)
+    kept = dry_run(cluster, "--keep-hours", window)
     assert kept["floors"]["from_history"] is True and kept["floors"]["unseen"] == [], kept
     assert kept["floors"]["by_kind"].get("1g.10gb") == 8, (kept["floors"],
                                                            seen_by_relayout(cluster))
     # The forecast's recurring submissions: the held jobs ended minutes ago, and sacct
     # shows them however long ago (squeue, only for MinJobAge after their end).
-    recurring = dry_run(cluster, "--keep-hours", f"{(since - 3) / 3600:.6f}", "--lookback",
-                        "3600")
+    recurring = dry_run(cluster, "--keep-hours", window, "--lookback", "3600")
     [line] = [why for why in recurring["why"] if why.startswith("forecast:")]
     found = re.search(r"the last 1 h's (\d+) GPU requests recur \((\d+) still waiting, "
                       r"(\d+) started per sacct, (\d+) per squeue\)", line)
@@ -183,3 +202,45 @@ def test_recorded_mig_gres_make_the_floors_what_the_jobs_held(fresh, accounting)
                          "--days", "1", "--json")
     assert suggested.returncode == 0, suggested.stderr
     assert json.loads(suggested.stdout)["jobs"] >= 2, suggested.stdout
+
+
+def test_what_a_change_took_comes_back_once_no_job_needs_it(fresh, accounting):  # noqa: F811
+    """The plan gives rl1's GPUs 2 and 3 seven 1g.10gb slices each, and two 1g.10gb jobs
+    held 8 at once. A round without floors (--keep-hours 0) turns both into 2x3g.40gb for
+    waiting 3g.40gb jobs (GPU 1 busy with a whole-GPU job). Once those have run, a round
+    with the window finds 1g.10gb short of what its jobs held and, no job waiting, gives
+    both GPUs back, through the same drain, node step, Gres= and resume as any change
+    (before 23.11 both at once: a node keeps one MIG profile)."""
+    cluster = fresh
+    record_gres(cluster)
+    planned = gres_of(cluster)
+    first = job_before_the_window(cluster)
+    hold_at_once(cluster, 2, 4)
+    marker = os.path.join(cluster.out_dir, f"whole-{time.monotonic_ns()}")
+    whole = cluster.sbatch(f"touch {marker}; sleep 10", "-w", NODE, "--gres=gpu:h100:1",
+                           "--time=2")
+    slurmbed.wait_until("the whole-GPU job runs", lambda: os.path.exists(marker))
+    waiting = queue_large(cluster)
+    taken = relayout(cluster, "--keep-hours", "0")
+    assert taken.returncode == 0, (taken.stdout[-3000:], taken.stderr)
+    [node] = json.loads(taken.stdout)["nodes"]
+    assert sorted(node["applied"]) == [[2, "2x3g.40gb"], [3, "2x3g.40gb"]], node
+    for job in (whole, *waiting):
+        assert cluster.wait_job(job)["JobState"] == "COMPLETED"
+    back(cluster)
+    given = relayout(cluster, "--keep-hours", after(cluster, first))
+    assert given.returncode == 0, (given.stdout[-3000:], given.stderr)
+    out = json.loads(given.stdout)
+    [node] = out["nodes"]
+    assert node["failed"] is None and sorted(node["applied"]) == [
+        [2, "7x1g.10gb"], [3, "7x1g.10gb"]], (node, out["why"])
+    assert [p["back"] for p in out["predictions"]] == [True], out["predictions"]
+    assert any("made (back to the plan's layouts" in why for why in out["why"]), out["why"]
+    assert out["floors"]["wanted"]["1g.10gb"] == 8, out["floors"]
+    assert sim_layout(cluster, 2) == sim_layout(cluster, 3) == ["1g.10gb"] * 7
+    slurmbed.wait_until("slurmctld shows the plan's GRES", lambda: shows(cluster, planned))
+    back(cluster)
+    # The plan's mix again: nothing is short, the next round changes nothing.
+    again = relayout(cluster, "--keep-hours", after(cluster, first))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["changes"] == [], again.stdout
