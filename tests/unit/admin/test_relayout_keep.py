@@ -142,18 +142,20 @@ def test_the_lookback_s_started_jobs_are_read_from_the_same_sacct_output():
     started, ended in any state or running, each for its Timelimit; pending ones are left to
     squeue (it knows which can start), older ones and CPU jobs are not counted."""
     now = datetime.datetime(2026, 1, 2, 12, 0, 0)
-    text = "\n".join([
-        "JobID|Submit|Start|End|ReqTRES|User|State|Timelimit",
-        "1|2026-01-02T11:30:00|2026-01-02T11:31:00|2026-01-02T11:35:00|"
-        "gres/gpu:1g.10gb=2,node=1|a|COMPLETED|00:30:00",
-        "2|2026-01-02T11:10:00|2026-01-02T11:10:00|2026-01-02T11:11:00|"
-        "gres/gpu:3g.40gb=4,node=2|b|FAILED|1-00:00:00",
-        "3|2026-01-02T11:50:00|Unknown|Unknown|gres/gpu:1g.10gb=1|c|PENDING|01:00:00",
-        "4|2026-01-02T10:59:59|2026-01-02T11:00:00|Unknown|gres/gpu=1|d|RUNNING|01:00:00",
-        "5|2026-01-02T11:40:00|2026-01-02T11:40:00|Unknown|gres/mps=50|e|RUNNING|UNLIMITED",
-        "6|2026-01-02T11:40:00|2026-01-02T11:40:00|2026-01-02T11:41:00|cpu=4|f|COMPLETED|"
-        "00:10:00",
-    ])
+    rows = [  # JobID, Submit, Start, End (on 2026-01-02), ReqTRES, User, State, Timelimit
+        ("1", "11:30:00", "11:31:00", "11:35:00", "gres/gpu:1g.10gb=2,node=1", "a",
+         "COMPLETED", "00:30:00"),
+        ("2", "11:10:00", "11:10:00", "11:11:00", "gres/gpu:3g.40gb=4,node=2", "b", "FAILED",
+         "1-00:00:00"),
+        ("3", "11:50:00", "Unknown", "Unknown", "gres/gpu:1g.10gb=1", "c", "PENDING",
+         "01:00:00"),
+        ("4", "10:59:59", "11:00:00", "Unknown", "gres/gpu=1", "d", "RUNNING", "01:00:00"),
+        ("5", "11:40:00", "11:40:00", "Unknown", "gres/mps=50", "e", "RUNNING", "UNLIMITED"),
+        ("6", "11:40:00", "11:40:00", "11:41:00", "cpu=4", "f", "COMPLETED", "00:10:00"),
+    ]
+    text = "\n".join(["JobID|Submit|Start|End|ReqTRES|User|State|Timelimit"] + [
+        "|".join(f"2026-01-02T{v}" if v[:1].isdigit() and ":" in v and n in (1, 2, 3) else v
+                 for n, v in enumerate(row)) for row in rows])
     window = parse_window(text, now, hours=24.0, lookback_s=HOUR)
     assert window.recent == [
         (1800.0, Request("1", "1g.10gb", 2, 0.0, user="a", limit_s=1800.0)),
