@@ -174,14 +174,17 @@ def tile(jobs: list[Job], copies: int) -> list[Job]:
     return tiled
 
 
+def shifted(jobs: list[Job], middle: float) -> list[Job]:
+    """``jobs`` on the second half's clock (the first half's are submitted before 0)."""
+    return [Job(j.id, j.submit - middle, j.run, j.kind, j.count, j.user) for j in jobs]
+
+
 def halves(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     """The jobs submitted in the first and in the second half of the trace; the second
     half's times start at 0."""
     middle = max((j.submit for j in jobs), default=0.0) / 2
-    first = [j for j in jobs if j.submit < middle]
-    second = [Job(j.id, j.submit - middle, j.run, j.kind, j.count, j.user)
-              for j in jobs if j.submit >= middle]
-    return first, second
+    return ([j for j in jobs if j.submit < middle],
+            shifted([j for j in jobs if j.submit >= middle], middle))
 
 
 def corpus(nodes: int, held_out: int = 0) -> list[tuple[str, list[Job]]]:
@@ -263,11 +266,6 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
     return counts, result
 
 
-def shifted(first: list[Job], middle: float) -> list[Job]:
-    """The first half's jobs on the second half's clock (submitted before 0)."""
-    return [Job(j.id, j.submit - middle, j.run, j.kind, j.count, j.user) for j in first]
-
-
 def history(first: list[Job], middle: float, start: list[list[Layout]], cluster: Cluster
             ) -> list[Span]:
     """What the first half's jobs held, replayed with no change from ``start``, on the
@@ -283,14 +281,16 @@ def history(first: list[Job], middle: float, start: list[list[Layout]], cluster:
     return spans
 
 
-def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float
+def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float,
+                  start: Optional[list[list[Layout]]] = None
                   ) -> tuple[list[Job], list[Job], Result, Result]:
     """(first half, second half, no relayout, relayout) of a corpus row:
-    the second half replayed from the even split, relayout with the first half's holds as
-    its history (``keep_s``: how far back its floors look; 0: none)."""
+    the second half replayed from ``start`` (default: the even split), relayout with the
+    first half's holds as its history (``keep_s``: how far back its floors look; 0: none)
+    and its submissions in the first rounds' lookback."""
     first, second = halves(jobs)
     middle = max((j.submit for j in jobs), default=0.0) / 2
-    start = spread(even_split(cluster), cluster)
+    start = start or spread(even_split(cluster), cluster)
     still = simulate(second, start, False, cluster)
     before = history(first, middle, start, cluster) if keep_s else []
     moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before,
@@ -341,14 +341,8 @@ def suggest_row(name: str, jobs: list[Job], cluster: Cluster,
     """One row of the --from-suggest table: relayout started from ``--suggest``'s layout
     learned on the first half, against that layout left alone, on the second half (the
     site that runs the suggested layout and turns relayout on)."""
-    first, second = halves(jobs)
-    middle = max((j.submit for j in jobs), default=0.0) / 2
-    learned, _ = cached_best_static(first, cluster)
-    start = spread(learned, cluster)
-    still = simulate(second, start, False, cluster)
-    before = history(first, middle, start, cluster) if keep_s else []
-    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before,
-                     earlier=shifted(first, middle))
+    learned, _ = cached_best_static(halves(jobs)[0], cluster)
+    _, _, still, moved = replay_halves(jobs, cluster, keep_s, spread(learned, cluster))
     return (f"| {name} | {cluster.nodes} | "
             f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
             f"{_up(moved.censored_wait(), still.censored_wait())} / "
