@@ -437,11 +437,11 @@ def guard_back(decision: Decision, requests: Sequence[Request], gpus: Sequence[G
         # made for the nodes after it (they would look less short than they are).
         layout_of = {(gpu.node, gpu.index): made.get((gpu.node, gpu.index), gpu.layout)
                      for gpu in gpus}
-        found = restore.candidates(gpus, layout_of, menus, back, floors, one_profile_per_node,
-                                   frozenset(skip), budget, max_drain_s)
-        if not found:
+        changes = next(restore.each_node(gpus, layout_of, menus, back, floors,
+                                         one_profile_per_node, frozenset(skip), budget,
+                                         max_drain_s), None)
+        if changes is None:
             break
-        changes = found[0]
         skip.add(changes[0].node)
         if not bases:
             futures = _futures(recent, lookback_s)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from gpushare.admin.relayout import keep
 from gpushare.admin.relayout.decide import Change, GpuState, with_change
 from gpushare.admin.relayout.menu import Layout, Menu
 
-__all__ = ["Back", "candidates"]
+__all__ = ["Back", "candidates", "each_node"]
 
 
 @dataclass(frozen=True)
@@ -91,16 +91,27 @@ def candidates(gpus: Sequence[GpuState], layout_of: Mapping[tuple[str, int], Lay
     are made; nodes in ``skip`` (changed this round) are left alone, and so are nodes whose
     jobs' time limits may run past ``max_drain_s`` (Slurm keeps a drained node out of
     service until they end). Each node's are weighed as if the nodes before were made."""
+    return list(each_node(gpus, layout_of, menus, back, floors, one_profile_per_node, skip,
+                          budget, max_drain_s))
+
+
+def each_node(gpus: Sequence[GpuState], layout_of: Mapping[tuple[str, int], Layout],
+              menus: Mapping[str, Menu], back: Back,
+              floors: Optional[Mapping[str, int]] = None,
+              one_profile_per_node: bool = False, skip: frozenset[str] = frozenset(),
+              budget: int = 4, max_drain_s: Optional[float] = 5400.0
+              ) -> Iterator[list[Change]]:
+    """:func:`candidates`, a node at a time, weighed only when asked for: a caller that
+    judges the first before the others need not weigh them."""
     state = _Round(keep.capacity(layout_of.values()), Counter(
         (gpu.group, layout_of[(gpu.node, gpu.index)].name) for gpu in gpus
         if gpu.changeable and gpu.group in menus), back, menus, floors, one_profile_per_node)
     by_node: dict[str, list[GpuState]] = {}
     for gpu in gpus:
         by_node.setdefault(gpu.node, []).append(gpu)
-    found: list[list[Change]] = []
     for node in sorted(by_node):
         if budget <= 0 or not _short_kinds(state.cap, back.wanted):
-            break
+            return
         node_gpus = by_node[node]
         busy = [gpu for gpu in node_gpus if gpu.busy]
         if node in skip or (max_drain_s is not None and any(
@@ -108,9 +119,8 @@ def candidates(gpus: Sequence[GpuState], layout_of: Mapping[tuple[str, int], Lay
             continue
         changes = _node(state, node, node_gpus, layout_of, budget)
         if changes:
-            found.append(changes)
+            yield changes
             budget -= len(changes)
-    return found
 
 
 def _node(state: _Round, node: str, node_gpus: Sequence[GpuState],
