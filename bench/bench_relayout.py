@@ -18,6 +18,7 @@ import argparse
 import csv
 import math
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -37,6 +38,7 @@ from gpushare.admin.relayout.sim import (
     cluster_from_plan,
     default_cluster,
     simulate,
+    twice_the_run,
 )
 from gpushare.admin.relayout.static import best_static, even_split, spread
 
@@ -281,29 +283,41 @@ def history(first: list[Job], middle: float, start: list[list[Layout]], cluster:
     return spans
 
 
+SPREAD_MAX = 8.0  # --limits spread: the most a time limit is above the run
+
+
+def spread_limit(job: Job) -> float:
+    """A time limit as users set them, far from their runs and each its own: the run times a
+    factor drawn for the job (seeded by its id, so the same in every replay),
+    log-uniform from 1 to ``SPREAD_MAX``."""
+    return job.run * SPREAD_MAX ** random.Random(job.id).random()
+
+
 def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float,
-                  start: Optional[list[list[Layout]]] = None
+                  start: Optional[list[list[Layout]]] = None,
+                  limit: Callable[[Job], float] = twice_the_run
                   ) -> tuple[list[Job], list[Job], Result, Result]:
     """(first half, second half, no relayout, relayout) of a corpus row:
     the second half replayed from ``start`` (default: the even split), relayout with the
     first half's holds as its history (``keep_s``: how far back its floors look; 0: none)
-    and its submissions in the first rounds' lookback."""
+    and its submissions in the first rounds' lookback; ``limit``, each job's time limit."""
     first, second = halves(jobs)
     middle = max((j.submit for j in jobs), default=0.0) / 2
     start = start or spread(even_split(cluster), cluster)
     still = simulate(second, start, False, cluster)
     before = history(first, middle, start, cluster) if keep_s else []
     moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before,
-                     earlier=shifted(first, middle))
+                     earlier=shifted(first, middle), limit=limit)
     return first, second, still, moved
 
 
 def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True,
-               keep_s: float = DEFAULT_KEEP_H * 3600) -> str:
+               keep_s: float = DEFAULT_KEEP_H * 3600,
+               limit: Callable[[Job], float] = twice_the_run) -> str:
     """One row of the corpus table: the second half of the trace replayed four ways, each
     scored on the jobs that ran in all four (a layout that never runs a job is marked);
     without ``static``, only no relayout and relayout (the searches are most of the time)."""
-    first, second, still, moved = replay_halves(jobs, cluster, keep_s)
+    first, second, still, moved = replay_halves(jobs, cluster, keep_s, limit=limit)
     hindsight = suggested = None
     if static:
         _, hindsight = cached_best_static(second, cluster)
@@ -327,22 +341,24 @@ def _kind_wait(result: Result, kind: str) -> str:
 
 
 def by_kind_row(name: str, jobs: list[Job], cluster: Cluster,
-                keep_s: float = DEFAULT_KEEP_H * 3600) -> str:
+                keep_s: float = DEFAULT_KEEP_H * 3600,
+                limit: Callable[[Job], float] = twice_the_run) -> str:
     """One row of the by-kind table: each class's mean wait, no relayout -> relayout from
     the even split, on the trace's second half: who pays for a change and who gains."""
-    _, _, still, moved = replay_halves(jobs, cluster, keep_s)
+    _, _, still, moved = replay_halves(jobs, cluster, keep_s, limit=limit)
     cells = (f"{_kind_wait(still, kind)} -> {_kind_wait(moved, kind)}"
              for kind in ("slices", "mps", "whole"))
     return f"| {name} | {cluster.nodes} | " + " | ".join(cells) + " |"
 
 
 def suggest_row(name: str, jobs: list[Job], cluster: Cluster,
-                keep_s: float = DEFAULT_KEEP_H * 3600) -> str:
+                keep_s: float = DEFAULT_KEEP_H * 3600,
+                limit: Callable[[Job], float] = twice_the_run) -> str:
     """One row of the --from-suggest table: relayout started from ``--suggest``'s layout
     learned on the first half, against that layout left alone, on the second half (the
     site that runs the suggested layout and turns relayout on)."""
     learned, _ = cached_best_static(halves(jobs)[0], cluster)
-    _, _, still, moved = replay_halves(jobs, cluster, keep_s, spread(learned, cluster))
+    _, _, still, moved = replay_halves(jobs, cluster, keep_s, spread(learned, cluster), limit)
     return (f"| {name} | {cluster.nodes} | "
             f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
             f"{_up(moved.censored_wait(), still.censored_wait())} / "
@@ -407,6 +423,11 @@ def main() -> int:
                         help="relayout's floors: what MIG and MPS jobs held at once in the "
                         f"last H hours (default {DEFAULT_KEEP_H:g}, as gpushare relayout's; "
                         "0: none)")
+    parser.add_argument("--limits", choices=("twice", "spread"), default="twice",
+                        help="with --corpus: each job's time limit, all relayout's forecast "
+                        "knows of its run: twice its run (default), or its run times a "
+                        f"factor drawn for the job, log-uniform from 1 to {SPREAD_MAX:g} "
+                        "(users' limits, most far above the run)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="with --corpus: only this trace (repeatable)")
     parser.add_argument("--sacct", metavar="FILE",
@@ -428,6 +449,7 @@ def main() -> int:
     else:
         base = default_cluster(args.nodes or 4, args.gpus)
     if args.corpus:
+        limit = spread_limit if args.limits == "spread" else twice_the_run
         print(BY_KIND_HEADER if args.by_kind else SUGGEST_HEADER if args.from_suggest
               else CORPUS_HEADER, flush=True)
         for size in (int(n) for n in args.sizes.split(",")):
@@ -436,9 +458,10 @@ def main() -> int:
                     continue
                 cluster = corpus_cluster(base, jobs, size)
                 keep_s = args.keep_hours * 3600
-                print(by_kind_row(name, jobs, cluster, keep_s) if args.by_kind else
-                      suggest_row(name, jobs, cluster, keep_s) if args.from_suggest else
-                      corpus_row(name, jobs, cluster, not args.no_static, keep_s), flush=True)
+                print(by_kind_row(name, jobs, cluster, keep_s, limit) if args.by_kind else
+                      suggest_row(name, jobs, cluster, keep_s, limit) if args.from_suggest else
+                      corpus_row(name, jobs, cluster, not args.no_static, keep_s, limit),
+                      flush=True)
         return 0
     for path in args.trace:
         jobs = read_trace(path)

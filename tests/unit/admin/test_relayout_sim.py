@@ -252,3 +252,29 @@ def test_the_first_rounds_forecast_sees_the_jobs_submitted_before_the_replay(mon
     seen.clear()
     simulate(jobs, layouts, True, cluster, keep_s=0.0)
     assert seen[0] == ["0"]
+
+
+def test_the_rounds_know_each_job_by_the_time_limit_the_replay_gives_it(monkeypatch):
+    """slurmctld knows a job's run only from its time limit: the rounds' waiting jobs, the
+    busy GPUs' ends and the recent submissions all carry ``limit``'s, not the run."""
+    from gpushare.admin.relayout import sim
+
+    seen = []
+    real = sim.decide_guarded
+
+    def spy(requests, states, *args, **kwargs):
+        seen.append(([r.limit_s for r in requests], [s.ends_in_s for s in states if s.busy],
+                     [r.limit_s for _, r in kwargs["recent"]]))
+        return real(requests, states, *args, **kwargs)
+
+    monkeypatch.setattr(sim, "decide_guarded", spy)
+    cluster = default_cluster(1, 1, ("7x1g.10gb", "whole"))
+    layouts = spread({"whole": 1}, cluster)
+    jobs = [Job(0, 0.0, 1000.0, "whole", 1, "u"), Job(1, 10.0, 600.0, "whole", 1, "u")]
+    simulate(jobs, layouts, True, cluster, keep_s=0.0, limit=lambda job: job.run * 5)
+    # At 300 s: job 0 runs (5000 s limit, 4700 s left: it started at 0.0, a start like any
+    # other), job 1 waits (3000 s limit).
+    assert seen[0] == ([3000.0], [4700.0], [5000.0, 3000.0])
+    seen.clear()
+    simulate(jobs, layouts, True, cluster, keep_s=0.0)
+    assert seen[0] == ([1200.0], [1700.0], [2000.0, 1200.0])  # twice the run by default

@@ -22,7 +22,7 @@ import heapq
 import itertools
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
 from gpushare.admin.relayout.decide import GpuState, Request
@@ -147,6 +147,17 @@ class Job:
     held: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, kind, units)
 
 
+def _started(job: Job, now: float) -> float:
+    """When ``job`` started (``now`` if it has not): 0.0 is a start like any other."""
+    return now if job.start is None else job.start
+
+
+def twice_the_run(job: Job) -> float:
+    """The time limit slurmctld knows a replayed job by: ``TIME_LIMIT_FACTOR`` times its run
+    (a replay may give another, ``simulate``'s ``limit``)."""
+    return TIME_LIMIT_FACTOR * job.run
+
+
 @dataclass
 class _Gpu:
     layout: Layout
@@ -240,14 +251,16 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
              cluster: Optional[Cluster] = None, interval: float = 300.0, max_changes: int = 4,
              hysteresis: float = 0.5, drain_latency: float = 5.0,
              safety: float = SAFETY, keep_s: float = DEFAULT_KEEP_H * 3600.0,
-             history: Sequence[Span] = (), earlier: Sequence[Job] = ()) -> Result:
+             history: Sequence[Span] = (), earlier: Sequence[Job] = (),
+             limit: Callable[[Job], float] = twice_the_run) -> Result:
     """Replay ``jobs`` on nodes laid out as ``layouts`` (per node, its GPUs' layouts);
     with ``relayout``, every ``interval`` seconds a round of :func:`decide_guarded`, the
     decision ``gpushare relayout`` makes (a change only where predicted to gain, none under
     a kind's floor: what its jobs held at once in the last ``keep_s``, ``history``'s spans,
     before time 0, counted with the replay's own; 0: no floor). ``earlier``: jobs submitted
     before time 0, which the first rounds' forecast repeats with the replay's own (what
-    ``gpushare relayout`` reads from sacct); a replay without them starts a new site."""
+    ``gpushare relayout`` reads from sacct); a replay without them starts a new site.
+    ``limit``: each job's time limit, all relayout's forecast knows of its run."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
     jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
     # Each node's fixed GPUs come after those a relayout may change (never changed here).
@@ -395,9 +408,9 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             node.count_free()
             node.state = "up"
         elif what == "round":
-            # slurmctld knows a job's run only from its time limit: twice its run.
+            # slurmctld knows a job's run only from its time limit.
             requests = [Request(str(j), by_id[j].kind, by_id[j].count, now - by_id[j].submit,
-                                limit_s=TIME_LIMIT_FACTOR * by_id[j].run)
+                                limit_s=limit(by_id[j]))
                         for queue in pending.values() for j in queue]
             states = []
             for number, node in enumerate(nodes):
@@ -406,8 +419,8 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                 for index, gpu in enumerate(node.gpus):
                     used = {k: n - gpu.free.get(k, 0) for k, n in gpu.layout.offers().items()
                             if n > gpu.free.get(k, 0)}
-                    # slurmctld knows a job's end only from its time limit: twice its run.
-                    ends = max(((by_id[j].start or now) + TIME_LIMIT_FACTOR * by_id[j].run - now
+                    # slurmctld knows a job's end only from its time limit.
+                    ends = max((_started(by_id[j], now) + limit(by_id[j]) - now
                                 for j in gpu.jobs), default=0.0)
                     states.append(GpuState(str(number), index, "g", gpu.layout, bool(gpu.jobs),
                                            index < changeable[number], None
@@ -415,7 +428,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                                            else now - gpu.last_change, used, ends))
             first = bisect.bisect_right(submits, now - LOOKBACK_S)
             recent = [(now - job.submit, Request(str(job.id), job.kind, job.count, 0.0,
-                                                 limit_s=TIME_LIMIT_FACTOR * job.run))
+                                                 limit_s=limit(job)))
                       for job in by_submit[first:bisect.bisect_right(submits, now)]]
             held = [span for span in holds if (span.end or now) > now - keep_s] \
                 if keep_s else []
