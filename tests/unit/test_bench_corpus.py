@@ -180,3 +180,18 @@ def test_the_from_suggest_row_starts_both_replays_from_the_layout_learned_on_the
     left_alone, relayout = (float(v) for v in cells[5].split(" -> "))
     assert relayout < left_alone, cells
     assert int(cells[6]) > 0
+
+
+def test_spread_limits_are_each_jobs_own_far_above_the_run_and_the_same_every_replay():
+    """--limits spread: each job's limit its run times a factor from 1 to SPREAD_MAX, drawn
+    for the job (the same in every replay), spread as users set them, not one factor."""
+    import statistics
+
+    jobs = [bench.Job(n, 0.0, 600.0, "1g.10gb", 1, "u") for n in range(2000)]
+    factors = [bench.spread_limit(job) / job.run for job in jobs]
+    assert all(1.0 <= f <= bench.SPREAD_MAX for f in factors)
+    assert factors == [bench.spread_limit(job) / job.run for job in jobs]  # seeded by id
+    # Log-uniform from 1 to 8: half the limits above 8 ** 0.5 (2.83) times the run.
+    assert 2.5 < statistics.median(factors) < 3.2
+    assert min(factors) < 1.1 and max(factors) > 7.0
+    assert bench.twice_the_run(jobs[0]) == 1200.0
