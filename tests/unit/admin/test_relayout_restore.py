@@ -14,12 +14,17 @@ from tests.unit.admin.test_relayout_state import state_with
 
 from gpushare.admin.relayout.decide import Decision, GpuState, Request
 from gpushare.admin.relayout.predict import decide_guarded, guard_back
-from gpushare.admin.relayout.restore import Back, candidates
+from gpushare.admin.relayout.restore import Back, each_node
 from gpushare.admin.relayout.sim import Job, default_cluster, simulate
 from gpushare.admin.relayout.state import save_state
 
 CLUSTER = default_cluster(2, 3)
 MENUS = {"g": CLUSTER.menu}
+
+
+def candidates(*args, **kwargs) -> list:
+    """Every node's changes back at once (``each_node`` weighs them as asked for)."""
+    return list(each_node(*args, **kwargs))
 
 
 def _layout(name: str):

@@ -26,7 +26,7 @@ from gpushare.admin.relayout import keep
 from gpushare.admin.relayout.decide import Change, GpuState, with_change
 from gpushare.admin.relayout.menu import Layout, Menu
 
-__all__ = ["Back", "candidates", "each_node"]
+__all__ = ["Back", "each_node"]
 
 
 @dataclass(frozen=True)
@@ -81,28 +81,19 @@ class _Round:
         self.counts[(gpu.group, new.name)] += 1
 
 
-def candidates(gpus: Sequence[GpuState], layout_of: Mapping[tuple[str, int], Layout],
-               menus: Mapping[str, Menu], back: Back,
-               floors: Optional[Mapping[str, int]] = None,
-               one_profile_per_node: bool = False, skip: frozenset[str] = frozenset(),
-               budget: int = 4, max_drain_s: Optional[float] = 5400.0) -> list[list[Change]]:
-    """Per node, the changes back to the plan of idle GPUs that give a short kind units, at
-    most ``budget`` in all; ``layout_of``: each GPU's layout once this round's other changes
-    are made; nodes in ``skip`` (changed this round) are left alone, and so are nodes whose
-    jobs' time limits may run past ``max_drain_s`` (Slurm keeps a drained node out of
-    service until they end). Each node's are weighed as if the nodes before were made."""
-    return list(each_node(gpus, layout_of, menus, back, floors, one_profile_per_node, skip,
-                          budget, max_drain_s))
-
-
 def each_node(gpus: Sequence[GpuState], layout_of: Mapping[tuple[str, int], Layout],
               menus: Mapping[str, Menu], back: Back,
               floors: Optional[Mapping[str, int]] = None,
               one_profile_per_node: bool = False, skip: frozenset[str] = frozenset(),
               budget: int = 4, max_drain_s: Optional[float] = 5400.0
               ) -> Iterator[list[Change]]:
-    """:func:`candidates`, a node at a time, weighed only when asked for: a caller that
-    judges the first before the others need not weigh them."""
+    """Per node, the changes back to the plan of idle GPUs that give a short kind units, at
+    most ``budget`` in all; ``layout_of``: each GPU's layout once this round's other changes
+    are made; nodes in ``skip`` (changed this round) are left alone, and so are nodes whose
+    jobs' time limits may run past ``max_drain_s`` (Slurm keeps a drained node out of
+    service until they end). Each node's are weighed as if the nodes before were made, and
+    only when asked for: a caller that judges the first before the others need not weigh
+    them."""
     state = _Round(keep.capacity(layout_of.values()), Counter(
         (gpu.group, layout_of[(gpu.node, gpu.index)].name) for gpu in gpus
         if gpu.changeable and gpu.group in menus), back, menus, floors, one_profile_per_node)

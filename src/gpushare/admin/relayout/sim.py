@@ -386,7 +386,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
             node.count_free()
             node.running.discard(job.id)
             done += 1
-            started = now if job.start is None else job.start
+            started = _started(job, now)
             result.waits.setdefault(job.kind, []).append(started - job.submit)
             result.jct.append(started - job.submit + job.run)
             result.finished.append((job.id, job.kind, started - job.submit,
