@@ -191,6 +191,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stopped {len(reaped)} daemon(s) left without jobs: {', '.join(reaped)}")
     print(format_views(views, config.state_dir, source, usages=usages,
                        node_usage=node_usage))
+    if not os.path.isdir(config.state_dir):
+        print(f"note: {config.state_dir} does not exist: no job has shared a GPU on {node} "
+              "since it booted (the first one's prolog makes it); with several slurmd on one "
+              "host, give the node with --node", file=sys.stderr)
     if not is_root and views:
         print("note: not root, so whether each daemon runs is unknown (only root may read "
               "other users' /proc/<pid>/environ)", file=sys.stderr)

@@ -76,7 +76,12 @@ def _check_due(state_dir: str) -> bool:
     except FileNotFoundError:
         pass
     # The state directory is root's (JobStore checked it); O_NOFOLLOW refuses a link.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        # No state directory yet (no shared job since boot, or `gpushare mps` given
+        # another node's): nothing recorded, so nothing to note the time for.
+        return True
     try:
         os.utime(fd)
     finally:
@@ -108,6 +113,8 @@ def reap_mps(config: PluginConfig, node: str) -> tuple[list[str], set[int]]:
     Returns the keys of the daemons stopped and the lost jobs forgotten; MpsError names
     any daemon that cannot be stopped.
     """
+    if not os.path.isdir(config.state_dir):
+        return [], set()  # no job has shared a GPU here since boot: nothing to reap
     store = JobStore(config.state_dir)
     lost = lost_jobs(config, store, node, force=True)
     stopped = MpsManager(config).reap_stale(alive(store, lost), strays=True)

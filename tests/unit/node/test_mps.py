@@ -1228,3 +1228,22 @@ def test_a_state_dir_too_long_for_the_control_socket_is_named_at_once(bed, users
     assert err.value.brief.startswith("MPS start failed: state_dir= too long")
     assert bed.standin.processes() == []  # no daemon was started to wait for
     assert not os.path.exists(os.path.join(deep, "mps", f"u{u1.pw_uid}-{GPU0.uuid}"))
+
+
+def test_gpushare_mps_before_the_first_shared_job_reports_none(tmp_path, capsys):
+    """A node whose prologs never ran has no state directory yet (only the first shared
+    job's prolog makes it): the report and --reap find nothing, say why, and exit 0 without
+    making the directory (a traceback here was a report that failed on every fresh node)."""
+    state_dir = tmp_path / "run-gpushare"
+    for extra in ((), ("--reap",), ("--json",)):
+        status = cli_main(["mps", "--state-dir", str(state_dir), *extra])
+        captured = capsys.readouterr()
+        assert status == 0, captured.err
+        assert "Traceback" not in captured.err
+        if extra == ("--json",):
+            assert json.loads(captured.out)["daemons"] == []
+        else:
+            assert f"MPS daemons in {state_dir}/daemons" in captured.out
+            assert ": 0" in captured.out
+            assert f"{state_dir} does not exist" in captured.err
+        assert not state_dir.exists()
