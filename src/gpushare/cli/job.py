@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace) -> int:
                               "usage": usage.to_dict() if usage else None}, indent=2))
         else:
             shown = str(job_id) if str(job_id) == args.job_id else f"{job_id} ({args.job_id})"
-            rows = [("job", f"{shown} on {nodeconf.this_node()}"), *rows]
+            rows = [("job", f"{shown} on {args.node or nodeconf.this_node()}"), *rows]
             width = max(len(name) for name, _ in rows)
             print("\n".join(f"{name.ljust(width)}  {value}" for name, value in rows))
         return 0 if usage is not None else 1

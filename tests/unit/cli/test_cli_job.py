@@ -232,7 +232,8 @@ def test_an_array_task_is_not_read_as_another_job(tmp_path, capsys, monkeypatch)
     args = ["job", "--squeue", str(squeue), "--plugstack", str(plugstack), "--node", "n1"]
     main([*args, "10_3"])
     out = capsys.readouterr()
-    assert "13 (10_3) on" in out.out and "103" not in out.out, out
+    # --node names the node whose usage files were read, not the host asked from.
+    assert "13 (10_3) on n1" in out.out and "103" not in out.out, out
     assert main([*args, "10_4"]) == 2
     assert "squeue knows no running or pending array task 10_4" in capsys.readouterr().err
     for bad in ("1_0_3", "12a", "_3", "3_", "１２", " 12"):
