@@ -29,8 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpushare.admin.relayout.decide import Request
 from gpushare.admin.relayout.demand import parse_request
 from gpushare.admin.relayout.history import parse_sacct
-from gpushare.admin.relayout.keep import DEFAULT_KEEP_H, Span
-from gpushare.admin.relayout.menu import Layout
+from gpushare.admin.relayout.keep import DEFAULT_KEEP_H
 from gpushare.admin.relayout.sim import (
     Cluster,
     Job,
@@ -41,6 +40,7 @@ from gpushare.admin.relayout.sim import (
     twice_the_run,
 )
 from gpushare.admin.relayout.static import best_static, even_split, spread
+from gpushare.admin.relayout.trial import halves, replay_halves
 
 
 def read_trace(path: str) -> list[Job]:
@@ -176,19 +176,6 @@ def tile(jobs: list[Job], copies: int) -> list[Job]:
     return tiled
 
 
-def shifted(jobs: list[Job], middle: float) -> list[Job]:
-    """``jobs`` on the second half's clock (the first half's are submitted before 0)."""
-    return [Job(j.id, j.submit - middle, j.run, j.kind, j.count, j.user) for j in jobs]
-
-
-def halves(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
-    """The jobs submitted in the first and in the second half of the trace; the second
-    half's times start at 0."""
-    middle = max((j.submit for j in jobs), default=0.0) / 2
-    return ([j for j in jobs if j.submit < middle],
-            shifted([j for j in jobs if j.submit >= middle], middle))
-
-
 def corpus(nodes: int, held_out: int = 0) -> list[tuple[str, list[Job]]]:
     """The benchmark corpus at ``nodes`` nodes of 8 GPUs: the shipped traces and the
     converted PAI-format sample (sized for 4 nodes: tiled), and the generator family; with
@@ -268,21 +255,6 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
     return counts, result
 
 
-def history(first: list[Job], middle: float, start: list[list[Layout]], cluster: Cluster
-            ) -> list[Span]:
-    """What the first half's jobs held, replayed with no change from ``start``, on the
-    second half's clock (before 0): the site's sacct when the second half begins."""
-    replay = simulate(first, start, False, cluster)
-    by_id = {job.id: job for job in first}
-    spans = []
-    for ident, kind, wait, _ in replay.finished:
-        job = by_id[ident]
-        begin = job.submit + wait - middle
-        if begin < 0:
-            spans.append(Span(begin, min(begin + job.run, 0.0), kind, job.count))
-    return spans
-
-
 SPREAD_MAX = 8.0  # --limits spread: the most a time limit is above the run
 
 
@@ -291,24 +263,6 @@ def spread_limit(job: Job) -> float:
     factor drawn for the job (seeded by its id, so the same in every replay),
     log-uniform from 1 to ``SPREAD_MAX``."""
     return job.run * SPREAD_MAX ** random.Random(job.id).random()
-
-
-def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float,
-                  start: Optional[list[list[Layout]]] = None,
-                  limit: Callable[[Job], float] = twice_the_run
-                  ) -> tuple[list[Job], list[Job], Result, Result]:
-    """(first half, second half, no relayout, relayout) of a corpus row:
-    the second half replayed from ``start`` (default: the even split), relayout with the
-    first half's holds as its history (``keep_s``: how far back its floors look; 0: none)
-    and its submissions in the first rounds' lookback; ``limit``, each job's time limit."""
-    first, second = halves(jobs)
-    middle = max((j.submit for j in jobs), default=0.0) / 2
-    start = start or spread(even_split(cluster), cluster)
-    still = simulate(second, start, False, cluster)
-    before = history(first, middle, start, cluster) if keep_s else []
-    moved = simulate(second, start, True, cluster, keep_s=keep_s, history=before,
-                     earlier=shifted(first, middle), limit=limit)
-    return first, second, still, moved
 
 
 def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True,

@@ -244,3 +244,32 @@ def test_what_a_change_took_comes_back_once_no_job_needs_it(fresh, accounting): 
     again = relayout(cluster, "--keep-hours", after(cluster, first))
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["changes"] == [], again.stdout
+
+
+def test_trial_replays_the_real_history_with_each_jobs_own_time_limit(fresh,  # noqa: F811
+                                                                      accounting):
+    """--trial reads the real sacct (Timelimit too: the forecast's only view of a run) and
+    replays its second half from the plan's layouts and the first half's best static
+    layout, left alone and with relayout; it changes nothing on the cluster."""
+    from gpushare.admin.relayout.history import SACCT_FIELDS, parse_sacct
+
+    cluster = fresh
+    record_gres(cluster)
+    early = hold_at_once(cluster, 1, 2)
+    time.sleep(3)  # the second half's jobs are submitted after the history's middle
+    late = hold_at_once(cluster, 1, 3)
+    listed = cluster.run(["sacct", "--parsable2", "--allocations", "--allusers", "--starttime",
+                          "now-1hours", "--format", ",".join(SACCT_FIELDS)]).stdout
+    limits = {job.count: job.limit for job in parse_sacct(listed).jobs
+              if job.kind == "1g.10gb"}
+    assert limits.get(2) == limits.get(3) == 120.0, listed  # --time=2
+    tried = gpushare("relayout", "--plan", cluster.path("etc", "plan.yaml"), "--trial",
+                     "--days", "1", "--json")
+    assert tried.returncode == 0, tried.stderr
+    report = json.loads(tried.stdout)
+    assert report["learned_on"] >= 1 and report["replayed"] >= 1, report
+    assert report["jobs"] >= len(early) + len(late), report
+    assert [s["start"] for s in report["starts"]] == [
+        "the plan's layouts", "the first half's best static layout"], report
+    assert isinstance(report["no_harm"], bool)
+    assert sim_layout(cluster, 2) == sim_layout(cluster, 3) == ["1g.10gb"] * 7  # unchanged

@@ -127,7 +127,7 @@ def test_the_corpus_tiles_and_halves_a_trace():
     tiled = bench.tile(jobs, 3)
     assert len(tiled) == 9 and len({j.id for j in tiled}) == 9
     assert [j.submit for j in tiled[:3]] == [0.0, 1.0, 2.0]
-    first, second = bench.halves(jobs)
+    first, second = bench.halves(jobs)  # gpushare.admin.relayout.trial's
     assert [j.submit for j in first] == [0.0] and [j.submit for j in second] == [0.0, 50.0]
 
 
@@ -142,23 +142,6 @@ def test_the_by_kind_table_splits_slices_mps_and_whole_and_counts_the_unstarted(
     assert bench._kind_wait(result, "slices") == "2.0"
     assert bench._kind_wait(result, "whole") == "20.0"
     assert bench._kind_wait(result, "mps") == "-"
-
-
-def test_the_first_half_is_relayouts_history_on_the_second_halfs_clock():
-    """What the first half's jobs held, before time 0 of the second half's replay: a job
-    still running at the middle ends there, one started after it (waited past it) is not
-    history."""
-    from gpushare.admin.relayout.keep import Span
-    from gpushare.admin.relayout.sim import default_cluster
-    from gpushare.admin.relayout.static import even_split, spread
-
-    cluster = default_cluster(1, 1, ("7x1g.10gb",))
-    start = spread(even_split(cluster), cluster)
-    first = [bench.Job(1, 0.0, 600.0, "1g.10gb", 7, "u"),     # 0-600: all 7 slices
-             bench.Job(2, 100.0, 900.0, "1g.10gb", 2, "u"),   # waits for job 1: 600-1500
-             bench.Job(3, 900.0, 60.0, "1g.10gb", 7, "u")]    # waits for job 2: 1500-1560
-    assert bench.history(first, 1000.0, start, cluster) == [
-        Span(-1000.0, -400.0, "1g.10gb", 7), Span(-400.0, 0.0, "1g.10gb", 2)]
 
 
 def test_the_from_suggest_row_starts_both_replays_from_the_layout_learned_on_the_first_half(

@@ -18,6 +18,7 @@ from gpushare.cli import (
     plan_problems,
     relayout_node,
     relayout_suggest,
+    relayout_trial,
     step_word,
     text_table,
 )
@@ -27,7 +28,8 @@ NODE_GROUP = "the node's step (gpushare relayout node)"
 CONTROLLER_ONLY = ("node_command", "slurmd_restart", "slurmctld_restart", "slurm_conf",
                    "cluster_gres_conf", "drain_timeout", "parallel", "settle_timeout",
                    "max_changes", "hysteresis", "max_drain", "keep_hours", "lookback", "squeue",
-                   "explain", "suggest", "days", "sacct", "history", "group", "json", "backend")
+                   "explain", "suggest", "trial", "days", "sacct", "history", "group", "json",
+                   "backend")
 # The node's step's own options, refused without the word node (the round ignores them).
 STEP_ONLY = ("gpu", "layout", "node", "round", "decision", "source", "gres_conf", "lock_dir",
              "unchecked")
@@ -81,6 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or rolls back a run that was killed; nodes change --parallel at once.\n\n"
         + NODE_STEP,
         epilog="examples:\n  gpushare relayout --plan /etc/gpushare/plan.yaml\n"
+        "  gpushare relayout --trial --days 14     # would relayout have helped here?\n"
         "  gpushare relayout --apply --node-command 'ssh {node} gpushare relayout node "
         "--node {node} --gpu {gpu} --layout {layout} --round={round} --decision {decision} "
         "--step-timeout {timeout} --apply'\n"
@@ -270,11 +273,15 @@ def _run(args: argparse.Namespace) -> int:
         return fail("relayout", f"{', '.join(step_only)}: the node's step's, e.g. `gpushare "
                     "relayout node --gpu N --layout L`; without the word node, relayout "
                     "decides for the whole cluster (and with --apply drains and changes it)")
+    if args.suggest and args.trial:
+        return fail("relayout", "--suggest and --trial each replay the history: give one")
     if args.suggest:
         return relayout_suggest.run(args)
+    if args.trial:
+        return relayout_trial.run(args)
     misplaced = relayout_suggest.misplaced(args)
     if misplaced:
-        return fail("relayout", f"{', '.join(misplaced)} only with --suggest")
+        return fail("relayout", f"{', '.join(misplaced)} only with --suggest or --trial")
     from gpushare.admin.plan import PlanError, load_plan
 
     if not 0 <= args.max_changes <= 1000:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from gpushare.cli import fail, plan_problems
 
@@ -24,31 +24,41 @@ def counted(number: int, noun: str) -> str:
 
 
 def misplaced(args: argparse.Namespace) -> list[str]:
-    """The --suggest options given without --suggest (a dry run would ignore them)."""
+    """The --suggest and --trial options given without either (a dry run would ignore
+    them)."""
     return [flag for flag, value in (("--days", args.days), ("--history", args.history),
                                      ("--group", args.group)) if value is not None]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("proposing a static layout (gpushare relayout --suggest)")
+    group = parser.add_argument_group(
+        "learning from the site's history (gpushare relayout --suggest, --trial)")
     group.add_argument("--suggest", action="store_true",
                        help="propose the best static layout for the last --days of sacct "
                        "history, replayed on the plan's node group with a relayout menu")
+    group.add_argument("--trial", action="store_true",
+                       help="would relayout have helped? Replay the second half of the last "
+                       "--days of sacct history from the plan's layouts and from the first "
+                       "half's best static layout, each left alone and with relayout's rounds "
+                       "(--max-changes, --hysteresis and --keep-hours as given), and compare "
+                       "the waits and completion times; changes nothing")
     group.add_argument("--days", type=float, metavar="N",
-                       help="with --suggest: how much history (default 14 days)")
+                       help="with --suggest or --trial: how much history (default 14 days)")
     group.add_argument("--sacct", default="/usr/bin/sacct", metavar="PATH",
                        help="absolute path of sacct, for --suggest and for each round's "
                        "floors (--keep-hours; default /usr/bin/sacct)")
     group.add_argument("--history", metavar="FILE",
-                       help="with --suggest: read this saved `sacct --allusers --parsable2 "
+                       help="with --suggest or --trial: read this saved `sacct --allusers "
+                       "--parsable2 "
                        "--allocations --format "
                        "JobID,Submit,Start,End,ReqTRES,User,State,Timelimit` output instead of "
                        "running sacct")
     group.add_argument("--group", metavar="NAME",
-                       help="with --suggest: the node group (when several have a menu)")
+                       help="with --suggest or --trial: the node group (when several have a "
+                       "menu)")
 
 
-def _current(group: Any, nodes: int) -> Optional[list[list[Any]]]:
+def plan_layouts(group: Any, nodes: int) -> Optional[list[list[Any]]]:
     """The group's Slurm-only GPUs laid out as the plan says, per node."""
     from gpushare.admin.relayout.menu import Layout, layout_name
 
@@ -66,11 +76,13 @@ def _current(group: Any, nodes: int) -> Optional[list[list[Any]]]:
     return [list(layouts) for _ in range(nodes)] if layouts else None
 
 
-def run(args: argparse.Namespace) -> int:
+def load_history(args: argparse.Namespace) -> Union[int, tuple[Any, Any, Any]]:
+    """(plan, cluster, history) for --suggest and --trial: the plan's node group with a
+    relayout menu as the simulator's cluster, and the sacct history (``--history`` or the
+    last ``--days`` asked of sacct); else the exit status, the error printed."""
     from gpushare.admin.plan import PlanError, load_plan
     from gpushare.admin.relayout.history import parse_sacct, read_sacct
-    from gpushare.admin.relayout.sim import cluster_from_plan, simulate
-    from gpushare.admin.relayout.static import best_static, spread
+    from gpushare.admin.relayout.sim import cluster_from_plan
     from gpushare.admin.slurm_client import SlurmClientError, installed_release
     from gpushare.admin.tres import recorded, untracked, untracked_line
 
@@ -111,12 +123,35 @@ def run(args: argparse.Namespace) -> int:
         more = "a longer history in --history" if args.history else "a longer --days?"
         return fail("relayout", "no GPU job ran in that history; nothing to learn a layout "
                     f"from ({more})")
+    return plan, cluster, history
+
+
+def history_line(history: Any, cluster: Any) -> str:
+    """What was read and where it is replayed, the first line of --suggest and --trial."""
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(history.skipped.items()))
+    return (f"history: {len(history.jobs)} GPU jobs"
+            + (f" ({skipped}: left out)" if skipped else "")
+            + f"; replayed on node group {cluster.name}: {counted(cluster.nodes, 'node')} "
+            f"with {counted(cluster.gpus_per_node, 'Slurm GPU')} each ({cluster.model.name})"
+            + (f", beside Slurm's slices of {counted(len(cluster.fixed), 'GPU')} shared with "
+               "Kubernetes" if cluster.fixed else "")
+            + ("; one MIG profile per node (Slurm before 23.11)" if cluster.one_profile else ""))
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpushare.admin.relayout.sim import simulate
+    from gpushare.admin.relayout.static import best_static, spread
+
+    loaded = load_history(args)
+    if isinstance(loaded, int):
+        return loaded
+    plan, cluster, history = loaded
     try:
         counts, best = best_static(history.jobs, cluster)
     except ValueError as err:
         return fail("relayout", str(err))
     group = next(g for g in plan.groups if g.name == cluster.name)
-    now_layouts = _current(group, cluster.nodes)
+    now_layouts = plan_layouts(group, cluster.nodes)
     today = simulate(history.jobs, now_layouts, False, cluster) if now_layouts else None
     per_node = spread(counts, cluster)
     # The plan's own indices of the GPUs a relayout may change (a row holds those only).
@@ -134,14 +169,7 @@ def run(args: argparse.Namespace) -> int:
                 "mean_completion_s": round(today.mean_jct(), 1),
                 "unfinished": today.unfinished}}, indent=2))
         return 0
-    skipped = ", ".join(f"{n} {why}" for why, n in sorted(history.skipped.items()))
-    print(f"history: {len(history.jobs)} GPU jobs"
-          + (f" ({skipped}: left out)" if skipped else "")
-          + f"; replayed on node group {cluster.name}: {counted(cluster.nodes, 'node')} "
-          f"with {counted(cluster.gpus_per_node, 'Slurm GPU')} each ({cluster.model.name})"
-          + (f", beside Slurm's slices of {counted(len(cluster.fixed), 'GPU')} shared with "
-             "Kubernetes" if cluster.fixed else "")
-          + ("; one MIG profile per node (Slurm before 23.11)" if cluster.one_profile else ""))
+    print(history_line(history, cluster))
     print("best static layout: " + ", ".join(f"{counted(n, 'GPU')} {name}"
                                               for name, n in counts.items() if n))
     for node, row in zip(group.nodes, per_node):

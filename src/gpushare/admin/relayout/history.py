@@ -133,7 +133,8 @@ def _nodes(tres: str) -> int:
 
 def parse_sacct(text: str) -> History:
     """Jobs from ``sacct --parsable2`` output with a header naming at least Submit, Start,
-    End and ReqTRES (or AllocTRES); ValueError when the header lacks them."""
+    End and ReqTRES (or AllocTRES), each with its Timelimit where the output has one;
+    ValueError when the header lacks them."""
     history = History()
     rows = []
     for fields, request, nodes in _rows(text):
@@ -149,14 +150,15 @@ def parse_sacct(text: str) -> History:
         if end is None or end < start:
             history.skip("has not ended")
             continue
-        rows.append((submit, (end - start).total_seconds(), request, fields.get("User", "")))
+        rows.append((submit, (end - start).total_seconds(), request, fields.get("User", ""),
+                     parse_time_left(fields.get("Timelimit", ""))))
     rows.sort(key=lambda row: row[0])
     if rows:
         history.start = rows[0][0]
-    for number, (submit, run, (kind, count), user) in enumerate(rows):
+    for number, (submit, run, (kind, count), user, limit) in enumerate(rows):
         assert history.start is not None
         history.jobs.append(Job(number, (submit - history.start).total_seconds(), run, kind,
-                                count, user))
+                                count, user, limit=limit))
     return history
 
 

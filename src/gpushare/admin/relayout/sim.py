@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """A simulated Slurm cluster that replays a GPU job history, with and without relayout.
 
-It is shared by the benchmark (bench/bench_relayout.py) and ``gpushare relayout --suggest``
-(whose static layouts are :mod:`~gpushare.admin.relayout.static`'s),
+It is shared by the benchmark (bench/bench_relayout.py), ``gpushare relayout --suggest``
+(whose static layouts are :mod:`~gpushare.admin.relayout.static`'s) and ``--trial``
+(:mod:`~gpushare.admin.relayout.trial`),
 so a site's own history replays on its own cluster: the GPU model, the menu and the node
 shape come from a :class:`Cluster`, built from the plan (:func:`cluster_from_plan`) or the
 benchmark's default (:func:`default_cluster`, 4 nodes of 8 H100-80GB).
@@ -21,7 +22,7 @@ import bisect
 import heapq
 import itertools
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from gpushare.admin.mig_profiles import GpuModel, find_model
@@ -145,6 +146,7 @@ class Job:
     start: Optional[float] = None
     node: int = -1
     held: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, kind, units)
+    limit: Optional[float] = None  # its time limit where the history has one (sacct)
 
 
 def _started(job: Job, now: float) -> float:
@@ -262,7 +264,7 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     ``gpushare relayout`` reads from sacct); a replay without them starts a new site.
     ``limit``: each job's time limit, all relayout's forecast knows of its run."""
     cluster = cluster or default_cluster(len(layouts), len(layouts[0]) if layouts else 0)
-    jobs = [Job(j.id, j.submit, j.run, j.kind, j.count, j.user) for j in jobs]
+    jobs = [replace(j, start=None, node=-1, held=[]) for j in jobs]
     # Each node's fixed GPUs come after those a relayout may change (never changed here).
     nodes = [_Node([_Gpu(lay, dict(lay.serves())) for lay in (*node, *cluster.fixed)])
              for node in layouts]
