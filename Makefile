@@ -17,12 +17,17 @@ deps:
 	@$(SYSTEM_PYTHON) -c 'import sys' 2>/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3)
 	@python3 scripts/ensure_deps.py
 
-# The CLI and test tools in a virtual environment; `gpushare` linked onto PATH.
+# The CLI and test tools in a virtual environment of the system python3 (.venv, editable:
+# what the tests and lint use); and the `gpushare` command for every user: the package
+# installed (not editable) in a root-owned, world-readable environment of the system python3
+# (CLI_VENV), linked onto PATH, so that it runs wherever the clone lives (root's 0700 home
+# included). scripts/install_cli.sh reinstalls it only when the sources changed.
+CLI_VENV := /usr/local/lib/gpushare/venv
 venv: deps
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || $(SYSTEM_PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
 	@$(PY) -m pip install -q -e '.[test]'
-	@ln -sf $(CURDIR)/$(VENV)/bin/gpushare /usr/local/bin/gpushare
+	@scripts/install_cli.sh $(SYSTEM_PYTHON) $(CLI_VENV) /usr/local/bin/gpushare
 
 # The SPANK plugin (built by the system python3 it embeds, hardened, with CFLAGS/LDFLAGS
 # from the environment) and the Python it runs: the core and the two modules the RPM bundles,

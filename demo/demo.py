@@ -4,12 +4,15 @@
 Five nodes rendered from tests/plans/bed.yaml (n1-n4: 8 simulated H100 each in two NVLink
 domains; n5: an A100 MIG node split between Slurm and Kubernetes), gpushare's SPANK plugin
 and job_submit.lua installed, and users who type ordinary flags. Everything is stopped at
-the end. Run with ``make demo``.
+the end. Run with ``make demo``: it runs the `gpushare` command `make venv` installs on PATH,
+as users and administrators do. GPUSHARE_DEMO_PORT=N moves its ports (from 17500), its root
+(/tmp/gpushare-demo) to /tmp/gpushare-demo-N and its nodes n1.. to dNn1.., so that two demos
+can run at once (Slurm names cgroups after nodes).
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import json
 import os
 import re
@@ -25,7 +28,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 import slurmbed  # noqa: E402
 
 ALICE, BOB = slurmbed.TEST_USERS
-ROOT = "/tmp/gpushare-demo"
+PORT = 17500  # the first of the demo's ports (GPUSHARE_DEMO_PORT moves them)
+PREFIX = "n"  # its nodes' names: n1..n5, or d<port>n1.. where GPUSHARE_DEMO_PORT moves it
 summary: list[tuple[str, str, str]] = []
 
 
@@ -42,13 +46,32 @@ def record(what: str, ok: bool, detail: str) -> None:
     summary.append((what, "ok" if ok else "FAILED", detail))
 
 
-def daemons(bed: slurmbed.SlurmBed) -> list[dict]:
-    """The MPS daemons gpushare runs right now (its node-local records)."""
-    found = []
-    for path in glob.glob(os.path.join(bed.state_of("*"), "daemons", "*.json")):
-        with open(path) as handle:
-            found.append(json.load(handle))
-    return found
+def demo_root(port: int) -> str:
+    """The demo's root: its own for each port, so that two demos never share one."""
+    return "/tmp/gpushare-demo" if port == PORT else f"/tmp/gpushare-demo-{port}"
+
+
+def node_prefix(port: int) -> str:
+    """Its nodes' names: their own for each port, since slurmd names its cgroups after
+    its node (two demos' jobs would share them)."""
+    return "n" if port == PORT else f"d{port}n"
+
+
+def node(number: int) -> str:
+    """The name of the bed plan's node n<number> in this demo."""
+    return f"{PREFIX}{number}"
+
+
+def daemons(bed: slurmbed.SlurmBed, node: str) -> list[dict]:
+    """The MPS daemons gpushare runs on ``node`` right now, as `gpushare mps --json` shows
+    them (each with its jobs and their shares). This bed runs several slurmd on one host:
+    --node names the one whose state to read."""
+    result = bed.run(["gpushare", "mps", "--node", node, "--json"], check=False)
+    try:
+        return json.loads(result.stdout)["daemons"]
+    except (ValueError, KeyError):
+        raise RuntimeError(f"gpushare mps --node {node} --json exited {result.returncode}: "
+                           f"{(result.stderr or result.stdout).strip()}") from None
 
 
 def submit(bed: slurmbed.SlurmBed, user: str, args: list[str], script: str) -> tuple[int, str]:
@@ -104,49 +127,53 @@ def task_line(text: str) -> str:
 
 def demo_job_array(bed: slurmbed.SlurmBed) -> None:
     say("A researcher's inference job array: --array=1-8 --gpu-share=25 (a quarter GPU each)")
-    job_id, msg = submit(bed, ALICE, ["--array=1-8", "--gpu-share=25", "-w", "n1"], ENV_SCRIPT)
+    job_id, msg = submit(bed, ALICE, ["--array=1-8", "--gpu-share=25", "-w", node(1)], ENV_SCRIPT)
     show(f"$ sbatch --array=1-8 --gpu-share=25 embed.sh\n{msg}\nSubmitted batch job {job_id}")
     together = wait_running(bed, job_id, 8)
     deadline = time.monotonic() + 10  # RUNNING is set before every prolog has finished
-    while len(running := daemons(bed)) < 2 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        running = [d for d in daemons(bed, node(1)) if d.get("status") == "running"]
+        if len(running) >= 2 and sum(len(d["jobs"]) for d in running) >= together:
+            break
         time.sleep(0.2)
-    show(f"{together} tasks running at once on n1, served by {len(running)} MPS daemon(s): "
-         + ", ".join(f"{d.get('key')[:21]}.. ({len(d.get('jobs', {}))} jobs)"
-                     for d in running))
+    show(f"{together} tasks running at once on {node(1)}, served by {len(running)} MPS daemon(s): "
+         + ", ".join(f"{d['key'][:21]}.. ({len(d['jobs'])} jobs)" for d in running))
     tasks = wait_array(bed, job_id)
     outputs = []
     for task in sorted(tasks, key=lambda t: int(t.get("ArrayTaskId", 0))):
         with open(os.path.join(bed.out_dir, f"{task['JobId']}.out")) as handle:
             outputs.append(handle.read())
     show("\n".join(f"task {i}: {task_line(text)}" for i, text in enumerate(outputs, 1)))
-    asked = bed.run(["srun", "-w", "n1", "--gpu-share=25", "/usr/bin/python3", "-m",
-                     "gpushare.cli", "job"], user=ALICE, check=False,
-                    env={"PYTHONPATH": bed.path("lib", "python")})
+    asked = bed.run(["srun", "-w", node(1), "--gpu-share=25", "gpushare", "job"], user=ALICE,
+                    check=False)
+    said = (asked.stdout + asked.stderr).strip()
     show("the tasks' own output is untouched; inside a job, `gpushare job` says what it got:\n"
-         "$ srun --gpu-share=25 gpushare job\n" + (asked.stdout + asked.stderr).strip())
+         f"$ srun -w {node(1)} --gpu-share=25 gpushare job\n" + said)
     ok = len(tasks) == 8 and all(t.get("JobState") == "COMPLETED" for t in tasks)
     record("job array sharing GPUs through MPS", ok and together == 8 and len(running) == 2,
            f"8 tasks at once on 2 GPUs, {len(running)} daemons")
+    record("`gpushare job` (on PATH) run by the user", asked.returncode == 0,
+           said.splitlines()[0] if said else f"exit {asked.returncode}")
     time.sleep(1)
-    left = daemons(bed)
+    left = daemons(bed, node(1))
     show(f"after the array: {len(left)} daemon(s) left")
     record("daemons stopped when the last job ends", not left, f"{len(left)} left")
 
 
 def demo_two_users(bed: slurmbed.SlurmBed) -> None:
     say("Two users on the same GPU never share a daemon")
-    a, _ = submit(bed, ALICE, ["--gres=mps:50", "-w", "n2"], ENV_SCRIPT)
-    b, _ = submit(bed, BOB, ["--gres=mps:50", "-w", "n2"], ENV_SCRIPT)
+    a, _ = submit(bed, ALICE, ["--gres=mps:50", "-w", node(2)], ENV_SCRIPT)
+    b, _ = submit(bed, BOB, ["--gres=mps:50", "-w", node(2)], ENV_SCRIPT)
     deadline = time.monotonic() + 30  # both prologs start their daemon, one after the other
     while time.monotonic() < deadline:
-        running = [d for d in daemons(bed) if d.get("daemon_pid")]
+        running = [d for d in daemons(bed, node(2)) if d.get("status") == "running"]
         if len(running) == 2:
             break
         time.sleep(0.2)
     # This bed runs several slurmd on one host: --node names the one whose state to read.
-    listing = bed.run(["/usr/bin/python3", "-m", "gpushare.cli", "mps", "--node", "n2"],
-                      check=False, env={"PYTHONPATH": bed.path("lib", "python")})
-    show("$ gpushare mps      # as root on node n2\n" + (listing.stdout + listing.stderr).strip())
+    listing = bed.run(["gpushare", "mps", "--node", node(2)], check=False)
+    show(f"$ gpushare mps --node {node(2)}      # as root\n"
+         + (listing.stdout + listing.stderr).strip())
     bed.wait_job(a)
     bed.wait_job(b)
     outs = [bed.output(a).strip(), bed.output(b).strip()]
@@ -176,7 +203,7 @@ def demo_multinode(bed: slurmbed.SlurmBed) -> None:
     info = bed.wait_job(job_id)
     nodes = info.get("NodeList", "")
     show(f"Switches={info.get('Switches')} NodeList={nodes} state={info.get('JobState')}")
-    inside = nodes in ("n[1-2]", "n[3-4]")
+    inside = nodes in (f"{PREFIX}[1-2]", f"{PREFIX}[3-4]")
     record("2-node job inside one NVLink domain", inside, nodes)
 
 
@@ -191,7 +218,7 @@ def demo_rejection(bed: slurmbed.SlurmBed) -> None:
 
 def demo_mismatch(bed: slurmbed.SlurmBed) -> None:
     say("A slice that is not what Slurm believes: the prolog stops the job, the node drains")
-    profile = bed.path("nodes", "n5.json")
+    profile = bed.path("nodes", f"{node(5)}.json")
     backup = profile + ".orig"
     shutil.copy2(profile, backup)
     with open(profile) as handle:
@@ -202,12 +229,12 @@ def demo_mismatch(bed: slurmbed.SlurmBed) -> None:
     with open(profile, "w") as handle:
         json.dump(data, handle)
     try:
-        job_id, _ = submit(bed, ALICE, ["--gres=gpu:1g.10gb:7", "-w", "n5"], "echo ran")
+        job_id, _ = submit(bed, ALICE, ["--gres=gpu:1g.10gb:7", "-w", node(5)], "echo ran")
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "DRAIN" not in bed.node_state("n5")["State"]:
+        while time.monotonic() < deadline and "DRAIN" not in bed.node_state(node(5))["State"]:
             time.sleep(0.3)
-        state = bed.node_state("n5")
-        show(f"n5: State={state.get('State')}\n    Reason={state.get('Reason')}")
+        state = bed.node_state(node(5))
+        show(f"{node(5)}: State={state.get('State')}\n    Reason={state.get('Reason')}")
         out = os.path.join(bed.out_dir, f"{job_id}.out")
         ran = os.path.exists(out) and "ran" in bed.output(job_id)
         record("mismatched slice stopped, node drained with reason",
@@ -216,7 +243,7 @@ def demo_mismatch(bed: slurmbed.SlurmBed) -> None:
         bed.run(["scancel", str(job_id)], check=False)
     finally:
         shutil.move(backup, profile)
-        bed.resume("n5")
+        bed.resume(node(5))
 
 
 def main() -> int:
@@ -224,19 +251,32 @@ def main() -> int:
         print("make demo runs as root (it starts a local Slurm)")
         return 1
     lua = os.path.join(HERE, "..", "submit_hooks", "job_submit.lua")
-    # Its own ports, unless GPUSHARE_DEMO_PORT moves them (another Slurm on this host).
-    port = int(os.environ.get("GPUSHARE_DEMO_PORT", "17500"))
-    bed = slurmbed.plan_bed(root=ROOT, port_base=port, job_submit="lua", job_submit_lua=lua)
-    print("Starting a local Slurm: munge, slurmctld and 5 slurmd with simulated GPUs "
-          "(gres.conf, topology.conf and submit facts rendered from tests/plans/bed.yaml)")
-    with bed:
-        show(bed.run(["sinfo", "-N", "-o", "%N %G %t"]).stdout)
-        for step in (demo_job_array, demo_two_users, demo_mig, demo_multinode, demo_rejection,
-                     demo_mismatch):
-            try:
-                step(bed)
-            except Exception as err:  # the demo goes on and reports the failure
-                record(step.__name__, False, str(err)[:70])
+    global PREFIX
+    # Its own ports, root and node names, unless GPUSHARE_DEMO_PORT moves them (another Slurm
+    # on this host, another demo).
+    port = int(os.environ.get("GPUSHARE_DEMO_PORT", str(PORT)))
+    PREFIX = node_prefix(port)
+    if shutil.which("gpushare") is None:
+        print("make demo runs the gpushare command on PATH: install it with make venv")
+        return 1
+    root = demo_root(port)
+    try:
+        bed = slurmbed.plan_bed(root=root, port_base=port, job_submit="lua", job_submit_lua=lua,
+                                node_prefix="" if PREFIX == "n" else PREFIX)
+        print("Starting a local Slurm: munge, slurmctld and 5 slurmd with simulated GPUs "
+              "(gres.conf, topology.conf and submit facts rendered from tests/plans/bed.yaml)")
+        with bed:
+            show(bed.run(["sinfo", "-N", "-o", "%N %G %t"]).stdout)
+            for step in (demo_job_array, demo_two_users, demo_mig, demo_multinode,
+                         demo_rejection, demo_mismatch):
+                try:
+                    step(bed)
+                except Exception as err:  # the demo goes on and reports the failure
+                    record(step.__name__, False, str(err)[:70])
+    finally:
+        if PREFIX != "n":  # plan_bed's copy of the plan with the nodes renamed
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root + ".plan.yaml")
     say("Summary")
     width = max(len(what) for what, _, _ in summary)
     for what, status, detail in summary:
