@@ -275,6 +275,9 @@ def _run(args: argparse.Namespace) -> int:
                     "decides for the whole cluster (and with --apply drains and changes it)")
     if args.suggest and args.trial:
         return fail("relayout", "--suggest and --trial each replay the history: give one")
+    if (args.suggest or args.trial) and args.apply:
+        return fail("relayout", f"--{'suggest' if args.suggest else 'trial'} replays the "
+                    "history and changes nothing: give it without --apply")
     if args.suggest:
         return relayout_suggest.run(args)
     if args.trial:

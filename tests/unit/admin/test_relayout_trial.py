@@ -204,6 +204,9 @@ def test_trial_says_where_relayout_would_have_made_the_history_worse(tmp_path, c
 
 @pytest.mark.parametrize("argv, message", [
     (["--trial", "--suggest"], "--suggest and --trial each replay the history: give one"),
+    (["--trial", "--apply"], "--trial replays the history and changes nothing: give it "
+                             "without --apply"),
+    (["--suggest", "--apply"], "--suggest replays the history and changes nothing"),
     (["--trial", "--days", "0"], "--days must be more than 0"),
     (["--trial", "--max-changes", "-1"], "--max-changes must be between 0 and 1000"),
     (["--trial", "--history", "/nonexistent/history"], "cannot read the history"),
