@@ -346,7 +346,8 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
         return fail("relayout", str(err))
     try:
         client = open_client(args.backend, args.sinfo, args.scontrol, args.timeout)
-        gpus = supply(plan, client.nodes(), layouts=layouts,
+        known = client.nodes()
+        gpus = supply(plan, known, layouts=layouts,
                       last_change_s=last_changes(state, time.time()),
                       ends=running_ends(args.squeue, args.timeout))
         queue = pending(args.squeue, args.timeout,
@@ -371,6 +372,11 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
         decision.why.append(kept.line())
     if args.lookback:
         decision.why.append(_recent_line(args, queue.recent, submitted, accounted))
+    unknown = _unknown_nodes(plan, known)
+    if unknown:
+        decision.why.append(f"left out: {unknown}, the plan's nodes with a relayout menu that "
+                            "slurmctld does not know (check their names against slurm.conf's "
+                            "NodeName lines)")
     if queue.skipped:
         decision.why.append("not counted (they could not start on any layout): " + ", ".join(
             f"{n} {why}" for why, n in sorted(queue.skipped.items())))
@@ -385,6 +391,15 @@ def _round(args: argparse.Namespace, plan: Any, menus: Any, state_path: str) -> 
         return 0
     print(format_decision(decision, verdicts, args.explain, args.lookback))
     return 0
+
+
+def _unknown_nodes(plan: Any, known: Sequence[Any]) -> str:
+    """The nodes of groups with a menu that slurmctld does not list, as a hostlist."""
+    import hostlist
+
+    names = {node.name for node in known}
+    return hostlist.collect_hostlist([node for group in plan.groups if group.relayout
+                                      for node in group.nodes if node not in names])
 
 
 def _recent_line(args: argparse.Namespace, waiting: Sequence[Any], submitted: Sequence[Any],
