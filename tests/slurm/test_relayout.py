@@ -502,6 +502,35 @@ def test_held_dependent_and_begin_jobs_do_not_move_the_layout(fresh):
     assert out["demand"] == {"3g.40gb": 3} and out["changes"], out
 
 
+def test_jobs_asking_gpus_per_job_or_per_task_count_in_the_demand(fresh):
+    """Jobs that ask 3g.40gb with --gpus (squeue's tres-per-job) or --gpus-per-task
+    (tres-per-task), not --gres, wait as the others do: relayout and status --demand count
+    what each asks of its one node, and relayout changes rl1 for them."""
+    bed = fresh
+    per_job = bed.sbatch("true", "--gpus=3g.40gb:2", "--time=2")
+    per_task = bed.sbatch("true", "-n", "2", "--gpus-per-task=3g.40gb:1", "--time=2")
+    slurmbed.wait_until("both wait for resources", lambda: all(
+        _reasons(bed).get(job, "").split(",")[0] in ("Resources", "Priority", "ReqNodeNotAvail")
+        for job in (per_job, per_task)))
+    listed = bed.run(["squeue", "-h", "-t", "PD", "-o", "%i|%b"]).stdout
+    assert f"{per_job}|N/A" in listed and f"{per_task}|N/A" in listed, listed  # not in %b
+    dry = gpushare("relayout", "--plan", bed.path("etc", "plan.yaml"), "--backend", "scontrol",
+                   "--hysteresis", "0.2", *ALONE, "--json")
+    assert dry.returncode == 0, dry.stderr
+    out = json.loads(dry.stdout)
+    assert out["demand"] == {"3g.40gb": 4} and out["changes"], out
+    assert not any("not counted" in why for why in out["why"]), out["why"]
+    status = gpushare("status", "--cluster", "--demand", "--backend", "scontrol", "--plan",
+                      bed.path("etc", "plan.yaml"), "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["demand"]["waiting"] == {"3g.40gb": 4}, status.stdout
+    shown = gpushare("status", "--cluster", "--demand", "--backend", "scontrol", "--plan",
+                     bed.path("etc", "plan.yaml"))
+    assert shown.returncode == 0, shown.stderr
+    assert "a job counts what it asks of one node" in shown.stdout, shown.stdout
+    assert re.search(r"^3g\.40gb\s+4\s+\d+$", shown.stdout, re.M), shown.stdout
+
+
 def test_a_whole_gpu_job_that_just_ended_keeps_the_last_whole_gpu(fresh):
     """A whole-GPU job ran and ended a moment ago; four 3g.40gb jobs wait. Turning rl1's
     idle GPUs 1-3 (the cluster's only whole GPU in service among them) into 3g.40gb slices

@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--demand", action="store_true",
                         help="also ask squeue what the jobs pending for resources wait "
-                        "for, and show it beside what is free per type (MIG profile, whole GPUs, "
-                        "MPS units)")
+                        "for (each job what it asks of one node, from --gres, --gpus or "
+                        "--gpus-per-task), and show it beside what is free per type (MIG "
+                        "profile, whole GPUs, MPS units)")
     parser.add_argument("--squeue", default="/usr/bin/squeue", metavar="PATH",
                         help="absolute path of squeue, which says what each running job holds "
                         "on each node (and with --demand what waits; default /usr/bin/squeue)")
@@ -89,12 +90,14 @@ def format_status(nodes: list[NodeSharing], totals: dict[str, Any], backend: str
 
 
 def format_demand(waiting: dict[str, int], free: dict[str, int]) -> list[str]:
-    """Per request type, what the queue waits for beside what is free."""
+    """Per request type, what the queue waits for (each job what it asks of one node) beside
+    what is free."""
     rows = [["TYPE", "WAITING", "FREE"]]
     for kind in sorted(set(waiting) | set(free)):
         rows.append([kind, str(waiting.get(kind, 0)), str(free.get(kind, 0))])
     return ["", "Pending jobs' GPU requests beside what is free (whole: GPUs, mps: units, "
-            "MIG: slices):", *text_table(rows)]
+            "MIG: slices; a job counts what it asks of one node, a multi-node job once):",
+            *text_table(rows)]
 
 
 def _free_by_kind(sums: dict[str, Any]) -> dict[str, int]:

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: GPL-2.0-or-later
 """What the queue waits for and what each GPU holds, from slurmctld.
 
-Demand is ``squeue -h -t PD -o "%i|%b|%V|%P|%u|%a|%l|%r"`` (job, its GRES per node, its
-submit time, partitions, user, account, time limit, and why it waits; lines without the time
-limit read too): Slurm 22.05 writes
-``gres:gpu:1g.10gb:2``, 23.11 and later ``gres/gpu:1g.10gb:2``; both read the same here. Only
+Demand is ``squeue -h -t PD -O SQUEUE_FORMAT`` (``jobgres``: job, its GRES per node, its
+submit time, partitions, user, account, time limit, node and task counts, its GRES per job
+and per task, and why it waits; the older ``-o "%i|%b|%V|%P|%u|%a|%l|%r"`` lines, with or
+without the time limit, read too): each job counts what it asks of one node, from
+``--gres``, ``--gpus`` or ``--gpus-per-task`` alike (``jobgres.per_node``). Only
 a job that waits for resources (Reason ``Resources``, ``Priority`` or ``ReqNodeNotAvail``)
 counts, and only on the
 nodes of its partitions (``sinfo -h -a -o "%R|%N"``): a held job (``JobHeldUser``,
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -26,6 +26,13 @@ from gpushare.admin.cluster_status import used_indexes
 from gpushare.admin.plan import Plan
 from gpushare.admin.plan.model import GpuPlan
 from gpushare.admin.relayout.decide import GpuState, Request
+from gpushare.admin.relayout.jobgres import (
+    SQUEUE_FORMAT,
+    JobLine,
+    gres_items,
+    parse_line,
+    per_node,
+)
 from gpushare.admin.relayout.menu import NOT_SLURMS, Layout, layout_name
 from gpushare.admin.relayout.predict import LOOKBACK_S
 from gpushare.admin.slurm_client import (
@@ -44,7 +51,6 @@ __all__ = ["SQUEUE_FORMAT", "Queue", "merge_recent", "parse_partitions", "parse_
            "pending", "plan_layout", "planned", "read_queue", "recent", "running_ends",
            "supply"]
 
-SQUEUE_FORMAT = "%i|%b|%V|%P|%u|%a|%l|%r"
 SINFO_FORMAT = "%R|%N"
 # Waiting for resources: Resources, Priority, and ReqNodeNotAvail, which Slurm 22.05 gives a
 # job whose type only drained or down nodes offer (measured on 22.05.8: "ReqNodeNotAvail,
@@ -54,7 +60,7 @@ WAITING_REASONS = frozenset({"Resources", "Priority", "ReqNodeNotAvail"})
 _REASON_TEXTS = {"Nodes required for job are DOWN, DRAINED or reserved": "ReqNodeNotAvail"}
 _REASON_NAMES = {"JobHeldUser": "held", "JobHeldAdmin": "held", "Dependency": "dependency",
                  "BeginTime": "--begin in the future"}
-_MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
+UNREADABLE = "GPU request unreadable"
 
 
 @dataclass
@@ -73,90 +79,77 @@ class Queue:
 def parse_request(job: str, gres: str, wait_s: float, nodes: Optional[frozenset[str]] = None,
                   user: str = "", account: str = "",
                   limit_s: Optional[float] = None) -> list[Request]:
-    """One pending job's GPU requests per node: ``gres/gpu:3g.40gb:2`` → 3g.40gb × 2; a typed
-    whole GPU or an untyped one → "whole"; ``gres:mps:25`` → mps × 25."""
-    requests: list[Request] = []
-    for item in GRES_ITEM_SPLIT.split(gres or ""):
-        item = item.strip()
-        for prefix in ("gres:", "gres/"):
-            if item.startswith(prefix):
-                item = item[len(prefix):]
-        if not item or item in ("(null)", "N/A"):
-            continue
-        name, gres_type, count = gres_item(item.split("(", 1)[0])
-        if name == "gpu":
-            kind = gres_type.lower() if _MIG.match(gres_type) else "whole"
-        elif name == "mps":
-            kind = "mps"
-        else:
-            continue
-        requests.append(Request(job, kind, count, wait_s, nodes, user, account, limit_s))
-    return requests
+    """One pending job's GPU requests per node from its GRES per node (``%b``):
+    ``gres/gpu:3g.40gb:2`` → 3g.40gb × 2; a typed whole GPU or an untyped one → "whole";
+    ``gres:mps:25`` → mps × 25; none where it does not read."""
+    items = gres_items(gres)
+    return [Request(job, kind, count, wait_s, nodes, user, account, limit_s)
+            for _name, kind, count in items or ()]
+
+
+def _requests(line: JobLine, wait_s: float, nodes: Optional[frozenset[str]]
+              ) -> Optional[list[Request]]:
+    """The job's requests, one per kind it asks of one node; None where they do not read."""
+    asked = per_node(line)
+    if asked is None:
+        return None
+    return [Request(line.job, kind, count, wait_s, nodes, _named(line.user),
+                    _named(line.account), parse_time_left(line.limit)) for kind, count in asked]
 
 
 def read_queue(text: str, now: datetime.datetime,
                nodes_of: Optional[dict[str, frozenset[str]]] = None,
                lookback_s: float = LOOKBACK_S) -> Queue:
-    """The requests that count, from ``squeue -h -t PD -o SQUEUE_FORMAT`` lines; ``now``
+    """The requests that count, from ``squeue -h -t PD -O SQUEUE_FORMAT`` lines; ``now``
     gives the wait, ``nodes_of`` each partition's nodes (None: any node); those submitted
     within ``lookback_s`` are also ``recent``."""
     queue = Queue()
-    for line in text.splitlines():
-        parts = _fields(line)
-        if parts is None:
+    for raw in text.splitlines():
+        line = parse_line(raw)
+        if line is None:
             continue
-        job, gres, submitted, parts_text, user, account, limit, reason = parts
         reason = next((name for text, name in _REASON_TEXTS.items()
-                       if reason.startswith(text)), reason.split(",", 1)[0].strip())
+                       if line.reason.startswith(text)), line.reason.split(",", 1)[0].strip())
         if reason not in WAITING_REASONS:
             queue.skip(_REASON_NAMES.get(reason, f"reason {reason or 'none'}"))
             continue
         nodes: Optional[frozenset[str]] = None
         if nodes_of is not None:
             nodes = frozenset().union(*(nodes_of.get(p, frozenset())
-                                        for p in parts_text.split(",")))
+                                        for p in line.partitions.split(",")))
             if not nodes:
-                queue.skip(f"partition {parts_text} unknown or without nodes")
+                queue.skip(f"partition {line.partitions} unknown or without nodes")
                 continue
         try:
-            wait = max((now - datetime.datetime.fromisoformat(submitted)).total_seconds(), 0.0)
+            wait = max((now - datetime.datetime.fromisoformat(line.submitted)).total_seconds(),
+                       0.0)
         except ValueError:
             wait = 0.0
-        requests = parse_request(job, gres, wait, nodes, _named(user), _named(account),
-                                 parse_time_left(limit))
+        requests = _requests(line, wait, nodes)
+        if requests is None:
+            queue.skip(UNREADABLE)
+            continue
         queue.requests.extend(requests)
         queue.recent.extend((wait, r) for r in requests if wait < lookback_s)
     return queue
 
 
-def _fields(line: str) -> Optional[list[str]]:
-    """SQUEUE_FORMAT's fields; a line without the time limit (``%l``) gets "" for it."""
-    parts = line.strip().split("|", 7)
-    if len(parts) == 7:
-        parts = line.strip().split("|", 6)
-        parts.insert(6, "")
-    return parts if len(parts) == 8 else None
-
-
 def parse_submitted(text: str, now: datetime.datetime,
                     lookback_s: float = LOOKBACK_S) -> list[tuple[float, Request]]:
     """(seconds ago, request) of the jobs submitted within ``lookback_s``, from ``squeue -h
-    -t R,CG,CD -o SQUEUE_FORMAT`` lines: with the pending ones, the recent submissions that
+    -t R,CG,CD -O SQUEUE_FORMAT`` lines: with the pending ones, the recent submissions that
     stand for the next ones in the prediction of a change's effect."""
     found: list[tuple[float, Request]] = []
-    for line in text.splitlines():
-        parts = _fields(line)
-        if parts is None:
+    for raw in text.splitlines():
+        line = parse_line(raw)
+        if line is None:
             continue
-        job, gres, submitted, _parts, user, account, limit, _reason = parts
         try:
-            ago = (now - datetime.datetime.fromisoformat(submitted)).total_seconds()
+            ago = (now - datetime.datetime.fromisoformat(line.submitted)).total_seconds()
         except ValueError:
             continue
         if 0.0 <= ago < lookback_s:
-            found.extend((ago, r) for r in parse_request(job, gres, 0.0, None, _named(user),
-                                                         _named(account),
-                                                         parse_time_left(limit)))
+            found.extend((ago, r) for r in _requests(line, 0.0, None) or ())
     return found
 
 
@@ -166,7 +159,7 @@ def recent(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
     """parse_submitted, asked of slurmctld (running and recently ended jobs)."""
     if lookback_s <= 0:
         return []
-    text = _squeue(squeue, ["-h", "-t", "R,CG,CD", "-o", SQUEUE_FORMAT], timeout)
+    text = _squeue(squeue, ["-h", "-t", "R,CG,CD", "-O", SQUEUE_FORMAT], timeout)
     return parse_submitted(text, now or datetime.datetime.now(), lookback_s)
 
 
@@ -221,7 +214,7 @@ def pending(squeue: str = DEFAULT_SQUEUE, timeout: float = 10.0,
             nodes_of: Optional[dict[str, frozenset[str]]] = None,
             lookback_s: float = LOOKBACK_S) -> Queue:
     """The pending jobs that count, asked of slurmctld."""
-    text = _squeue(squeue, ["-h", "-t", "PD", "-o", SQUEUE_FORMAT], timeout)
+    text = _squeue(squeue, ["-h", "-t", "PD", "-O", SQUEUE_FORMAT], timeout)
     return read_queue(text, now or datetime.datetime.now(), nodes_of, lookback_s)
 
 
