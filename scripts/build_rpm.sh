@@ -66,7 +66,8 @@ find "$TOP/RPMS" -name '*.rpm' -print
 
 # rpmlint from PyPI needs rpm's Python bindings, which only the distribution's python3 has.
 if ! "$SYSTEM_PYTHON" -c 'import rpm' 2>/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-rpm \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o DPkg::Lock::Timeout=300 python3-rpm \
         >"$WORK/apt.log" 2>&1 || { cat "$WORK/apt.log" >&2; exit 1; }
 fi
 LINT_VENV=$REPO/build/rpmlint-venv

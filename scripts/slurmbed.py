@@ -110,9 +110,12 @@ def ensure_packages(packages: Iterable[str] = APT_PACKAGES) -> None:
         return
     finish_interrupted_dpkg()
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                   check=True, env=env)
+    # Waits for dpkg's lock rather than failing where another apt-get holds it (`make
+    # test` runs several suites, and builds the packages, at once).
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    subprocess.run(["apt-get", *wait, "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", *wait, "install", "-y", "-qq", "--no-install-recommends",
+                    *missing], check=True, env=env)
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:

@@ -175,10 +175,16 @@ def _run(argv: Sequence[str], log: Optional[str] = None, **kwargs: object) -> No
                         f"{(result.stdout + result.stderr)[-4000:]}")
 
 
+APT_LOCK_WAIT_S = 600  # how long a host apt-get waits for another one's dpkg lock
+
+
 def build_root(codename: str, mirror: Mirror, wanted: str) -> None:
     """debootstrap the release, then its Slurm and build tools; replaces the cached root."""
     if shutil.which("debootstrap") is None:
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"],
+        # Waits for dpkg's lock: `make test` builds the Debian package at the same time, and
+        # its apt-get may hold the lock while it installs the build tools.
+        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+              "-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}", "debootstrap"],
              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
     top = cache_dir(codename)
     os.makedirs(top, mode=0o755, exist_ok=True)
