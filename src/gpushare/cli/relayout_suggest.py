@@ -114,7 +114,8 @@ def load_history(args: argparse.Namespace) -> Union[int, tuple[Any, Any, Any]]:
             if unseen:
                 return fail("relayout", untracked_line(
                     unseen, "; the jobs that run after that are recorded, and --suggest "
-                    "learns from them (or give a history that has them with --history)"))
+                    "and --trial learn from them (or give a history that has them with "
+                    "--history)"))
     except (OSError, UnicodeDecodeError) as err:
         return fail("relayout", f"{args.history}: cannot read the history: {err}")
     except (ValueError, SlurmClientError) as err:
