@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import random
 import shlex
@@ -40,7 +39,7 @@ from gpushare.admin.relayout.sim import (
     twice_the_run,
 )
 from gpushare.admin.relayout.static import best_static, even_split, spread
-from gpushare.admin.relayout.trial import halves, replay_halves
+from gpushare.admin.relayout.trial import halves, ratio, replay_halves, times
 
 
 def read_trace(path: str) -> list[Job]:
@@ -151,9 +150,8 @@ def report(name: str, static_counts: dict[str, int], static: Result, dynamic: Re
 
 
 def _up(a: float, b: float) -> str:
-    """a / b rounded up, so that a loss never reads as x1.000."""
-    return f"x{math.ceil(a / b * 1000) / 1000:.3f}" if b else \
-        ("x1.000" if not a else "more (from 0)")
+    """a / b rounded up, so that a loss never reads as x1.000 (as --trial prints it)."""
+    return times(ratio(a, b))
 
 
 def same_start(label: str, still: Result, moved: Result) -> str:

@@ -280,13 +280,12 @@ def _run(args: argparse.Namespace) -> int:
                     "history and changes nothing: give it without --apply")
     if args.suggest:
         return relayout_suggest.run(args)
-    if args.trial:
-        return relayout_trial.run(args)
-    misplaced = relayout_suggest.misplaced(args)
+    misplaced = [] if args.trial else relayout_suggest.misplaced(args)
     if misplaced:
         return fail("relayout", f"{', '.join(misplaced)} only with --suggest or --trial")
     from gpushare.admin.plan import PlanError, load_plan
 
+    # The round's settings, --trial's rounds' too.
     if not 0 <= args.max_changes <= 1000:
         return fail("relayout", "--max-changes must be between 0 and 1000")
     if not 0.1 <= args.timeout <= 600:
@@ -295,6 +294,8 @@ def _run(args: argparse.Namespace) -> int:
         return fail("relayout", "--keep-hours must be between 0 and 8784 (a year)")
     if not 0 <= args.lookback <= 7 * 86400:
         return fail("relayout", "--lookback must be between 0 and 604800 seconds (a week)")
+    if args.trial:
+        return relayout_trial.run(args)
     try:
         plan = load_plan(args.plan)
     except PlanError as err:

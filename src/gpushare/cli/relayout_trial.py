@@ -18,10 +18,6 @@ from gpushare.cli import fail
 from gpushare.cli.relayout_suggest import counted, history_line, load_history, plan_layouts
 
 
-def _times(ratio: float) -> str:
-    return "more (from 0)" if math.isinf(ratio) else f"x{ratio:.3f}"
-
-
 def _side(result: Any) -> dict[str, Any]:
     return {"mig_wait_s": round(result.censored_wait("mig"), 1),
             "wait_s": round(result.censored_wait(), 1),
@@ -43,15 +39,17 @@ def _start_dict(start: Any) -> dict[str, Any]:
 
 
 def _start_lines(start: Any) -> list[str]:
+    from gpushare.admin.relayout.trial import times  # the simulator: only for --trial
+
     still, moved, ratios = start.still, start.moved, start.ratios()
     per_hour = moved.changes / moved.gpu_hours if moved.gpu_hours else 0.0
     lines = [f"from {start.label}, left alone -> with relayout:",
              f"  MIG and MPS jobs wait {still.censored_wait('mig') / 60:.1f} -> "
-             f"{moved.censored_wait('mig') / 60:.1f} min ({_times(ratios['mig_wait'])}), "
+             f"{moved.censored_wait('mig') / 60:.1f} min ({times(ratios['mig_wait'])}), "
              f"every job {still.censored_wait() / 60:.1f} -> "
-             f"{moved.censored_wait() / 60:.1f} min ({_times(ratios['wait'])}), jobs "
+             f"{moved.censored_wait() / 60:.1f} min ({times(ratios['wait'])}), jobs "
              f"complete in {still.censored_jct() / 60:.1f} -> {moved.censored_jct() / 60:.1f}"
-             f" min ({_times(ratios['completion'])})",
+             f" min ({times(ratios['completion'])})",
              f"  {counted(moved.changes, 'change')} ({per_hour:.3f} per GPU-hour), "
              f"{counted(moved.disturbed, 'running job')} disturbed"
              + (f"; never started: {len(still.unstarted)} -> {len(moved.unstarted)}"
@@ -60,12 +58,9 @@ def _start_lines(start: Any) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The trial, its settings already checked as the round's (``relayout._run``)."""
     from gpushare.admin.relayout.trial import trial
 
-    if not 0 <= args.max_changes <= 1000:
-        return fail("relayout", "--max-changes must be between 0 and 1000")
-    if not 0 <= args.keep_hours <= 24 * 366:
-        return fail("relayout", "--keep-hours must be between 0 and 8784 (a year)")
     loaded = load_history(args)
     if isinstance(loaded, int):
         return loaded

@@ -75,26 +75,26 @@ def _result(waits: list[tuple[str, float]], unstarted: int = 0) -> Result:
 def test_a_start_is_no_worse_only_when_no_mean_grows_and_no_more_jobs_never_start():
     still = _result([("1g.10gb", 60.0), ("whole", 600.0)])
     better = _result([("1g.10gb", 30.0), ("whole", 600.0)])
-    assert Start("s", (), still, better).no_worse()
-    assert Start("s", (), still, still).ratios() == {"mig_wait": 1.0, "wait": 1.0,
+    assert Start("s", still, better).no_worse()
+    assert Start("s", still, still).ratios() == {"mig_wait": 1.0, "wait": 1.0,
                                                       "completion": 1.0}
     # The whole-GPU jobs pay for the MIG jobs' gain: every job's mean grows.
     traded = _result([("1g.10gb", 30.0), ("whole", 700.0)])
-    assert Start("s", (), still, traded).ratios()["wait"] > 1.0
-    assert not Start("s", (), still, traded).no_worse()
+    assert Start("s", still, traded).ratios()["wait"] > 1.0
+    assert not Start("s", still, traded).no_worse()
     # A loss of a thousandth never reads as 1.000.
     slight = _result([("1g.10gb", 60.0), ("whole", 600.1)])
-    assert Start("s", (), still, slight).ratios()["wait"] == 1.001
+    assert Start("s", still, slight).ratios()["wait"] == 1.001
     # From no wait at all to some: infinitely worse, never "no worse".
     idle = _result([("1g.10gb", 0.0)])
-    from_none = Start("s", (), idle, _result([("1g.10gb", 5.0)]))
+    from_none = Start("s", idle, _result([("1g.10gb", 5.0)]))
     assert math.isinf(from_none.ratios()["mig_wait"]) and not from_none.no_worse()
 
 
 def test_a_start_that_leaves_more_jobs_unstarted_is_worse():
     still = _result([("1g.10gb", 60.0)] * 10)
     moved = _result([("1g.10gb", 0.0)] * 10, unstarted=1)
-    start = Start("s", (), still, moved)
+    start = Start("s", still, moved)
     assert len(moved.unstarted) > len(still.unstarted)
     assert not start.no_worse()
 
@@ -187,7 +187,7 @@ def test_trial_says_where_relayout_would_have_made_the_history_worse(tmp_path, c
 
     still = _result([("1g.10gb", 60.0), ("whole", 600.0)])
     worse = _result([("1g.10gb", 30.0), ("whole", 700.0)])
-    verdict = Trial(2, 2, 1.0, {"7x1g.10gb": 2}, (Start("the plan's layouts", (), still, worse),))
+    verdict = Trial(2, 2, 1.0, {"7x1g.10gb": 2}, (Start("the plan's layouts", still, worse),))
     monkeypatch.setattr(trial_module, "trial", lambda *args, **kwargs: verdict)
     history = tmp_path / "history.txt"
     history.write_text(_sacct_text(_shifting_history()))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gpushare.admin.slurm_client import GRES_ITEM_SPLIT
+from gpushare.admin.tres import is_mig_profile
 from gpushare.common import units
 
 __all__ = ["FIELDS", "SQUEUE_FORMAT", "JobLine", "gres_items", "parse_line", "per_node"]
@@ -44,7 +45,6 @@ FIELDS = ("JobArrayID", "tres-per-node", "SubmitTime", "Partition", "UserName", 
           "TimeLimit", "NumNodes", "NumTasks", "tres-per-job", "tres-per-task", "Reason")
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in FIELDS[:-1]) + f",{FIELDS[-1]}:0"
 NO_VAL = 0xFFFFFFFE  # Slurm's unset uint32
-_MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
 _NUMBER = re.compile(r"-?[0-9]+")
 _KINDS = ("gpu", "mps")
 
@@ -118,7 +118,7 @@ def gres_items(text: str) -> Optional[list[tuple[str, str, int]]]:
             continue
         gres_type = types[0] if types else ""
         kind = "mps" if name == "mps" else \
-            (gres_type.lower() if _MIG.match(gres_type) else "whole")
+            (gres_type.lower() if is_mig_profile(gres_type) else "whole")
         found.append((name, kind, count))
     return found
 

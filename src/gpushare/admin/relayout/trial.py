@@ -24,8 +24,8 @@ from gpushare.admin.relayout.predict import DEFAULT_LIMIT_S
 from gpushare.admin.relayout.sim import Cluster, Job, Result, simulate
 from gpushare.admin.relayout.static import best_static, even_split, spread
 
-__all__ = ["Start", "Trial", "halves", "middle", "own_limit", "past_holds", "replay_halves",
-           "shifted", "trial"]
+__all__ = ["Start", "Trial", "halves", "middle", "own_limit", "past_holds", "ratio",
+           "replay_halves", "shifted", "times", "trial"]
 
 
 def middle(jobs: Sequence[Job]) -> float:
@@ -86,7 +86,7 @@ def replay_halves(jobs: list[Job], cluster: Cluster, keep_s: float,
     return first, second, still, moved
 
 
-def _ratio(after: float, before: float) -> float:
+def ratio(after: float, before: float) -> float:
     """after / before, rounded up to a thousandth so that a loss never reads as 1.000;
     1.0 where both are 0, infinity where only ``after`` is."""
     if not before:
@@ -94,12 +94,16 @@ def _ratio(after: float, before: float) -> float:
     return math.ceil(after / before * 1000) / 1000
 
 
+def times(value: float) -> str:
+    """A :func:`ratio` as the trial and the benchmark print it: ``x0.954``."""
+    return "more (from 0)" if math.isinf(value) else f"x{value:.3f}"
+
+
 @dataclass(frozen=True)
 class Start:
     """One start layout's replays: ``still`` left alone, ``moved`` with relayout."""
 
     label: str
-    layouts: tuple[tuple[Layout, ...], ...]
     still: Result
     moved: Result
 
@@ -107,10 +111,10 @@ class Start:
         """Relayout over left alone: MIG and MPS jobs' mean wait, every job's, and the mean
         completion time (a job never started counted with its wait until the replay's end,
         so starving a kind shows)."""
-        return {"mig_wait": _ratio(self.moved.censored_wait("mig"),
+        return {"mig_wait": ratio(self.moved.censored_wait("mig"),
                                    self.still.censored_wait("mig")),
-                "wait": _ratio(self.moved.censored_wait(), self.still.censored_wait()),
-                "completion": _ratio(self.moved.censored_jct(), self.still.censored_jct())}
+                "wait": ratio(self.moved.censored_wait(), self.still.censored_wait()),
+                "completion": ratio(self.moved.censored_jct(), self.still.censored_jct())}
 
     def no_worse(self) -> bool:
         """The benchmark's goal: no ratio above 1 and no more jobs left unstarted."""
@@ -148,6 +152,6 @@ def trial(jobs: list[Job], cluster: Cluster, plan_layouts: Optional[list[list[La
         assert layouts is not None
         _, _, still, moved = replay_halves(jobs, cluster, keep_s, layouts, limit,
                                            max_changes, hysteresis)
-        starts.append(Start(label, tuple(tuple(row) for row in layouts), still, moved))
+        starts.append(Start(label, still, moved))
     return Trial(len(first), len(second), max((j.submit for j in second), default=0.0) / 3600,
                  {name: n for name, n in learned.items() if n}, tuple(starts))
