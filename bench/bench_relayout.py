@@ -38,7 +38,7 @@ from gpushare.admin.relayout.sim import (
     simulate,
     twice_the_run,
 )
-from gpushare.admin.relayout.static import best_static, even_split, spread
+from gpushare.admin.relayout.static import Static, best_static, even_split, spread
 from gpushare.admin.relayout.trial import halves, ratio, replay_halves, times
 
 
@@ -174,12 +174,17 @@ def tile(jobs: list[Job], copies: int) -> list[Job]:
     return tiled
 
 
-def corpus(nodes: int, held_out: int = 0) -> list[tuple[str, list[Job]]]:
+def corpus(nodes: int, held_out: int = 0, directory: Optional[str] = None
+           ) -> list[tuple[str, list[Job]]]:
     """The benchmark corpus at ``nodes`` nodes of 8 GPUs: the shipped traces and the
     converted PAI-format sample (sized for 4 nodes: tiled), and the generator family; with
-    ``held_out`` 1 or 2, the family's first or second held-out set only."""
+    ``held_out`` 1 or 2, the family's first or second held-out set only; with ``directory``,
+    its traces (sized for 4 nodes, e.g. convert_openb.py's windows) only."""
     import make_traces
 
+    if directory is not None:
+        return [(name, tile(read_trace(os.path.join(directory, name)), max(nodes // 4, 1)))
+                for name in sorted(os.listdir(directory)) if name.endswith(".csv")]
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
     traces = []
     for name in () if held_out else CORPUS_FILES:
@@ -217,7 +222,7 @@ CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
                      "best-static.json")
 
 
-def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
+def cached_best_static(jobs: list[Job], cluster: Cluster) -> Static:
     """best_static, its layout kept in build/best-static.json by the jobs and cluster: the
     static columns do not depend on relayout's code, and their search is most of a corpus
     run (the result is replayed again, so a stale entry cannot give a wrong number)."""
@@ -227,15 +232,18 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
     key = hashlib.sha256(repr((cluster.model.name, cluster.names, cluster.nodes,
                                cluster.gpus_per_node, [(j.submit, j.run, j.kind, j.count)
                                                        for j in jobs])).encode()).hexdigest()
+    key = f"placed-{key}"  # counts and placement (entries of counts alone are older)
     try:
         with open(CACHE, encoding="utf-8") as handle:
             known = json.load(handle)
     except (OSError, ValueError):
         known = {}
     if key in known:
-        counts = {name: int(n) for name, n in known[key].items()}
-        return counts, simulate(jobs, spread(counts, cluster), False, cluster)
-    counts, result = best_static(jobs, cluster)
+        counts = {name: int(n) for name, n in known[key]["counts"].items()}
+        packed = bool(known[key]["packed"])
+        return Static(counts, packed,
+                      simulate(jobs, spread(counts, cluster, packed), False, cluster))
+    found = best_static(jobs, cluster)
     import fcntl
 
     os.makedirs(os.path.dirname(CACHE), exist_ok=True)
@@ -246,11 +254,11 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int
                 known = json.load(handle)
         except (OSError, ValueError):
             known = {}
-        known[key] = counts
+        known[key] = {"counts": found.counts, "packed": found.packed}
         with open(CACHE + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(known, handle)
         os.replace(CACHE + ".tmp", CACHE)
-    return counts, result
+    return found
 
 
 SPREAD_MAX = 8.0  # --limits spread: the most a time limit is above the run
@@ -272,9 +280,9 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
     first, second, still, moved = replay_halves(jobs, cluster, keep_s, limit=limit)
     hindsight = suggested = None
     if static:
-        _, hindsight = cached_best_static(second, cluster)
-        learned, _ = cached_best_static(first, cluster)
-        suggested = simulate(second, spread(learned, cluster), False, cluster)
+        hindsight = cached_best_static(second, cluster).result
+        learned = cached_best_static(first, cluster)
+        suggested = simulate(second, learned.layouts(cluster), False, cluster)
     return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still)} | {_cell(moved)} | "
             f"{_cell(hindsight) if hindsight else '- | -'} | "
             f"{_cell(suggested) if suggested else '- | -'} | "
@@ -309,8 +317,8 @@ def suggest_row(name: str, jobs: list[Job], cluster: Cluster,
     """One row of the --from-suggest table: relayout started from ``--suggest``'s layout
     learned on the first half, against that layout left alone, on the second half (the
     site that runs the suggested layout and turns relayout on)."""
-    learned, _ = cached_best_static(halves(jobs)[0], cluster)
-    _, _, still, moved = replay_halves(jobs, cluster, keep_s, spread(learned, cluster), limit)
+    learned = cached_best_static(halves(jobs)[0], cluster)
+    _, _, still, moved = replay_halves(jobs, cluster, keep_s, learned.layouts(cluster), limit)
     return (f"| {name} | {cluster.nodes} | "
             f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
             f"{_up(moved.censored_wait(), still.censored_wait())} / "
@@ -364,6 +372,9 @@ def main() -> int:
     parser.add_argument("--held-out", type=int, choices=(0, 1, 2), default=0, metavar="SET",
                         help="with --corpus: the generator's held-out workloads instead (set 1 "
                         "or 2)")
+    parser.add_argument("--traces", metavar="DIR",
+                        help="with --corpus: the traces in DIR (each sized for 4 nodes, e.g. "
+                        "convert_openb.py --windows DIR) instead of the shipped corpus")
     parser.add_argument("--by-kind", action="store_true",
                         help="with --corpus: each class's wait (MIG slices, MPS, whole GPUs), "
                         "no relayout against relayout, instead of the four columns")
@@ -405,7 +416,7 @@ def main() -> int:
         print(BY_KIND_HEADER if args.by_kind else SUGGEST_HEADER if args.from_suggest
               else CORPUS_HEADER, flush=True)
         for size in (int(n) for n in args.sizes.split(",")):
-            for name, jobs in corpus(size, args.held_out):
+            for name, jobs in corpus(size, args.held_out, args.traces):
                 if args.only and name not in args.only:
                     continue
                 cluster = corpus_cluster(base, jobs, size)
@@ -417,10 +428,11 @@ def main() -> int:
         return 0
     for path in args.trace:
         jobs = read_trace(path)
-        counts, static = cached_best_static(jobs, base)
+        best = cached_best_static(jobs, base)
+        counts, static = best.counts, best.result
         keep_s = args.keep_hours * 3600
         dynamic = simulate(jobs, spread(even_split(base), base), True, base, keep_s=keep_s)
-        seeded = simulate(jobs, spread(counts, base), True, base, keep_s=keep_s)
+        seeded = simulate(jobs, best.layouts(base), True, base, keep_s=keep_s)
         still = simulate(jobs, spread(even_split(base), base), False, base)
         print(report(os.path.basename(path), counts, static, dynamic, seeded))
         print(same_start("an even split", still, dynamic))

@@ -14,6 +14,7 @@ sys.path.insert(0, BENCH)
 
 make_traces = pytest.importorskip("make_traces")
 convert_pai = pytest.importorskip("convert_pai")
+convert_openb = pytest.importorskip("convert_openb")
 bench = pytest.importorskip("bench_relayout")
 
 
@@ -107,6 +108,94 @@ def test_a_file_not_in_the_pai_format_is_named(tmp_path):
         convert_pai.convert(job_file, task_file)
 
 
+OPENB_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                "creation_time,deletion_time,scheduled_time\n")
+
+
+def _write_openb(tmp_path, rows):
+    path = tmp_path / "openb_pod_list_default.csv"
+    path.write_text(OPENB_HEADER + "".join(",".join(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _pod(name, gpus, milli, phase, created, deleted, scheduled):
+    return (name, "8000", "16384", gpus, milli, "", "LS", phase, created, deleted, scheduled)
+
+
+def test_the_openb_converter_maps_each_scheduled_gpu_pod_to_a_request(tmp_path):
+    """A shared GPU's gpu_milli is its share (the smallest MIG slice holding it, or MPS
+    units); several GPUs are whole; CPU-only and never-scheduled pods are left out; the run
+    is from scheduling to deletion, the submission the creation."""
+    day = convert_openb.DAY_S
+    path = _write_openb(tmp_path, [
+        _pod("p-cpu", "0", "0", "Succeeded", "10", "500", "10"),
+        _pod("p-1g", "1", "140", "Running", "100", "700", "130"),
+        _pod("p-3g", "1", "400", "Failed", "200", "260", "200"),
+        _pod("p-half", "1", "500", "Succeeded", "300", "900", "320"),
+        _pod("p-whole", "1", "1000", "Running", "400", "4000", "400"),
+        _pod("p-eight", "8", "1000", "Succeeded", str(day + 50), str(day + 3650), str(day + 60)),
+        _pod("p-pending", "1", "220", "Pending", "500", "900", ""),
+        _pod("p-2g-later", "2", "1000", "Running", str(3 * day), str(3 * day + 10),
+             str(3 * day))])
+    pods = convert_openb.read_pods(path)
+    assert [row for _, row in pods] == [
+        (0, 570, "--gres=gpu:1g.10gb:1", "p-1g"), (0, 60, "--gres=gpu:3g.40gb:1", "p-3g"),
+        (0, 580, "--gres=gpu:h100:1", "p-half"), (0, 3600, "--gres=gpu:h100:1", "p-whole"),
+        (0, 3590, "--gres=gpu:h100:8", "p-eight"), (0, 10, "--gres=gpu:h100:2", "p-2g-later")]
+    assert convert_openb.window(pods, 0, 2) == [
+        (100, 570, "--gres=gpu:1g.10gb:1", "p-1g"), (200, 60, "--gres=gpu:3g.40gb:1", "p-3g"),
+        (300, 580, "--gres=gpu:h100:1", "p-half"), (400, 3600, "--gres=gpu:h100:1", "p-whole"),
+        (day + 50, 3590, "--gres=gpu:h100:8", "p-eight")]
+    mps = [row[2] for _, row in convert_openb.read_pods(path, "mps")]
+    assert mps[:3] == ["--gres=mps:14", "--gres=mps:40", "--gres=mps:50"]
+    # Windows start at each whole day that has at least min_jobs jobs in their span.
+    assert [(d, len(rows)) for d, rows in convert_openb.windows(pods, 2, 1)] == \
+        [(0, 5), (1, 1), (2, 1), (3, 1)]
+    assert [d for d, _ in convert_openb.windows(pods, 2, 2)] == [0]
+    assert convert_openb.windows([], 2, 1) == []
+
+
+def test_an_openb_file_in_another_format_or_with_bad_cells_is_named(tmp_path):
+    other = tmp_path / "other.csv"
+    other.write_text("name,num_gpu\np,1\n")
+    with pytest.raises(ValueError, match=r"other\.csv: no column gpu_milli, .*not an "
+                                         r"openb_pod_list file"):
+        convert_openb.read_pods(str(other))
+    bad = _write_openb(tmp_path, [_pod("p", "1", "x", "Running", "1", "2", "1")])
+    with pytest.raises(ValueError, match=r":2: gpu_milli is 'x', not a number"):
+        convert_openb.read_pods(bad)
+    negative = _write_openb(tmp_path, [_pod("p", "1", "100", "Running", "-5", "2", "1")])
+    with pytest.raises(ValueError, match=r"creation_time is '-5', not a time or count"):
+        convert_openb.read_pods(negative)
+
+
+def test_the_openb_command_writes_its_windows_and_refuses_what_it_cannot_read(tmp_path, capsys):
+    path = _write_openb(tmp_path, [_pod(f"p{n}", "1", "1000", "Succeeded", str(600 * n),
+                                        str(600 * n + 300), str(600 * n)) for n in range(5)])
+    out = tmp_path / "windows"
+    assert convert_openb.main(["--pods", path, "--windows", str(out), "--min-jobs", "5"]) == 0
+    assert sorted(os.listdir(out)) == ["openb-day0.csv"]
+    assert len(bench.read_trace(str(out / "openb-day0.csv"))) == 5
+    one = tmp_path / "one.csv"
+    assert convert_openb.main(["--pods", path, "--out", str(one), "--from-day", "0",
+                               "--days", "0.01"]) == 0
+    assert len(bench.read_trace(str(one))) == 2  # submitted within 864 s
+    assert convert_openb.main(["--pods", str(tmp_path / "missing.csv"), "--windows",
+                               str(out)]) == 2
+    assert "convert_openb: " in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        convert_openb.main(["--pods", path, "--out", str(one)])  # no --from-day
+
+
+def test_a_corpus_directory_gives_its_traces_tiled_for_the_size(tmp_path):
+    (tmp_path / "b.csv").write_text("submit_s,run_s,gpu_flags,user\n0,60,--gres=gpu:h100:1,u\n")
+    (tmp_path / "a.csv").write_text("submit_s,run_s,gpu_flags,user\n5,60,--gres=mps:20,u\n")
+    (tmp_path / "notes.txt").write_text("not a trace")
+    found = bench.corpus(8, directory=str(tmp_path))
+    assert [name for name, _ in found] == ["a.csv", "b.csv"]
+    assert [len(jobs) for _, jobs in found] == [2, 2]
+
+
 def test_the_shipped_sample_is_what_the_writer_and_the_converter_give(tmp_path):
     here = os.path.join(BENCH, "traces")
     convert_pai.write_sample(str(tmp_path))
@@ -156,7 +245,7 @@ def test_the_from_suggest_row_starts_both_replays_from_the_layout_learned_on_the
     jobs = [bench.Job(n, 360.0 * n, 1200.0, "1g.10gb", 4, "u") for n in range(40)]
     jobs += [bench.Job(100 + n, 30000.0 + 600.0 * n, 1200.0, "whole", 1, "w")
              for n in range(20)]
-    learned, _ = bench.cached_best_static(bench.halves(jobs)[0], cluster)
+    learned = bench.cached_best_static(bench.halves(jobs)[0], cluster).counts
     assert learned == {"7x1g.10gb": 2, "whole": 0}
     cells = [cell.strip() for cell in bench.suggest_row("t", jobs, cluster).split("|")[1:-1]]
     assert cells[:2] == ["t", "1"]

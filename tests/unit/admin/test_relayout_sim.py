@@ -48,7 +48,8 @@ def test_a_history_replays_on_the_plans_cluster_not_the_default_one():
     # H200 slices: the plan's menu offers 1g.18gb, the default H100 menu does not.
     jobs = _jobs((0, 600, "1g.18gb", 1), (10, 600, "1g.18gb", 2), (20, 900, "whole", 2))
     cluster = cluster_from_plan(parse_plan(H200_PLAN))
-    counts, result = best_static(jobs, cluster)
+    found = best_static(jobs, cluster)
+    counts, result = found.counts, found.result
     assert result.unfinished == 0 and sum(counts.values()) == 6
     assert counts["whole"] >= 2 and counts["7x1g.18gb"] >= 1
     default = default_cluster(3, 2)
@@ -110,6 +111,24 @@ def test_a_job_never_started_counts_with_its_wait_until_the_replays_end():
     assert result.censored_jct() == (600.0 + waited + 600.0 + 600.0) / 3
 
 
+def test_a_job_started_after_the_cut_counts_as_one_never_started():
+    """Every replay is cut two days after the last submission: a job that starts only after
+    a job running for days ends counts its wait until the cut, as it would had it never
+    started; its full wait would make the replay that starts it look worse than one that
+    never does."""
+    cluster = default_cluster(1, 1)
+    layouts = spread({"whole": 1}, cluster)
+    jobs = [Job(0, 0.0, 5 * 86400.0, "whole", 1, "u"), Job(1, 100.0, 600.0, "whole", 1, "u")]
+    result = simulate(jobs, layouts, False, cluster)
+    waited = 100.0 + 2 * 86400 - 100.0
+    assert result.ran() == {0}
+    assert result.unstarted == [(1, "whole", waited, waited + 600.0)]
+    assert result.censored_wait() == waited / 2
+    assert result.censored_jct() == (5 * 86400.0 + waited + 600.0) / 2
+    # The raw waits stay what the replay saw (the whole-trace report's percentiles).
+    assert sorted(result.waits["whole"]) == [0.0, 5 * 86400.0 - 100.0]
+
+
 def test_a_gpu_with_mps_units_is_given_whole_or_in_units_never_both():
     """Slurm allocates a GPU with MPS units as gres/gpu or as gres/mps, not both at once: a
     whole-GPU job starts on it when no unit is held, and MPS jobs wait while it runs."""
@@ -164,9 +183,43 @@ def test_the_best_static_layout_is_ranked_by_jobs_never_run_then_completion():
     cluster = default_cluster(2, 1, ("mps:100", "7x1g.10gb", "whole"))
     jobs = [Job(0, 0.0, 600.0, "whole", 2, "u")]
     jobs += [Job(n, 10.0 * n, 600.0, "1g.10gb", 1, "u") for n in range(1, 15)]
-    counts, best = best_static(jobs, cluster)
+    found = best_static(jobs, cluster)
+    counts, best = found.counts, found.result
     assert best.unfinished == 1  # the two-GPU request, on any layout
     assert counts["7x1g.10gb"] == 2, counts
+
+
+def test_packed_puts_the_mig_layouts_on_the_fewest_nodes_and_spreads_the_rest():
+    cluster = default_cluster(4, 8, ("7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "whole",
+                                     "mps:100"))
+    counts = {"7x1g.10gb": 3, "3g.40gb+2g.20gb+1g.10gb": 6, "whole": 19, "mps:100": 4}
+    packed = spread(counts, cluster, packed=True)
+    assert [sum(1 for lay in row if lay.slices) for row in packed] == [8, 1, 0, 0]
+    assert [sum(1 for lay in row if lay.name == "mps:100") for row in packed] == [0, 2, 1, 1]
+    assert [sum(1 for lay in row if lay.name == "whole") for row in packed] == [0, 5, 7, 7]
+    # Spread evenly, no node keeps 8 whole GPUs: a request of a whole node never starts.
+    assert [sum(1 for lay in row if lay.slices) for row in spread(counts, cluster)] == \
+        [3, 2, 2, 2]
+    assert sorted(lay.name for row in packed for lay in row) == \
+        sorted(lay.name for row in spread(counts, cluster) for lay in row)
+
+
+def test_the_search_places_the_mig_layouts_so_a_request_of_a_whole_node_starts():
+    """Two nodes of two GPUs, 1g.10gb jobs for two 7x1g.10gb GPUs and a job of two whole
+    GPUs: spread evenly each node has one whole GPU and the job never starts; packed, one
+    node is all whole. Where the placements replay alike, the MIG layouts go packed."""
+    cluster = default_cluster(2, 2, ("7x1g.10gb", "whole"))
+    jobs = [Job(n, 10.0 * n, 3600.0, "1g.10gb", 1, "u") for n in range(14)]
+    jobs.append(Job(99, 100.0, 600.0, "whole", 2, "u"))
+    found = best_static(jobs, cluster)
+    assert found.counts == {"7x1g.10gb": 2, "whole": 2} and found.packed
+    assert found.result.unfinished == 0
+    assert [[lay.name for lay in row] for row in found.layouts(cluster)] == \
+        [["7x1g.10gb", "7x1g.10gb"], ["whole", "whole"]]
+    evenly = simulate(jobs, spread(found.counts, cluster), False, cluster)
+    assert evenly.unfinished == 1  # the two-GPU job, on nodes of one whole GPU each
+    alike = best_static([job for job in jobs if job.id != 99], cluster)
+    assert alike.packed and alike.result.unfinished == 0
 
 
 def test_a_menu_of_mig_layouts_only_replays():
@@ -207,7 +260,9 @@ def test_one_profile_per_node_finds_a_layout_that_runs_every_kind():
     cluster = _one_profile(3, 4)
     jobs = [Job(n, 600.0 * n, 3000.0, kind, 1, "u")
             for n, kind in enumerate(["1g.10gb", "3g.40gb", "whole"] * 24)]
-    counts, best = best_static(jobs, cluster)
+    found = best_static(jobs, cluster)
+    counts, best = found.counts, found.result
+    assert not found.packed  # one placement: each profile together
     assert best.unfinished == 0, (counts, best.unfinished)
     assert all(cluster.fits(row) for row in spread(counts, cluster))
     assert counts["7x1g.10gb"] >= 1 and counts["2x3g.40gb"] >= 1 and counts["whole"] >= 1

@@ -201,11 +201,11 @@ class Result:
     disturbed: int
     unfinished: int
     change_times: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    # (job id, kind, wait, completion time) of every finished job, to compare two runs on
-    # the jobs both ran
+    # (job id, kind, wait, completion time) of every job started by the replay's cut (two
+    # days after the last submission) and finished, to compare two runs on the jobs both ran
     finished: list[tuple[int, str, float, float]] = field(default_factory=list)
-    # (job id, kind, wait so far, that wait + run) of every job not started, waiting until
-    # two days after the last submission: left out, starving a kind would look better
+    # (job id, kind, wait until the cut, that wait + run) of every job not started by then
+    # (never, or after it): left out, starving a kind would look better
     unstarted: list[tuple[int, str, float, float]] = field(default_factory=list)
 
     def most_changes_in_an_hour(self) -> int:
@@ -453,11 +453,19 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
                     heapq.heappush(events, (node.drain_at, next(seq), "drain", int(change.node)))
         schedule()
     result.unfinished = len(jobs) - done
-    # Counted as waiting until two days after the last submission, where relayout's rounds
-    # stop, in every replay alike: each replay's own end would favour the one ending first.
-    end = max(now, horizon + 2 * 86400)
-    result.unstarted = [(j, kind, end - by_id[j].submit, end - by_id[j].submit + by_id[j].run)
-                        for kind, queue in pending.items() for j in queue]
+    # Every replay is cut two days after the last submission, where relayout's rounds stop:
+    # a job not started by then counts as waiting until then, in every replay alike, whether
+    # it starts later or never (each replay's own end would favour the one ending first, and
+    # a job started after the cut would count a longer wait than one that never starts).
+    cut = horizon + 2 * 86400
+    late = [entry for entry in result.finished if by_id[entry[0]].submit + entry[2] > cut]
+    if late:
+        result.finished = [entry for entry in result.finished
+                           if by_id[entry[0]].submit + entry[2] <= cut]
+    result.unstarted = [(j, kind, cut - by_id[j].submit, cut - by_id[j].submit + by_id[j].run)
+                        for j, kind in [*((j, kind) for kind, queue in pending.items()
+                                          for j in queue),
+                                        *((entry[0], entry[1]) for entry in late)]]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
 
