@@ -38,7 +38,7 @@ from gpushare.admin.relayout.sim import (
     simulate,
     twice_the_run,
 )
-from gpushare.admin.relayout.static import Static, best_static, even_split, spread
+from gpushare.admin.relayout.static import best_static, even_split, spread
 from gpushare.admin.relayout.trial import halves, ratio, replay_halves, times
 
 
@@ -222,7 +222,7 @@ CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
                      "best-static.json")
 
 
-def cached_best_static(jobs: list[Job], cluster: Cluster) -> Static:
+def cached_best_static(jobs: list[Job], cluster: Cluster) -> tuple[dict[str, int], Result]:
     """best_static, its layout kept in build/best-static.json by the jobs and cluster: the
     static columns do not depend on relayout's code, and their search is most of a corpus
     run (the result is replayed again, so a stale entry cannot give a wrong number)."""
@@ -232,18 +232,15 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> Static:
     key = hashlib.sha256(repr((cluster.model.name, cluster.names, cluster.nodes,
                                cluster.gpus_per_node, [(j.submit, j.run, j.kind, j.count)
                                                        for j in jobs])).encode()).hexdigest()
-    key = f"placed-{key}"  # counts and placement (entries of counts alone are older)
     try:
         with open(CACHE, encoding="utf-8") as handle:
             known = json.load(handle)
     except (OSError, ValueError):
         known = {}
     if key in known:
-        counts = {name: int(n) for name, n in known[key]["counts"].items()}
-        packed = bool(known[key]["packed"])
-        return Static(counts, packed,
-                      simulate(jobs, spread(counts, cluster, packed), False, cluster))
-    found = best_static(jobs, cluster)
+        counts = {name: int(n) for name, n in known[key].items()}
+        return counts, simulate(jobs, spread(counts, cluster), False, cluster)
+    counts, result = best_static(jobs, cluster)
     import fcntl
 
     os.makedirs(os.path.dirname(CACHE), exist_ok=True)
@@ -254,11 +251,11 @@ def cached_best_static(jobs: list[Job], cluster: Cluster) -> Static:
                 known = json.load(handle)
         except (OSError, ValueError):
             known = {}
-        known[key] = {"counts": found.counts, "packed": found.packed}
+        known[key] = counts
         with open(CACHE + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(known, handle)
         os.replace(CACHE + ".tmp", CACHE)
-    return found
+    return counts, result
 
 
 SPREAD_MAX = 8.0  # --limits spread: the most a time limit is above the run
@@ -280,9 +277,9 @@ def corpus_row(name: str, jobs: list[Job], cluster: Cluster, static: bool = True
     first, second, still, moved = replay_halves(jobs, cluster, keep_s, limit=limit)
     hindsight = suggested = None
     if static:
-        hindsight = cached_best_static(second, cluster).result
-        learned = cached_best_static(first, cluster)
-        suggested = simulate(second, learned.layouts(cluster), False, cluster)
+        _, hindsight = cached_best_static(second, cluster)
+        learned, _ = cached_best_static(first, cluster)
+        suggested = simulate(second, spread(learned, cluster), False, cluster)
     return (f"| {name} | {cluster.nodes} | {len(second)} | {_cell(still)} | {_cell(moved)} | "
             f"{_cell(hindsight) if hindsight else '- | -'} | "
             f"{_cell(suggested) if suggested else '- | -'} | "
@@ -317,8 +314,8 @@ def suggest_row(name: str, jobs: list[Job], cluster: Cluster,
     """One row of the --from-suggest table: relayout started from ``--suggest``'s layout
     learned on the first half, against that layout left alone, on the second half (the
     site that runs the suggested layout and turns relayout on)."""
-    learned = cached_best_static(halves(jobs)[0], cluster)
-    _, _, still, moved = replay_halves(jobs, cluster, keep_s, learned.layouts(cluster), limit)
+    learned, _ = cached_best_static(halves(jobs)[0], cluster)
+    _, _, still, moved = replay_halves(jobs, cluster, keep_s, spread(learned, cluster), limit)
     return (f"| {name} | {cluster.nodes} | "
             f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))} / "
             f"{_up(moved.censored_wait(), still.censored_wait())} / "
@@ -428,11 +425,10 @@ def main() -> int:
         return 0
     for path in args.trace:
         jobs = read_trace(path)
-        best = cached_best_static(jobs, base)
-        counts, static = best.counts, best.result
+        counts, static = cached_best_static(jobs, base)
         keep_s = args.keep_hours * 3600
         dynamic = simulate(jobs, spread(even_split(base), base), True, base, keep_s=keep_s)
-        seeded = simulate(jobs, best.layouts(base), True, base, keep_s=keep_s)
+        seeded = simulate(jobs, spread(counts, base), True, base, keep_s=keep_s)
         still = simulate(jobs, spread(even_split(base), base), False, base)
         print(report(os.path.basename(path), counts, static, dynamic, seeded))
         print(same_start("an even split", still, dynamic))

@@ -245,7 +245,7 @@ def test_the_from_suggest_row_starts_both_replays_from_the_layout_learned_on_the
     jobs = [bench.Job(n, 360.0 * n, 1200.0, "1g.10gb", 4, "u") for n in range(40)]
     jobs += [bench.Job(100 + n, 30000.0 + 600.0 * n, 1200.0, "whole", 1, "w")
              for n in range(20)]
-    learned = bench.cached_best_static(bench.halves(jobs)[0], cluster).counts
+    learned, _ = bench.cached_best_static(bench.halves(jobs)[0], cluster)
     assert learned == {"7x1g.10gb": 2, "whole": 0}
     cells = [cell.strip() for cell in bench.suggest_row("t", jobs, cluster).split("|")[1:-1]]
     assert cells[:2] == ["t", "1"]

@@ -141,27 +141,26 @@ def history_line(history: Any, cluster: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from gpushare.admin.relayout.sim import simulate
-    from gpushare.admin.relayout.static import best_static
+    from gpushare.admin.relayout.static import best_static, spread
 
     loaded = load_history(args)
     if isinstance(loaded, int):
         return loaded
     plan, cluster, history = loaded
     try:
-        static = best_static(history.jobs, cluster)
+        counts, best = best_static(history.jobs, cluster)
     except ValueError as err:
         return fail("relayout", str(err))
     group = next(g for g in plan.groups if g.name == cluster.name)
     now_layouts = plan_layouts(group, cluster.nodes)
     today = simulate(history.jobs, now_layouts, False, cluster) if now_layouts else None
-    counts, best, per_node = static.counts, static.result, static.layouts(cluster)
+    per_node = spread(counts, cluster)
     # The plan's own indices of the GPUs a relayout may change (a row holds those only).
     indices = [gpu.index for gpu in group.gpus if gpu.changeable]
     if args.json:
         print(json.dumps({
             "group": cluster.name, "jobs": len(history.jobs), "skipped": history.skipped,
             "layout": {name: n for name, n in counts.items() if n},
-            "packed": static.packed,
             "nodes": {node: {str(index): layout.name for index, layout in zip(indices, row)}
                       for node, row in zip(group.nodes, per_node)},
             "mig_wait_s": round(best.mig_wait(), 1), "mean_completion_s": round(best.mean_jct(), 1),

@@ -76,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
                           "skipped": history.skipped, "learned_on": result.first,
                           "replayed": result.second, "replayed_hours": round(result.hours, 2),
                           "learned_layout": result.learned,
-                          "learned_packed": result.packed,
                           "starts": [_start_dict(start) for start in result.starts],
                           "no_harm": result.no_harm()}, indent=2))
         return 0
@@ -86,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
           f"({result.first} jobs) as their past, each job run for its sacct run time and "
           "known to the forecast by its time limit")
     print("the first half's best static layout: " + ", ".join(
-        f"{counted(n, 'GPU')} {name}" for name, n in result.learned.items())
-        + (" (the MIG layouts packed on the fewest nodes)" if result.packed else
-           " (each layout spread over the nodes)"))
+        f"{counted(n, 'GPU')} {name}" for name, n in result.learned.items()))
     for start in result.starts:
         print("\n".join(_start_lines(start)))
     worse = [start.label for start in result.starts if not start.no_worse()]

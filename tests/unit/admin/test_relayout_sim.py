@@ -48,8 +48,7 @@ def test_a_history_replays_on_the_plans_cluster_not_the_default_one():
     # H200 slices: the plan's menu offers 1g.18gb, the default H100 menu does not.
     jobs = _jobs((0, 600, "1g.18gb", 1), (10, 600, "1g.18gb", 2), (20, 900, "whole", 2))
     cluster = cluster_from_plan(parse_plan(H200_PLAN))
-    found = best_static(jobs, cluster)
-    counts, result = found.counts, found.result
+    counts, result = best_static(jobs, cluster)
     assert result.unfinished == 0 and sum(counts.values()) == 6
     assert counts["whole"] >= 2 and counts["7x1g.18gb"] >= 1
     default = default_cluster(3, 2)
@@ -183,43 +182,9 @@ def test_the_best_static_layout_is_ranked_by_jobs_never_run_then_completion():
     cluster = default_cluster(2, 1, ("mps:100", "7x1g.10gb", "whole"))
     jobs = [Job(0, 0.0, 600.0, "whole", 2, "u")]
     jobs += [Job(n, 10.0 * n, 600.0, "1g.10gb", 1, "u") for n in range(1, 15)]
-    found = best_static(jobs, cluster)
-    counts, best = found.counts, found.result
+    counts, best = best_static(jobs, cluster)
     assert best.unfinished == 1  # the two-GPU request, on any layout
     assert counts["7x1g.10gb"] == 2, counts
-
-
-def test_packed_puts_the_mig_layouts_on_the_fewest_nodes_and_spreads_the_rest():
-    cluster = default_cluster(4, 8, ("7x1g.10gb", "3g.40gb+2g.20gb+1g.10gb", "whole",
-                                     "mps:100"))
-    counts = {"7x1g.10gb": 3, "3g.40gb+2g.20gb+1g.10gb": 6, "whole": 19, "mps:100": 4}
-    packed = spread(counts, cluster, packed=True)
-    assert [sum(1 for lay in row if lay.slices) for row in packed] == [8, 1, 0, 0]
-    assert [sum(1 for lay in row if lay.name == "mps:100") for row in packed] == [0, 2, 1, 1]
-    assert [sum(1 for lay in row if lay.name == "whole") for row in packed] == [0, 5, 7, 7]
-    # Spread evenly, no node keeps 8 whole GPUs: a request of a whole node never starts.
-    assert [sum(1 for lay in row if lay.slices) for row in spread(counts, cluster)] == \
-        [3, 2, 2, 2]
-    assert sorted(lay.name for row in packed for lay in row) == \
-        sorted(lay.name for row in spread(counts, cluster) for lay in row)
-
-
-def test_the_search_places_the_mig_layouts_so_a_request_of_a_whole_node_starts():
-    """Two nodes of two GPUs, 1g.10gb jobs for two 7x1g.10gb GPUs and a job of two whole
-    GPUs: spread evenly each node has one whole GPU and the job never starts; packed, one
-    node is all whole. Where the placements replay alike, the MIG layouts go packed."""
-    cluster = default_cluster(2, 2, ("7x1g.10gb", "whole"))
-    jobs = [Job(n, 10.0 * n, 3600.0, "1g.10gb", 1, "u") for n in range(14)]
-    jobs.append(Job(99, 100.0, 600.0, "whole", 2, "u"))
-    found = best_static(jobs, cluster)
-    assert found.counts == {"7x1g.10gb": 2, "whole": 2} and found.packed
-    assert found.result.unfinished == 0
-    assert [[lay.name for lay in row] for row in found.layouts(cluster)] == \
-        [["7x1g.10gb", "7x1g.10gb"], ["whole", "whole"]]
-    evenly = simulate(jobs, spread(found.counts, cluster), False, cluster)
-    assert evenly.unfinished == 1  # the two-GPU job, on nodes of one whole GPU each
-    alike = best_static([job for job in jobs if job.id != 99], cluster)
-    assert alike.packed and alike.result.unfinished == 0
 
 
 def test_a_menu_of_mig_layouts_only_replays():
@@ -260,9 +225,7 @@ def test_one_profile_per_node_finds_a_layout_that_runs_every_kind():
     cluster = _one_profile(3, 4)
     jobs = [Job(n, 600.0 * n, 3000.0, kind, 1, "u")
             for n, kind in enumerate(["1g.10gb", "3g.40gb", "whole"] * 24)]
-    found = best_static(jobs, cluster)
-    counts, best = found.counts, found.result
-    assert not found.packed  # one placement: each profile together
+    counts, best = best_static(jobs, cluster)
     assert best.unfinished == 0, (counts, best.unfinished)
     assert all(cluster.fits(row) for row in spread(counts, cluster))
     assert counts["7x1g.10gb"] >= 1 and counts["2x3g.40gb"] >= 1 and counts["whole"] >= 1

@@ -255,8 +255,7 @@ def test_a_shared_gpus_profile_off_the_menu_serves_its_jobs(tmp_path):
     plan.write_text(mig_plan(["{layout: 2x3g.40gb}", "{layout: whole}"]))
     cluster = cluster_from_plan(load_plan(str(plan)))
     history = parse_sacct(_history_of_3g_jobs())
-    found = best_static(history.jobs, cluster)
-    counts, best = found.counts, found.result
+    counts, best = best_static(history.jobs, cluster)
     assert best.unfinished == 0 and sum(counts.values()) == 4, (counts, best.unfinished)
     assert simulate(history.jobs, [[cluster.menu.items[1].layout] * 2] * 2, False,
                     cluster).unfinished == 12  # whole GPUs: the 3g jobs never run

@@ -187,8 +187,7 @@ def test_trial_says_where_relayout_would_have_made_the_history_worse(tmp_path, c
 
     still = _result([("1g.10gb", 60.0), ("whole", 600.0)])
     worse = _result([("1g.10gb", 30.0), ("whole", 700.0)])
-    verdict = Trial(2, 2, 1.0, {"7x1g.10gb": 2}, False,
-                    (Start("the plan's layouts", still, worse),))
+    verdict = Trial(2, 2, 1.0, {"7x1g.10gb": 2}, (Start("the plan's layouts", still, worse),))
     monkeypatch.setattr(trial_module, "trial", lambda *args, **kwargs: verdict)
     history = tmp_path / "history.txt"
     history.write_text(_sacct_text(_shifting_history()))

@@ -128,7 +128,6 @@ class Trial:
     second: int  # jobs replayed
     hours: float  # the replayed half's span of submissions
     learned: dict[str, int]  # the first half's best static layout, GPUs per layout
-    packed: bool  # its MIG layouts packed on the fewest nodes (static.spread)
     starts: tuple[Start, ...]
 
     def no_harm(self) -> bool:
@@ -145,9 +144,9 @@ def trial(jobs: list[Job], cluster: Cluster, plan_layouts: Optional[list[list[La
     if not first or not second:
         raise ValueError("the history needs GPU jobs in both of its halves (the first to "
                          "learn from, the second to replay); give a longer one")
-    learned = best_static(first, cluster)
+    learned, _ = best_static(first, cluster)
     candidates = [("the plan's layouts", plan_layouts)] if plan_layouts else []
-    candidates.append(("the first half's best static layout", learned.layouts(cluster)))
+    candidates.append(("the first half's best static layout", spread(learned, cluster)))
     starts = []
     for label, layouts in candidates:
         assert layouts is not None
@@ -155,5 +154,4 @@ def trial(jobs: list[Job], cluster: Cluster, plan_layouts: Optional[list[list[La
                                            max_changes, hysteresis)
         starts.append(Start(label, still, moved))
     return Trial(len(first), len(second), max((j.submit for j in second), default=0.0) / 3600,
-                 {name: n for name, n in learned.counts.items() if n}, learned.packed,
-                 tuple(starts))
+                 {name: n for name, n in learned.items() if n}, tuple(starts))
