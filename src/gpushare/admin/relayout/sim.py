@@ -201,12 +201,15 @@ class Result:
     disturbed: int
     unfinished: int
     change_times: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    # (job id, kind, wait, completion time) of every job started by the replay's cut (two
-    # days after the last submission) and finished, to compare two runs on the jobs both ran
+    # (job id, kind, wait, completion time) of every finished job, to compare two runs on
+    # the jobs both ran
     finished: list[tuple[int, str, float, float]] = field(default_factory=list)
-    # (job id, kind, wait until the cut, that wait + run) of every job not started by then
-    # (never, or after it): left out, starving a kind would look better
+    # (job id, kind, wait until the replay's cut, two days after the last submission, that
+    # wait + run) of every job not started by then: left out, starving a kind would look
+    # better
     unstarted: list[tuple[int, str, float, float]] = field(default_factory=list)
+    # the finished jobs that started after the cut (also in ``unstarted``)
+    late: frozenset[int] = frozenset()
 
     def most_changes_in_an_hour(self) -> int:
         """The most changes of one GPU within any hour (a window of 3600 s)."""
@@ -227,10 +230,14 @@ class Result:
 
     def censored_waits(self, kind: Optional[str] = None) -> list[float]:
         """The wait of every job (of ``kind``: "mig" for MIG and MPS, "slices" for MIG
-        alone, or a kind), a job never started with its wait until the replay's end."""
-        return [w for _, k, w, _ in self.finished + self.unstarted
+        alone, or a kind), a job not started by the replay's cut with its wait until then."""
+        return [w for _, k, w, _ in self._censored()
                 if kind is None or k == kind or (kind == "mig" and k != "whole")
                 or (kind == "slices" and k not in ("mps", "whole"))]
+
+    def _censored(self) -> list[tuple[int, str, float, float]]:
+        return [entry for entry in self.finished if entry[0] not in self.late] \
+            + self.unstarted
 
     def censored_wait(self, kind: Optional[str] = None) -> float:
         """Mean of :meth:`censored_waits` (0 where none)."""
@@ -238,9 +245,9 @@ class Result:
         return statistics.fmean(values) if values else 0.0
 
     def censored_jct(self) -> float:
-        """Mean completion time of every job, a job never started counted as its wait
-        until the replay's end plus its run."""
-        values = [c for _, _, _, c in self.finished + self.unstarted]
+        """Mean completion time of every job, a job not started by the replay's cut counted
+        as its wait until then plus its run."""
+        values = [c for _, _, _, c in self._censored()]
         return statistics.fmean(values) if values else 0.0
 
     def mean_jct(self, among: Optional[set[int]] = None) -> float:
@@ -458,14 +465,12 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     # it starts later or never (each replay's own end would favour the one ending first, and
     # a job started after the cut would count a longer wait than one that never starts).
     cut = horizon + 2 * 86400
-    late = [entry for entry in result.finished if by_id[entry[0]].submit + entry[2] > cut]
-    if late:
-        result.finished = [entry for entry in result.finished
-                           if by_id[entry[0]].submit + entry[2] <= cut]
+    late = [(entry[0], entry[1]) for entry in result.finished
+            if by_id[entry[0]].submit + entry[2] > cut]
+    result.late = frozenset(job for job, _ in late)
     result.unstarted = [(j, kind, cut - by_id[j].submit, cut - by_id[j].submit + by_id[j].run)
                         for j, kind in [*((j, kind) for kind, queue in pending.items()
-                                          for j in queue),
-                                        *((entry[0], entry[1]) for entry in late)]]
+                                          for j in queue), *late]]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
 
