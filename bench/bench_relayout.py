@@ -156,7 +156,7 @@ def _up(a: float, b: float) -> str:
 
 def same_start(label: str, still: Result, moved: Result) -> str:
     """Relayout against no change from the same start, every job counted (one never started
-    with its wait until the replay's end, so starving a kind shows)."""
+    with its wait until the replay's cut, so starving a kind shows)."""
     return (f"from {label}, relayout / no change: wait of all jobs "
             f"{_up(moved.censored_wait(), still.censored_wait())}, MIG and MPS "
             f"{_up(moved.censored_wait('mig'), still.censored_wait('mig'))}, whole "

@@ -465,12 +465,11 @@ def simulate(jobs: list[Job], layouts: list[list[Layout]], relayout: bool,
     # it starts later or never (each replay's own end would favour the one ending first, and
     # a job started after the cut would count a longer wait than one that never starts).
     cut = horizon + 2 * 86400
-    late = [(entry[0], entry[1]) for entry in result.finished
-            if by_id[entry[0]].submit + entry[2] > cut]
-    result.late = frozenset(job for job, _ in late)
+    queued = [(j, kind) for kind, queue in pending.items() for j in queue]
+    late = [(j, kind) for j, kind, wait, _ in result.finished if by_id[j].submit + wait > cut]
+    result.late = frozenset(j for j, _ in late)
     result.unstarted = [(j, kind, cut - by_id[j].submit, cut - by_id[j].submit + by_id[j].run)
-                        for j, kind in [*((j, kind) for kind, queue in pending.items()
-                                          for j in queue), *late]]
+                        for j, kind in queued + late]
     result.gpu_hours = total_gpus * now / 3600.0
     return result
 

@@ -109,8 +109,8 @@ class Start:
 
     def ratios(self) -> dict[str, float]:
         """Relayout over left alone: MIG and MPS jobs' mean wait, every job's, and the mean
-        completion time (a job never started counted with its wait until the replay's end,
-        so starving a kind shows)."""
+        completion time (a job not started by the replay's cut counted with its wait until
+        then, so starving a kind shows)."""
         return {"mig_wait": ratio(self.moved.censored_wait("mig"),
                                    self.still.censored_wait("mig")),
                 "wait": ratio(self.moved.censored_wait(), self.still.censored_wait()),
